@@ -1,0 +1,30 @@
+# Helpers shared by the project's CMakeLists.
+
+# LibTorch's headers cost 30-50 s per translation unit on two cores; one
+# precompiled header, reused by every target that includes LibTorch, pays that
+# once. Targets opt in with memprofd_use_torch_pch(target).
+add_library(memprofd_torch_pch OBJECT ${CMAKE_CURRENT_LIST_DIR}/torch_pch.cc)
+target_link_libraries(memprofd_torch_pch PRIVATE ${TORCH_LIBRARIES})
+target_precompile_headers(memprofd_torch_pch PRIVATE <torch/torch.h>)
+
+function(memprofd_use_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM memprofd_torch_pch)
+endfunction()
+
+# memprofd_test(NAME name SOURCES ... DEPS ...): one GoogleTest binary, run by
+# ctest. Test bodies find the build's binaries through MEMPROFD_BINARY_DIR and
+# the source tree through MEMPROFD_SOURCE_DIR.
+function(memprofd_test)
+  cmake_parse_arguments(T "TORCH" "NAME" "SOURCES;DEPS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gmock GTest::gtest_main
+                        memprofd_warnings)
+  target_compile_definitions(${T_NAME} PRIVATE
+    MEMPROFD_BINARY_DIR="${PROJECT_BINARY_DIR}"
+    MEMPROFD_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+  if(T_TORCH)
+    memprofd_use_torch_pch(${T_NAME})
+  endif()
+  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
+                       PROPERTIES TIMEOUT 600)
+endfunction()

@@ -1,0 +1,152 @@
+#ifndef MEMPROFD_CORE_COMMON_OPERATION_H_
+#define MEMPROFD_CORE_COMMON_OPERATION_H_
+
+// Long-running work (training, snapshots, loads) as an Operation with an id:
+// queued, running, then done with a result or an error. The shape of
+// google.longrunning.Operation; the server maps it to memprofd.v1.Operation.
+
+#include <any>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace memprofd {
+
+enum class OperationKind { kTrain = 1, kSnapshot = 2, kLoadModel = 3 };
+enum class OperationState {
+  kQueued = 1,
+  kRunning = 2,
+  kSucceeded = 3,
+  kFailed = 4,
+  kCancelled = 5,
+};
+
+// A copy of an operation's state at one moment.
+struct OperationView {
+  std::string id;
+  OperationKind kind = OperationKind::kTrain;
+  OperationState state = OperationState::kQueued;
+  bool done = false;
+  int64_t completed = 0;
+  int64_t total = 0;
+  std::string unit;
+  std::string message;
+  absl::Time create_time;
+  absl::Time start_time;  // absl::InfinitePast() until it runs
+  absl::Time end_time;    // absl::InfinitePast() until done
+  // OK unless FAILED or CANCELLED.
+  absl::Status error;
+  // The typed result (TrainResult, SnapshotManifest, ModelInfo from the
+  // library that ran it); empty until done, and for failures.
+  std::any result;
+  // Bumped on every change; lets watchers wait for the next one.
+  uint64_t version = 0;
+};
+
+// One operation. Thread-safe: the owner thread updates it, RPC handlers read
+// it, wait on it and subscribe to it.
+class Operation {
+ public:
+  Operation(std::string id, OperationKind kind, size_t max_events);
+
+  const std::string& id() const { return id_; }
+  OperationKind kind() const { return kind_; }
+
+  // State changes, for the thread running the work. Finish with OK and a
+  // result succeeds; with CANCELLED cancels; with any other status fails.
+  // The result is kept also on cancellation (the steps that did run).
+  void MarkRunning();
+  void SetProgress(int64_t completed, int64_t total, std::string unit,
+                   std::string message);
+  void Finish(absl::Status status, std::any result = {});
+
+  // Appends a typed event (a training StepReport) to a bounded log; the
+  // oldest are dropped past max_events. Events are numbered from 1.
+  void AppendEvent(std::any event);
+  // Events with number >= `from` (1-based), at most `max` of them, and the
+  // number of the first returned in *first (0 when none).
+  std::vector<std::any> EventsFrom(int64_t from, size_t max, int64_t* first) const;
+  int64_t events_total() const;
+
+  // Cancellation is cooperative: the work polls cancel_requested().
+  void RequestCancel();
+  bool cancel_requested() const;
+
+  OperationView View() const;
+  bool done() const;
+
+  // Blocks until the version passes `seen_version`, the operation is done,
+  // or `deadline`; returns the view then.
+  OperationView WaitForChange(uint64_t seen_version, absl::Time deadline) const;
+
+  // Calls `fn` (from the thread that made the change, without locks held)
+  // after every change, until Unsubscribe. `fn` must not block.
+  int Subscribe(std::function<void()> fn);
+  void Unsubscribe(int token);
+
+ private:
+  void Changed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Notify();
+
+  const std::string id_;
+  const OperationKind kind_;
+  const size_t max_events_;
+
+  mutable absl::Mutex mu_;
+  OperationView view_ ABSL_GUARDED_BY(mu_);
+  bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<std::any> events_ ABSL_GUARDED_BY(mu_);
+  int64_t first_event_ ABSL_GUARDED_BY(mu_) = 1;
+
+  mutable absl::Mutex listeners_mu_;
+  int next_token_ ABSL_GUARDED_BY(listeners_mu_) = 1;
+  std::map<int, std::shared_ptr<std::function<void()>>> listeners_
+      ABSL_GUARDED_BY(listeners_mu_);
+};
+
+// All operations of the daemon. Keeps every unfinished operation and the
+// newest `max_finished` finished ones. Thread-safe.
+class OperationRegistry {
+ public:
+  explicit OperationRegistry(size_t max_finished = 256,
+                             size_t max_events_per_operation = 10000);
+
+  // A new QUEUED operation with a fresh id ("op-1", "op-2", ...).
+  std::shared_ptr<Operation> Create(OperationKind kind);
+
+  // NOT_FOUND with a message naming `id` when unknown.
+  absl::StatusOr<std::shared_ptr<Operation>> Get(const std::string& id) const;
+
+  // Newest first; `kind` filters when set.
+  std::vector<std::shared_ptr<Operation>> List(const OperationKind* kind,
+                                               bool active_only) const;
+
+  int64_t ActiveCount() const;
+
+ private:
+  void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t max_finished_;
+  const size_t max_events_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // In creation order.
+  std::vector<std::shared_ptr<Operation>> ops_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::string_view OperationKindName(OperationKind kind);
+absl::string_view OperationStateName(OperationState state);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_COMMON_OPERATION_H_

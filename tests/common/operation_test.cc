@@ -1,0 +1,108 @@
+#include "core/common/operation.h"
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+TEST(OperationTest, LifecycleSucceedsWithResult) {
+  OperationRegistry registry;
+  auto op = registry.Create(OperationKind::kTrain);
+  EXPECT_EQ(op->id(), "op-1");
+  EXPECT_EQ(op->View().state, OperationState::kQueued);
+  op->MarkRunning();
+  op->SetProgress(3, 10, "steps", "step 3/10");
+  OperationView v = op->View();
+  EXPECT_EQ(v.state, OperationState::kRunning);
+  EXPECT_EQ(v.completed, 3);
+  EXPECT_FALSE(v.done);
+  op->Finish(absl::OkStatus(), std::string("result"));
+  v = op->View();
+  EXPECT_TRUE(v.done);
+  EXPECT_EQ(v.state, OperationState::kSucceeded);
+  EXPECT_EQ(std::any_cast<std::string>(v.result), "result");
+  // A second Finish changes nothing.
+  op->Finish(absl::InternalError("late"));
+  EXPECT_EQ(op->View().state, OperationState::kSucceeded);
+}
+
+TEST(OperationTest, FailureAndCancellationKeepTheirStatus) {
+  OperationRegistry registry;
+  auto failed = registry.Create(OperationKind::kSnapshot);
+  failed->Finish(absl::ResourceExhaustedError("disk full"), std::string("x"));
+  EXPECT_EQ(failed->View().state, OperationState::kFailed);
+  EXPECT_EQ(failed->View().error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_FALSE(failed->View().result.has_value());
+
+  auto cancelled = registry.Create(OperationKind::kTrain);
+  cancelled->RequestCancel();
+  EXPECT_TRUE(cancelled->cancel_requested());
+  cancelled->Finish(absl::CancelledError("cancelled"), 5);
+  EXPECT_EQ(cancelled->View().state, OperationState::kCancelled);
+  EXPECT_EQ(std::any_cast<int>(cancelled->View().result), 5);
+}
+
+TEST(OperationTest, RegistryFindsListsAndPrunesFinished) {
+  OperationRegistry registry(/*max_finished=*/2);
+  auto a = registry.Create(OperationKind::kTrain);
+  auto b = registry.Create(OperationKind::kSnapshot);
+  auto c = registry.Create(OperationKind::kTrain);
+  EXPECT_EQ(registry.ActiveCount(), 3);
+  ASSERT_TRUE(registry.Get("op-2").ok());
+  EXPECT_EQ(registry.Get("op-99").status().code(), absl::StatusCode::kNotFound);
+  OperationKind train = OperationKind::kTrain;
+  auto trains = registry.List(&train, false);
+  ASSERT_EQ(trains.size(), 2u);
+  EXPECT_EQ(trains[0]->id(), "op-3");  // newest first
+
+  a->Finish(absl::OkStatus());
+  b->Finish(absl::OkStatus());
+  c->Finish(absl::OkStatus());
+  registry.Create(OperationKind::kTrain);  // prunes the oldest finished
+  EXPECT_FALSE(registry.Get("op-1").ok());
+  EXPECT_TRUE(registry.Get("op-3").ok());
+  EXPECT_EQ(registry.List(nullptr, /*active_only=*/true).size(), 1u);
+}
+
+TEST(OperationTest, EventsAreBoundedAndNumbered) {
+  Operation op("op-1", OperationKind::kTrain, /*max_events=*/3);
+  for (int i = 1; i <= 5; ++i) op.AppendEvent(i);
+  EXPECT_EQ(op.events_total(), 5);
+  int64_t first = 0;
+  auto events = op.EventsFrom(1, 100, &first);
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(first, 3);
+  EXPECT_EQ(std::any_cast<int>(events[0]), 3);
+  events = op.EventsFrom(5, 100, &first);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(first, 5);
+  EXPECT_TRUE(op.EventsFrom(6, 100, &first).empty());
+  EXPECT_EQ(first, 0);
+}
+
+TEST(OperationTest, WaitersAndSubscribersSeeChangesFromAnotherThread) {
+  Operation op("op-1", OperationKind::kTrain, 10);
+  std::atomic<int> notified{0};
+  int token = op.Subscribe([&] { notified++; });
+  uint64_t seen = op.View().version;
+  std::thread worker([&] {
+    op.MarkRunning();
+    op.Finish(absl::OkStatus());
+  });
+  OperationView v = op.WaitForChange(seen, absl::Now() + absl::Seconds(10));
+  EXPECT_GT(v.version, seen);
+  worker.join();
+  EXPECT_EQ(notified.load(), 2);
+  op.Unsubscribe(token);
+  op.SetProgress(1, 1, "steps", "");
+  EXPECT_EQ(notified.load(), 2);
+  // Done: returns at once even with an old version and a far deadline.
+  EXPECT_TRUE(op.WaitForChange(0, absl::InfiniteFuture()).done);
+}
+
+}  // namespace
+}  // namespace memprofd
