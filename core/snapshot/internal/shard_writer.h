@@ -1,0 +1,44 @@
+#ifndef MEMPROFD_CORE_SNAPSHOT_INTERNAL_SHARD_WRITER_H_
+#define MEMPROFD_CORE_SNAPSHOT_INTERNAL_SHARD_WRITER_H_
+
+// Writes one safetensors file by streaming its tensors through a staging
+// buffer. Owner thread only.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
+#include "core/snapshot/internal/staging.h"
+
+namespace memprofd {
+namespace snapshot_internal {
+
+struct ShardTensor {
+  std::string name;
+  at::Tensor tensor;  // a reference to the caller's tensor, never a copy
+  at::ScalarType out_dtype;
+};
+
+// OK when `tensor` can be written: defined, strided (not sparse), with data
+// (not on the meta device), of a dtype safetensors and LibTorch share.
+// INVALID_ARGUMENT or FAILED_PRECONDITION naming the tensor otherwise.
+absl::Status CheckTensorWritable(const std::string& name, const at::Tensor& tensor);
+
+// Lays `tensors` out as the reference writer does (metadata {"format":"pt"}),
+// creates `path` (O_EXCL), writes header and data, fsyncs and closes it.
+// `after_chunk(bytes)` runs after every data chunk and may return an error
+// (cancellation) to stop. Returns the file's size. The caller removes the
+// file on failure.
+absl::StatusOr<int64_t> WriteShard(const std::string& path,
+                                   const std::vector<ShardTensor>& tensors,
+                                   StagingBuffer& staging,
+                                   absl::FunctionRef<absl::Status(int64_t)> after_chunk);
+
+}  // namespace snapshot_internal
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SNAPSHOT_INTERNAL_SHARD_WRITER_H_

@@ -1,0 +1,140 @@
+#include "core/snapshot/loader.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <system_error>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/snapshot/internal/file_io.h"
+#include "core/snapshot/internal/json.h"
+#include "core/snapshot/shard_plan.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::Status AppendFile(const fs::path& path, LoadedWeights* out) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                   SafetensorsFile::Open(path.string()));
+  ASSIGN_OR_RETURN(TensorList tensors, file->Tensors());
+  for (auto& t : tensors) out->tensors.push_back(std::move(t));
+  out->files.push_back(path.filename().string());
+  return absl::OkStatus();
+}
+
+// weight_map of an index: name -> shard file.
+absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& path) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("damaged safetensors index ", path.string(),
+                                            ": ", why, "; restore it or save again"));
+  };
+  ASSIGN_OR_RETURN(std::string text, snapshot_internal::ReadSmallFile(path.string()));
+  absl::StatusOr<snapshot_internal::JsonValue> json = snapshot_internal::ParseJson(text);
+  if (!json.ok()) return bad(json.status().message());
+  const snapshot_internal::JsonValue* map = json->Find("weight_map");
+  if (map == nullptr || !map->is_object()) return bad("no weight_map object");
+  std::map<std::string, std::string> out;
+  for (const auto& [name, file] : map->object()) {
+    if (!file.is_string())
+      return bad(absl::StrCat("weight_map[", name, "] is not a string"));
+    const std::string& f = file.text();
+    if (f.empty() || absl::StrContains(f, "/") || absl::StrContains(f, "\\") ||
+        f == "." || f == "..") {
+      return bad(
+          absl::StrCat("shard name \"", f, "\" is not a file name in the directory"));
+    }
+    out[name] = f;
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
+  }
+  LoadedWeights out;
+  out.directory = dir;
+  const fs::path root(dir);
+  absl::StatusOr<std::string> config =
+      snapshot_internal::ReadSmallFile((root / kConfigFileName).string());
+  if (config.ok()) {
+    out.config_json = *std::move(config);
+  } else if (!absl::IsNotFound(config.status())) {
+    return config.status();
+  }
+
+  // transformers resolves the single file before any index (a stale
+  // model.safetensors wins over a newer sharded save).
+  if (fs::exists(root / kSingleFileName, ec)) {
+    RETURN_IF_ERROR(AppendFile(root / kSingleFileName, &out));
+    return out;
+  }
+  std::vector<fs::path> indexes;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    if (absl::EndsWith(it->path().filename().string(), ".safetensors.index.json")) {
+      indexes.push_back(it->path());
+    }
+  }
+  if (indexes.empty()) {
+    return absl::NotFoundError(absl::StrCat("no ", kSingleFileName, " and no ",
+                                            "*.safetensors.index.json in ", dir));
+  }
+  if (indexes.size() > 1) {
+    std::vector<std::string> names;
+    for (const auto& p : indexes) names.push_back(p.filename().string());
+    std::sort(names.begin(), names.end());
+    return absl::FailedPreconditionError(
+        absl::StrCat("several safetensors indexes in ", dir, " (",
+                     absl::StrJoin(names, ", "), "); keep exactly one"));
+  }
+  const fs::path& index_path = indexes[0];
+  ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index_path));
+  std::map<std::string, std::set<std::string>> by_shard;
+  for (const auto& [name, file] : weight_map) by_shard[file].insert(name);
+  std::set<std::string> loaded;
+  for (const auto& [file, names] : by_shard) {
+    const fs::path path = root / file;
+    if (!fs::exists(path, ec)) {
+      return absl::DataLossError(absl::StrCat("shard ", path.string(), " named by ",
+                                              index_path.string(),
+                                              " is missing; the snapshot is incomplete"));
+    }
+    const size_t before = out.tensors.size();
+    RETURN_IF_ERROR(AppendFile(path, &out));
+    std::set<std::string> in_file;
+    for (size_t i = before; i < out.tensors.size(); ++i) {
+      const std::string& name = out.tensors[i].first;
+      if (!loaded.insert(name).second) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor ", name, " appears in two shards (", path.string(), " and another)"));
+      }
+      if (names.count(name) == 0) {
+        return absl::DataLossError(absl::StrCat("tensor ", name, " in ", path.string(),
+                                                " is not in ", index_path.string(),
+                                                " under that file"));
+      }
+      in_file.insert(name);
+    }
+    for (const std::string& name : names) {
+      if (in_file.count(name) == 0) {
+        return absl::DataLossError(absl::StrCat(index_path.string(), " places tensor ",
+                                                name, " in ", path.string(),
+                                                " but the file does not hold it"));
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace snapshot
+}  // namespace memprofd

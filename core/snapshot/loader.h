@@ -1,0 +1,44 @@
+#ifndef MEMPROFD_CORE_SNAPSHOT_LOADER_H_
+#define MEMPROFD_CORE_SNAPSHOT_LOADER_H_
+
+// Loads the weights of a Hugging Face style directory (a snapshot, or a
+// save_pretrained output) as memory-mapped tensors.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/snapshot/safetensors.h"
+
+namespace memprofd {
+namespace snapshot {
+
+struct LoadedWeights {
+  std::string directory;
+  // Shards in file-name order, tensors in each in file (offset) order. Each
+  // tensor views a private copy-on-write mapping of its file (no read until
+  // touched; writes never reach the file) and keeps the mapping alive: use
+  // them as they are for "disk" placement, or copy them to a device.
+  TensorList tensors;
+  // config.json's text; empty when the directory has none.
+  std::string config_json;
+  // The safetensors files read, relative to `directory`.
+  std::vector<std::string> files;
+};
+
+// Resolves `dir` as transformers does: model.safetensors first; otherwise
+// exactly one *.safetensors.index.json, whose weight_map must name existing
+// shards inside `dir`, each tensor found in the shard it names, no tensor in
+// two shards and none missing from the index. Errors:
+// - NOT_FOUND: `dir` missing, or neither model.safetensors nor an index;
+// - FAILED_PRECONDITION: several index files (keep one);
+// - DATA_LOSS naming the file: a corrupt or truncated safetensors file, a
+//   damaged index, a shard missing, a tensor missing or duplicated;
+// - INVALID_ARGUMENT: dtypes LibTorch 1.13 cannot hold.
+// Thread-safe.
+absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir);
+
+}  // namespace snapshot
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SNAPSHOT_LOADER_H_

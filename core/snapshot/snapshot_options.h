@@ -1,0 +1,43 @@
+#ifndef MEMPROFD_CORE_SNAPSHOT_SNAPSHOT_OPTIONS_H_
+#define MEMPROFD_CORE_SNAPSHOT_SNAPSHOT_OPTIONS_H_
+
+// Options of one snapshot. Plain data, no LibTorch: the server fills it from
+// the request and flags.
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/snapshot/shard_plan.h"
+
+namespace memprofd {
+namespace snapshot {
+
+// The dtype floating-point tensors are written in; integer and bool tensors
+// are always written as they are.
+enum class SnapshotDtype { kKeep, kBFloat16, kFloat16, kFloat32 };
+
+// "keep", "bf16", "fp16", "fp32".
+absl::string_view SnapshotDtypeName(SnapshotDtype dtype);
+// Accepts the names above and "bfloat16", "float16", "float32" (any case).
+// INVALID_ARGUMENT listing the choices otherwise.
+absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text);
+
+struct SnapshotOptions {
+  // Bytes per shard file (see ParseShardSize for the accepted strings).
+  int64_t max_shard_size = kDefaultMaxShardSize;
+  SnapshotDtype dtype = SnapshotDtype::kKeep;
+  // The one host buffer every tensor is streamed through; at least 4096.
+  int64_t staging_bytes = int64_t{64} << 20;
+  // Drop "lm_head.weight" (tied to the input embeddings), as transformers
+  // does when config.json says tie_word_embeddings; decided by the caller
+  // from the config, never from pointers.
+  bool tie_word_embeddings = false;
+  // Recorded in the manifest.
+  int64_t global_step = 0;
+};
+
+}  // namespace snapshot
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SNAPSHOT_SNAPSHOT_OPTIONS_H_

@@ -1,0 +1,273 @@
+#include "core/snapshot/writer.h"
+
+#include <ATen/ATen.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <set>
+#include <system_error>
+#include <vector>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/common/phase.h"
+#include "core/common/status_macros.h"
+#include "core/snapshot/internal/file_io.h"
+#include "core/snapshot/internal/json.h"
+#include "core/snapshot/internal/shard_writer.h"
+#include "core/snapshot/internal/staging.h"
+#include "core/snapshot/shard_plan.h"
+#include "core/snapshot/snapshot_store.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace {
+
+namespace fs = std::filesystem;
+using snapshot_internal::ErrnoStatus;
+
+constexpr char kTiedHead[] = "lm_head.weight";
+
+at::ScalarType OutputType(at::ScalarType in, SnapshotDtype dtype) {
+  if (!at::isFloatingType(in)) return in;
+  switch (dtype) {
+    case SnapshotDtype::kKeep:
+      return in;
+    case SnapshotDtype::kBFloat16:
+      return at::kBFloat16;
+    case SnapshotDtype::kFloat16:
+      return at::kHalf;
+    case SnapshotDtype::kFloat32:
+      return at::kFloat;
+  }
+  return in;
+}
+
+const char* TorchDtypeName(SnapshotDtype dtype) {
+  switch (dtype) {
+    case SnapshotDtype::kBFloat16:
+      return "bfloat16";
+    case SnapshotDtype::kFloat16:
+      return "float16";
+    default:
+      return "float32";
+  }
+}
+
+absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
+                                       SnapshotDtype dtype) {
+  if (config_json.empty()) return std::string();
+  absl::StatusOr<snapshot_internal::JsonValue> config =
+      snapshot_internal::ParseJson(config_json);
+  if (!config.ok() || !config->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json text is not a JSON object: ",
+                     config.ok() ? "wrong type" : config.status().message()));
+  }
+  if (dtype == SnapshotDtype::kKeep) return std::string(config_json);
+  // transformers records the saved dtype in config.json.
+  config->Set("torch_dtype", snapshot_internal::JsonValue::String(TorchDtypeName(dtype)));
+  return snapshot_internal::SerializeJson(*config, 2, /*sort_keys=*/true) + "\n";
+}
+
+// Creates the root if needed and checks it is a directory.
+absl::Status PrepareRoot(const std::string& root) {
+  std::error_code ec;
+  if (fs::exists(root, ec)) {
+    if (!fs::is_directory(root, ec)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("snapshot root ", root,
+                       " is not a directory; pass a directory as --snapshot_root"));
+    }
+    return absl::OkStatus();
+  }
+  fs::create_directories(root, ec);
+  if (ec) {
+    absl::Status s =
+        ErrnoStatus(ec.value(), absl::StrCat("creating snapshot root ", root));
+    if (s.code() == absl::StatusCode::kPermissionDenied) return s;
+    return absl::FailedPreconditionError(
+        absl::StrCat(s.message(), "; pass a writable directory as --snapshot_root"));
+  }
+  return absl::OkStatus();
+}
+
+// Renames `from` to `to` unless `to` exists (renameat2 RENAME_NOREPLACE,
+// falling back to a check where the filesystem lacks it).
+absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) {
+    return absl::OkStatus();
+  }
+  int err = errno;
+  if (err == EINVAL || err == ENOSYS) {
+    std::error_code ec;
+    if (fs::exists(to, ec)) {
+      err = EEXIST;
+    } else if (::rename(from.c_str(), to.c_str()) == 0) {
+      return absl::OkStatus();
+    } else {
+      err = errno;
+    }
+  }
+  if (err == EEXIST || err == ENOTEMPTY) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("snapshot ", to, " appeared while writing; choose another name"));
+  }
+  return ErrnoStatus(err, absl::StrCat("publishing snapshot ", to));
+}
+
+}  // namespace
+
+absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
+    absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+    const SnapshotOptions& options, const SnapshotProgressFn& progress,
+    const SnapshotCancelFn& cancel) const {
+  const absl::Time start = absl::Now();
+  PhaseScope phase(Phase::kSnapshot);
+  RETURN_IF_ERROR(ValidateSnapshotName(name));
+  if (options.max_shard_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_shard_size must be positive, got ", options.max_shard_size));
+  }
+  if (options.staging_bytes < snapshot_internal::StagingBuffer::kMinBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staging_bytes must be at least ", snapshot_internal::StagingBuffer::kMinBytes,
+        ", got ", options.staging_bytes));
+  }
+
+  // What to write: every tensor but a tied head, in state-dict order.
+  std::vector<snapshot_internal::ShardTensor> items;
+  std::set<std::string> seen;
+  bool dropped_head = false;
+  bool on_device = false;
+  for (const auto& [tensor_name, tensor] : tensors) {
+    if (!seen.insert(tensor_name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name ", tensor_name, " appears twice in the state dict"));
+    }
+    if (options.tie_word_embeddings && tensor_name == kTiedHead) {
+      dropped_head = true;
+      continue;
+    }
+    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(tensor_name, tensor));
+    on_device = on_device || !tensor.device().is_cpu();
+    items.push_back(
+        {tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype)});
+  }
+  ASSIGN_OR_RETURN(const std::string config, ConfigText(config_json, options.dtype));
+
+  std::vector<ShardEntry> entries;
+  std::map<std::string, const snapshot_internal::ShardTensor*> by_name;
+  for (size_t i = 0; i < items.size(); ++i) {
+    entries.push_back({items[i].name,
+                       items[i].tensor.numel() *
+                           static_cast<int64_t>(c10::elementSize(items[i].out_dtype)),
+                       static_cast<int64_t>(i)});
+    by_name[items[i].name] = &items[i];
+  }
+  const ShardPlan plan = PlanShards(entries, options.max_shard_size);
+
+  RETURN_IF_ERROR(PrepareRoot(root_));
+  const std::string final_dir = (fs::path(root_) / std::string(name)).string();
+  std::error_code ec;
+  if (fs::exists(final_dir, ec)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("snapshot ", final_dir,
+                     " already exists; choose another name or delete it first"));
+  }
+  std::string tmp_dir =
+      (fs::path(root_) / absl::StrCat(kTempPrefix, name, "-XXXXXX")).string();
+  if (::mkdtemp(tmp_dir.data()) == nullptr) {
+    const int err = errno;
+    absl::Status s = ErrnoStatus(
+        err, absl::StrCat("creating a temporary directory in snapshot root ", root_));
+    if (s.code() == absl::StatusCode::kPermissionDenied ||
+        s.code() == absl::StatusCode::kResourceExhausted) {
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(), "; make --snapshot_root writable"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat(s.message(), "; make --snapshot_root a writable directory"));
+  }
+  bool published = false;
+  absl::Cleanup remove_tmp = [&] {
+    if (!published) {
+      std::error_code rm_ec;
+      fs::remove_all(tmp_dir, rm_ec);
+    }
+  };
+
+  ASSIGN_OR_RETURN(auto staging, snapshot_internal::StagingBuffer::Create(
+                                     options.staging_bytes, on_device));
+  SnapshotManifest manifest;
+  manifest.name = std::string(name);
+  manifest.directory = fs::absolute(final_dir).lexically_normal().string();
+  manifest.total_size = plan.total_size;
+  manifest.num_tensors = static_cast<int64_t>(items.size());
+  manifest.num_shards = static_cast<int64_t>(plan.shards.size());
+  manifest.dtype = std::string(SnapshotDtypeName(options.dtype));
+  manifest.max_shard_size = options.max_shard_size;
+  manifest.dropped_tied_lm_head = dropped_head;
+  manifest.peak_extra_host_bytes = staging->bytes();
+  manifest.staging_bytes = staging->bytes();
+  manifest.global_step = options.global_step;
+  manifest.create_time = start;
+
+  int64_t done = 0;
+  auto check_cancel = [&]() -> absl::Status {
+    if (cancel && cancel()) {
+      return absl::CancelledError(absl::StrCat("snapshot ", name, " cancelled after ",
+                                               done, " of ", plan.total_size,
+                                               " bytes; nothing was published"));
+    }
+    return absl::OkStatus();
+  };
+  if (progress) progress(0, plan.total_size);
+  RETURN_IF_ERROR(check_cancel());
+  for (const Shard& shard : plan.shards) {
+    std::vector<snapshot_internal::ShardTensor> shard_items;
+    for (const std::string& n : shard.names) shard_items.push_back(*by_name.at(n));
+    const std::string path = (fs::path(tmp_dir) / shard.file_name).string();
+    ASSIGN_OR_RETURN(
+        const int64_t size,
+        snapshot_internal::WriteShard(path, shard_items, *staging, [&](int64_t bytes) {
+          done += bytes;
+          if (progress) progress(done, plan.total_size);
+          return check_cancel();
+        }));
+    manifest.files.push_back({shard.file_name, size});
+  }
+  auto write_small = [&](const char* file, const std::string& text) -> absl::Status {
+    RETURN_IF_ERROR(
+        snapshot_internal::WriteFileSynced((fs::path(tmp_dir) / file).string(), text));
+    manifest.files.push_back({file, static_cast<int64_t>(text.size())});
+    return absl::OkStatus();
+  };
+  if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
+  if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
+  manifest.peak_extra_device_bytes = staging->peak_device_temp_bytes();
+  for (const SnapshotFile& f : manifest.files) manifest.bytes_written += f.bytes;
+  manifest.duration_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  manifest.throughput_bytes_per_second =
+      manifest.duration_seconds > 0 ? manifest.bytes_written / manifest.duration_seconds
+                                    : 0;
+  RETURN_IF_ERROR(snapshot_internal::WriteFileSynced(
+      (fs::path(tmp_dir) / kManifestFileName).string(), ManifestToJson(manifest)));
+  RETURN_IF_ERROR(snapshot_internal::SyncDirectory(tmp_dir));
+  RETURN_IF_ERROR(check_cancel());
+  RETURN_IF_ERROR(RenameNoReplace(tmp_dir, final_dir));
+  published = true;
+  RETURN_IF_ERROR(snapshot_internal::SyncDirectory(root_));
+  manifest.duration_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  manifest.throughput_bytes_per_second =
+      manifest.duration_seconds > 0 ? manifest.bytes_written / manifest.duration_seconds
+                                    : 0;
+  return manifest;
+}
+
+}  // namespace snapshot
+}  // namespace memprofd

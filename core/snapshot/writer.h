@@ -1,0 +1,71 @@
+#ifndef MEMPROFD_CORE_SNAPSHOT_WRITER_H_
+#define MEMPROFD_CORE_SNAPSHOT_WRITER_H_
+
+// Writes save_pretrained-style snapshots: safetensors shards (+ index),
+// config.json and memprofd_manifest.json, atomically, streaming every tensor
+// from wherever it lives (device, CPU, a mapped file) through one fixed
+// staging buffer.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/snapshot/manifest.h"
+#include "core/snapshot/safetensors.h"
+#include "core/snapshot/snapshot_options.h"
+
+namespace memprofd {
+namespace snapshot {
+
+// Called after every chunk with tensor data bytes written so far and the
+// total; runs on the writing thread and must be cheap.
+using SnapshotProgressFn = std::function<void(int64_t bytes_written, int64_t total)>;
+// Polled before every chunk; true stops the snapshot with CANCELLED.
+using SnapshotCancelFn = std::function<bool()>;
+
+// Writes snapshots under one root directory. Memory: the only host memory it
+// allocates is the staging buffer (options.staging_bytes, once per
+// snapshot), whatever the model size; it never copies a whole tensor.
+// Atomicity: a snapshot is written into `<root>/.tmp-<name>-XXXXXX`, every
+// file and the directory fsynced, then renamed to `<root>/<name>` (never
+// replacing anything) and the root fsynced; any failure, cancellation or
+// kill leaves no `<root>/<name>` and touches no other snapshot (the hidden
+// leftovers of a kill are removed by CleanLeftovers).
+// Thread-compatible: call Write from the thread that owns the tensors (the
+// daemon's owner thread), one at a time.
+class SnapshotWriter {
+ public:
+  // `root` is created on first write if missing.
+  explicit SnapshotWriter(std::string root) : root_(std::move(root)) {}
+
+  // Writes `tensors` (ordered as the state dict; the order decides sharding)
+  // and `config_json` (config.json's text; empty: none is written; when the
+  // dtype option converts, its "torch_dtype" is updated) as snapshot `name`.
+  // Errors (the temporary directory is always removed):
+  // - INVALID_ARGUMENT: bad name (see ValidateSnapshotName), bad options,
+  //   duplicate tensor names, unsupported dtypes, config not JSON;
+  // - ALREADY_EXISTS: `name` exists;
+  // - FAILED_PRECONDITION / PERMISSION_DENIED: the root cannot be created
+  //   or written, or a tensor has no data (meta);
+  // - RESOURCE_EXHAUSTED: disk full or file too large (ENOSPC, EFBIG), or
+  //   the staging buffer cannot be allocated;
+  // - CANCELLED: `cancel` returned true.
+  absl::StatusOr<SnapshotManifest> Write(absl::string_view name,
+                                         const TensorList& tensors,
+                                         absl::string_view config_json,
+                                         const SnapshotOptions& options,
+                                         const SnapshotProgressFn& progress = nullptr,
+                                         const SnapshotCancelFn& cancel = nullptr) const;
+
+  const std::string& root() const { return root_; }
+
+ private:
+  std::string root_;
+};
+
+}  // namespace snapshot
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SNAPSHOT_WRITER_H_
