@@ -1,0 +1,295 @@
+#include "core/model/config.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/model/json.h"
+
+namespace memprofd {
+namespace {
+
+absl::Status FieldError(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("config.json field \"", field, "\" ", problem));
+}
+
+// Reads integer `field` into *out; required fields must be present.
+absl::Status ReadInt(const JsonValue& root, absl::string_view field, bool required,
+                     int64_t* out) {
+  const JsonValue* v = root.Find(field);
+  if (v == nullptr) {
+    if (required) {
+      return FieldError(field, "is missing; a Llama config needs it (an integer)");
+    }
+    return absl::OkStatus();
+  }
+  if (v->is_integer()) {
+    *out = v->int_value();
+    return absl::OkStatus();
+  }
+  // 512.0 is an integer too, as Python would accept it.
+  if (v->is_number() && v->number_value() == std::floor(v->number_value()) &&
+      std::fabs(v->number_value()) < 9e15) {
+    *out = static_cast<int64_t>(v->number_value());
+    return absl::OkStatus();
+  }
+  return FieldError(field, absl::StrCat("must be an integer, got ", v->Serialize()));
+}
+
+absl::Status ReadDouble(const JsonValue& root, absl::string_view field, double* out) {
+  const JsonValue* v = root.Find(field);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_number()) {
+    return FieldError(field, absl::StrCat("must be a number, got ", v->Serialize()));
+  }
+  *out = v->number_value();
+  return absl::OkStatus();
+}
+
+absl::Status ReadBool(const JsonValue& root, absl::string_view field, bool* out) {
+  const JsonValue* v = root.Find(field);
+  if (v == nullptr) return absl::OkStatus();
+  if (!v->is_bool()) {
+    return FieldError(field, absl::StrCat("must be true or false, got ", v->Serialize()));
+  }
+  *out = v->bool_value();
+  return absl::OkStatus();
+}
+
+// A boolean option this implementation supports only as false.
+absl::Status RequireFalse(const JsonValue& root, absl::string_view field) {
+  bool value = false;
+  RETURN_IF_ERROR(ReadBool(root, field, &value));
+  if (value) return FieldError(field, "is true, which is not supported; set it to false");
+  return absl::OkStatus();
+}
+
+absl::Status Positive(absl::string_view field, int64_t value) {
+  if (value <= 0) return FieldError(field, absl::StrCat("must be positive, got ", value));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
+  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(json);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json is not valid JSON: ", parsed.status().message()));
+  }
+  const JsonValue& root = *parsed;
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError("config.json must hold a JSON object");
+  }
+  LlamaConfig c;
+
+  const JsonValue* model_type = root.Find("model_type");
+  if (model_type != nullptr &&
+      !(model_type->is_string() && model_type->string_value() == "llama")) {
+    return FieldError("model_type",
+                      absl::StrCat("is ", model_type->Serialize(),
+                                   "; only \"llama\" (LlamaForCausalLM) is supported"));
+  }
+  const JsonValue* archs = root.Find("architectures");
+  if (archs != nullptr && !archs->is_null()) {
+    if (!archs->is_array() || archs->array_items().size() != 1 ||
+        !archs->array_items()[0].is_string()) {
+      return FieldError("architectures", absl::StrCat("must be [\"", kArchitecture,
+                                                      "\"], got ", archs->Serialize()));
+    }
+    c.architecture = archs->array_items()[0].string_value();
+  } else if (model_type == nullptr) {
+    return FieldError(
+        "architectures",
+        absl::StrCat("is missing (and there is no model_type); set it to [\"",
+                     kArchitecture, "\"]"));
+  }
+
+  RETURN_IF_ERROR(ReadInt(root, "vocab_size", true, &c.vocab_size));
+  RETURN_IF_ERROR(ReadInt(root, "hidden_size", true, &c.hidden_size));
+  RETURN_IF_ERROR(ReadInt(root, "intermediate_size", true, &c.intermediate_size));
+  RETURN_IF_ERROR(ReadInt(root, "num_hidden_layers", true, &c.num_hidden_layers));
+  RETURN_IF_ERROR(ReadInt(root, "num_attention_heads", true, &c.num_attention_heads));
+  // transformers: num_key_value_heads absent or null means plain multi-head.
+  c.num_key_value_heads = c.num_attention_heads;
+  const JsonValue* kv = root.Find("num_key_value_heads");
+  if (kv != nullptr && !kv->is_null()) {
+    RETURN_IF_ERROR(ReadInt(root, "num_key_value_heads", true, &c.num_key_value_heads));
+  }
+  RETURN_IF_ERROR(
+      ReadInt(root, "max_position_embeddings", false, &c.max_position_embeddings));
+  RETURN_IF_ERROR(ReadDouble(root, "rms_norm_eps", &c.rms_norm_eps));
+  RETURN_IF_ERROR(ReadDouble(root, "rope_theta", &c.rope_theta));
+  RETURN_IF_ERROR(ReadBool(root, "tie_word_embeddings", &c.tie_word_embeddings));
+
+  // Newer transformers write "dtype" instead of "torch_dtype".
+  const JsonValue* dtype = root.Find("torch_dtype");
+  if (dtype == nullptr) dtype = root.Find("dtype");
+  if (dtype != nullptr && !dtype->is_null()) {
+    if (!dtype->is_string()) {
+      return FieldError("torch_dtype",
+                        absl::StrCat("must be a string, got ", dtype->Serialize()));
+    }
+    c.torch_dtype = dtype->string_value();
+  }
+
+  // Options that would change the math in ways this implementation does not
+  // follow: refuse them rather than train a different model.
+  const JsonValue* act = root.Find("hidden_act");
+  if (act != nullptr && !(act->is_string() && act->string_value() == "silu")) {
+    return FieldError("hidden_act", absl::StrCat("is ", act->Serialize(),
+                                                 "; only \"silu\" is supported"));
+  }
+  const JsonValue* scaling = root.Find("rope_scaling");
+  if (scaling != nullptr && !scaling->is_null()) {
+    return FieldError("rope_scaling", "is set, which is not supported; use null");
+  }
+  RETURN_IF_ERROR(RequireFalse(root, "attention_bias"));
+  RETURN_IF_ERROR(RequireFalse(root, "mlp_bias"));
+  const JsonValue* head_dim = root.Find("head_dim");
+  if (head_dim != nullptr && !head_dim->is_null()) {
+    int64_t hd = 0;
+    RETURN_IF_ERROR(ReadInt(root, "head_dim", true, &hd));
+    if (c.num_attention_heads > 0 && hd * c.num_attention_heads != c.hidden_size) {
+      return FieldError(
+          "head_dim",
+          absl::StrCat("is ", hd, "; only hidden_size / num_attention_heads (",
+                       c.head_dim(), ") is supported"));
+    }
+  }
+
+  RETURN_IF_ERROR(c.Validate());
+  return c;
+}
+
+absl::Status LlamaConfig::Validate() const {
+  if (architecture != kArchitecture) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown architecture \"",
+                                                   architecture, "\"; only ",
+                                                   kArchitecture, " is supported"));
+  }
+  RETURN_IF_ERROR(Positive("vocab_size", vocab_size));
+  RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
+  RETURN_IF_ERROR(Positive("intermediate_size", intermediate_size));
+  RETURN_IF_ERROR(Positive("num_hidden_layers", num_hidden_layers));
+  RETURN_IF_ERROR(Positive("num_attention_heads", num_attention_heads));
+  RETURN_IF_ERROR(Positive("num_key_value_heads", num_key_value_heads));
+  RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
+  if (hidden_size % num_attention_heads != 0) {
+    return FieldError(
+        "hidden_size",
+        absl::StrCat("(", hidden_size, ") must be a multiple of num_attention_heads (",
+                     num_attention_heads, ")"));
+  }
+  if (head_dim() % 2 != 0) {
+    return FieldError("hidden_size",
+                      absl::StrCat("/ num_attention_heads must be even for the rotary "
+                                   "embedding, got head_dim ",
+                                   head_dim()));
+  }
+  if (num_attention_heads % num_key_value_heads != 0) {
+    return FieldError("num_attention_heads",
+                      absl::StrCat("(", num_attention_heads,
+                                   ") must be a multiple of num_key_value_heads (",
+                                   num_key_value_heads, ")"));
+  }
+  if (!(rms_norm_eps > 0) || !std::isfinite(rms_norm_eps)) {
+    return FieldError("rms_norm_eps",
+                      absl::StrCat("must be positive, got ", rms_norm_eps));
+  }
+  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
+    return FieldError("rope_theta", absl::StrCat("must be positive, got ", rope_theta));
+  }
+  if (torch_dtype != "float32" && torch_dtype != "bfloat16" && torch_dtype != "float16") {
+    return FieldError(
+        "torch_dtype",
+        absl::StrCat("is \"", torch_dtype, "\"; use float32, bfloat16 or float16"));
+  }
+  return absl::OkStatus();
+}
+
+std::string LlamaConfig::ToJson() const {
+  // Keys sorted, as transformers writes them.
+  JsonValue j = JsonValue::MakeObject();
+  JsonValue archs = JsonValue::MakeArray();
+  archs.Append(architecture);
+  j.Set("architectures", std::move(archs));
+  j.Set("attention_bias", false);
+  j.Set("attention_dropout", 0.0);
+  j.Set("head_dim", head_dim());
+  j.Set("hidden_act", "silu");
+  j.Set("hidden_size", hidden_size);
+  j.Set("initializer_range", 0.02);
+  j.Set("intermediate_size", intermediate_size);
+  j.Set("max_position_embeddings", max_position_embeddings);
+  j.Set("mlp_bias", false);
+  j.Set("model_type", "llama");
+  j.Set("num_attention_heads", num_attention_heads);
+  j.Set("num_hidden_layers", num_hidden_layers);
+  j.Set("num_key_value_heads", num_key_value_heads);
+  j.Set("pretraining_tp", 1);
+  j.Set("rms_norm_eps", rms_norm_eps);
+  j.Set("rope_scaling", JsonValue());
+  j.Set("rope_theta", rope_theta);
+  j.Set("tie_word_embeddings", tie_word_embeddings);
+  j.Set("torch_dtype", torch_dtype);
+  j.Set("use_cache", true);
+  j.Set("vocab_size", vocab_size);
+  return j.Serialize(2) + "\n";
+}
+
+int64_t LlamaConfig::NumParameters() const {
+  const int64_t kv_dim = head_dim() * num_key_value_heads;
+  const int64_t per_layer = 2 * hidden_size * hidden_size          // q, o
+                            + 2 * hidden_size * kv_dim             // k, v
+                            + 3 * hidden_size * intermediate_size  // gate, up, down
+                            + 2 * hidden_size;                     // norms
+  return vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) +
+         num_hidden_layers * per_layer + hidden_size;
+}
+
+std::vector<std::string> LlamaConfig::PresetNames() { return {"tiny", "small"}; }
+
+absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
+  LlamaConfig c;
+  c.vocab_size = 256;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = true;
+  if (name == "tiny") {
+    c.hidden_size = 256;
+    c.intermediate_size = 1024;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 4;
+    c.max_position_embeddings = 512;
+    return c;
+  }
+  if (name == "small") {
+    c.hidden_size = 512;
+    c.intermediate_size = 1792;
+    c.num_hidden_layers = 8;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 1024;
+    return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model preset \"", name,
+                   "\"; known presets: ", absl::StrJoin(PresetNames(), ", ")));
+}
+
+bool operator==(const LlamaConfig& a, const LlamaConfig& b) {
+  return a.architecture == b.architecture && a.vocab_size == b.vocab_size &&
+         a.hidden_size == b.hidden_size && a.intermediate_size == b.intermediate_size &&
+         a.num_hidden_layers == b.num_hidden_layers &&
+         a.num_attention_heads == b.num_attention_heads &&
+         a.num_key_value_heads == b.num_key_value_heads &&
+         a.max_position_embeddings == b.max_position_embeddings &&
+         a.rms_norm_eps == b.rms_norm_eps && a.rope_theta == b.rope_theta &&
+         a.tie_word_embeddings == b.tie_word_embeddings && a.torch_dtype == b.torch_dtype;
+}
+
+}  // namespace memprofd

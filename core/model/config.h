@@ -1,0 +1,86 @@
+#ifndef MEMPROFD_CORE_MODEL_CONFIG_H_
+#define MEMPROFD_CORE_MODEL_CONFIG_H_
+
+// The configuration of a Llama-architecture causal language model, in the
+// terms of Hugging Face's config.json (transformers' LlamaConfig).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace memprofd {
+
+// The fields of a transformers LlamaConfig that determine the model's shape
+// and numerics. A plain value type.
+struct LlamaConfig {
+  // The only architecture supported; config.json's "architectures" must name it.
+  static constexpr const char* kArchitecture = "LlamaForCausalLM";
+
+  std::string architecture = kArchitecture;
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  // Grouped-query attention: each key/value head serves
+  // num_attention_heads / num_key_value_heads query heads.
+  int64_t num_key_value_heads = 0;
+  int64_t max_position_embeddings = 2048;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  bool tie_word_embeddings = false;
+  // The dtype the weights are stored in ("float32", "bfloat16", "float16").
+  // The daemon trains in float32 whatever this says; it is kept for
+  // snapshots and config.json.
+  std::string torch_dtype = "float32";
+
+  int64_t head_dim() const {
+    return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+  }
+
+  // Parses a Hugging Face config.json. Fields absent from the file take
+  // transformers' LlamaConfig defaults, except the shape fields (vocab_size,
+  // hidden_size, intermediate_size, num_hidden_layers, num_attention_heads),
+  // which are required. INVALID_ARGUMENT for malformed JSON, a missing or
+  // mistyped field, an architecture other than LlamaForCausalLM, options this
+  // implementation does not support (rope_scaling, attention_bias, mlp_bias,
+  // a hidden_act other than silu, a head_dim other than
+  // hidden_size / num_attention_heads), and everything Validate() rejects.
+  static absl::StatusOr<LlamaConfig> FromJson(absl::string_view json);
+
+  // A config.json that transformers' AutoConfig / LlamaForCausalLM load
+  // (architectures, model_type "llama", hidden_act "silu", ...), pretty
+  // printed with an indent of 2.
+  std::string ToJson() const;
+
+  // OK, or INVALID_ARGUMENT saying which field is wrong and how to fix it:
+  // unknown architecture, non-positive sizes or epsilon/theta,
+  // hidden_size % num_attention_heads != 0, odd head_dim (rotary embedding
+  // needs pairs), num_attention_heads % num_key_value_heads != 0, an
+  // unsupported torch_dtype.
+  absl::Status Validate() const;
+
+  // The number of parameters (unique storages: a tied head counts once).
+  int64_t NumParameters() const;
+
+  // Built-in models:
+  //   "tiny":  byte-level vocabulary (256), hidden 256, intermediate 1024,
+  //            4 layers, 8 heads, 4 key/value heads, 512 positions, tied
+  //            head; exactly 4,000,000 parameters. The daemon's default.
+  //   "small": vocabulary 256, hidden 512, intermediate 1792, 8 layers,
+  //            8 heads, 8 key/value heads, 1024 positions, tied head;
+  //            about 30.5M parameters.
+  // INVALID_ARGUMENT listing the known names otherwise.
+  static absl::StatusOr<LlamaConfig> Preset(absl::string_view name);
+  static std::vector<std::string> PresetNames();
+
+  friend bool operator==(const LlamaConfig& a, const LlamaConfig& b);
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MODEL_CONFIG_H_

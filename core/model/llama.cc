@@ -1,0 +1,269 @@
+#include "core/model/llama.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
+
+namespace memprofd {
+namespace {
+
+constexpr double kInitStd = 0.02;  // transformers' initializer_range
+
+std::string ShapeString(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+// HF's rotate_half: (x1, x2) -> (-x2, x1) over the last dimension's halves.
+at::Tensor RotateHalf(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+}
+
+}  // namespace
+
+LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
+    : config_(std::move(config)), device_(device) {}
+
+LlamaModel::~LlamaModel() = default;
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
+                                                               uint64_t seed,
+                                                               c10::Device device) {
+  RETURN_IF_ERROR(config.Validate());
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, device));
+  RETURN_IF_ERROR(TorchBoundary("creating the model", [&] { model->Initialize(seed); }));
+  return model;
+}
+
+void LlamaModel::Initialize(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  const LlamaConfig& c = config_;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+  auto normal = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, kInitStd, shape, gen, cpu).to(device_).requires_grad_(true);
+  };
+  auto ones = [&](int64_t n) {
+    return torch::ones({n}, cpu.device(device_)).requires_grad_(true);
+  };
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim();
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim();
+  const int64_t inter = c.intermediate_size;
+
+  // Drawn in state_dict order so that the init is a function of the seed.
+  embed_tokens_ = normal({c.vocab_size, h});
+  layers_.resize(c.num_hidden_layers);
+  for (LlamaLayerWeights& w : layers_) {
+    w.q_proj = normal({q_dim, h});
+    w.k_proj = normal({kv_dim, h});
+    w.v_proj = normal({kv_dim, h});
+    w.o_proj = normal({h, q_dim});
+    w.gate_proj = normal({inter, h});
+    w.up_proj = normal({inter, h});
+    w.down_proj = normal({h, inter});
+    w.input_layernorm = ones(h);
+    w.post_attention_layernorm = ones(h);
+  }
+  norm_ = ones(h);
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : normal({c.vocab_size, h});
+
+  // transformers' LlamaRotaryEmbedding, in float32 as it computes it:
+  // inv_freq = 1 / theta^(2i / d), angle = position * inv_freq.
+  const int64_t d = c.head_dim();
+  at::Tensor inv_freq =
+      1.0 / torch::pow(c.rope_theta,
+                       torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / d);
+  at::Tensor positions =
+      torch::arange(c.max_position_embeddings, torch::kInt64).to(torch::kFloat32);
+  at::Tensor freqs = torch::outer(positions, inv_freq);
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  rope_cos_ = emb.cos().to(device_);
+  rope_sin_ = emb.sin().to(device_);
+}
+
+at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
+  at::Tensor xf = x.to(torch::kFloat32);
+  at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
+  return weight *
+         (xf * torch::rsqrt(variance + config_.rms_norm_eps)).to(x.scalar_type());
+}
+
+at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h) const {
+  const int64_t b = h.size(0);
+  const int64_t t = h.size(1);
+  const int64_t heads = config_.num_attention_heads;
+  const int64_t kv_heads = config_.num_key_value_heads;
+  const int64_t d = config_.head_dim();
+  TORCH_CHECK(t <= config_.max_position_embeddings, "sequence length ", t,
+              " exceeds max_position_embeddings ", config_.max_position_embeddings);
+
+  at::Tensor q = torch::linear(h, w.q_proj).view({b, t, heads, d}).transpose(1, 2);
+  at::Tensor k = torch::linear(h, w.k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  at::Tensor v = torch::linear(h, w.v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+
+  at::Tensor cos = rope_cos_.narrow(0, 0, t);
+  at::Tensor sin = rope_sin_.narrow(0, 0, t);
+  q = q * cos + RotateHalf(q) * sin;
+  k = k * cos + RotateHalf(k) * sin;
+
+  if (kv_heads != heads) {
+    // HF's repeat_kv: [B, KV, T, D] -> [B, KV * n_rep, T, D], grouped by kv head.
+    const int64_t n_rep = heads / kv_heads;
+    k = k.unsqueeze(2).expand({b, kv_heads, n_rep, t, d}).reshape({b, heads, t, d});
+    v = v.unsqueeze(2).expand({b, kv_heads, n_rep, t, d}).reshape({b, heads, t, d});
+  }
+
+  at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(double(d)));
+  at::Tensor future =
+      torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(h.device()))
+          .triu(1);
+  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  at::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
+  at::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * d});
+  return torch::linear(out, w.o_proj);
+}
+
+at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
+  const LlamaLayerWeights& w = layers_.at(index);
+  at::Tensor x = hidden + Attention(w, RmsNorm(hidden, w.input_layernorm));
+  at::Tensor h = RmsNorm(x, w.post_attention_layernorm);
+  at::Tensor mlp = torch::linear(
+      torch::silu(torch::linear(h, w.gate_proj)) * torch::linear(h, w.up_proj),
+      w.down_proj);
+  return x + mlp;
+}
+
+at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq_len], got ",
+              input_ids.sizes());
+  return torch::embedding(embed_tokens_, input_ids);
+}
+
+at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
+  return RmsNorm(hidden, norm_);
+}
+
+at::Tensor LlamaModel::Head(const at::Tensor& hidden) const {
+  return torch::linear(hidden, lm_head_);
+}
+
+at::Tensor LlamaModel::ForwardHidden(const at::Tensor& input_ids) const {
+  at::Tensor x = Embed(input_ids);
+  for (int64_t i = 0; i < num_layers(); ++i) x = Layer(i, x);
+  return FinalNorm(x);
+}
+
+at::Tensor LlamaModel::Forward(const at::Tensor& input_ids) const {
+  return Head(ForwardHidden(input_ids));
+}
+
+std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
+  const LlamaLayerWeights& w = layers_.at(index);
+  return {w.q_proj,    w.k_proj,          w.v_proj,
+          w.o_proj,    w.gate_proj,       w.up_proj,
+          w.down_proj, w.input_layernorm, w.post_attention_layernorm};
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(3 + 9 * layers_.size());
+  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LlamaLayerWeights& w = layers_[i];
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    out.emplace_back(p + "self_attn.q_proj.weight", w.q_proj);
+    out.emplace_back(p + "self_attn.k_proj.weight", w.k_proj);
+    out.emplace_back(p + "self_attn.v_proj.weight", w.v_proj);
+    out.emplace_back(p + "self_attn.o_proj.weight", w.o_proj);
+    out.emplace_back(p + "mlp.gate_proj.weight", w.gate_proj);
+    out.emplace_back(p + "mlp.up_proj.weight", w.up_proj);
+    out.emplace_back(p + "mlp.down_proj.weight", w.down_proj);
+    out.emplace_back(p + "input_layernorm.weight", w.input_layernorm);
+    out.emplace_back(p + "post_attention_layernorm.weight", w.post_attention_layernorm);
+  }
+  out.emplace_back("model.norm.weight", norm_);
+  out.emplace_back("lm_head.weight", lm_head_);
+  return out;
+}
+
+std::vector<at::Tensor> LlamaModel::Parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : NamedParameters()) {
+    if (name == "lm_head.weight" && config_.tie_word_embeddings) continue;
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> LlamaModel::Buffers() const { return {rope_cos_, rope_sin_}; }
+
+int64_t LlamaModel::NumParameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& t : Parameters()) n += t.numel();
+  return n;
+}
+
+absl::Status LlamaModel::LoadStateDict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> params;
+  for (auto& [name, t] : NamedParameters()) params.emplace(name, t);
+  const bool tied = config_.tie_word_embeddings;
+
+  std::set<std::string> seen;
+  for (const auto& [name, t] : state) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict holds \"", name,
+                       "\", which is not a parameter of this ", config_.num_hidden_layers,
+                       "-layer Llama model; check that it matches the config"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict holds \"", name, "\" twice; keep one"));
+    }
+    if (!t.defined() || t.sizes() != it->second.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict tensor \"", name, "\" has shape ",
+          t.defined() ? ShapeString(t) : "(undefined)", " but the model expects ",
+          ShapeString(it->second), "; check that the weights match the config"));
+    }
+    if (!t.is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict tensor \"", name, "\" has dtype ", std::string(t.dtype().name()),
+          "; expected a floating-point dtype"));
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& [name, t] : params) {
+    if (seen.count(name)) continue;
+    if (tied && name == "lm_head.weight") continue;
+    missing.push_back(name);
+  }
+  if (!missing.empty()) {
+    if (missing.size() > 5) {
+      missing.resize(5);
+      missing.push_back("...");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("state dict lacks ", absl::StrJoin(missing, ", "),
+                     "; give every parameter of the model"));
+  }
+  return TorchBoundary("loading the state dict", [&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : state) {
+      if (tied && name == "lm_head.weight") continue;
+      params.at(name).copy_(t);
+    }
+  });
+}
+
+}  // namespace memprofd

@@ -1,0 +1,128 @@
+#ifndef MEMPROFD_CORE_MODEL_LLAMA_H_
+#define MEMPROFD_CORE_MODEL_LLAMA_H_
+
+// A Llama-architecture causal decoder (transformers' LlamaForCausalLM) in
+// LibTorch: token embedding, decoder layers (RMSNorm, rotary position
+// embedding, grouped-query causal self-attention, SwiGLU MLP), final RMSNorm
+// and a language-model head, tied to the embedding when the config says so.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/model/config.h"
+
+namespace memprofd {
+
+// The weights of one decoder layer, as leaf tensors that require grad.
+struct LlamaLayerWeights {
+  at::Tensor q_proj;                    // [heads * head_dim, hidden]
+  at::Tensor k_proj;                    // [kv_heads * head_dim, hidden]
+  at::Tensor v_proj;                    // [kv_heads * head_dim, hidden]
+  at::Tensor o_proj;                    // [hidden, heads * head_dim]
+  at::Tensor gate_proj;                 // [intermediate, hidden]
+  at::Tensor up_proj;                   // [intermediate, hidden]
+  at::Tensor down_proj;                 // [hidden, intermediate]
+  at::Tensor input_layernorm;           // [hidden]
+  at::Tensor post_attention_layernorm;  // [hidden]
+};
+
+// The model: float32 parameters on one device, named exactly as in
+// transformers' LlamaForCausalLM.state_dict().
+//
+// The forward functions compute the same equations as transformers (HF's
+// rotate_half rotary convention, key/value head k serving query heads
+// [k * n_rep, (k + 1) * n_rep), softmax in float32), with positions
+// 0..T-1 for an input of T tokens. They throw c10::Error on failure (bad
+// shapes, out of memory): run them inside TorchBoundary. Everything else
+// returns a status.
+//
+// Thread-safety: none. One owner thread uses the model; concurrent forward
+// passes that do not train are safe, as for any LibTorch module.
+class LlamaModel {
+ public:
+  // Builds a model from a valid config (Validate() is called: its error is
+  // returned), with weights drawn from normal(0, 0.02) in state-dict order by
+  // a CPU generator seeded with `seed` (the same on every device), RMSNorm
+  // weights 1. RESOURCE_EXHAUSTED when the weights do not fit.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
+      const LlamaConfig& config, uint64_t seed,
+      c10::Device device = c10::Device(c10::DeviceType::CPU));
+
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+  ~LlamaModel();
+
+  // input_ids: int64 [B, T] on device(), T <= max_position_embeddings.
+  // Returns logits [B, T, vocab_size] (float32).
+  at::Tensor Forward(const at::Tensor& input_ids) const;
+
+  // Forward split for callers that scope parts differently (the trainer runs
+  // the head under another offload scope) or checkpoint layer by layer:
+  // Forward(ids) == Head(FinalNorm(Layer(L-1, ... Layer(0, Embed(ids))))).
+  //
+  // Embedding + all layers + final norm: hidden states [B, T, hidden].
+  at::Tensor ForwardHidden(const at::Tensor& input_ids) const;
+  at::Tensor Embed(const at::Tensor& input_ids) const;
+  // Decoder layer `index` (0-based) on hidden states [B, T, hidden].
+  at::Tensor Layer(int64_t index, const at::Tensor& hidden) const;
+  at::Tensor FinalNorm(const at::Tensor& hidden) const;
+  // The language-model head: [B, T, hidden] -> logits [B, T, vocab_size].
+  at::Tensor Head(const at::Tensor& hidden) const;
+
+  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
+  const LlamaLayerWeights& layer(int64_t index) const { return layers_.at(index); }
+  // Layer `index`'s parameters in state-dict order.
+  std::vector<at::Tensor> LayerParameters(int64_t index) const;
+
+  // All parameters with their transformers names, in state_dict() order.
+  // "lm_head.weight" is always last; when the head is tied it is the same
+  // tensor (same storage) as "model.embed_tokens.weight", as in
+  // transformers. The tensors are the live parameters (not copies).
+  std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
+  // The distinct parameters (a tied head once), for an optimizer.
+  std::vector<at::Tensor> Parameters() const;
+  // Non-parameter tensors the model holds: the rotary cos and sin caches,
+  // [max_position_embeddings, head_dim] each. Not part of the state dict.
+  std::vector<at::Tensor> Buffers() const;
+  // The number of parameter elements, each storage counted once.
+  int64_t NumParameters() const;
+
+  const LlamaConfig& config() const { return config_; }
+  c10::Device device() const { return device_; }
+
+  // Copies `state` into the parameters (converting dtype and device), by
+  // name. All names and shapes are checked before anything is copied:
+  // INVALID_ARGUMENT naming the unknown, missing or mis-shaped tensor.
+  // With a tied head, "lm_head.weight" may be absent (save_pretrained drops
+  // it); when present it must have the embedding's shape and is ignored.
+  absl::Status LoadStateDict(
+      const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+ private:
+  LlamaModel(LlamaConfig config, c10::Device device);
+  void Initialize(uint64_t seed);
+
+  at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
+  at::Tensor Attention(const LlamaLayerWeights& w, const at::Tensor& h) const;
+
+  const LlamaConfig config_;
+  const c10::Device device_;
+  at::Tensor embed_tokens_;  // [vocab, hidden]
+  std::vector<LlamaLayerWeights> layers_;
+  at::Tensor norm_;     // [hidden]
+  at::Tensor lm_head_;  // [vocab, hidden]; embed_tokens_ itself when tied
+  at::Tensor rope_cos_;
+  at::Tensor rope_sin_;
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MODEL_LLAMA_H_

@@ -1,0 +1,173 @@
+#include "core/model/config.h"
+
+#include <string>
+
+#include "absl/strings/str_replace.h"
+#include "core/model/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+
+// TinyLlama-1.1B's config.json as published on the Hugging Face hub.
+constexpr char kTinyLlamaConfig[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 5632,
+  "max_position_embeddings": 2048,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 22,
+  "num_key_value_heads": 4,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.35.0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+absl::StatusOr<LlamaConfig> ParseWith(absl::string_view from, absl::string_view to) {
+  return LlamaConfig::FromJson(absl::StrReplaceAll(kTinyLlamaConfig, {{from, to}}));
+}
+
+TEST(LlamaConfigTest, ReadsHuggingFaceConfig) {
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(kTinyLlamaConfig);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c->hidden_size, 2048);
+  EXPECT_EQ(c->intermediate_size, 5632);
+  EXPECT_EQ(c->num_hidden_layers, 22);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_EQ(c->vocab_size, 32000);
+  EXPECT_EQ(c->max_position_embeddings, 2048);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_EQ(c->head_dim(), 64);
+  // TinyLlama-1.1B has 1,100,048,384 parameters.
+  EXPECT_EQ(c->NumParameters(), 1100048384);
+}
+
+TEST(LlamaConfigTest, MissingKeyValueHeadsMeansMultiHead) {
+  absl::StatusOr<LlamaConfig> c = ParseWith("\"num_key_value_heads\": 4,", "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 32);
+}
+
+TEST(LlamaConfigTest, RejectsOtherArchitectures) {
+  absl::StatusOr<LlamaConfig> c = ParseWith("LlamaForCausalLM", "MistralForCausalLM");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("MistralForCausalLM"));
+  c = ParseWith("\"model_type\": \"llama\"", "\"model_type\": \"gpt2\"");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("model_type"));
+}
+
+TEST(LlamaConfigTest, RejectsMissingAndMistypedFields) {
+  for (const char* field :
+       {"\"hidden_size\": 2048,", ",\n  \"vocab_size\": 32000",
+        "\"num_hidden_layers\": 22,", "\"intermediate_size\": 5632,"}) {
+    std::string text = absl::StrReplaceAll(kTinyLlamaConfig, {{field, ""}});
+    absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(text);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(c.status().message(), HasSubstr("is missing")) << field;
+  }
+  absl::StatusOr<LlamaConfig> c =
+      ParseWith("\"hidden_size\": 2048", "\"hidden_size\": \"2048\"");
+  EXPECT_THAT(c.status().message(), HasSubstr("\"hidden_size\" must be an integer"));
+  c = ParseWith("\"tie_word_embeddings\": false", "\"tie_word_embeddings\": 0");
+  EXPECT_THAT(c.status().message(), HasSubstr("tie_word_embeddings"));
+  c = LlamaConfig::FromJson("{\"hidden_size\": ");
+  EXPECT_THAT(c.status().message(), HasSubstr("not valid JSON"));
+  c = LlamaConfig::FromJson("[]");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LlamaConfigTest, RejectsInconsistentShapes) {
+  absl::StatusOr<LlamaConfig> c =
+      ParseWith("\"num_attention_heads\": 32", "\"num_attention_heads\": 30");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("multiple of num_attention_heads"));
+  c = ParseWith("\"num_key_value_heads\": 4", "\"num_key_value_heads\": 5");
+  EXPECT_THAT(c.status().message(), HasSubstr("multiple of num_key_value_heads"));
+  c = ParseWith("\"hidden_size\": 2048", "\"hidden_size\": 0");
+  EXPECT_THAT(c.status().message(), HasSubstr("must be positive"));
+  c = ParseWith("\"vocab_size\": 32000", "\"vocab_size\": -1");
+  EXPECT_THAT(c.status().message(), HasSubstr("vocab_size"));
+  c = ParseWith("\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 0");
+  EXPECT_THAT(c.status().message(), HasSubstr("rms_norm_eps"));
+  c = ParseWith("\"bfloat16\"", "\"int8\"");
+  EXPECT_THAT(c.status().message(), HasSubstr("torch_dtype"));
+}
+
+TEST(LlamaConfigTest, RejectsUnsupportedOptions) {
+  EXPECT_THAT(ParseWith("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 2.0}")
+                  .status()
+                  .message(),
+              HasSubstr("rope_scaling"));
+  EXPECT_THAT(ParseWith("\"attention_bias\": false", "\"attention_bias\": true")
+                  .status()
+                  .message(),
+              HasSubstr("attention_bias"));
+  EXPECT_THAT(ParseWith("\"silu\"", "\"gelu\"").status().message(),
+              HasSubstr("hidden_act"));
+  EXPECT_THAT(ParseWith("\"pretraining_tp\"", "\"head_dim\": 128, \"pretraining_tp\"")
+                  .status()
+                  .message(),
+              HasSubstr("head_dim"));
+}
+
+TEST(LlamaConfigTest, ToJsonRoundTripsAndLooksLikeTransformers) {
+  for (const std::string& name : LlamaConfig::PresetNames()) {
+    absl::StatusOr<LlamaConfig> preset = LlamaConfig::Preset(name);
+    ASSERT_TRUE(preset.ok()) << preset.status();
+    std::string text = preset->ToJson();
+    absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(text);
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
+    EXPECT_TRUE(*back == *preset) << text;
+
+    absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
+    ASSERT_TRUE(json.ok());
+    EXPECT_EQ(json->Find("model_type")->string_value(), "llama");
+    EXPECT_EQ(json->Find("hidden_act")->string_value(), "silu");
+    EXPECT_EQ(json->Find("architectures")->Serialize(), "[\"LlamaForCausalLM\"]");
+    EXPECT_EQ(json->Find("torch_dtype")->string_value(), "float32");
+  }
+}
+
+TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
+  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  EXPECT_EQ(tiny->vocab_size, 256);
+  EXPECT_EQ(tiny->hidden_size, 256);
+  EXPECT_EQ(tiny->num_hidden_layers, 4);
+  EXPECT_EQ(tiny->num_attention_heads, 8);
+  EXPECT_TRUE(tiny->tie_word_embeddings);
+  EXPECT_TRUE(tiny->Validate().ok());
+  EXPECT_EQ(tiny->NumParameters(), 4000000);
+  absl::StatusOr<LlamaConfig> small = LlamaConfig::Preset("small");
+  ASSERT_TRUE(small.ok());
+  EXPECT_TRUE(small->Validate().ok());
+  EXPECT_GT(small->NumParameters(), 25000000);
+  EXPECT_LT(small->NumParameters(), 35000000);
+  absl::StatusOr<LlamaConfig> none = LlamaConfig::Preset("huge");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small"));
+}
+
+}  // namespace
+}  // namespace memprofd

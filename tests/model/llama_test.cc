@@ -1,0 +1,269 @@
+#include "core/model/llama.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/model/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+
+LlamaConfig SmallGqaConfig() {
+  LlamaConfig c;
+  c.vocab_size = 97;
+  c.hidden_size = 64;
+  c.intermediate_size = 96;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-6;
+  c.rope_theta = 500.0;
+  c.tie_word_embeddings = false;
+  return c;
+}
+
+std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(c, seed);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TEST(LlamaModelTest, ParameterNamesMatchTransformers) {
+  LlamaConfig c = SmallGqaConfig();
+  c.num_hidden_layers = 1;
+  std::unique_ptr<LlamaModel> m = MakeModel(c, 1);
+  std::vector<std::string> names;
+  for (auto& [name, t] : m->NamedParameters()) names.push_back(name);
+  EXPECT_THAT(
+      names,
+      ::testing::ElementsAre(
+          "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+          "model.layers.0.self_attn.k_proj.weight",
+          "model.layers.0.self_attn.v_proj.weight",
+          "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+          "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+          "model.layers.0.input_layernorm.weight",
+          "model.layers.0.post_attention_layernorm.weight", "model.norm.weight",
+          "lm_head.weight"));
+  auto params = m->NamedParameters();
+  EXPECT_EQ(params[2].second.sizes(), (std::vector<int64_t>{32, 64}));  // 2 kv heads x 16
+  EXPECT_EQ(params[7].second.sizes(), (std::vector<int64_t>{64, 96}));
+  for (auto& [name, t] : params) EXPECT_TRUE(t.requires_grad()) << name;
+}
+
+TEST(LlamaModelTest, TiedHeadSharesTheEmbeddingStorage) {
+  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  std::unique_ptr<LlamaModel> m = MakeModel(*tiny, 3);
+  auto params = m->NamedParameters();
+  EXPECT_EQ(params.back().first, "lm_head.weight");
+  EXPECT_TRUE(params.back().second.is_same(params.front().second));
+  EXPECT_EQ(m->NumParameters(), 4000000);
+  EXPECT_EQ(m->Parameters().size(), params.size() - 1);
+  ASSERT_EQ(m->Buffers().size(), 2u);
+  EXPECT_EQ(m->Buffers()[0].sizes(), (std::vector<int64_t>{512, 32}));
+
+  LlamaConfig untied = SmallGqaConfig();
+  std::unique_ptr<LlamaModel> u = MakeModel(untied, 3);
+  EXPECT_FALSE(
+      u->NamedParameters().back().second.is_same(u->NamedParameters()[0].second));
+  EXPECT_EQ(u->NumParameters(), untied.NumParameters());
+}
+
+TEST(LlamaModelTest, InitIsAFunctionOfTheSeed) {
+  LlamaConfig c = SmallGqaConfig();
+  auto a = MakeModel(c, 7)->NamedParameters();
+  auto b = MakeModel(c, 7)->NamedParameters();
+  auto other = MakeModel(c, 8)->NamedParameters();
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
+  }
+  EXPECT_FALSE(torch::equal(a[1].second, other[1].second));
+  EXPECT_NEAR(a[0].second.std().item<double>(), 0.02, 0.002);
+  EXPECT_TRUE(torch::equal(a[8].second, torch::ones({64})));  // input_layernorm
+}
+
+TEST(LlamaModelTest, CreateRejectsInvalidConfig) {
+  LlamaConfig c = SmallGqaConfig();
+  c.num_key_value_heads = 3;
+  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(c, 1);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LlamaModelTest, SplitForwardEqualsForward) {
+  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  torch::NoGradGuard no_grad;
+  at::Tensor ids = torch::randint(0, 97, {2, 10}, torch::kInt64);
+  at::Tensor logits = m->Forward(ids);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{2, 10, 97}));
+  at::Tensor x = m->Embed(ids);
+  for (int64_t i = 0; i < m->num_layers(); ++i) x = m->Layer(i, x);
+  EXPECT_TRUE(torch::equal(m->Head(m->FinalNorm(x)), logits));
+  EXPECT_TRUE(torch::equal(m->Head(m->ForwardHidden(ids)), logits));
+}
+
+TEST(LlamaModelTest, FutureTokensDoNotChangePastLogits) {
+  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  torch::NoGradGuard no_grad;
+  at::Tensor ids = torch::randint(0, 97, {1, 12}, torch::kInt64);
+  at::Tensor changed = ids.clone();
+  changed.index_put_({0, 8}, (ids[0][8].item<int64_t>() + 1) % 97);
+  at::Tensor a = m->Forward(ids);
+  at::Tensor b = m->Forward(changed);
+  EXPECT_TRUE(torch::allclose(a.narrow(1, 0, 8), b.narrow(1, 0, 8), 0, 1e-6));
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 8, 4), b.narrow(1, 8, 4), 0, 1e-4));
+}
+
+TEST(LlamaModelTest, RejectsSequencesLongerThanMaxPositions) {
+  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  at::Tensor ids = torch::zeros({1, 65}, torch::kInt64);
+  EXPECT_THROW(m->Forward(ids), c10::Error);
+}
+
+TEST(LlamaModelTest, LoadStateDictChecksNamesAndShapes) {
+  LlamaConfig c = SmallGqaConfig();
+  std::unique_ptr<LlamaModel> src = MakeModel(c, 1);
+  std::unique_ptr<LlamaModel> dst = MakeModel(c, 2);
+  auto state = src->NamedParameters();
+
+  auto unknown = state;
+  unknown.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({96, 64}));
+  absl::Status s = dst->LoadStateDict(unknown);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.9.mlp.up_proj.weight"));
+
+  auto misshaped = state;
+  misshaped[1].second = torch::zeros({64, 63});
+  s = dst->LoadStateDict(misshaped);
+  EXPECT_THAT(s.message(),
+              HasSubstr("has shape [64, 63] but the model expects [64, 64]"));
+
+  auto missing = state;
+  missing.erase(missing.begin() + 3);
+  s = dst->LoadStateDict(missing);
+  EXPECT_THAT(s.message(), HasSubstr("lacks model.layers.0.self_attn.v_proj.weight"));
+  // Nothing was copied by the failed loads.
+  EXPECT_FALSE(torch::equal(dst->NamedParameters()[1].second, state[1].second));
+
+  ASSERT_TRUE(dst->LoadStateDict(state).ok());
+  auto loaded = dst->NamedParameters();
+  for (size_t i = 0; i < state.size(); ++i) {
+    EXPECT_TRUE(torch::equal(loaded[i].second, state[i].second)) << state[i].first;
+    EXPECT_FALSE(loaded[i].second.is_same(state[i].second));
+  }
+}
+
+TEST(LlamaModelTest, LoadStateDictWithTiedHeadNeedsNoLmHead) {
+  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  tiny->num_hidden_layers = 1;
+  std::unique_ptr<LlamaModel> src = MakeModel(*tiny, 1);
+  std::unique_ptr<LlamaModel> dst = MakeModel(*tiny, 2);
+  auto state = src->NamedParameters();
+  state.pop_back();  // lm_head.weight, as save_pretrained drops it
+  // A bfloat16 checkpoint converts on load.
+  for (auto& [name, t] : state) t = t.detach().to(torch::kBFloat16);
+  ASSERT_TRUE(dst->LoadStateDict(state).ok());
+  at::Tensor head = dst->NamedParameters().back().second;
+  EXPECT_TRUE(torch::equal(head, state[0].second.to(torch::kFloat32)));
+}
+
+// Writes the model's weights, its config.json and token ids to a temporary
+// directory, runs tests/model/llama_reference.py on them and returns the
+// maximum absolute difference between the two sets of logits.
+double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::path(::testing::TempDir()) /
+                 absl::StrCat("llama_ref_", getpid(), "_", model.config().hidden_size);
+  fs::create_directories(dir);
+  auto write = [&](const std::string& file, const at::Tensor& t) {
+    at::Tensor c = t.detach().contiguous();
+    std::ofstream out(dir / file, std::ios::binary);
+    out.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  };
+  JsonValue manifest = JsonValue::MakeObject();
+  JsonValue tensors = JsonValue::MakeArray();
+  int i = 0;
+  for (auto& [name, t] : model.NamedParameters()) {
+    std::string file = absl::StrCat("t", i++, ".bin");
+    write(file, t);
+    JsonValue entry = JsonValue::MakeObject();
+    entry.Set("name", name);
+    JsonValue shape = JsonValue::MakeArray();
+    for (int64_t s : t.sizes()) shape.Append(s);
+    entry.Set("shape", shape);
+    entry.Set("file", file);
+    tensors.Append(entry);
+  }
+  manifest.Set("tensors", tensors);
+  write("ids.bin", ids);
+  JsonValue ids_entry = JsonValue::MakeObject();
+  ids_entry.Set("shape", JsonValue(JsonValue::Array{ids.size(0), ids.size(1)}));
+  ids_entry.Set("file", "ids.bin");
+  manifest.Set("input_ids", ids_entry);
+  std::ofstream(dir / "manifest.json") << manifest.Serialize();
+  std::ofstream(dir / "config.json") << model.config().ToJson();
+
+  std::string cmd = absl::StrCat("/usr/bin/python3 " MEMPROFD_SOURCE_DIR
+                                 "/tests/model/llama_reference.py ",
+                                 dir.string());
+  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+
+  std::ifstream in(dir / "logits.bin", std::ios::binary);
+  const int64_t vocab = model.config().vocab_size;
+  at::Tensor ref = torch::empty({ids.size(0), ids.size(1), vocab}, torch::kFloat32);
+  in.read(static_cast<char*>(ref.data_ptr()), ref.numel() * 4);
+  EXPECT_TRUE(in.good()) << "short logits.bin";
+  fs::remove_all(dir);
+
+  torch::NoGradGuard no_grad;
+  at::Tensor logits = model.Forward(ids);
+  double scale = logits.abs().max().item<double>();
+  EXPECT_GT(scale, 0.5) << "logits too small for the comparison to mean anything";
+  return (logits - ref).abs().max().item<double>();
+}
+
+// Replaces the init (std 0.02, which makes logits tiny) by weights that give
+// logits of order 1, so that a wrong equation shows.
+void Randomize(LlamaModel& model, uint64_t seed) {
+  torch::manual_seed(seed);
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  for (auto& [name, t] : model.NamedParameters()) {
+    if (t.dim() == 1) {
+      state.emplace_back(name, 1.0 + 0.3 * torch::randn(t.sizes()));
+    } else {
+      state.emplace_back(name, torch::randn(t.sizes()) / std::sqrt(double(t.size(1))));
+    }
+  }
+  ASSERT_TRUE(model.LoadStateDict(state).ok());
+}
+
+TEST(LlamaModelTest, MatchesPythonReferenceWithGroupedQueryAttention) {
+  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 11);
+  Randomize(*m, 12);
+  at::Tensor ids = torch::randint(0, 97, {2, 48}, torch::kInt64);
+  EXPECT_LT(MaxDiffAgainstPython(*m, ids), 1e-4);
+}
+
+TEST(LlamaModelTest, MatchesPythonReferenceTinyPreset) {
+  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(tiny.ok());
+  std::unique_ptr<LlamaModel> m = MakeModel(*tiny, 13);
+  Randomize(*m, 14);
+  at::Tensor ids = torch::randint(0, 256, {2, 64}, torch::kInt64);
+  EXPECT_LT(MaxDiffAgainstPython(*m, ids), 1e-4);
+}
+
+}  // namespace
+}  // namespace memprofd
