@@ -1,0 +1,112 @@
+// memprofd: the training daemon. Flags fill ServerOptions; everything else
+// lives in Server.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/log.h"
+#include "server/options.h"
+#include "server/server.h"
+
+ABSL_FLAG(std::string, listen, memprofd::ServerOptions().listen,
+          "gRPC address host:port (port 0 picks a free one)");
+ABSL_FLAG(std::string, metrics_listen, memprofd::ServerOptions().metrics_listen,
+          "Prometheus /metrics address host:port (port 0 picks a free one)");
+ABSL_FLAG(std::string, port_file, "",
+          "write the bound ports as JSON {\"grpc_port\": N, \"metrics_port\": M} here");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "require 'authorization: Bearer <token>' on every RPC but health; the token is "
+          "this file's first line");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert)");
+ABSL_FLAG(std::string, device, memprofd::ServerOptions().device,
+          "compute device: auto, cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
+
+namespace {
+
+// Signals reach a dedicated thread through a self-pipe: the handler only
+// writes one byte (async-signal-safe); gRPC's Shutdown must never run in a
+// handler. Blocking the signals instead is not enough: OpenBLAS and OpenMP
+// start threads before main(), and any of them could take the signal.
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const char byte = static_cast<char>(sig);
+  ssize_t unused = write(g_signal_pipe[1], &byte, 1);
+  (void)unused;
+}
+
+void InstallSignalHandlers() {
+  if (pipe(g_signal_pipe) != 0) return;
+  struct sigaction sa = {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "memprofd: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "memprofd: a training daemon that knows where every byte of memory goes.\n"
+      "Usage: memprofd [--listen=127.0.0.1:50051] [--metrics_listen=127.0.0.1:9464] ...");
+  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  if (rest.size() > 1) {
+    return Fail(absl::StrCat("unexpected argument '", rest[1],
+                             "': memprofd takes only --flags (see --help)"));
+  }
+  memprofd::LogLevel level;
+  if (!memprofd::ParseLogLevel(absl::GetFlag(FLAGS_log_level), &level)) {
+    return Fail(absl::StrCat("bad --log_level='", absl::GetFlag(FLAGS_log_level),
+                             "': write debug, info, warning or error"));
+  }
+  memprofd::SetLogLevel(level);
+
+  memprofd::ServerOptions options;
+  options.listen = absl::GetFlag(FLAGS_listen);
+  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
+  options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  options.tls_key = absl::GetFlag(FLAGS_tls_key);
+  options.device = absl::GetFlag(FLAGS_device);
+
+  InstallSignalHandlers();
+  memprofd::Server server(options);
+  if (absl::Status s = server.Start(); !s.ok()) {
+    return Fail(absl::StrCat("cannot start: ", s.message()));
+  }
+  std::thread signal_thread([&server] {
+    char sig = 0;
+    if (read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0) {
+      memprofd::LogInfo(absl::StrCat("received signal ", static_cast<int>(sig),
+                                     "; draining and shutting down"));
+    }
+    server.Shutdown();
+  });
+  server.Wait();
+  // Wakes the signal thread when Shutdown came from elsewhere.
+  const char wake = 0;
+  ssize_t unused = write(g_signal_pipe[1], &wake, 1);
+  (void)unused;
+  signal_thread.join();
+  memprofd::LogInfo("stopped");
+  return 0;
+}

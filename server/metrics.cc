@@ -1,0 +1,143 @@
+#include "server/metrics.h"
+
+#include <CivetServer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/metric_family.h>
+#include <unistd.h>
+
+#include <exception>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "core/common/log.h"
+
+namespace memprofd {
+namespace {
+
+prometheus::MetricFamily GaugeFamily(const std::string& name, const std::string& help,
+                                     double value) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = prometheus::MetricType::Gauge;
+  prometheus::ClientMetric m;
+  m.gauge.value = value;
+  f.metric.push_back(std::move(m));
+  return f;
+}
+
+// process_* metrics of the standard exporters, read at scrape time.
+class ProcessCollectable : public prometheus::Collectable {
+ public:
+  ProcessCollectable() : start_seconds_(absl::ToUnixMicros(absl::Now()) / 1e6) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    out.push_back(GaugeFamily(
+        "process_start_time_seconds",
+        "Start time of the process since the Unix epoch, in seconds.", start_seconds_));
+    long pages_resident = 0;
+    std::ifstream statm("/proc/self/statm");
+    long pages_total = 0;
+    if (statm >> pages_total >> pages_resident) {
+      out.push_back(GaugeFamily("process_resident_memory_bytes",
+                                "Resident memory size in bytes.",
+                                static_cast<double>(pages_resident) *
+                                    static_cast<double>(sysconf(_SC_PAGESIZE))));
+    }
+    return out;
+  }
+
+ private:
+  const double start_seconds_;
+};
+
+// CivetWeb explains bind failures only through this callback.
+int LogCivetMessage(const struct mg_connection*, const char* message) {
+  LogWarning(absl::StrCat("metrics server: ", message));
+  return 1;
+}
+
+}  // namespace
+
+absl::Status ValidateListenAddress(const std::string& flag, const std::string& address) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, "='", address, "' is not a listen address (", why,
+        "); write host:port, e.g. 127.0.0.1:50051, 0.0.0.0:0 or [::1]:9464"));
+  };
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0) return bad("no host:port");
+  std::string host = address.substr(0, colon);
+  if (host.front() == '[' && host.back() != ']') return bad("unclosed [");
+  int port = -1;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return bad("port must be a number 0..65535");
+  }
+  for (char c : host) {
+    if (c == ' ' || c == '/' || c == '\t') return bad("bad character in host");
+  }
+  return absl::OkStatus();
+}
+
+ServerMetrics::ServerMetrics(const BuildLabels& build)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      rpc_requests_(prometheus::BuildCounter()
+                        .Name("memprofd_rpc_requests_total")
+                        .Help("RPCs handled, by method and gRPC status code.")
+                        .Register(*registry_)),
+      rpc_duration_(prometheus::BuildHistogram()
+                        .Name("memprofd_rpc_duration_seconds")
+                        .Help("Time to handle an RPC (streams: until the stream ends).")
+                        .Register(*registry_)) {
+  prometheus::BuildGauge()
+      .Name("memprofd_build_info")
+      .Help("Always 1; labels say what was built.")
+      .Register(*registry_)
+      .Add({{"version", build.version},
+            {"torch_version", build.torch_version},
+            {"device", build.device}})
+      .Set(1);
+  collectables_.push_back(std::make_shared<ProcessCollectable>());
+}
+
+absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
+  if (absl::Status s = ValidateListenAddress("metrics_listen", listen); !s.ok()) return s;
+  try {
+    static CivetCallbacks callbacks = [] {
+      CivetCallbacks c;
+      c.log_message = LogCivetMessage;
+      return c;
+    }();
+    exposer_ =
+        std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2, &callbacks);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ", e.what(),
+                     " (is the port in use? pick another or use port 0)"));
+  }
+  exposer_->RegisterCollectable(registry_);
+  for (const auto& c : collectables_) exposer_->RegisterCollectable(c);
+  std::vector<int> ports = exposer_->GetListeningPorts();
+  if (ports.empty()) return absl::UnavailableError("metrics exposer bound no port");
+  return ports.front();
+}
+
+void ServerMetrics::RecordRpc(const std::string& method, const char* code,
+                              double seconds) {
+  rpc_requests_.Add({{"method", method}, {"code", code}}).Increment();
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60};
+  rpc_duration_.Add({{"method", method}}, kBuckets).Observe(seconds);
+}
+
+void ServerMetrics::AddCollectable(std::shared_ptr<prometheus::Collectable> collectable) {
+  collectables_.push_back(collectable);
+  if (exposer_) exposer_->RegisterCollectable(collectable);
+}
+
+}  // namespace memprofd

@@ -1,0 +1,62 @@
+#ifndef MEMPROFD_SERVER_METRICS_H_
+#define MEMPROFD_SERVER_METRICS_H_
+
+// The daemon's Prometheus endpoint: a registry of metrics the server updates
+// (RPC counts and latencies, build info) plus collectables that read the
+// engine's published state at scrape time, so scrapes never block the owner
+// thread. Names are in base units; counters end in _total.
+// Thread-safe: RecordRpc may be called from any thread.
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace memprofd {
+
+struct BuildLabels {
+  std::string version;
+  std::string torch_version;
+  std::string device;
+};
+
+class ServerMetrics {
+ public:
+  explicit ServerMetrics(const BuildLabels& build);
+
+  // Binds host:port (port 0 picks one) and serves /metrics; returns the bound
+  // port. INVALID_ARGUMENT for an unparsable address, UNAVAILABLE when the
+  // port cannot be bound.
+  absl::StatusOr<int> Serve(const std::string& listen);
+
+  // One finished RPC: counted by method and status code, timed by method.
+  void RecordRpc(const std::string& method, const char* code, double seconds);
+
+  // Adds a scrape-time collectable; the ServerMetrics keeps it alive.
+  void AddCollectable(std::shared_ptr<prometheus::Collectable> collectable);
+
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  prometheus::Family<prometheus::Counter>& rpc_requests_;
+  prometheus::Family<prometheus::Histogram>& rpc_duration_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+};
+
+// Parses "host:port" or "[v6]:port" with port 0..65535; INVALID_ARGUMENT
+// naming the flag otherwise.
+absl::Status ValidateListenAddress(const std::string& flag, const std::string& address);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_SERVER_METRICS_H_

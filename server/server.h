@@ -1,0 +1,67 @@
+#ifndef MEMPROFD_SERVER_SERVER_H_
+#define MEMPROFD_SERVER_SERVER_H_
+
+// The memprofd process minus flag parsing: the engine session, the gRPC
+// server (service, health, reflection), the metrics endpoint, and orderly
+// shutdown. Thread-compatible: Start, then Wait from one thread; Shutdown
+// may be called from any thread (the signal thread).
+
+#include <grpcpp/server.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/session/session.h"
+#include "server/auth.h"
+#include "server/metrics.h"
+#include "server/options.h"
+#include "server/service.h"
+
+namespace memprofd {
+
+class Server {
+ public:
+  explicit Server(ServerOptions options);
+  ~Server();
+
+  // Validates the options, creates the session, binds both ports and writes
+  // the port file. The status says what to fix: INVALID_ARGUMENT for bad
+  // addresses or options, FAILED_PRECONDITION for unreadable files,
+  // UNAVAILABLE when a port cannot be bound.
+  absl::Status Start();
+
+  // Blocks until Shutdown has completed.
+  void Wait();
+
+  // Health NOT_SERVING, new work refused, active operations cancelled at
+  // their next step boundary, in-flight calls given the grace period.
+  // Idempotent.
+  void Shutdown();
+
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }
+
+ private:
+  absl::Status WritePortFile() const;
+
+  const ServerOptions options_;
+  std::unique_ptr<Session> session_;
+  std::unique_ptr<TokenAuth> auth_;
+  std::unique_ptr<ServerMetrics> metrics_;
+  std::unique_ptr<MemprofdService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int grpc_port_ = 0;
+  int metrics_port_ = 0;
+
+  absl::Mutex mu_;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The service name health answers for besides "".
+inline constexpr char kServiceName[] = "memprofd.v1.Memprofd";
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_SERVER_SERVER_H_
