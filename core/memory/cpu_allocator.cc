@@ -1,0 +1,167 @@
+#include "core/memory/cpu_allocator.h"
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/memory/recorder.h"
+
+namespace memprofd {
+namespace memory {
+namespace {
+
+constexpr size_t kHeaderBytes = 64;  // Keeps c10's 64-byte data alignment.
+constexpr uint32_t kMagic = 0x6d656d70;
+constexpr int kShards = 16;
+
+// Lives in the first kHeaderBytes of every wrapped allocation; the tensor's
+// data starts right after it.
+struct alignas(64) BlockHeader {
+  BlockHeader* prev;
+  BlockHeader* next;
+  void* original_context;
+  c10::DeleterFnPtr original_deleter;
+  int64_t size;
+  uint32_t shard;
+  uint32_t magic;
+};
+static_assert(sizeof(BlockHeader) == kHeaderBytes, "header must be 64 bytes");
+
+// A circular list of live blocks with a sentinel head; sharded so that
+// threads allocating at once rarely share a lock.
+struct alignas(64) Shard {
+  absl::Mutex mu;
+  BlockHeader head ABSL_GUARDED_BY(mu);
+  Shard() {
+    head.prev = &head;
+    head.next = &head;
+  }
+};
+
+// Threads take shards round-robin; a free goes to the shard in its header.
+uint32_t ThreadShard() {
+  static std::atomic<uint32_t> next{0};
+  thread_local const uint32_t shard =
+      next.fetch_add(1, std::memory_order_relaxed) % kShards;
+  return shard;
+}
+
+class CountingCpuAllocator;
+CountingCpuAllocator* g_allocator = nullptr;  // Leaked; set once.
+std::atomic<bool> g_installed{false};
+
+class CountingCpuAllocator final : public c10::Allocator {
+ public:
+  CountingCpuAllocator(c10::Allocator* underlying, MemoryRecorder* recorder)
+      : underlying_(underlying), recorder_(recorder) {}
+
+  // LibTorch 1.13-2.2 declare allocate() const, 2.3+ non-const: defining
+  // both overrides whichever the base declares and overloads the other, with
+  // no version check to get wrong.
+  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  // Pure virtual since LibTorch 2.3 (Allocator::clone); a plain method before.
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+
+  std::vector<LiveBlock> Live() const {
+    std::vector<LiveBlock> out;
+    for (Shard& s : shards_) {
+      absl::MutexLock lock(&s.mu);
+      for (const BlockHeader* h = s.head.next; h != &s.head; h = h->next) {
+        out.push_back(
+            {kCpuDevice,
+             reinterpret_cast<uint64_t>(reinterpret_cast<const char*>(h) + kHeaderBytes),
+             h->size});
+      }
+    }
+    return out;
+  }
+
+ private:
+  c10::DataPtr Allocate(size_t n) const {
+    if (n == 0 || n > SIZE_MAX - kHeaderBytes) return underlying_->allocate(n);
+    c10::DataPtr raw = underlying_->allocate(n + kHeaderBytes);
+    char* base = static_cast<char*>(raw.get());
+    const c10::Device device = raw.device();
+    auto* h = reinterpret_cast<BlockHeader*>(base);
+    h->original_deleter = raw.get_deleter();
+    h->original_context = raw.release_context();
+    h->size = static_cast<int64_t>(n);
+    h->shard = ThreadShard();
+    h->magic = kMagic;
+    Shard& s = shards_[h->shard];
+    {
+      absl::MutexLock lock(&s.mu);
+      h->prev = &s.head;
+      h->next = s.head.next;
+      s.head.next->prev = h;
+      s.head.next = h;
+    }
+    void* data = base + kHeaderBytes;
+    recorder_->RecordAlloc(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size);
+    // Context == data, so raw_allocate()/raw_deallocate() work too.
+    return c10::DataPtr(data, data, &Delete, device);
+  }
+
+  static void Delete(void* data) {
+    if (data == nullptr) return;
+    auto* h = reinterpret_cast<BlockHeader*>(static_cast<char*>(data) - kHeaderBytes);
+    CountingCpuAllocator* self = g_allocator;
+    // Recorded before the memory is released, so that a reuse of the address
+    // by another thread is always recorded after this free.
+    self->recorder_->RecordFree(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size);
+    {
+      Shard& s = self->shards_[h->shard];
+      absl::MutexLock lock(&s.mu);
+      h->prev->next = h->next;
+      h->next->prev = h->prev;
+    }
+    h->magic = 0;
+    h->original_deleter(h->original_context);
+  }
+
+  c10::Allocator* const underlying_;
+  MemoryRecorder* const recorder_;
+  mutable std::array<Shard, kShards> shards_;
+};
+
+}  // namespace
+
+absl::Status InstallCountingCpuAllocator() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (g_installed.load()) return absl::OkStatus();
+  c10::Allocator* current = c10::GetAllocator(c10::DeviceType::CPU);
+  if (g_allocator == nullptr) {
+    g_allocator = new CountingCpuAllocator(current, &MemoryRecorder::Global());
+  }
+  c10::SetAllocator(c10::DeviceType::CPU, g_allocator, kCountingCpuAllocatorPriority);
+  if (c10::GetAllocator(c10::DeviceType::CPU) != g_allocator) {
+    return absl::FailedPreconditionError(
+        "another CPU allocator with a higher c10::SetAllocator priority is installed; "
+        "CPU memory cannot be counted. Remove it or install memprofd's wrapper first");
+  }
+  g_installed.store(true);
+  return absl::OkStatus();
+}
+
+bool IsCountingCpuAllocatorInstalled() { return g_installed.load(); }
+
+std::vector<LiveBlock> LiveCpuBlocks() {
+  if (g_allocator == nullptr) return {};
+  return g_allocator->Live();
+}
+
+}  // namespace memory
+}  // namespace memprofd

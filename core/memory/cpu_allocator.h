@@ -1,0 +1,46 @@
+#ifndef MEMPROFD_CORE_MEMORY_CPU_ALLOCATOR_H_
+#define MEMPROFD_CORE_MEMORY_CPU_ALLOCATOR_H_
+
+// A counting wrapper around LibTorch's CPU allocator. Every CPU tensor storage
+// allocated after installation, on any thread (OpenMP workers and autograd
+// threads included), is reported to MemoryRecorder::Global() at O(1) cost per
+// event: the allocation carries a 64-byte header in front of the data that
+// remembers its size, the original deleter and its place in a live-block list.
+//
+// Blind to what does not go through c10's CPU allocator: pinned memory,
+// from_blob, mmap-ed storages, oneDNN scratch, third-party malloc. Storages
+// allocated before installation are freed through their original deleter and
+// never counted. The header is not included in the reported sizes.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/memory/history.h"
+
+namespace memprofd {
+namespace memory {
+
+// c10::SetAllocator priority of the wrapper (LibTorch registers its default
+// CPU allocator at 0; a later SetAllocator with a lower priority is ignored).
+inline constexpr uint8_t kCountingCpuAllocatorPriority = 100;
+
+// Wraps the CPU allocator registered now with the counting one. Call at
+// process start, before any model tensor exists. Idempotent and thread-safe.
+// FAILED_PRECONDITION when an allocator of higher priority holds the CPU slot
+// (nothing would be counted).
+absl::Status InstallCountingCpuAllocator();
+
+// True once InstallCountingCpuAllocator() succeeded.
+bool IsCountingCpuAllocatorInstalled();
+
+// The CPU allocations made through the wrapper that are alive now (device
+// kCpuDevice, data address, requested size), in no particular order.
+// Thread-safe; costs O(live allocations) and briefly locks each of the
+// wrapper's shards.
+std::vector<LiveBlock> LiveCpuBlocks();
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_CPU_ALLOCATOR_H_

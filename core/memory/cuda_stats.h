@@ -1,0 +1,53 @@
+#ifndef MEMPROFD_CORE_MEMORY_CUDA_STATS_H_
+#define MEMPROFD_CORE_MEMORY_CUDA_STATS_H_
+
+// CUDA caching allocator statistics and history, through the allocator's own
+// API (LibTorch 1.13 and 2.x). Compiled only with MEMPROFD_WITH_CUDA. No
+// LibTorch in this header.
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/memory/memory_viz.h"
+
+namespace memprofd {
+namespace memory {
+
+// One device's caching allocator counters ("all" pools).
+struct CudaDeviceSample {
+  int device = 0;
+  int64_t allocated_bytes = 0;
+  int64_t peak_allocated_bytes = 0;  // Since the last ResetCudaPeaks().
+  int64_t reserved_bytes = 0;
+  int64_t peak_reserved_bytes = 0;
+  int64_t active_bytes = 0;
+  int64_t peak_active_bytes = 0;
+  int64_t alloc_retries = 0;
+  int64_t ooms = 0;
+  int64_t alloc_count = 0;  // allocation.all.allocated / .freed
+  int64_t free_count = 0;
+};
+
+// Number of CUDA devices visible (0 when none or CUDA fails to initialise).
+int CudaDeviceCount();
+
+// Every device whose allocator is initialised; empty without CUDA devices or
+// before the first CUDA allocation. Thread-safe (the allocator locks).
+std::vector<CudaDeviceSample> SampleCudaDevices();
+
+// Resets the peaks of every initialised device to their current values.
+void ResetCudaPeaks();
+
+// Turns the allocator's own trace recording on or off (LibTorch >= 2.1;
+// UNIMPLEMENTED before, where only segments are available).
+absl::Status SetCudaHistory(bool enabled, int64_t max_entries);
+
+// The allocator's segments (all versions) and traces (>= 2.1), for the
+// memory_viz pickle. Empty when CUDA is not initialised.
+CudaAllocatorSnapshot CaptureCudaSnapshot();
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_CUDA_STATS_H_

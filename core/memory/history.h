@@ -1,0 +1,98 @@
+#ifndef MEMPROFD_CORE_MEMORY_HISTORY_H_
+#define MEMPROFD_CORE_MEMORY_HISTORY_H_
+
+// The memory history: a bounded ring of allocation and free events. No
+// LibTorch.
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/common/phase.h"
+
+namespace memprofd {
+namespace memory {
+
+// Device numbering inside core/memory: kCpuDevice for host memory seen by the
+// CPU allocator wrapper, 0..n-1 for CUDA devices.
+inline constexpr int kCpuDevice = -1;
+
+enum class HistoryAction : uint8_t { kAlloc = 0, kFree = 1 };
+
+// One event. 40 bytes.
+struct HistoryEntry {
+  uint64_t addr = 0;
+  int64_t size = 0;
+  int64_t time_us = 0;  // Unix epoch, microseconds.
+  int64_t step = 0;     // CurrentStep() when the event happened.
+  HistoryAction action = HistoryAction::kAlloc;
+  int8_t device = kCpuDevice;
+  Phase phase = Phase::kIdle;
+};
+
+// An allocation alive at the time it was listed.
+struct LiveBlock {
+  int device = kCpuDevice;
+  uint64_t addr = 0;
+  int64_t size = 0;
+};
+
+// A copy of the ring, oldest entry first.
+struct HistorySnapshot {
+  std::vector<HistoryEntry> entries;
+  int64_t size = 0;  // Entries held (entries.size() when copied).
+  int64_t max_entries = 0;
+  int64_t dropped = 0;  // Entries overwritten since the last Clear().
+  bool recording = false;
+};
+
+// Keeps exactly the newest max_entries events; memory is allocated once, at
+// Start(), so it is bounded whatever the run length.
+// Thread-safe: Append() may be called from any thread (one short critical
+// section per event); the other methods from any thread too.
+class HistoryRing {
+ public:
+  // Largest accepted max_entries (400 MB of entries; the viewer stalls well
+  // before that).
+  static constexpr int64_t kMaxEntriesLimit = 10'000'000;
+
+  HistoryRing() = default;
+  HistoryRing(const HistoryRing&) = delete;
+  HistoryRing& operator=(const HistoryRing&) = delete;
+
+  // Starts (or continues) recording into a ring of `max_entries`. When the
+  // ring already holds entries and the size changes, the newest entries that
+  // fit are kept. INVALID_ARGUMENT unless 1 <= max_entries <= kMaxEntriesLimit.
+  absl::Status Start(int64_t max_entries);
+  // Stops recording; entries stay until Clear() (so they can still be dumped).
+  void Stop();
+  // Drops every entry and the dropped count; keeps recording state and size.
+  void Clear();
+
+  // Appends when recording (checked under the lock, so no event lands after
+  // Stop() returns).
+  void Append(const HistoryEntry& entry);
+
+  // The entries (unless include_entries is false) and the counters.
+  HistorySnapshot Copy(bool include_entries = true) const;
+  int64_t size() const;
+  int64_t max_entries() const;
+  int64_t dropped() const;
+  bool recording() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<HistoryEntry> ring_ ABSL_GUARDED_BY(mu_);  // capacity == max
+  int64_t next_ ABSL_GUARDED_BY(mu_) = 0;                // Total appended since Clear().
+  // Dropped by a resize in Start(), which resets next_.
+  int64_t dropped_extra_ ABSL_GUARDED_BY(mu_) = 0;
+  bool recording_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_HISTORY_H_

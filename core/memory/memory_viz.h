@@ -1,0 +1,94 @@
+#ifndef MEMPROFD_CORE_MEMORY_MEMORY_VIZ_H_
+#define MEMPROFD_CORE_MEMORY_MEMORY_VIZ_H_
+
+// The memory history as a PyTorch memory snapshot pickle (the format of
+// torch.cuda.memory._snapshot(), read by pytorch.org/memory_viz and by
+// torch.cuda._memory_viz): a dict with "segments", "device_traces" (one list
+// per device) and "allocator_settings". Protocol 2, plain dicts, lists,
+// strings, ints, floats and bools only, so Python's pickle.load reads it
+// without torch. No LibTorch in this header.
+//
+// Devices are numbered as PyTorch's _profile_to_snapshot() does: CUDA
+// devices 0..n-1, then CPU memory as device n (0 without CUDA).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/memory/history.h"
+
+namespace memprofd {
+namespace memory {
+
+enum class VizBlockState { kActiveAllocated, kActivePendingFree, kInactive };
+enum class VizAction {
+  kAlloc,
+  kFreeRequested,
+  kFreeCompleted,
+  kSegmentAlloc,
+  kSegmentFree
+};
+
+struct VizBlock {
+  int64_t size = 0;
+  int64_t requested_size = 0;
+  VizBlockState state = VizBlockState::kInactive;
+};
+
+// Blocks tile the segment: their sizes sum to total_size, in address order.
+struct VizSegment {
+  int device = 0;
+  uint64_t address = 0;
+  int64_t total_size = 0;
+  int64_t stream = 0;
+  std::vector<VizBlock> blocks;
+};
+
+struct VizTraceEntry {
+  VizAction action = VizAction::kAlloc;
+  uint64_t addr = 0;
+  int64_t size = 0;
+  int64_t time_us = 0;
+};
+
+// What the CUDA caching allocator reports about itself (cuda_stats.h).
+struct CudaAllocatorSnapshot {
+  std::vector<VizSegment> segments;
+  std::vector<std::vector<VizTraceEntry>> device_traces;  // Index = CUDA ordinal.
+};
+
+struct MemoryVizInput {
+  // The recorder's history, oldest first (HistorySnapshot::entries).
+  std::vector<HistoryEntry> history;
+  // CPU allocations alive at dump time (LiveCpuBlocks()).
+  std::vector<LiveBlock> live_blocks;
+  CudaAllocatorSnapshot cuda;
+  int num_cuda_devices = 0;
+};
+
+// CPU addresses closer than this share one viewer segment (the gap becomes an
+// "inactive" block); farther apart ones get their own segment, so that the
+// heap and distant mmap-ed regions do not make one terabyte-wide segment.
+inline constexpr int64_t kCpuSegmentMergeGap = 1 << 20;
+
+// Builds the pickle. Every trace alloc/free is on its device's trace; a
+// recorder event becomes "alloc", or "free_requested" directly followed by
+// "free_completed" (which the viewer merges into one free), with one frame
+// {filename: "memprofd", line: step, name: "<phase> step <step>"}. CPU
+// segments cover every live block and every address in the trace, with the
+// live blocks as "active_allocated" and the rest "inactive". The live set is
+// first made consistent with the trace (an address whose last event is an
+// alloc is live, one whose last event is a free is not), so allocs and frees
+// pair whatever raced with the dump. Never fails.
+std::string BuildMemoryVizPickle(const MemoryVizInput& input);
+
+// Collects the live CPU blocks, then MemoryRecorder::Global()'s history (in
+// that order: the history is the newer of the two), then the CUDA allocator's
+// snapshot when built with CUDA, and builds the pickle. Thread-safe; O(live
+// blocks + history entries); does not stop recording.
+std::string CaptureMemoryVizPickle();
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_MEMORY_VIZ_H_

@@ -1,0 +1,263 @@
+#include "core/memory/recorder.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/memory/cpu_allocator.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
+
+namespace memprofd {
+namespace memory {
+namespace {
+
+// Raises `target` to at least `value`. The common case (no new maximum) is a
+// single relaxed load.
+inline void UpdateMax(std::atomic<int64_t>& target, int64_t value) {
+  int64_t seen = target.load(std::memory_order_relaxed);
+  while (value > seen &&
+         !target.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+inline int PhaseIndex(Phase phase) {
+  const int i = static_cast<int>(phase);
+  return (i >= 0 && i < kNumPhases) ? i : 0;
+}
+
+}  // namespace
+
+std::string DeviceName(int device) {
+  return device == kCpuDevice ? std::string("cpu") : absl::StrCat("cuda:", device);
+}
+
+MemoryRecorder& MemoryRecorder::Global() {
+  static MemoryRecorder* const recorder = new MemoryRecorder();
+  return *recorder;
+}
+
+MemoryRecorder::DeviceCounters* MemoryRecorder::Slot(int device) {
+  if (device < kCpuDevice || device >= kMaxCudaDevices) return nullptr;
+  return &devices_[static_cast<size_t>(device + 1)];
+}
+
+const MemoryRecorder::DeviceCounters* MemoryRecorder::Slot(int device) const {
+  if (device < kCpuDevice || device >= kMaxCudaDevices) return nullptr;
+  return &devices_[static_cast<size_t>(device + 1)];
+}
+
+void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size) {
+  DeviceCounters* c = Slot(device);
+  if (c == nullptr) return;
+  const Phase phase = CurrentPhase();
+  const int64_t now = c->current.fetch_add(size, std::memory_order_relaxed) + size;
+  c->allocs.fetch_add(1, std::memory_order_relaxed);
+  UpdateMax(c->peak, now);
+  UpdateMax(c->phase_peak[static_cast<size_t>(PhaseIndex(phase))], now);
+  if (recording_.load(std::memory_order_relaxed)) {
+    HistoryEntry e;
+    e.addr = addr;
+    e.size = size;
+    e.time_us = absl::GetCurrentTimeNanos() / 1000;
+    e.step = CurrentStep();
+    e.action = HistoryAction::kAlloc;
+    e.device = static_cast<int8_t>(device);
+    e.phase = phase;
+    history_.Append(e);
+  }
+}
+
+void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size) {
+  DeviceCounters* c = Slot(device);
+  if (c == nullptr) return;
+  c->current.fetch_sub(size, std::memory_order_relaxed);
+  c->frees.fetch_add(1, std::memory_order_relaxed);
+  if (recording_.load(std::memory_order_relaxed)) {
+    HistoryEntry e;
+    e.addr = addr;
+    e.size = size;
+    e.time_us = absl::GetCurrentTimeNanos() / 1000;
+    e.step = CurrentStep();
+    e.action = HistoryAction::kFree;
+    e.device = static_cast<int8_t>(device);
+    e.phase = CurrentPhase();
+    history_.Append(e);
+  }
+}
+
+void MemoryRecorder::FoldCudaPeaks(Phase ended_phase) {
+#ifdef MEMPROFD_WITH_CUDA
+  std::vector<CudaDeviceSample> samples = SampleCudaDevices();
+  for (const CudaDeviceSample& s : samples) {
+    DeviceCounters* c = Slot(s.device);
+    if (c == nullptr) continue;
+    c->seen.store(true, std::memory_order_relaxed);
+    c->current.store(s.allocated_bytes, std::memory_order_relaxed);
+    c->allocs.store(s.alloc_count, std::memory_order_relaxed);
+    c->frees.store(s.free_count, std::memory_order_relaxed);
+    UpdateMax(c->peak, s.peak_allocated_bytes);
+    UpdateMax(c->phase_peak[static_cast<size_t>(PhaseIndex(ended_phase))],
+              s.peak_allocated_bytes);
+    UpdateMax(c->peak_reserved, s.peak_reserved_bytes);
+    UpdateMax(c->peak_active, s.peak_active_bytes);
+  }
+  if (!samples.empty()) ResetCudaPeaks();
+#else
+  (void)ended_phase;
+#endif
+}
+
+void MemoryRecorder::OnStepBegin(int64_t /*global_step*/) {
+  const Phase phase = CurrentPhase();
+  FoldCudaPeaks(static_cast<Phase>(phase_.load(std::memory_order_relaxed)));
+  phases_seen_.store(1u << PhaseIndex(phase), std::memory_order_relaxed);
+  for (DeviceCounters& c : devices_) {
+    for (auto& p : c.phase_peak) p.store(0, std::memory_order_relaxed);
+    c.phase_peak[static_cast<size_t>(PhaseIndex(phase))].store(
+        c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  }
+}
+
+void MemoryRecorder::OnPhase(Phase phase) {
+  const Phase ended = static_cast<Phase>(
+      phase_.exchange(static_cast<int>(phase), std::memory_order_relaxed));
+  FoldCudaPeaks(ended);
+  phases_seen_.fetch_or(1u << PhaseIndex(phase), std::memory_order_relaxed);
+  for (DeviceCounters& c : devices_) {
+    UpdateMax(c.phase_peak[static_cast<size_t>(PhaseIndex(phase))],
+              c.current.load(std::memory_order_relaxed));
+  }
+}
+
+void MemoryRecorder::OnStepEnd(int64_t global_step) {
+  FoldCudaPeaks(static_cast<Phase>(phase_.load(std::memory_order_relaxed)));
+  const uint32_t seen = phases_seen_.load(std::memory_order_relaxed);
+  Published next;
+  next.step = global_step;
+  for (int device = kCpuDevice; device < kMaxCudaDevices; ++device) {
+    const DeviceCounters& c = *Slot(device);
+    if (device != kCpuDevice && !c.seen.load(std::memory_order_relaxed)) continue;
+    const std::string name = DeviceName(device);
+    int64_t step_peak = 0;
+    for (int p = 0; p < kNumPhases; ++p) {
+      const int64_t peak =
+          c.phase_peak[static_cast<size_t>(p)].load(std::memory_order_relaxed);
+      if ((seen & (1u << p)) == 0 && peak == 0) continue;
+      next.phase_peaks.push_back({name, static_cast<Phase>(p), peak});
+      step_peak = std::max(step_peak, peak);
+    }
+    next.step_peaks.push_back({name, step_peak});
+  }
+  absl::MutexLock lock(&published_mu_);
+  published_ = std::move(next);
+}
+
+void MemoryRecorder::ResetPeak() {
+  for (DeviceCounters& c : devices_) {
+    c.peak.store(c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    c.peak_reserved.store(0, std::memory_order_relaxed);
+    c.peak_active.store(0, std::memory_order_relaxed);
+  }
+#ifdef MEMPROFD_WITH_CUDA
+  ResetCudaPeaks();
+#endif
+}
+
+absl::Status MemoryRecorder::StartRecording(int64_t max_entries) {
+  absl::Status status = history_.Start(max_entries);
+  if (status.ok()) recording_.store(true, std::memory_order_relaxed);
+#ifdef MEMPROFD_WITH_CUDA
+  if (status.ok()) SetCudaHistory(true, max_entries).IgnoreError();
+#endif
+  return status;
+}
+
+void MemoryRecorder::StopRecording() {
+  recording_.store(false, std::memory_order_relaxed);
+  history_.Stop();
+#ifdef MEMPROFD_WITH_CUDA
+  SetCudaHistory(false, 0).IgnoreError();
+#endif
+}
+
+void MemoryRecorder::ClearHistory() { history_.Clear(); }
+
+HistorySnapshot MemoryRecorder::History() const { return history_.Copy(); }
+
+MemoryStatsView MemoryRecorder::Stats() const {
+  MemoryStatsView view;
+  const DeviceCounters& cpu = *Slot(kCpuDevice);
+  DeviceMemoryStats d;
+  d.name = "cpu";
+  d.index = kCpuDevice;
+  d.current_bytes = cpu.current.load(std::memory_order_relaxed);
+  d.peak_bytes = cpu.peak.load(std::memory_order_relaxed);
+  d.alloc_count = cpu.allocs.load(std::memory_order_relaxed);
+  d.free_count = cpu.frees.load(std::memory_order_relaxed);
+  view.devices.push_back(d);
+#ifdef MEMPROFD_WITH_CUDA
+  for (const CudaDeviceSample& s : SampleCudaDevices()) {
+    const DeviceCounters* c = Slot(s.device);
+    if (c == nullptr) continue;
+    DeviceMemoryStats g;
+    g.name = DeviceName(s.device);
+    g.index = s.device;
+    g.current_bytes = s.allocated_bytes;
+    g.peak_bytes =
+        std::max(c->peak.load(std::memory_order_relaxed), s.peak_allocated_bytes);
+    g.alloc_count = s.alloc_count;
+    g.free_count = s.free_count;
+    g.has_cuda_stats = true;
+    g.reserved_bytes = s.reserved_bytes;
+    g.peak_reserved_bytes =
+        std::max(c->peak_reserved.load(std::memory_order_relaxed), s.peak_reserved_bytes);
+    g.active_bytes = s.active_bytes;
+    g.peak_active_bytes =
+        std::max(c->peak_active.load(std::memory_order_relaxed), s.peak_active_bytes);
+    g.alloc_retries = s.alloc_retries;
+    g.ooms = s.ooms;
+    view.devices.push_back(g);
+  }
+#endif
+  {
+    absl::MutexLock lock(&published_mu_);
+    view.last_step = published_.step;
+    view.last_step_phase_peaks = published_.phase_peaks;
+    view.last_step_peaks = published_.step_peaks;
+  }
+  view.current_phase = CurrentPhase();
+  view.current_step = CurrentStep();
+  view.cpu_allocator_installed = IsCountingCpuAllocatorInstalled();
+  const HistorySnapshot meta = history_.Copy(/*include_entries=*/false);
+  view.recording = meta.recording;
+  view.history_entries = meta.size;
+  view.history_max_entries = meta.max_entries;
+  view.history_dropped = meta.dropped;
+  return view;
+}
+
+int64_t MemoryRecorder::CurrentBytes(int device) const {
+  const DeviceCounters* c = Slot(device);
+  return c ? c->current.load(std::memory_order_relaxed) : 0;
+}
+
+int64_t MemoryRecorder::PeakBytes(int device) const {
+  const DeviceCounters* c = Slot(device);
+  return c ? c->peak.load(std::memory_order_relaxed) : 0;
+}
+
+int64_t MemoryRecorder::AllocCount(int device) const {
+  const DeviceCounters* c = Slot(device);
+  return c ? c->allocs.load(std::memory_order_relaxed) : 0;
+}
+
+int64_t MemoryRecorder::FreeCount(int device) const {
+  const DeviceCounters* c = Slot(device);
+  return c ? c->frees.load(std::memory_order_relaxed) : 0;
+}
+
+}  // namespace memory
+}  // namespace memprofd

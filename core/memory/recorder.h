@@ -1,0 +1,119 @@
+#ifndef MEMPROFD_CORE_MEMORY_RECORDER_H_
+#define MEMPROFD_CORE_MEMORY_RECORDER_H_
+
+// Process-wide memory accounting: per-device current/peak bytes and event
+// counts, per-step per-phase peaks, and the history ring. No LibTorch: the
+// CPU allocator wrapper (cpu_allocator.h) feeds it, the server reads Stats().
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "core/common/phase.h"
+#include "core/memory/history.h"
+#include "core/memory/memory_stats.h"
+
+namespace memprofd {
+namespace memory {
+
+// Receives every allocation and free of the instrumented allocators and the
+// phase/step boundaries (register it with SetPhaseListener(), or call
+// InstallMemoryAccounting() from install.h which does both).
+//
+// Thread-safety: RecordAlloc/RecordFree run on any thread (OpenMP workers,
+// autograd threads) and are lock-free unless history recording is on, when
+// they take one short mutex-protected ring write. PhaseListener callbacks run
+// on the owner thread. Everything else may be called from any thread; Stats()
+// never blocks the owner thread for longer than a struct copy.
+//
+// Invariant: for each device, current bytes == sum of sizes allocated minus
+// sum of sizes freed, over the events reported (so it returns to its baseline
+// when the tensors are gone).
+class MemoryRecorder : public PhaseListener {
+ public:
+  static constexpr int kMaxCudaDevices = 16;
+
+  // The process-wide instance the allocator wrapper reports to. Never
+  // destroyed (tensors may be freed during static destruction).
+  static MemoryRecorder& Global();
+
+  // Separate instances are for tests; only Global() receives allocator events.
+  MemoryRecorder() = default;
+  MemoryRecorder(const MemoryRecorder&) = delete;
+  MemoryRecorder& operator=(const MemoryRecorder&) = delete;
+
+  // One event of `size` bytes at `addr` on `device` (kCpuDevice or a CUDA
+  // ordinal < kMaxCudaDevices; others are ignored). The phase and step are
+  // CurrentPhase()/CurrentStep() of core/common/phase.h.
+  void RecordAlloc(int device, uint64_t addr, int64_t size);
+  void RecordFree(int device, uint64_t addr, int64_t size);
+
+  // PhaseListener. OnStepBegin clears this step's phase peaks; OnStepEnd
+  // publishes them as "last step"; OnPhase seeds the entered phase's peak with
+  // the bytes already held. With CUDA, each boundary also folds the caching
+  // allocator's peaks in and resets them, so CUDA phase peaks are exact.
+  void OnStepBegin(int64_t global_step) override;
+  void OnStepEnd(int64_t global_step) override;
+  void OnPhase(Phase phase) override;
+
+  // Sets every device's peak to its current bytes.
+  void ResetPeak();
+
+  // History (see HistoryRing): INVALID_ARGUMENT for a bad max_entries.
+  absl::Status StartRecording(int64_t max_entries);
+  void StopRecording();
+  void ClearHistory();
+  HistorySnapshot History() const;
+
+  // Published statistics; safe from scrape threads.
+  MemoryStatsView Stats() const;
+
+  // Raw per-device reads (tests, benchmarks). Zero for an unknown device.
+  int64_t CurrentBytes(int device) const;
+  int64_t PeakBytes(int device) const;
+  int64_t AllocCount(int device) const;
+  int64_t FreeCount(int device) const;
+
+ private:
+  struct alignas(64) DeviceCounters {
+    std::atomic<int64_t> current{0};
+    std::atomic<int64_t> peak{0};
+    std::atomic<int64_t> allocs{0};
+    std::atomic<int64_t> frees{0};
+    std::array<std::atomic<int64_t>, kNumPhases> phase_peak{};  // This step.
+    // CUDA only, folded from the caching allocator at boundaries.
+    std::atomic<int64_t> peak_reserved{0};
+    std::atomic<int64_t> peak_active{0};
+    std::atomic<bool> seen{false};
+  };
+  struct Published {
+    int64_t step = 0;
+    std::vector<PhasePeak> phase_peaks;
+    std::vector<StepPeak> step_peaks;
+  };
+
+  DeviceCounters* Slot(int device);
+  const DeviceCounters* Slot(int device) const;
+  void FoldCudaPeaks(Phase ended_phase);
+
+  std::array<DeviceCounters, 1 + kMaxCudaDevices> devices_;
+  std::atomic<bool> recording_{false};
+  std::atomic<uint32_t> phases_seen_{0};                    // Bit per Phase, this step.
+  std::atomic<int> phase_{static_cast<int>(Phase::kIdle)};  // Last OnPhase.
+  HistoryRing history_;
+  mutable absl::Mutex published_mu_;
+  Published published_ ABSL_GUARDED_BY(published_mu_);
+};
+
+// "cpu" or "cuda:N".
+std::string DeviceName(int device);
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_RECORDER_H_

@@ -1,0 +1,86 @@
+#include "core/memory/categories.h"
+
+#include <ATen/ATen.h>
+
+#include "core/memory/recorder.h"
+#include "gtest/gtest.h"
+#include "tests/memory/test_util.h"
+
+namespace memprofd {
+namespace memory {
+namespace {
+
+TEST(CategoriesTest, CountsEachStorageOnceAndTheRestAsActivations) {
+  EnsureAccountingInstalled();
+  MemoryRecorder& r = MemoryRecorder::Global();
+  at::Tensor w1 = at::zeros({10, 10});      // 400 bytes
+  at::Tensor b1 = at::zeros({10});          // 40
+  at::Tensor g1 = at::zeros({10, 10});      // 400
+  at::Tensor m1 = at::zeros({10, 10});      // 400
+  at::Tensor v1 = at::zeros({10, 10});      // 400
+  at::Tensor activation = at::zeros({25});  // 100, uncategorised
+
+  CategoryInputs in;
+  // A view and a tied weight share w1's storage: counted once.
+  in.parameters = {w1, b1, w1.t(), w1.narrow(0, 0, 2), w1};
+  in.gradients = {g1, at::Tensor()};  // undefined grads are skipped
+  in.optimizer_state = {m1, v1, w1};  // a storage already counted as a parameter
+  in.offloaded_host_bytes = 123;
+  in.offloaded_disk_bytes = 456;
+  in.snapshot_staging_bytes = 789;
+  in.allocator_total_bytes = r.CurrentBytes(kCpuDevice);
+  const CategoryBytes c = ComputeCategories(in);
+  EXPECT_EQ(c.parameters, 440);
+  EXPECT_EQ(c.gradients, 400);
+  EXPECT_EQ(c.optimizer_state, 800);
+  EXPECT_EQ(c.offloaded_host, 123);
+  EXPECT_EQ(c.offloaded_disk, 456);
+  EXPECT_EQ(c.snapshot_staging, 789);
+  EXPECT_GE(c.activations_and_temporaries, 100);
+  // The categories on the allocator's device sum to its total.
+  EXPECT_EQ(
+      c.parameters + c.gradients + c.optimizer_state + c.activations_and_temporaries,
+      in.allocator_total_bytes);
+
+  // Bytes the caller says live in the allocator are not activations.
+  in.external_bytes_in_allocator = 60;
+  EXPECT_EQ(ComputeCategories(in).activations_and_temporaries,
+            c.activations_and_temporaries - 60);
+
+  // Tensors on another device count in their category but not against
+  // this allocator.
+  in.external_bytes_in_allocator = 0;
+  in.allocator_device = c10::DeviceType::CUDA;
+  in.allocator_total_bytes = 1000;
+  const CategoryBytes other = ComputeCategories(in);
+  EXPECT_EQ(other.parameters, 440);
+  EXPECT_EQ(other.activations_and_temporaries, 1000);
+}
+
+TEST(CategoriesTest, RemainderIsClampedAtZero) {
+  CategoryInputs in;
+  in.parameters = {at::zeros({100})};
+  in.allocator_total_bytes = 10;  // e.g. storages allocated before install
+  EXPECT_EQ(ComputeCategories(in).activations_and_temporaries, 0);
+}
+
+TEST(CategoriesTest, NamesAreTheMetricLabels) {
+  CategoryBytes c;
+  c.parameters = 1;
+  c.activations_and_temporaries = 7;
+  const auto named = c.Named();
+  ASSERT_EQ(named.size(), 7u);
+  EXPECT_EQ(named[0].first, "parameters");
+  EXPECT_EQ(named[0].second, 1);
+  EXPECT_EQ(named[1].first, "gradients");
+  EXPECT_EQ(named[2].first, "optimizer_state");
+  EXPECT_EQ(named[3].first, "offloaded_host");
+  EXPECT_EQ(named[4].first, "offloaded_disk");
+  EXPECT_EQ(named[5].first, "snapshot_staging");
+  EXPECT_EQ(named[6].first, "activations_and_temporaries");
+  EXPECT_EQ(named[6].second, 7);
+}
+
+}  // namespace
+}  // namespace memory
+}  // namespace memprofd

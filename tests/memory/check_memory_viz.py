@@ -1,0 +1,157 @@
+"""Checks a memory_viz pickle written by memprofd the way PyTorch's viewer
+(torch/utils/viz/MemoryViz.js) reads it, without importing torch:
+
+  check_memory_viz.py FILE          validate, print a JSON summary
+  check_memory_viz.py FILE --torch  also feed torch.cuda._memory_viz helpers
+
+Exit status 1 with a message on the first problem."""
+import json
+import pickle
+import sys
+
+TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc",
+                 "segment_free", "segment_map", "segment_unmap", "snapshot", "oom"}
+BLOCK_STATES = {"active_allocated", "active_pending_free", "inactive"}
+SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size",
+                "requested_size", "stream", "segment_type", "segment_pool_id",
+                "is_expandable", "frames", "blocks"}
+
+
+class Bad(Exception):
+    pass
+
+
+def need(cond, msg):
+    if not cond:
+        raise Bad(msg)
+
+
+def is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_frames(frames, where):
+    need(isinstance(frames, list), where + ": frames not a list")
+    for f in frames:
+        need(isinstance(f, dict), where + ": frame not a dict")
+        need(isinstance(f.get("filename"), str), where + ": frame filename")
+        need(is_int(f.get("line")), where + ": frame line")
+        need(isinstance(f.get("name"), str), where + ": frame name")
+
+
+def check(d):
+    need(isinstance(d, dict), "top level is not a dict")
+    need(set(d) >= {"segments", "device_traces", "allocator_settings"},
+         "top-level keys: %r" % sorted(d))
+    need(isinstance(d["allocator_settings"], dict), "allocator_settings not a dict")
+    traces = d["device_traces"]
+    need(isinstance(traces, list) and all(isinstance(t, list) for t in traces),
+         "device_traces is not a list of lists")
+    segments = d["segments"]
+    need(isinstance(segments, list), "segments not a list")
+
+    live = {}  # device -> {addr: requested size}
+    seg_ranges = {}  # device -> [(start, end)]
+    for i, seg in enumerate(segments):
+        w = "segment %d" % i
+        need(isinstance(seg, dict), w + " not a dict")
+        need(SEGMENT_KEYS <= set(seg), w + " lacks %r" % (SEGMENT_KEYS - set(seg)))
+        need("category" not in seg, w + " has category")
+        for k in ("device", "address", "total_size", "stream"):
+            need(is_int(seg[k]), w + ": %s not an int" % k)
+        need(0 <= seg["device"] < len(traces), w + ": device %d has no trace list" % seg["device"])
+        need(seg["total_size"] > 0, w + ": empty")
+        check_frames(seg["frames"], w)
+        addr = seg["address"]
+        for j, b in enumerate(seg["blocks"]):
+            bw = "%s block %d" % (w, j)
+            need(is_int(b.get("size")) and b["size"] > 0, bw + ": size")
+            need(b.get("state") in BLOCK_STATES, bw + ": state %r" % b.get("state"))
+            need(is_int(b.get("requested_size")), bw + ": requested_size")
+            need(b.get("address") == addr, bw + ": address does not tile the segment")
+            check_frames(b.get("frames"), bw)
+            if b["state"] == "active_allocated":
+                live.setdefault(seg["device"], {})[addr] = b["requested_size"]
+            addr += b["size"]
+        need(addr == seg["address"] + seg["total_size"], w + ": blocks do not sum to total_size")
+        seg_ranges.setdefault(seg["device"], []).append(
+            (seg["address"], seg["address"] + seg["total_size"]))
+
+    summary = {"devices": len(traces), "segments": len(segments), "allocs": 0,
+               "frees": 0, "unmatched_frees": 0, "open_allocs": 0,
+               "live_bytes": {}, "first_alloc_frame": ""}
+    for dev, trace in enumerate(traces):
+        open_allocs = {}
+        freed = set()
+        ranges = seg_ranges.get(dev, [])
+        for k, e in enumerate(trace):
+            w = "device %d event %d" % (dev, k)
+            need(isinstance(e, dict), w + " not a dict")
+            need(e.get("action") in TRACE_ACTIONS, w + ": action %r" % e.get("action"))
+            need("category" not in e, w + " has category")
+            for key in ("addr", "size", "stream", "time_us"):
+                need(is_int(e.get(key)), w + ": %s not an int" % key)
+            check_frames(e.get("frames"), w)
+            a = e["action"]
+            if a in ("alloc", "free_requested", "free_completed"):
+                # The segment view looks up the segment of every block it shows.
+                need(any(s <= e["addr"] < t for s, t in ranges),
+                     w + ": address %#x in no segment" % e["addr"])
+            if a == "alloc":
+                need(e["addr"] not in open_allocs, w + ": alloc of a live address")
+                open_allocs[e["addr"]] = e["size"]
+                freed.discard(e["addr"])
+                summary["allocs"] += 1
+                if not summary["first_alloc_frame"] and e["frames"]:
+                    summary["first_alloc_frame"] = e["frames"][0]["name"]
+            elif a == "free_requested":
+                need(k + 1 < len(trace) and trace[k + 1]["action"] == "free_completed"
+                     and trace[k + 1]["addr"] == e["addr"],
+                     w + ": free_requested not followed by its free_completed")
+            elif a == "free_completed":
+                summary["frees"] += 1
+                if e["addr"] in open_allocs:
+                    need(open_allocs.pop(e["addr"]) == e["size"], w + ": free size != alloc size")
+                else:
+                    summary["unmatched_frees"] += 1
+                freed.add(e["addr"])
+        dev_live = live.get(dev, {})
+        for addr, size in open_allocs.items():
+            need(dev_live.get(addr) == size,
+                 "device %d: alloc %#x never freed but not live in segments" % (dev, addr))
+        for addr in freed:
+            need(addr not in dev_live, "device %d: %#x freed but live in segments" % (dev, addr))
+        summary["open_allocs"] += len(open_allocs)
+        summary["live_bytes"][str(dev)] = sum(dev_live.values())
+    return summary
+
+
+def check_with_torch(d):
+    import torch.cuda._memory_viz as mv
+    st = mv.stats(d["segments"])  # asserts blocks sum to total_size
+    need(st["total_size"].value == sum(s["total_size"] for s in d["segments"]),
+         "torch stats total differs")
+    for fn in (mv.segments, mv.memory):
+        out = fn(d["segments"], format_flamegraph=lambda lines: lines)
+        need(all(s["blocks"] == [] for s in d["segments"]) or out, fn.__name__ + " empty")
+    for name in ("trace_plot", "segment_plot"):  # PyTorch >= 2.1 only
+        if hasattr(mv, name):
+            need(isinstance(getattr(mv, name)(d), str), name)
+
+
+def main():
+    try:
+        d = pickle.load(open(sys.argv[1], "rb"))
+        summary = check(d)
+        if "--torch" in sys.argv[2:]:
+            check_with_torch(d)
+            summary["torch_ok"] = True
+    except Bad as e:
+        print("BAD: " + str(e))
+        return 1
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
