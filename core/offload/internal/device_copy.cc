@@ -1,0 +1,80 @@
+#include "core/offload/internal/device_copy.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#ifdef MEMPROFD_WITH_CUDA
+#include <ATen/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace memprofd::offload::internal {
+
+#ifdef MEMPROFD_WITH_CUDA
+
+bool DeviceCopyHasCuda() { return true; }
+
+at::Tensor EmptyPinned(int64_t bytes) {
+  return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+}
+
+CopyDone StartCopyToHost(const at::Tensor& src, const at::Tensor& host) {
+  const c10::DeviceIndex index = src.device().index();
+  c10::cuda::CUDAGuard device_guard(index);
+  c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
+  // A pool stream (round robin): copies out only need to be ordered after the
+  // producer (the event below) and to signal their own completion.
+  c10::cuda::CUDAStream side =
+      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  at::cuda::CUDAEvent produced;
+  produced.record(compute);
+  produced.block(side);
+  {
+    c10::cuda::CUDAStreamGuard stream_guard(side);
+    host.copy_(src, /*non_blocking=*/true);
+  }
+  // src may be freed by forward before the copy ran: the allocator must not
+  // hand its block to the compute stream until the side stream is past it.
+  c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), side);
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(side);
+  return done;
+}
+
+bool CopyFinished(const CopyDone& done) {
+  return done == nullptr || static_cast<at::cuda::CUDAEvent*>(done.get())->query();
+}
+
+void WaitCopy(const CopyDone& done) {
+  if (done != nullptr) static_cast<at::cuda::CUDAEvent*>(done.get())->synchronize();
+}
+
+void CopyToDevice(const at::Tensor& host, const at::Tensor& dst) {
+  c10::cuda::CUDAGuard device_guard(dst.device().index());
+  // Pinned source + non_blocking: the caching host allocator records an event
+  // on the current stream, so freeing `host` afterwards is safe.
+  dst.copy_(host, /*non_blocking=*/true);
+}
+
+#else  // !MEMPROFD_WITH_CUDA
+
+namespace {
+[[noreturn]] void NoCuda() {
+  TORCH_CHECK(false,
+              "memprofd was built without CUDA code paths (MEMPROFD_CUDA=OFF "
+              "or a CPU-only LibTorch)");
+}
+}  // namespace
+
+bool DeviceCopyHasCuda() { return false; }
+at::Tensor EmptyPinned(int64_t) { NoCuda(); }
+CopyDone StartCopyToHost(const at::Tensor&, const at::Tensor&) { NoCuda(); }
+bool CopyFinished(const CopyDone& done) { return done == nullptr; }
+void WaitCopy(const CopyDone&) {}
+void CopyToDevice(const at::Tensor&, const at::Tensor&) { NoCuda(); }
+
+#endif  // MEMPROFD_WITH_CUDA
+
+}  // namespace memprofd::offload::internal

@@ -1,0 +1,40 @@
+#ifndef MEMPROFD_CORE_OFFLOAD_INTERNAL_DEVICE_COPY_H_
+#define MEMPROFD_CORE_OFFLOAD_INTERNAL_DEVICE_COPY_H_
+
+// Copies between a CUDA compute device and host memory. Compiled for real only
+// with MEMPROFD_WITH_CUDA; otherwise every function throws (the offloader
+// never calls them: Create rejects CUDA devices in such builds). Written
+// against APIs present in LibTorch 1.13 and 2.x.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+
+namespace memprofd::offload::internal {
+
+// Completion of an asynchronous copy (a CUDA event); opaque here.
+using CopyDone = std::shared_ptr<void>;
+
+// True when this build has the CUDA paths.
+bool DeviceCopyHasCuda();
+
+// Allocates `bytes` of pinned host memory (a kByte CPU tensor).
+at::Tensor EmptyPinned(int64_t bytes);
+
+// Starts copying `src` (a kByte CUDA tensor) into `host` (pinned, same size)
+// on a side stream ordered after the work queued so far on the current
+// stream; tells the caching allocator that the side stream uses `src`'s
+// block. Returns the copy's completion.
+CopyDone StartCopyToHost(const at::Tensor& src, const at::Tensor& host);
+// Whether the copy completed (never blocks) / blocks until it did.
+bool CopyFinished(const CopyDone& done);
+void WaitCopy(const CopyDone& done);
+
+// Copies pinned `host` into `dst` (CUDA) on the current stream, without
+// blocking the host; the pinned block is kept until the copy ran.
+void CopyToDevice(const at::Tensor& host, const at::Tensor& dst);
+
+}  // namespace memprofd::offload::internal
+
+#endif  // MEMPROFD_CORE_OFFLOAD_INTERNAL_DEVICE_COPY_H_

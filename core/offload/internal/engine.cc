@@ -1,0 +1,77 @@
+#include "core/offload/internal/engine.h"
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/saved_variable_hooks.h>
+
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "core/offload/internal/offload_core.h"
+
+namespace memprofd::offload::internal {
+namespace {
+
+// One per saved tensor, owned by its SavedVariable: what it packed is freed
+// when autograd releases the variable (after its node ran, or with an unused
+// graph).
+class SavedTensorHooks final : public torch::autograd::SavedVariableHooks {
+ public:
+  SavedTensorHooks(std::shared_ptr<OffloadCore> core, bool exempt)
+      : core_(std::move(core)), exempt_(exempt) {}
+
+  void call_pack_hook(const at::Tensor& tensor) override {
+    core_->Pack(tensor, exempt_, &packed_);
+  }
+  at::Tensor call_unpack_hook() override { return core_->Unpack(packed_); }
+
+ private:
+  const std::shared_ptr<OffloadCore> core_;
+  const bool exempt_;
+  PackedTensor packed_;
+};
+
+// The default engine, plus hooks for tensors saved inside an OffloadScope.
+// Created once and leaked: Engine's worker threads outlive static destruction.
+class OffloadEngine final : public torch::autograd::Engine {
+ public:
+  static torch::autograd::Engine& Get() {
+    static OffloadEngine* engine = new OffloadEngine();
+    return *engine;
+  }
+
+  std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks()
+      override {
+    const ThreadScope& scope = CurrentThreadScope();
+    if (scope.core == nullptr) return nullptr;
+    return std::make_unique<SavedTensorHooks>(scope.core->shared_from_this(),
+                                              scope.exempt);
+  }
+
+ private:
+  OffloadEngine() = default;
+};
+
+}  // namespace
+
+ThreadScope& CurrentThreadScope() {
+  thread_local ThreadScope scope;
+  return scope;
+}
+
+absl::Status InstallEngine() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // Another stub (libtorch_python's) would already have replaced the base
+    // engine; checked below.
+    torch::autograd::set_default_engine_stub(&OffloadEngine::Get);
+  });
+  if (&torch::autograd::Engine::get_default_engine() != &OffloadEngine::Get()) {
+    return absl::FailedPreconditionError(
+        "another autograd engine replaced memprofd's (is libtorch_python loaded?); "
+        "activation offloading cannot work in this process");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memprofd::offload::internal

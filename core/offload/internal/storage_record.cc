@@ -1,0 +1,115 @@
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "core/offload/internal/offload_core.h"
+
+namespace memprofd::offload::internal {
+namespace {
+
+// The reloaded buffer stands for storage bytes [0, end of the last span), so
+// every view comes back with its exact storage offset and its original
+// alignment (vectorized kernels take the same paths: bit-identical results).
+// Only the covered spans are copied; the prefix is never touched (on CPU,
+// large untouched allocations are not even committed). It is never larger
+// than the original storage.
+constexpr int64_t kReloadStart = 0;
+
+}  // namespace
+
+StorageRecord::StorageRecord(std::shared_ptr<OffloadCore> core,
+                             const c10::Storage& storage, c10::Device device,
+                             uint32_t version, bool kept)
+    : core_(std::move(core)),
+      key_(storage.unsafeGetStorageImpl()),
+      storage_(storage.getWeakStorageImpl()),
+      storage_nbytes_(static_cast<int64_t>(storage.nbytes())),
+      device_(device),
+      version_(version),
+      kept_(kept) {}
+
+StorageRecord::~StorageRecord() { core_->ForgetRecord(this); }
+
+void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
+  absl::MutexLock reload_lock(&reload_mu_);
+  std::vector<Segment> segments;
+  {
+    OffloadCore::Graveyard graveyard;
+    absl::MutexLock lock(&core_->mu_);
+    core_->DrainStash(/*all=*/true, &graveyard);
+    core_->mu_.Await(absl::Condition(
+        +[](StorageRecord* r) { return r->pending_ == 0; }, this));
+    if (reloaded_.defined()) {
+      *buffer = reloaded_;
+      *base = reload_base_;
+      return;
+    }
+    segments = segments_;
+  }
+  int64_t hi = 0;
+  for (const Segment& s : segments) {
+    TORCH_CHECK(s.error.empty(), "cannot bring back an offloaded activation: ", s.error);
+    hi = std::max(hi, s.span.end);
+  }
+  TORCH_CHECK(!segments.empty(), "offloaded activation has no data (internal error)");
+  const int64_t start = kReloadStart;
+  at::Tensor out =
+      at::empty({hi - start}, at::TensorOptions().dtype(at::kByte).device(device_));
+  int64_t moved = 0;
+  for (const Segment& s : segments) {
+    at::Tensor dst = out.narrow(0, s.span.begin - start, s.span.size());
+    if (s.host.defined()) {
+      CopyToDevice(s.host, dst);
+    } else if (device_.is_cpu()) {
+      const absl::Status status =
+          core_->spill_->Read(s.file_offset, dst.data_ptr(), s.span.size());
+      TORCH_CHECK(status.ok(),
+                  "cannot bring back an offloaded activation: ", status.ToString());
+    } else {
+      at::Tensor staging = EmptyPinned(s.span.size());
+      const absl::Status status =
+          core_->spill_->Read(s.file_offset, staging.data_ptr(), s.span.size());
+      TORCH_CHECK(status.ok(),
+                  "cannot bring back an offloaded activation: ", status.ToString());
+      CopyToDevice(staging, dst);
+    }
+    moved += s.span.size();
+  }
+  absl::MutexLock lock(&core_->mu_);
+  reloaded_ = out;
+  reload_base_ = start;
+  core_->AddResident(out.numel());
+  core_->step_.bytes_in += moved;
+  *buffer = std::move(out);
+  *base = start;
+}
+
+at::Tensor OffloadCore::Unpack(const PackedTensor& packed) {
+  // Autograd skips its version check when hooks are set (saved_variable.cpp),
+  // so the check is ours; same wording, so callers see the usual error.
+  if (packed.version.enabled()) {
+    const uint32_t current = packed.version.current_version();
+    TORCH_CHECK(
+        current == packed.saved_version,
+        "one of the variables needed for gradient computation has been modified "
+        "by an inplace operation: [",
+        packed.kept.defined() ? packed.kept.toString() : c10::toString(packed.dtype), " ",
+        packed.kept.defined() ? packed.kept.sizes() : c10::IntArrayRef(packed.sizes),
+        "] is at version ", current, "; expected version ", packed.saved_version,
+        " instead. (Checked by memprofd's activation offloader; the tensor was "
+        "changed in place after autograd saved it.)");
+  }
+  if (packed.kept.defined()) return packed.kept;
+  at::Tensor buffer;
+  int64_t base = 0;
+  packed.record->Reload(&buffer, &base);
+  const auto element = static_cast<int64_t>(c10::elementSize(packed.dtype));
+  at::Tensor out = at::empty({0}, buffer.options().dtype(packed.dtype));
+  out.set_(buffer.storage(), (packed.byte_offset - base) / element, packed.sizes,
+           packed.strides);
+  return out;
+}
+
+}  // namespace memprofd::offload::internal

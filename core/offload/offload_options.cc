@@ -1,0 +1,55 @@
+#include "core/offload/offload_options.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace memprofd::offload {
+
+absl::string_view TargetName(Target target) {
+  switch (target) {
+    case Target::kHost:
+      return "host";
+    case Target::kDisk:
+      return "disk";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<Target> ParseTarget(absl::string_view name) {
+  if (name == "host") return Target::kHost;
+  if (name == "disk") return Target::kDisk;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown offload target \"", name, "\"; use \"host\" or \"disk\""));
+}
+
+void OffloadStats::Add(const OffloadStats& other) {
+  tensors_seen += other.tensors_seen;
+  tensors_offloaded += other.tensors_offloaded;
+  skipped_parameter += other.skipped_parameter;
+  skipped_small += other.skipped_small;
+  skipped_wrapped_number += other.skipped_wrapped_number;
+  skipped_no_storage += other.skipped_no_storage;
+  skipped_on_target += other.skipped_on_target;
+  skipped_exempt += other.skipped_exempt;
+  skipped_other_device += other.skipped_other_device;
+  skipped_disabled += other.skipped_disabled;
+  dedup_hits += other.dedup_hits;
+  dedup_bytes_saved += other.dedup_bytes_saved;
+  bytes_out += other.bytes_out;
+  bytes_in += other.bytes_in;
+  anchor_bytes_out += other.anchor_bytes_out;
+  peak_resident_saved_bytes =
+      std::max(peak_resident_saved_bytes, other.peak_resident_saved_bytes);
+  resident_saved_bytes = other.resident_saved_bytes;
+  host_bytes_held = other.host_bytes_held;
+  disk_bytes_held = other.disk_bytes_held;
+}
+
+int64_t OffloadStats::skipped_total() const {
+  return skipped_parameter + skipped_small + skipped_wrapped_number + skipped_no_storage +
+         skipped_on_target + skipped_exempt + skipped_other_device + skipped_disabled;
+}
+
+}  // namespace memprofd::offload

@@ -1,0 +1,113 @@
+#ifndef MEMPROFD_CORE_OFFLOAD_OFFLOAD_OPTIONS_H_
+#define MEMPROFD_CORE_OFFLOAD_OFFLOAD_OPTIONS_H_
+
+// Options and per-step statistics of the activation offloader. Plain structs:
+// this header must stay free of LibTorch so that flag parsing, step reports
+// and the server can use it cheaply.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace memprofd::offload {
+
+// Where offloaded activations live until backward needs them.
+enum class Target : int {
+  // Host memory. With a CUDA compute device: pinned buffers filled on a side
+  // stream. With a CPU compute device the activations already are in host
+  // memory: nothing moves, every tensor is counted as `skipped_on_target`.
+  kHost = 0,
+  // A spill file written by a background thread. The choice on CPU-only hosts.
+  kDisk = 1,
+};
+
+// "host" / "disk".
+absl::string_view TargetName(Target target);
+// Parses "host" or "disk"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<Target> ParseTarget(absl::string_view name);
+
+struct OffloadOptions {
+  // false: the hooks still run and account saved-activation bytes (so step
+  // reports can show what offloading would save), but nothing moves; every
+  // tensor is counted as `skipped_disabled`.
+  bool enabled = false;
+  Target target = Target::kDisk;
+  // A storage whose first saved view covers fewer bytes than this stays on
+  // the compute device. Compared with the bytes that would actually move (the
+  // span the view covers), not with numel * element size. Later views of an
+  // already offloaded storage always follow it, whatever their size.
+  int64_t min_offload_bytes = 1024;
+  // Copies out that may be in flight at once (>= 1). The source tensors of
+  // in-flight copies stay resident, so this bounds the device memory the
+  // offloader holds during forward: copies on the CUDA side stream, and
+  // blocks queued for the spill-file writer.
+  int max_fwd_stash = 5;
+  // false: the trainer runs the output head under NoOffloadScope (little
+  // compute, large activations that backward needs first).
+  bool offload_head = false;
+  // Disk target (or host spill-over): directory of the spill file. The file
+  // is unlinked right after it is created, so nothing is left behind.
+  std::string spill_dir = "/tmp";
+  // Host target with a CUDA compute device: once this many bytes are held in
+  // host memory, further blocks go to the spill file. 0 = no limit.
+  int64_t host_limit_bytes = 0;
+};
+
+// What the offloader did, per step (Offloader::EndStep) or in total
+// (Offloader::Totals). Every saved tensor is counted exactly once:
+//   tensors_seen = tensors_offloaded + skipped_* (all reasons).
+// Counters are cumulative over the period; the *_held and resident_* fields
+// are gauges read when the stats were taken.
+struct OffloadStats {
+  int64_t tensors_seen = 0;
+  // Saved tensors whose data left the compute device (dedup hits included).
+  int64_t tensors_offloaded = 0;
+  // Parameters, buffers and their views (by storage), and leaves that
+  // require grad.
+  int64_t skipped_parameter = 0;
+  // First view of a storage covering fewer than min_offload_bytes.
+  int64_t skipped_small = 0;
+  // Scalars LibTorch 1.13 wraps into tensors (2.3+ never passes them).
+  int64_t skipped_wrapped_number = 0;
+  // Sparse, quantized, nested, MKL-DNN or meta tensors, lazy conj/neg views.
+  int64_t skipped_no_storage = 0;
+  // Already on the target (host target with a CPU compute device).
+  int64_t skipped_on_target = 0;
+  // Saved inside a NoOffloadScope.
+  int64_t skipped_exempt = 0;
+  // On a device that is neither the compute device nor the CPU.
+  int64_t skipped_other_device = 0;
+  // Offloading disabled in the options (accounting only).
+  int64_t skipped_disabled = 0;
+  // Offloaded tensors whose storage was already (partly) offloaded this step,
+  // and the bytes of their spans that therefore did not move again.
+  int64_t dedup_hits = 0;
+  int64_t dedup_bytes_saved = 0;
+  // Bytes copied off the compute device, and back.
+  int64_t bytes_out = 0;
+  int64_t bytes_in = 0;
+  // What the anchor's algorithm (TRL: key storage pointer + offset and dtype,
+  // numel * element size, whole storage for broadcasts) would have copied off
+  // for the same saved tensors, at its best (dedup over the whole step).
+  int64_t anchor_bytes_out = 0;
+  // Bytes on the compute device that saved activations keep alive: storages
+  // of kept (non-parameter) tensors, sources of in-flight copies, reloaded
+  // buffers. Peak over the period, and the value when the stats were taken.
+  int64_t peak_resident_saved_bytes = 0;
+  int64_t resident_saved_bytes = 0;
+  // Offloaded bytes held in host memory and in the spill file right now.
+  int64_t host_bytes_held = 0;
+  int64_t disk_bytes_held = 0;
+
+  // Adds `other`'s counters, keeps the larger peak and takes `other`'s gauges
+  // (`other` is the later period).
+  void Add(const OffloadStats& other);
+  // Sum of the skipped_* counters.
+  int64_t skipped_total() const;
+};
+
+}  // namespace memprofd::offload
+
+#endif  // MEMPROFD_CORE_OFFLOAD_OFFLOAD_OPTIONS_H_
