@@ -41,6 +41,8 @@ class Server {
   void Shutdown();
 
   int grpc_port() const { return grpc_port_; }
+  // The engine; null before Start. For tests and the signal path.
+  Session* session() { return session_.get(); }
   int metrics_port() const { return metrics_port_; }
 
  private:

@@ -1,0 +1,134 @@
+"""Starts the real memprofd binary for integration tests and talks to it.
+
+Used under Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf). The
+client stubs are generated at build time from the project's .proto files
+alone (build/python), so this client is independent of the C++ code.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BUILD_DIR = os.environ.get("MEMPROFD_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
+SOURCE_DIR = os.environ.get("MEMPROFD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
+sys.path.insert(0, os.path.join(BUILD_DIR, "python"))
+sys.path.insert(0, os.path.join(BUILD_DIR, "python", "grpcstd"))
+
+import grpc  # noqa: E402
+
+import types  # noqa: E402
+
+from memprofd.v1 import memory_pb2, memprofd_pb2, model_pb2, operation_pb2  # noqa: E402
+from memprofd.v1 import memprofd_pb2_grpc, snapshot_pb2, train_pb2  # noqa: E402
+import health_pb2  # noqa: E402,F401
+import health_pb2_grpc  # noqa: E402
+import reflection_pb2  # noqa: E402,F401
+import reflection_pb2_grpc  # noqa: E402
+
+# Every memprofd.v1 message and enum in one namespace: pb.TrainRequest, ...
+pb = types.SimpleNamespace(**{
+    name: value
+    for module in (memory_pb2, memprofd_pb2, model_pb2, operation_pb2, snapshot_pb2, train_pb2)
+    for name, value in vars(module).items() if not name.startswith("_")})
+
+MEMPROFD = os.path.join(BUILD_DIR, "server", "memprofd")
+MEMPROFCTL = os.path.join(BUILD_DIR, "client", "memprofctl")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """One memprofd process on free ports, stopped by stop() or at exit."""
+
+    def __init__(self, *flags, token=None, start_timeout=60):
+        self.tmp = tempfile.TemporaryDirectory(prefix="memprofd-it-")
+        self.port_file = os.path.join(self.tmp.name, "ports.json")
+        self.token = token
+        args = [MEMPROFD, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                "--port_file=" + self.port_file]
+        if token is not None:
+            token_file = os.path.join(self.tmp.name, "token")
+            with open(token_file, "w") as f:
+                f.write(token + "\n")
+            args.append("--auth_token_file=" + token_file)
+            self.token_file = token_file
+        args.extend(flags)
+        self.log_path = os.path.join(self.tmp.name, "memprofd.log")
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + start_timeout
+        while not os.path.exists(self.port_file):
+            if self.proc.poll() is not None:
+                raise RuntimeError("memprofd exited with %d:\n%s" % (self.proc.returncode, self.output()))
+            if time.time() > deadline:
+                self.proc.kill()
+                raise RuntimeError("memprofd did not start:\n" + self.output())
+            time.sleep(0.05)
+        with open(self.port_file) as f:
+            ports = json.load(f)
+        self.grpc_port = ports["grpc_port"]
+        self.metrics_port = ports["metrics_port"]
+        self.addr = "127.0.0.1:%d" % self.grpc_port
+        self.channel = grpc.insecure_channel(self.addr)
+        self.stub = memprofd_pb2_grpc.MemprofdStub(self.channel)
+        self.health = health_pb2_grpc.HealthStub(self.channel)
+        self.reflection = reflection_pb2_grpc.ServerReflectionStub(self.channel)
+
+    def metadata(self):
+        return [("authorization", "Bearer " + self.token)] if self.token else []
+
+    def call(self, method, request, timeout=30, **kwargs):
+        """Calls a unary RPC with the token; returns the response."""
+        return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata(), **kwargs)
+
+    def ctl(self, *args, timeout=120):
+        """Runs memprofctl against this daemon; returns CompletedProcess."""
+        cmd = [MEMPROFCTL, "--addr=" + self.addr]
+        if self.token:
+            cmd.append("--token_file=" + self.token_file)
+        return subprocess.run(cmd + list(args), capture_output=True, text=True, timeout=timeout)
+
+    def metrics_text(self):
+        import urllib.request
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % self.metrics_port, timeout=10) as r:
+            return r.read().decode()
+
+    def output(self):
+        self.log.flush()
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def stop(self, sig=signal.SIGTERM, timeout=10):
+        """Sends `sig` and returns (exit code, seconds it took)."""
+        if self.proc.poll() is None:
+            start = time.time()
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("memprofd did not exit within %ss of signal %d:\n%s"
+                                     % (timeout, sig, self.output()))
+            elapsed = time.time() - start
+        else:
+            elapsed = 0.0
+        self.channel.close()
+        return self.proc.returncode, elapsed
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.channel.close()
+        self.log.close()
+        self.tmp.cleanup()

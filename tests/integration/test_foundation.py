@@ -1,0 +1,302 @@
+"""Foundation: the real memprofd over the wire with an independent Python client."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+import harness
+from harness import Daemon, health_pb2, pb, reflection_pb2
+
+
+class ServingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+
+    def test_health_is_serving_for_server_and_service(self):
+        for service in ("", "memprofd.v1.Memprofd"):
+            resp = self.d.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            self.assertEqual(resp.status, health_pb2.HealthCheckResponse.SERVING, service)
+
+    def test_reflection_lists_the_service(self):
+        req = reflection_pb2.ServerReflectionRequest(list_services="")
+        responses = list(self.d.reflection.ServerReflectionInfo(iter([req]), timeout=10))
+        names = [s.name for s in responses[0].list_services_response.service]
+        self.assertIn("memprofd.v1.Memprofd", names)
+
+    def test_status_answers_with_build_and_device(self):
+        status = self.d.call("GetStatus", pb.GetStatusRequest())
+        self.assertEqual(status.build.version, "0.1.0")
+        self.assertTrue(status.build.torch_version.startswith("1.") or
+                        status.build.torch_version.startswith("2."))
+        self.assertEqual(status.device, "cpu")
+        self.assertEqual(status.serving_state, "SERVING")
+        self.assertGreaterEqual(status.uptime_seconds, 0)
+        self.assertIn("operations", status.build.features)
+
+    def test_unknown_operation_is_not_found_with_a_message(self):
+        for method, req in (("GetOperation", pb.GetOperationRequest(id="op-404")),
+                            ("CancelOperation", pb.CancelOperationRequest(id="nope")),
+                            ("WaitOperation", pb.WaitOperationRequest(id="x"))):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call(method, req)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND, method)
+            self.assertIn("no operation with id", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.d.stub.WatchOperation(pb.WatchOperationRequest(id="x"), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+
+    def test_list_operations_rejects_unknown_kind(self):
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("ListOperations", pb.ListOperationsRequest(kind=42))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertEqual(len(self.d.call("ListOperations", pb.ListOperationsRequest()).operations), 0)
+
+    def test_metrics_carry_build_info_and_rpc_counts(self):
+        self.d.call("GetStatus", pb.GetStatusRequest())
+        text = self.d.metrics_text()
+        self.assertIn('memprofd_build_info{device="cpu"', text)
+        self.assertRegex(text, r'memprofd_rpc_requests_total\{code="OK",method="GetStatus"\} [1-9]')
+        self.assertIn("process_resident_memory_bytes", text)
+        self.assertIn("process_start_time_seconds", text)
+        with tempfile.NamedTemporaryFile("w", suffix=".prom") as f:
+            f.write(text)
+            f.flush()
+            with open(f.name) as inp:
+                r = subprocess.run(["promtool", "check", "metrics"], stdin=inp, capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_memprofctl_status_and_health(self):
+        r = self.d.ctl("status")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("device:     cpu", r.stdout)
+        # Flags may stand after the command; --json prints proto field names.
+        r = self.d.ctl("status", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn('"serving_state":"SERVING"', r.stdout)
+        r = self.d.ctl("health", "--service=memprofd.v1.Memprofd")
+        self.assertEqual((r.returncode, r.stdout.strip()), (0, "SERVING"))
+
+    def test_memprofctl_exit_codes(self):
+        r = self.d.ctl("operations", "get", "op-404")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("NOT_FOUND", r.stderr)
+        r = self.d.ctl("frobnicate")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown command", r.stderr)
+        r = subprocess.run([harness.MEMPROFCTL, "--addr=127.0.0.1:%d" % harness.free_port(),
+                            "--timeout_ms=2000", "status"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 3, r.stderr)
+
+
+class UnimplementedTest(unittest.TestCase):
+    """RPCs whose issue has not landed answer UNIMPLEMENTED naming the capability."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+
+    def test_unbuilt_capabilities_say_so(self):
+        status = self.d.call("GetStatus", pb.GetStatusRequest())
+        features = set(status.build.features)
+        probes = [
+            ("train", "Train", pb.TrainRequest(steps=1)),
+            ("snapshots", "ListSnapshots", pb.ListSnapshotsRequest()),
+            ("memory", "GetMemoryStats", pb.GetMemoryStatsRequest()),
+        ]
+        checked = 0
+        for feature, method, req in probes:
+            if feature in features:
+                continue
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call(method, req)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED, method)
+            self.assertIn("not built into this memprofd", e.exception.details())
+            checked += 1
+        if checked == 0:
+            self.skipTest("every probed capability is built")
+
+
+class AuthTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon(token="s3cret-token")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+
+    def test_missing_token_is_unauthenticated(self):
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+        self.assertIn("authorization", e.exception.details())
+
+    def test_wrong_token_is_unauthenticated(self):
+        for value in ("Bearer wrong", "Bearer s3cret-token2", "s3cret-token", "Bearer "):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.stub.GetStatus(pb.GetStatusRequest(), timeout=10,
+                                      metadata=[("authorization", value)])
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED, value)
+
+    def test_streams_check_the_token_too(self):
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.d.stub.WatchOperation(pb.WatchOperationRequest(id="op-1"), timeout=10))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNAUTHENTICATED)
+
+    def test_right_token_and_health_without_token(self):
+        status = self.d.call("GetStatus", pb.GetStatusRequest())
+        self.assertEqual(status.serving_state, "SERVING")
+        resp = self.d.health.Check(health_pb2.HealthCheckRequest(), timeout=10)
+        self.assertEqual(resp.status, health_pb2.HealthCheckResponse.SERVING)
+        r = self.d.ctl("status")  # memprofctl with --token_file
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+
+class ShutdownTest(unittest.TestCase):
+    def test_sigterm_exits_zero_within_5s_with_a_client_connected(self):
+        d = Daemon()
+        try:
+            updates = []
+            stream = d.health.Watch(health_pb2.HealthCheckRequest(service="memprofd.v1.Memprofd"))
+
+            def read():
+                try:
+                    for u in stream:
+                        updates.append(u.status)
+                except grpc.RpcError:
+                    pass
+
+            reader = threading.Thread(target=read)
+            reader.start()
+            deadline = time.time() + 10
+            while not updates and time.time() < deadline:
+                time.sleep(0.05)
+            self.assertEqual(updates[:1], [health_pb2.HealthCheckResponse.SERVING])
+            code, seconds = d.stop(signal.SIGTERM, timeout=5)
+            reader.join(timeout=5)
+            self.assertEqual(code, 0, d.output())
+            self.assertLess(seconds, 5.0)
+            self.assertIn("draining", d.output())
+        finally:
+            d.close()
+
+    def test_sigint_exits_zero(self):
+        d = Daemon()
+        try:
+            code, _ = d.stop(signal.SIGINT, timeout=5)
+            self.assertEqual(code, 0, d.output())
+        finally:
+            d.close()
+
+
+class BadStartTest(unittest.TestCase):
+    """Bad flags: a clear message and a non-zero exit, never a hang."""
+
+    def run_memprofd(self, *flags):
+        return subprocess.run([harness.MEMPROFD, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"]
+                              + list(flags), capture_output=True, text=True, timeout=60)
+
+    def test_unknown_flag(self):
+        r = self.run_memprofd("--no_such_flag=1")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("no_such_flag", r.stderr)
+
+    def test_unparsable_addresses(self):
+        for flag in ("--listen=localhost", "--listen=127.0.0.1:99999", "--metrics_listen=abc:xyz",
+                     "--listen=:50051"):
+            r = self.run_memprofd(flag)
+            self.assertNotEqual(r.returncode, 0, flag)
+            self.assertIn("is not a listen address", r.stderr, flag)
+
+    def test_port_in_use(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            for flag in ("--listen=127.0.0.1:%d" % port, "--metrics_listen=127.0.0.1:%d" % port):
+                r = self.run_memprofd(flag)
+                self.assertNotEqual(r.returncode, 0, flag)
+                self.assertIn("port in use", r.stderr, flag)
+
+    def test_unreadable_token_file(self):
+        r = self.run_memprofd("--auth_token_file=/nonexistent/token")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot read --auth_token_file", r.stderr)
+        with tempfile.NamedTemporaryFile("w") as f:
+            f.write("\n")
+            f.flush()
+            r = self.run_memprofd("--auth_token_file=" + f.name)
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("holds no token", r.stderr)
+
+    def test_bad_device_and_log_level(self):
+        r = self.run_memprofd("--device=tpu")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("bad device", r.stderr)
+        r = self.run_memprofd("--device=cuda:0")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cuda", r.stderr)
+        r = self.run_memprofd("--log_level=chatty")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--log_level", r.stderr)
+
+    def test_half_tls_config(self):
+        r = self.run_memprofd("--tls_cert=/etc/hostname")
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("--tls_key", r.stderr)
+
+
+@unittest.skipUnless(shutil.which("prometheus") and shutil.which("promtool"), "prometheus not installed")
+class PrometheusTest(unittest.TestCase):
+    def test_real_prometheus_scrapes_build_info(self):
+        d = Daemon()
+        tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
+        port = harness.free_port()
+        config = os.path.join(tmp.name, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: memprofd\n    static_configs:\n"
+                    "      - targets: ['127.0.0.1:%d']\n" % d.metrics_port)
+        prom = subprocess.Popen(["prometheus", "--config.file=" + config,
+                                 "--storage.tsdb.path=" + os.path.join(tmp.name, "data"),
+                                 "--web.listen-address=127.0.0.1:%d" % port],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.time() + 60
+            out = ""
+            while time.time() < deadline:
+                r = subprocess.run(["promtool", "query", "instant", "http://127.0.0.1:%d" % port,
+                                    "memprofd_build_info"], capture_output=True, text=True)
+                out = r.stdout
+                if r.returncode == 0 and "memprofd_build_info" in out:
+                    break
+                time.sleep(1)
+            self.assertIn("memprofd_build_info", out)
+            self.assertIn('device="cpu"', out)
+            self.assertIn("=> 1", out)
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)
+            tmp.cleanup()
+            d.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
