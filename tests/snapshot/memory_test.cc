@@ -1,0 +1,140 @@
+// Invariant 4: a snapshot's extra host memory is the staging buffer,
+// independent of model size, measured at LibTorch's CPU allocator.
+#include <c10/core/Allocator.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <atomic>
+
+#include "core/snapshot/loader.h"
+#include "core/snapshot/writer.h"
+#include "gtest/gtest.h"
+#include "tests/snapshot/test_util.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace {
+
+using testing::TempDir;
+
+// Wraps LibTorch's CPU allocator and counts live and peak bytes.
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+
+  c10::DataPtr allocate(size_t n) const override {
+    c10::DataPtr inner = base_->allocate(n);
+    void* data = inner.get();
+    auto* ctx = new Context{std::move(inner), n, this};
+    const int64_t now =
+        current_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
+    int64_t peak = peak_.load();
+    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+    }
+    return c10::DataPtr(data, ctx, &Delete, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+
+  int64_t current() const { return current_.load(); }
+  int64_t peak() const { return peak_.load(); }
+  void ResetPeak() { peak_.store(current_.load()); }
+  c10::Allocator* base() const { return base_; }
+
+ private:
+  struct Context {
+    c10::DataPtr inner;
+    size_t n;
+    const CountingAllocator* owner;
+  };
+  static void Delete(void* p) {
+    auto* ctx = static_cast<Context*>(p);
+    ctx->owner->current_.fetch_sub(static_cast<int64_t>(ctx->n));
+    delete ctx;
+  }
+  c10::Allocator* base_;
+  mutable std::atomic<int64_t> current_{0};
+  mutable std::atomic<int64_t> peak_{0};
+};
+
+// Installs the counting allocator for the test's lifetime. It is never
+// destroyed: tensors it allocated may outlive the test.
+class MemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static CountingAllocator* const counting =
+        new CountingAllocator(c10::GetCPUAllocator());
+    counting_ = counting;
+    c10::SetCPUAllocator(counting_, /*priority=*/100);
+  }
+  void TearDown() override { c10::SetCPUAllocator(counting_->base(), 100); }
+
+  // Peak extra allocator bytes of writing `tensors`.
+  int64_t PeakExtra(const TensorList& tensors, const SnapshotOptions& o,
+                    const std::string& name, SnapshotManifest* manifest) {
+    const int64_t baseline = counting_->current();
+    counting_->ResetPeak();
+    auto m = SnapshotWriter(root_.path()).Write(name, tensors, "{}", o);
+    EXPECT_TRUE(m.ok()) << m.status();
+    if (m.ok()) *manifest = *m;
+    EXPECT_EQ(counting_->current(), baseline) << "the writer leaked host memory";
+    return counting_->peak() - baseline;
+  }
+
+  CountingAllocator* counting_ = nullptr;
+  TempDir root_;
+};
+
+TEST_F(MemoryTest, ExtraHostMemoryIsTheStagingBufferForModelsFourTimesApart) {
+  // Built after the allocator is installed: the models count in the baseline.
+  const TensorList small = testing::MakeModel(1, 2, 128, 256);  // ~0.9 MB
+  const TensorList large = testing::MakeModel(1, 8, 256, 512);  // ~4x
+  int64_t small_bytes = 0, large_bytes = 0;
+  for (const auto& [n, t] : small) small_bytes += t.nbytes();
+  for (const auto& [n, t] : large) large_bytes += t.nbytes();
+  ASSERT_GE(large_bytes, 4 * small_bytes);
+
+  SnapshotOptions o;
+  o.staging_bytes = 64 << 10;
+  for (const SnapshotDtype dtype : {SnapshotDtype::kKeep, SnapshotDtype::kBFloat16}) {
+    o.dtype = dtype;
+    const std::string suffix(SnapshotDtypeName(dtype));
+    SnapshotManifest ms, ml;
+    const int64_t extra_small = PeakExtra(small, o, "small-" + suffix, &ms);
+    const int64_t extra_large = PeakExtra(large, o, "large-" + suffix, &ml);
+    // The writer's own accounting: exactly the staging buffer.
+    EXPECT_EQ(ms.peak_extra_host_bytes, o.staging_bytes);
+    EXPECT_EQ(ml.peak_extra_host_bytes, o.staging_bytes);
+    EXPECT_EQ(ml.peak_extra_device_bytes, 0);
+    // The allocator's: the staging buffer, the same for both sizes.
+    EXPECT_EQ(extra_small, o.staging_bytes) << suffix;
+    EXPECT_EQ(extra_large, o.staging_bytes) << suffix;
+  }
+}
+
+TEST_F(MemoryTest, NonContiguousAndMappedSourcesAddNothing) {
+  const TensorList model = testing::MakeModel(2, 4, 128, 256);
+  TensorList views;
+  for (const auto& [name, t] : model) {
+    views.emplace_back(name, t.dim() == 2 ? t.t() : t);  // transposed views
+  }
+  SnapshotOptions o;
+  o.staging_bytes = 16 << 10;
+  o.dtype = SnapshotDtype::kFloat16;
+  SnapshotManifest m;
+  EXPECT_EQ(PeakExtra(views, o, "views", &m), o.staging_bytes);
+
+  auto mapped = LoadSafetensorsDirectory(root_.Join("views"));
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  o.dtype = SnapshotDtype::kFloat32;
+  EXPECT_EQ(PeakExtra(mapped->tensors, o, "from-disk", &m), o.staging_bytes);
+  auto back = LoadSafetensorsDirectory(root_.Join("from-disk"));
+  ASSERT_TRUE(back.ok());
+  std::map<std::string, at::Tensor> by_name(back->tensors.begin(), back->tensors.end());
+  for (const auto& [name, t] : views) {
+    EXPECT_TRUE(testing::BitEqual(t.to(at::kHalf).to(at::kFloat), by_name.at(name)))
+        << name;
+  }
+}
+
+}  // namespace
+}  // namespace snapshot
+}  // namespace memprofd

@@ -1,0 +1,278 @@
+// Save then load: identical tensors and names, single-file and sharded, every
+// dtype option, tied and untied heads; checked also by an independent Python
+// reader (check_snapshot.py).
+#include <fstream>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "core/snapshot/loader.h"
+#include "core/snapshot/snapshot_store.h"
+#include "core/snapshot/writer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/snapshot/test_util.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace {
+
+using testing::BitEqual;
+using ::testing::HasSubstr;
+using testing::TempDir;
+
+const char kConfig[] =
+    R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "tie_word_embeddings": false,
+  "torch_dtype": "float32"})";
+
+at::ScalarType Out(at::ScalarType in, SnapshotDtype d) {
+  if (!at::isFloatingType(in) || d == SnapshotDtype::kKeep) return in;
+  return d == SnapshotDtype::kBFloat16  ? at::kBFloat16
+         : d == SnapshotDtype::kFloat16 ? at::kHalf
+                                        : at::kFloat;
+}
+
+// Writes expected.json and per-tensor float64 values for check_snapshot.py.
+void WriteExpected(const std::string& dir, const TensorList& tensors, SnapshotDtype d,
+                   const std::string& torch_dtype) {
+  std::string json = "{\"tensors\": [";
+  int i = 0;
+  for (const auto& [name, t] : tensors) {
+    const at::Tensor out = t.to(Out(t.scalar_type(), d));
+    const std::string values = absl::StrCat(i, ".f64");
+    const at::Tensor f64 = out.to(at::kDouble).contiguous();
+    std::ofstream(dir + "/" + values, std::ios::binary)
+        .write(static_cast<const char*>(f64.data_ptr()), f64.numel() * 8);
+    std::string shape;
+    for (const int64_t s : t.sizes())
+      absl::StrAppend(&shape, shape.empty() ? "" : ",", s);
+    absl::StrAppend(&json, i > 0 ? "," : "", "{\"name\": \"", name, "\", \"dtype\": \"",
+                    *SafetensorsDtypeOf(out.scalar_type()), "\", \"shape\": [", shape,
+                    "], \"values\": \"", values, "\"}");
+    ++i;
+  }
+  json += "]";
+  if (!torch_dtype.empty())
+    absl::StrAppend(&json, ", \"torch_dtype\": \"", torch_dtype, "\"");
+  json += "}";
+  std::ofstream(dir + "/expected.json") << json;
+}
+
+void ExpectPythonAgrees(const std::string& snapshot_dir, const TensorList& written,
+                        SnapshotDtype d, const std::string& torch_dtype = "") {
+  TempDir expected;
+  WriteExpected(expected.path(), written, d, torch_dtype);
+  std::string output;
+  const int rc = testing::RunCommand(absl::StrCat("/usr/bin/python3 " MEMPROFD_SOURCE_DIR
+                                                  "/tests/snapshot/check_snapshot.py ",
+                                                  snapshot_dir, " ", expected.path()),
+                                     &output);
+  EXPECT_EQ(rc, 0) << output;
+  EXPECT_THAT(output, HasSubstr(absl::StrCat("OK ", written.size(), " tensors")));
+}
+
+void ExpectLoadedEqual(const std::string& dir, const TensorList& written,
+                       SnapshotDtype d) {
+  auto loaded = LoadSafetensorsDirectory(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->tensors.size(), written.size());
+  std::map<std::string, at::Tensor> by_name(loaded->tensors.begin(),
+                                            loaded->tensors.end());
+  for (const auto& [name, t] : written) {
+    ASSERT_EQ(by_name.count(name), 1u) << name;
+    EXPECT_TRUE(BitEqual(t.to(Out(t.scalar_type(), d)), by_name.at(name))) << name;
+  }
+}
+
+TEST(RoundTripTest, SingleFileKeepsEveryTensorBitForBit) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(1, 2, 16, 32);
+  SnapshotOptions options;
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  auto m = SnapshotWriter(root.path())
+               .Write("s1", model, kConfig, options, [&](int64_t done, int64_t total) {
+                 progress.emplace_back(done, total);
+               });
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(testing::ListDir(root.path()), std::vector<std::string>{"s1"});
+  EXPECT_EQ(testing::ListDir(root.Join("s1")),
+            (std::vector<std::string>{"config.json", "memprofd_manifest.json",
+                                      "model.safetensors"}));
+  int64_t total = 0;
+  for (const auto& [n, t] : model) total += t.numel() * 4;
+  EXPECT_EQ(m->total_size, total);
+  EXPECT_EQ(m->num_tensors, static_cast<int64_t>(model.size()));
+  EXPECT_EQ(m->num_shards, 1);
+  ASSERT_FALSE(progress.empty());
+  EXPECT_EQ(progress.back(), std::make_pair(total, total));
+  EXPECT_EQ(m->files[0].name, "model.safetensors");
+  int64_t bytes = 0;
+  for (const auto& f : m->files) bytes += f.bytes;
+  EXPECT_EQ(m->bytes_written, bytes);
+  EXPECT_GT(m->throughput_bytes_per_second, 0);
+  ExpectLoadedEqual(root.Join("s1"), model, SnapshotDtype::kKeep);
+  auto loaded = LoadSafetensorsDirectory(root.Join("s1"));
+  EXPECT_EQ(loaded->config_json, kConfig);
+  ExpectPythonAgrees(root.Join("s1"), model, SnapshotDtype::kKeep);
+}
+
+TEST(RoundTripTest, ShardedWritesIndexAndLoads) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(2, 3, 16, 32);
+  SnapshotOptions options;
+  options.max_shard_size = 3000;  // each layer ~3 KB: several shards
+  options.staging_bytes = 4096;   // and several chunks per tensor
+  auto m = SnapshotWriter(root.path()).Write("sharded", model, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_GT(m->num_shards, 2);
+  const auto files = testing::ListDir(root.Join("sharded"));
+  EXPECT_THAT(files, ::testing::Contains("model.safetensors.index.json"));
+  EXPECT_THAT(files, ::testing::Not(::testing::Contains("model.safetensors")));
+  EXPECT_THAT(files,
+              ::testing::Contains(ShardFileName(1, static_cast<int>(m->num_shards))));
+  ExpectLoadedEqual(root.Join("sharded"), model, SnapshotDtype::kKeep);
+  ExpectPythonAgrees(root.Join("sharded"), model, SnapshotDtype::kKeep);
+}
+
+class DtypeOptionTest : public ::testing::TestWithParam<SnapshotDtype> {};
+
+TEST_P(DtypeOptionTest, ConvertsFloatsLikeTensorToAndKeepsTheRest) {
+  TempDir root;
+  TensorList tensors = testing::MakeAllDtypes(3);
+  for (auto& t : testing::MakeModel(3, 1, 8, 16)) tensors.push_back(t);
+  SnapshotOptions options;
+  options.dtype = GetParam();
+  options.staging_bytes = 4096;
+  options.max_shard_size = 2000;
+  auto m = SnapshotWriter(root.path()).Write("d", tensors, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->dtype, SnapshotDtypeName(GetParam()));
+  ExpectLoadedEqual(root.Join("d"), tensors, GetParam());
+  const char* torch_dtype = GetParam() == SnapshotDtype::kBFloat16  ? "bfloat16"
+                            : GetParam() == SnapshotDtype::kFloat16 ? "float16"
+                                                                    : "float32";
+  ExpectPythonAgrees(root.Join("d"), tensors, GetParam(), torch_dtype);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllOptions, DtypeOptionTest,
+                         ::testing::Values(SnapshotDtype::kKeep, SnapshotDtype::kBFloat16,
+                                           SnapshotDtype::kFloat16,
+                                           SnapshotDtype::kFloat32),
+                         [](const auto& info) {
+                           return std::string(SnapshotDtypeName(info.param));
+                         });
+
+TEST(RoundTripTest, TiedHeadWrittenOnceOnlyWhenTheFlagSaysSo) {
+  TempDir root;
+  TensorList model = testing::MakeModel(4, 1, 8, 16);
+  // Tie: lm_head shares the embedding's storage.
+  model.back().second = model.front().second;
+  SnapshotOptions tied;
+  tied.tie_word_embeddings = true;
+  auto m = SnapshotWriter(root.path()).Write("tied", model, "", tied);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->dropped_tied_lm_head);
+  TensorList without_head(model.begin(), model.end() - 1);
+  ExpectLoadedEqual(root.Join("tied"), without_head, SnapshotDtype::kKeep);
+  ExpectPythonAgrees(root.Join("tied"), without_head, SnapshotDtype::kKeep);
+  EXPECT_EQ(testing::ListDir(root.Join("tied")),
+            (std::vector<std::string>{"memprofd_manifest.json", "model.safetensors"}));
+
+  // Untied (the flag decides, not pointers): both written, as copies.
+  auto u = SnapshotWriter(root.path()).Write("untied", model, "", SnapshotOptions());
+  ASSERT_TRUE(u.ok()) << u.status();
+  EXPECT_FALSE(u->dropped_tied_lm_head);
+  ExpectLoadedEqual(root.Join("untied"), model, SnapshotDtype::kKeep);
+}
+
+TEST(RoundTripTest, SnapshotOfMappedWeightsIsIdentical) {
+  // "disk" placement: tensors that view a mapped snapshot are a valid source.
+  TempDir root;
+  const TensorList model = testing::MakeModel(5, 2, 16, 32);
+  ASSERT_TRUE(SnapshotWriter(root.path()).Write("a", model, kConfig, {}).ok());
+  auto mapped = LoadSafetensorsDirectory(root.Join("a"));
+  ASSERT_TRUE(mapped.ok());
+  SnapshotOptions options;
+  options.staging_bytes = 4096;
+  ASSERT_TRUE(SnapshotWriter(root.path())
+                  .Write("b", mapped->tensors, mapped->config_json, options)
+                  .ok());
+  ExpectLoadedEqual(root.Join("b"), model, SnapshotDtype::kKeep);
+}
+
+TEST(LoaderTest, ResolvesSingleFileFirstAndChecksTheIndex) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(6, 2, 8, 16);
+  SnapshotOptions options;
+  options.max_shard_size = 600;
+  auto m = SnapshotWriter(root.path()).Write("s", model, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_GE(m->num_shards, 2);
+  const std::string dir = root.Join("s");
+
+  // A stale single file wins over the index, as in transformers.
+  ASSERT_TRUE(
+      WriteSafetensorsFile(dir + "/model.safetensors", {{"stale", at::ones({1})}}).ok());
+  auto stale = LoadSafetensorsDirectory(dir);
+  ASSERT_TRUE(stale.ok()) << stale.status();
+  ASSERT_EQ(stale->tensors.size(), 1u);
+  EXPECT_EQ(stale->tensors[0].first, "stale");
+  std::filesystem::remove(dir + "/model.safetensors");
+  ASSERT_TRUE(LoadSafetensorsDirectory(dir).ok());
+
+  // Two indexes.
+  std::filesystem::copy_file(dir + "/model.safetensors.index.json",
+                             dir + "/other.safetensors.index.json");
+  EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::filesystem::remove(dir + "/other.safetensors.index.json");
+
+  // A corrupt (truncated) shard: DATA_LOSS naming it.
+  const std::string shard = dir + "/" + ShardFileName(2, static_cast<int>(m->num_shards));
+  ASSERT_TRUE(std::filesystem::exists(shard));
+  const auto size = std::filesystem::file_size(shard);
+  std::filesystem::resize_file(shard, size - 1);
+  auto s = LoadSafetensorsDirectory(dir);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr(shard));
+
+  // A missing shard.
+  std::filesystem::remove(shard);
+  s = LoadSafetensorsDirectory(dir);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(s.status().message()), HasSubstr("missing"));
+
+  EXPECT_EQ(LoadSafetensorsDirectory(root.Join("none")).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadSafetensorsDirectory(root.path()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST(LoaderTest, IndexMustMatchTheShards) {
+  TempDir root;
+  const std::string dir = root.path();
+  ASSERT_TRUE(WriteSafetensorsFile(dir + "/a.safetensors", {{"x", at::ones({2})}}).ok());
+  ASSERT_TRUE(WriteSafetensorsFile(dir + "/b.safetensors", {{"y", at::ones({2})}}).ok());
+  auto write_index = [&](const std::string& map) {
+    std::ofstream(dir + "/model.safetensors.index.json")
+        << "{\"metadata\": {\"total_size\": 16}, \"weight_map\": {" << map << "}}";
+  };
+  write_index(R"("x": "a.safetensors", "y": "b.safetensors")");
+  auto ok = LoadSafetensorsDirectory(dir);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->tensors.size(), 2u);
+  EXPECT_EQ(ok->files, (std::vector<std::string>{"a.safetensors", "b.safetensors"}));
+  write_index(R"("x": "a.safetensors", "y": "a.safetensors")");
+  EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
+  write_index(R"("x": "a.safetensors")");  // b not indexed: y unknown, fine; a ok
+  EXPECT_TRUE(LoadSafetensorsDirectory(dir).ok());
+  write_index(R"("x": "../a.safetensors")");
+  EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
+  write_index(R"("x": "a.safetensors", "x": "b.safetensors")");
+  EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
+  std::ofstream(dir + "/model.safetensors.index.json") << "{not json";
+  EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace snapshot
+}  // namespace memprofd

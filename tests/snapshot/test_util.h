@@ -1,0 +1,56 @@
+#ifndef MEMPROFD_TESTS_SNAPSHOT_TEST_UTIL_H_
+#define MEMPROFD_TESTS_SNAPSHOT_TEST_UTIL_H_
+
+// Helpers shared by the snapshot tests: temporary directories and small
+// synthetic state dicts with Hugging Face Llama names.
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/snapshot/safetensors.h"
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace testing {
+
+// A fresh directory under the system temp dir, removed on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string Join(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// A Llama-like state dict: embed_tokens [vocab, hidden], per layer q_proj,
+// up_proj, input_layernorm, then model.norm and lm_head (its own values).
+TensorList MakeModel(int64_t seed, int layers, int64_t hidden, int64_t vocab,
+                     at::ScalarType dtype = at::kFloat);
+
+// One tensor of every dtype LibTorch and safetensors share, plus a scalar,
+// an empty tensor and a non-contiguous view.
+TensorList MakeAllDtypes(int64_t seed);
+
+// Entries of a directory (file names), sorted.
+std::vector<std::string> ListDir(const std::string& dir);
+
+// Runs `command` through the shell; returns its exit status and puts stdout
+// and stderr in *output.
+int RunCommand(const std::string& command, std::string* output);
+
+// Expected (a.to(b.dtype)) and b equal in dtype, shape and every bit (NaNs
+// included).
+::testing::AssertionResult BitEqual(const at::Tensor& expected, const at::Tensor& actual);
+
+}  // namespace testing
+}  // namespace snapshot
+}  // namespace memprofd
+
+#endif  // MEMPROFD_TESTS_SNAPSHOT_TEST_UTIL_H_
