@@ -14,7 +14,7 @@ absl::Status HistoryRing::Start(int64_t max_entries) {
         absl::StrCat("history max_entries must be in [1, ", kMaxEntriesLimit, "], got ",
                      max_entries, "; 100000 keeps a few steps of a small model"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t old_max = static_cast<int64_t>(ring_.size());
   if (old_max != max_entries) {
     // Keep the newest entries that fit, oldest first.
@@ -35,18 +35,18 @@ absl::Status HistoryRing::Start(int64_t max_entries) {
 }
 
 void HistoryRing::Stop() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   recording_ = false;
 }
 
 void HistoryRing::Clear() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   next_ = 0;
   dropped_extra_ = 0;
 }
 
 void HistoryRing::Append(const HistoryEntry& entry) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!recording_) return;
   ring_[static_cast<size_t>(next_ % static_cast<int64_t>(ring_.size()))] = entry;
   ++next_;
@@ -54,7 +54,7 @@ void HistoryRing::Append(const HistoryEntry& entry) {
 
 HistorySnapshot HistoryRing::Copy(bool include_entries) const {
   HistorySnapshot snap;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t max = static_cast<int64_t>(ring_.size());
   const int64_t held = std::min(next_, max);
   if (include_entries) {
@@ -71,22 +71,22 @@ HistorySnapshot HistoryRing::Copy(bool include_entries) const {
 }
 
 int64_t HistoryRing::size() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return std::min(next_, static_cast<int64_t>(ring_.size()));
 }
 
 int64_t HistoryRing::max_entries() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(ring_.size());
 }
 
 int64_t HistoryRing::dropped() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return next_ - std::min(next_, static_cast<int64_t>(ring_.size())) + dropped_extra_;
 }
 
 bool HistoryRing::recording() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return recording_;
 }
 
