@@ -1,0 +1,81 @@
+#include "core/train/train_options.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace memprofd {
+namespace {
+
+absl::Status AtLeastOne(absl::string_view field, int64_t value) {
+  if (value < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be at least 1, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NonNegativeFinite(absl::string_view field, double value) {
+  if (!(value >= 0) || !std::isfinite(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be a finite number >= 0, got ", value));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateTrainOptions(const TrainOptions& o,
+                                  int64_t max_position_embeddings) {
+  RETURN_IF_ERROR(AtLeastOne("steps", o.steps));
+  RETURN_IF_ERROR(AtLeastOne("batch_size", o.batch_size));
+  RETURN_IF_ERROR(AtLeastOne("seq_len", o.seq_len));
+  RETURN_IF_ERROR(AtLeastOne("grad_accum", o.grad_accum));
+  if (o.seq_len > max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seq_len ", o.seq_len, " exceeds the model's max_position_embeddings (",
+        max_position_embeddings, "); use a seq_len of at most ",
+        max_position_embeddings));
+  }
+  if (!(o.learning_rate > 0) || !std::isfinite(o.learning_rate)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("learning_rate must be a finite number > 0, got ", o.learning_rate));
+  }
+  for (auto [name, beta] : {std::pair<const char*, double>{"beta1", o.beta1},
+                            std::pair<const char*, double>{"beta2", o.beta2}}) {
+    if (!(beta >= 0 && beta < 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be in [0, 1), got ", beta));
+    }
+  }
+  if (!(o.eps > 0) || !std::isfinite(o.eps)) {
+    return absl::InvalidArgumentError(absl::StrCat("eps must be > 0, got ", o.eps));
+  }
+  RETURN_IF_ERROR(NonNegativeFinite("weight_decay", o.weight_decay));
+  RETURN_IF_ERROR(NonNegativeFinite("max_grad_norm", o.max_grad_norm));
+  switch (o.data.kind) {
+    case DataSpec::Kind::kEmbeddedCorpus:
+    case DataSpec::Kind::kInlineTokens:
+      break;
+    case DataSpec::Kind::kTokenFile:
+      if (o.data.bytes_per_token != 2 && o.data.bytes_per_token != 4) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("bytes_per_token must be 2 (uint16) or 4 (uint32), got ",
+                         o.data.bytes_per_token));
+      }
+      [[fallthrough]];
+    case DataSpec::Kind::kTextFile:
+      if (o.data.path.empty()) {
+        return absl::InvalidArgumentError(
+            "the data source is a file but no path was given");
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown data kind ", static_cast<int>(o.data.kind)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memprofd

@@ -1,0 +1,101 @@
+#ifndef MEMPROFD_CORE_TRAIN_TRAIN_OPTIONS_H_
+#define MEMPROFD_CORE_TRAIN_TRAIN_OPTIONS_H_
+
+// What a training request asks for and what training reports back. Plain
+// structs, free of LibTorch, so that the server can fill and read them.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace memprofd {
+
+// Where training tokens come from.
+struct DataSpec {
+  enum class Kind {
+    // English prose compiled into the binary, read as bytes (ids 0..255).
+    kEmbeddedCorpus = 0,
+    // Any file read as bytes: byte-level tokens, ids 0..255.
+    kTextFile = 1,
+    // A flat file of little-endian token ids, bytes_per_token (2 or 4) each:
+    // nanoGPT's uint16 .bin convention, or uint32.
+    kTokenFile = 2,
+    // The ids in `tokens`.
+    kInlineTokens = 3,
+  };
+  Kind kind = Kind::kEmbeddedCorpus;
+  std::string path;             // kTextFile, kTokenFile
+  int bytes_per_token = 2;      // kTokenFile
+  std::vector<int64_t> tokens;  // kInlineTokens
+};
+
+// One training request. Fields are validated by ValidateTrainOptions().
+struct TrainOptions {
+  int64_t steps = 100;  // optimizer steps
+  int64_t batch_size = 8;
+  int64_t seq_len = 128;
+  double learning_rate = 1e-3;
+  // Seeds the generator that picks the data windows. The model's init has
+  // its own seed (LlamaModel::Create).
+  uint64_t seed = 0;
+  DataSpec data;
+  // Recompute each decoder layer in backward instead of keeping its
+  // activations.
+  bool gradient_checkpointing = false;
+  // AdamW (decoupled weight decay; applied to matrices and embeddings, not
+  // to RMSNorm weights).
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  // Clip the global gradient L2 norm to this; 0 turns clipping off.
+  double max_grad_norm = 0.0;
+  // Micro-batches of batch_size accumulated per optimizer step.
+  int64_t grad_accum = 1;
+};
+
+// One optimizer step.
+struct StepReport {
+  int64_t step = 0;         // 1-based within this Run
+  int64_t global_step = 0;  // 1-based over the trainer's life
+  double loss = 0.0;        // mean next-token cross-entropy over the step's tokens
+  int64_t tokens = 0;       // batch_size * seq_len * grad_accum
+  double tokens_per_second = 0.0;
+  double step_seconds = 0.0;
+  // Time spent in each phase, summed over micro-batches. The optimizer phase
+  // includes the gradient norm and clipping; drawing batches counts in
+  // step_seconds only.
+  double forward_seconds = 0.0;
+  double backward_seconds = 0.0;
+  double optimizer_seconds = 0.0;
+  // Global L2 norm of the gradients before clipping.
+  double grad_norm = 0.0;
+};
+
+// The outcome of a Run. When `cancelled`, the steps that ran are counted and
+// the caller should report CANCELLED (Operation::Finish(CancelledError,
+// result) keeps this result).
+struct TrainResult {
+  int64_t steps_completed = 0;
+  double first_loss = 0.0;
+  double last_loss = 0.0;
+  int64_t tokens = 0;
+  double seconds = 0.0;
+  double mean_tokens_per_second = 0.0;
+  int64_t global_step = 0;  // the trainer's global step after the run
+  bool cancelled = false;
+};
+
+// OK, or INVALID_ARGUMENT naming the field and the accepted range: steps,
+// batch_size, seq_len and grad_accum >= 1; seq_len <= max_position_embeddings;
+// learning_rate > 0; betas in [0, 1); eps > 0; weight_decay and
+// max_grad_norm >= 0 and finite; bytes_per_token 2 or 4 for a token file; a
+// path for file kinds.
+absl::Status ValidateTrainOptions(const TrainOptions& options,
+                                  int64_t max_position_embeddings);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_TRAIN_TRAIN_OPTIONS_H_

@@ -1,0 +1,194 @@
+#include "core/train/data.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/train/train_options.h"
+#include "core/train/trainer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string WriteTemp(const std::string& name, const std::string& bytes) {
+  std::string path =
+      absl::StrCat(::testing::TempDir(), "/data_test_", getpid(), "_", name);
+  std::ofstream(path, std::ios::binary) << bytes;
+  return path;
+}
+
+DataSpec File(DataSpec::Kind kind, const std::string& path, int bytes_per_token = 2) {
+  DataSpec spec;
+  spec.kind = kind;
+  spec.path = path;
+  spec.bytes_per_token = bytes_per_token;
+  return spec;
+}
+
+TEST(TokenDatasetTest, EmbeddedCorpusIsEnglishProse) {
+  absl::string_view corpus = EmbeddedCorpus();
+  EXPECT_GT(corpus.size(), 20000u);
+  EXPECT_THAT(std::string(corpus), HasSubstr("The Mill on the River"));
+  for (char c : corpus) ASSERT_TRUE(c == '\n' || (c >= 32 && c < 127)) << int(c);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(DataSpec{}, 256);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), static_cast<int64_t>(corpus.size()));
+  EXPECT_EQ((*d)->tokens()[0].item<int64_t>(), 'T');
+}
+
+TEST(TokenDatasetTest, TextFileIsReadAsBytes) {
+  std::string path = WriteTemp("bytes.txt", std::string("ab\xff\n", 4));
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d =
+      TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 256);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(
+      torch::equal((*d)->tokens(), torch::tensor({97, 98, 255, 10}, torch::kInt32)));
+  // Byte 255 does not fit a vocabulary of 200.
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 200);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("token id 255 at position 2"));
+  std::remove(path.c_str());
+}
+
+TEST(TokenDatasetTest, TokenFilesAreLittleEndianUint16OrUint32) {
+  std::string u16 = WriteTemp("u16.bin", std::string("\x01\x00\x34\x12\xff\x00", 6));
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d =
+      TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 2), 0x10000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(
+      torch::equal((*d)->tokens(), torch::tensor({1, 0x1234, 255}, torch::kInt32)));
+
+  std::string u32 =
+      WriteTemp("u32.bin", std::string("\x01\x00\x01\x00\x02\x00\x00\x00", 8));
+  d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u32, 4), 70000);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_TRUE(torch::equal((*d)->tokens(), torch::tensor({65537, 2}, torch::kInt32)));
+
+  d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u32, 4), 1000);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("token id 65537 at position 0"));
+  EXPECT_THAT(d.status().message(), HasSubstr("[0, 1000)"));
+
+  // 6 bytes are not whole uint32 tokens.
+  d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 4), 1000);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("not a multiple of 4"));
+
+  d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 3), 1000);
+  EXPECT_THAT(d.status().message(), HasSubstr("bytes_per_token must be 2"));
+  std::remove(u16.c_str());
+  std::remove(u32.c_str());
+}
+
+TEST(TokenDatasetTest, MissingAndEmptyFilesAreInvalidArgument) {
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(
+      File(DataSpec::Kind::kTextFile, "/nonexistent/corpus.txt"), 256);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("/nonexistent/corpus.txt"));
+  EXPECT_THAT(d.status().message(), HasSubstr("does not exist"));
+
+  std::string empty = WriteTemp("empty.txt", "");
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, empty), 256);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("is empty"));
+  std::remove(empty.c_str());
+
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, ""), 256);
+  EXPECT_THAT(d.status().message(), HasSubstr("no path"));
+}
+
+TEST(TokenDatasetTest, InlineTokensAreCheckedAgainstTheVocabulary) {
+  DataSpec spec;
+  spec.kind = DataSpec::Kind::kInlineTokens;
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(spec, 256);
+  EXPECT_THAT(d.status().message(), HasSubstr("empty"));
+  spec.tokens = {1, 2, 3, int64_t{1} << 40, 4};
+  d = TokenDataset::Create(spec, 256);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("token id 1099511627776 at position 3"));
+  spec.tokens = {1, -2};
+  d = TokenDataset::Create(spec, 256);
+  EXPECT_THAT(d.status().message(), HasSubstr("token id -2 at position 1"));
+  spec.tokens = {1, 2, 255};
+  d = TokenDataset::Create(spec, 256);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 3);
+}
+
+TEST(TokenDatasetTest, TooFewTokensForTheSequenceLength) {
+  DataSpec spec;
+  spec.kind = DataSpec::Kind::kInlineTokens;
+  spec.tokens = {1, 2, 3, 4};
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(spec, 256);
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE((*d)->Validate(3).ok());
+  absl::Status s = (*d)->Validate(4);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("holds 4 tokens, fewer than seq_len + 1 = 5"));
+  at::Generator gen = MakeDataGenerator(1);
+  EXPECT_EQ((*d)->NextBatch(2, 4, gen).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TokenDatasetTest, BatchesAreShiftedContiguousWindowsFromTheSeed) {
+  DataSpec spec;
+  spec.kind = DataSpec::Kind::kInlineTokens;
+  for (int i = 0; i < 200; ++i) spec.tokens.push_back(i);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(spec, 256);
+  ASSERT_TRUE(d.ok());
+  at::Generator a = MakeDataGenerator(42);
+  at::Generator b = MakeDataGenerator(42);
+  absl::StatusOr<TokenBatch> x = (*d)->NextBatch(5, 16, a);
+  absl::StatusOr<TokenBatch> y = (*d)->NextBatch(5, 16, b);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(x->inputs.sizes(), (std::vector<int64_t>{5, 16}));
+  EXPECT_EQ(x->inputs.scalar_type(), torch::kInt64);
+  EXPECT_TRUE(torch::equal(x->inputs, y->inputs));
+  EXPECT_TRUE(torch::equal(x->targets, x->inputs + 1));  // ids == positions here
+  EXPECT_TRUE(torch::equal(x->inputs.select(1, 15) - x->inputs.select(1, 0),
+                           torch::full({5}, 15, torch::kInt64)));
+  EXPECT_LE(x->targets.max().item<int64_t>(), 199);
+  absl::StatusOr<TokenBatch> next = (*d)->NextBatch(5, 16, a);
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(torch::equal(next->inputs, x->inputs));
+}
+
+TEST(TrainOptionsTest, ValidationNamesTheField) {
+  struct Case {
+    void (*mutate)(TrainOptions&);
+    const char* message;
+  } cases[] = {
+      {[](TrainOptions& o) { o.steps = 0; }, "steps must be at least 1"},
+      {[](TrainOptions& o) { o.batch_size = -1; }, "batch_size must be at least 1"},
+      {[](TrainOptions& o) { o.seq_len = 0; }, "seq_len must be at least 1"},
+      {[](TrainOptions& o) { o.seq_len = 513; },
+       "exceeds the model's max_position_embeddings"},
+      {[](TrainOptions& o) { o.grad_accum = 0; }, "grad_accum"},
+      {[](TrainOptions& o) { o.learning_rate = 0; }, "learning_rate"},
+      {[](TrainOptions& o) { o.beta2 = 1.0; }, "beta2 must be in [0, 1)"},
+      {[](TrainOptions& o) { o.eps = 0; }, "eps must be > 0"},
+      {[](TrainOptions& o) { o.weight_decay = -0.1; }, "weight_decay"},
+      {[](TrainOptions& o) { o.max_grad_norm = -1; }, "max_grad_norm"},
+      {[](TrainOptions& o) { o.data.kind = DataSpec::Kind::kTextFile; }, "no path"},
+  };
+  EXPECT_TRUE(ValidateTrainOptions(TrainOptions{}, 512).ok());
+  for (const Case& c : cases) {
+    TrainOptions o;
+    c.mutate(o);
+    absl::Status s = ValidateTrainOptions(o, 512);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_THAT(s.message(), HasSubstr(c.message));
+  }
+}
+
+}  // namespace
+}  // namespace memprofd

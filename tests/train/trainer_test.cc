@@ -1,0 +1,334 @@
+#include "core/train/trainer.h"
+
+#include <torch/torch.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/common/phase.h"
+#include "core/train/checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Byte-level, small enough for steps of a few milliseconds.
+LlamaConfig TestConfig() {
+  LlamaConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(c, seed);
+  EXPECT_TRUE(m.ok()) << m.status();
+  return m.ok() ? std::move(*m) : nullptr;
+}
+
+TrainOptions SmallOptions(int64_t steps) {
+  TrainOptions o;
+  o.steps = steps;
+  o.batch_size = 4;
+  o.seq_len = 32;
+  o.seed = 9;
+  return o;
+}
+
+std::vector<at::Tensor> Gradients(const LlamaModel& m, bool checkpointing,
+                                  const at::Tensor& ids) {
+  for (const at::Tensor& p : m.Parameters()) p.mutable_grad() = at::Tensor();
+  at::Tensor hidden = m.Embed(ids);
+  for (int64_t i = 0; i < m.num_layers(); ++i) {
+    hidden = checkpointing ? CheckpointedLayer(m, i, hidden) : m.Layer(i, hidden);
+  }
+  at::Tensor logits = m.Head(m.FinalNorm(hidden));
+  torch::nn::functional::cross_entropy(logits.view({-1, 256}), ids.view({-1})).backward();
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : m.Parameters()) grads.push_back(p.grad().clone());
+  return grads;
+}
+
+TEST(CheckpointTest, GradientsEqualThoseWithoutCheckpointing) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+  at::Tensor ids = torch::randint(0, 256, {3, 24}, torch::kInt64);
+  std::vector<at::Tensor> plain = Gradients(*m, false, ids);
+  std::vector<at::Tensor> checkpointed = Gradients(*m, true, ids);
+  ASSERT_EQ(plain.size(), checkpointed.size());
+  int exactly_equal = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_TRUE(torch::allclose(plain[i], checkpointed[i], 1e-6, 1e-6)) << i;
+    EXPECT_GT(plain[i].abs().max().item<double>(), 0) << i;
+    exactly_equal += torch::equal(plain[i], checkpointed[i]);
+  }
+  EXPECT_EQ(exactly_equal, static_cast<int>(plain.size()));
+}
+
+TEST(CheckpointTest, SavesOnlyTheLayerInput) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+  at::Tensor ids = torch::randint(0, 256, {2, 8}, torch::kInt64);
+  at::Tensor hidden = m->Embed(ids);
+  at::Tensor out = CheckpointedLayer(*m, 0, hidden);
+  ASSERT_TRUE(out.grad_fn() != nullptr);
+  // One node between the output and the layer's input and parameters.
+  EXPECT_THAT(out.grad_fn()->name(), HasSubstr("CheckpointedLayerFunction"));
+  EXPECT_EQ(out.grad_fn()->num_inputs(), 1u);
+  EXPECT_EQ(out.grad_fn()->next_edges().size(), 1u + 9u);
+}
+
+TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
+  std::vector<double> first, second;
+  for (std::vector<double>* losses : {&first, &second}) {
+    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    Trainer trainer(m.get());
+    TrainOptions o = SmallOptions(8);
+    o.weight_decay = 0.1;
+    o.max_grad_norm = 1.0;
+    absl::StatusOr<TrainResult> r =
+        trainer.Run(o, [&](const StepReport& s) { losses->push_back(s.loss); });
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  ASSERT_EQ(first.size(), 8u);
+  EXPECT_EQ(first, second);
+  EXPECT_NEAR(first[0], std::log(256.0), 0.1);
+}
+
+TEST(TrainerTest, CheckpointingTrainsIdentically) {
+  std::vector<double> losses[2];
+  for (int checkpointing : {0, 1}) {
+    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    Trainer trainer(m.get());
+    TrainOptions o = SmallOptions(4);
+    o.gradient_checkpointing = checkpointing;
+    ASSERT_TRUE(
+        trainer
+            .Run(o, [&](const StepReport& s) { losses[checkpointing].push_back(s.loss); })
+            .ok());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+TEST(TrainerTest, ReportsEveryStep) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  TrainOptions o = SmallOptions(3);
+  o.grad_accum = 2;
+  std::vector<StepReport> reports;
+  absl::StatusOr<TrainResult> r =
+      trainer.Run(o, [&](const StepReport& s) { reports.push_back(s); });
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(reports.size(), 3u);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    const StepReport& s = reports[i];
+    EXPECT_EQ(s.step, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(s.global_step, static_cast<int64_t>(i) + 1);
+    EXPECT_EQ(s.tokens, 4 * 32 * 2);
+    EXPECT_GT(s.loss, 0);
+    EXPECT_GT(s.grad_norm, 0);
+    EXPECT_GT(s.forward_seconds, 0);
+    EXPECT_GT(s.backward_seconds, 0);
+    EXPECT_GT(s.optimizer_seconds, 0);
+    EXPECT_GE(s.step_seconds,
+              s.forward_seconds + s.backward_seconds + s.optimizer_seconds);
+    EXPECT_NEAR(s.tokens_per_second, s.tokens / s.step_seconds,
+                1e-6 * s.tokens_per_second);
+  }
+  EXPECT_FALSE(r->cancelled);
+  EXPECT_EQ(r->steps_completed, 3);
+  EXPECT_EQ(r->tokens, 3 * 256);
+  EXPECT_EQ(r->first_loss, reports[0].loss);
+  EXPECT_EQ(r->last_loss, reports[2].loss);
+  EXPECT_EQ(r->global_step, 3);
+  EXPECT_GT(r->mean_tokens_per_second, 0);
+  // Gradients are released after each step.
+  for (const at::Tensor& p : m->Parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
+// Records phase changes and step boundaries.
+class RecordingListener : public PhaseListener {
+ public:
+  void OnStepBegin(int64_t step) override {
+    events.push_back("begin" + std::to_string(step));
+  }
+  void OnStepEnd(int64_t step) override {
+    events.push_back("end" + std::to_string(step));
+  }
+  void OnPhase(Phase phase) override { events.emplace_back(PhaseName(phase)); }
+  std::vector<std::string> events;
+};
+
+TEST(TrainerTest, MarksPhasesAndCallsHooksInOrder) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  RecordingListener listener;
+  StepHooks hooks;
+  hooks.before_step = [&](int64_t step) {
+    listener.events.push_back("before" + std::to_string(step));
+  };
+  hooks.body_scope = [&]() -> std::shared_ptr<void> {
+    listener.events.push_back("body+");
+    return std::shared_ptr<void>(nullptr,
+                                 [&](void*) { listener.events.push_back("body-"); });
+  };
+  hooks.head_scope = [&]() -> std::shared_ptr<void> {
+    EXPECT_EQ(CurrentPhase(), Phase::kForward);
+    listener.events.push_back("head+");
+    return std::shared_ptr<void>(nullptr,
+                                 [&](void*) { listener.events.push_back("head-"); });
+  };
+  hooks.after_step = [&](StepReport& r) {
+    listener.events.push_back("after" + std::to_string(r.global_step));
+    r.grad_norm = -1;  // visible to on_step
+  };
+  trainer.set_hooks(hooks);
+  SetPhaseListener(&listener);
+  double seen_norm = 0;
+  absl::StatusOr<TrainResult> r =
+      trainer.Run(SmallOptions(1), [&](const StepReport& s) { seen_norm = s.grad_norm; });
+  SetPhaseListener(nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(listener.events,
+              ::testing::ElementsAre("begin1", "before1", "forward", "body+", "body-",
+                                     "head+", "head-", "idle", "backward", "idle",
+                                     "optimizer", "idle", "after1", "end1"));
+  EXPECT_EQ(seen_norm, -1);
+  EXPECT_EQ(CurrentStep(), 1);
+}
+
+TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  int steps_seen = 0;
+  absl::StatusOr<TrainResult> r = trainer.Run(
+      SmallOptions(10), [&](const StepReport&) { ++steps_seen; },
+      [&] { return steps_seen >= 3; });
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->cancelled);
+  EXPECT_EQ(r->steps_completed, 3);
+  EXPECT_EQ(trainer.global_step(), 3);
+  // Training resumes where it stopped, with the optimizer state kept.
+  r = trainer.Run(SmallOptions(2));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->cancelled);
+  EXPECT_EQ(r->global_step, 5);
+}
+
+TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  ASSERT_TRUE(trainer.Run(SmallOptions(2)).ok());
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
+  TrainOptions slow = SmallOptions(2);
+  slow.learning_rate = 1e-12;
+  ASSERT_TRUE(trainer.Run(slow).ok());
+  double max_change = 0;
+  auto params = m->Parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    max_change = std::max(max_change, (params[i] - before[i]).abs().max().item<double>());
+  }
+  EXPECT_LT(max_change, 1e-9);
+  ASSERT_TRUE(trainer.Run(SmallOptions(1)).ok());
+  double changed = (params[1] - before[1]).abs().max().item<double>();
+  EXPECT_GT(changed, 1e-5);
+}
+
+TEST(TrainerTest, BadRequestsAreInvalidArgument) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  TrainOptions o = SmallOptions(1);
+  o.seq_len = 65;
+  EXPECT_THAT(trainer.Run(o).status().message(),
+              HasSubstr("max_position_embeddings (64)"));
+  o = SmallOptions(0);
+  EXPECT_EQ(trainer.Run(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = SmallOptions(1);
+  o.data.kind = DataSpec::Kind::kTextFile;
+  o.data.path = "/no/such/file";
+  EXPECT_THAT(trainer.Run(o).status().message(), HasSubstr("/no/such/file"));
+  o = SmallOptions(1);
+  o.data.kind = DataSpec::Kind::kInlineTokens;
+  o.data.tokens = std::vector<int64_t>(100, 7);
+  o.data.tokens[50] = 256;
+  absl::Status s = trainer.Run(o).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("token id 256 at position 50"));
+  o.data.tokens = std::vector<int64_t>(20, 7);
+  EXPECT_THAT(trainer.Run(o).status().message(), HasSubstr("fewer than seq_len + 1"));
+  EXPECT_EQ(trainer.global_step(), 0);
+}
+
+// The sequence length whose [T, T] float attention scores exceed twice this
+// machine's RAM + swap, so that Linux's default (heuristic) overcommit
+// refuses them outright; 0 when that cannot be relied on.
+int64_t UnallocatableSeqLen() {
+  std::ifstream overcommit("/proc/sys/vm/overcommit_memory");
+  int mode = -1;
+  if (!(overcommit >> mode) || mode != 0) return 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0, total = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemTotal:" || key == "SwapTotal:") total += kib * 1024;
+  }
+  if (total <= 0) return 0;
+  int64_t t = 1024;
+  while (t * t * 4 <= 2 * total) t *= 2;
+  return t;
+}
+
+TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
+  // One long sequence: everything before its attention scores takes a few
+  // hundred megabytes at most; the scores cannot be allocated.
+  const int64_t seq_len = UnallocatableSeqLen();
+  if (seq_len == 0 || seq_len > (1 << 20)) {
+    GTEST_SKIP() << "needs vm.overcommit_memory=0 and at most ~1 TiB of RAM + swap";
+  }
+  LlamaConfig c = TestConfig();
+  c.hidden_size = 8;
+  c.intermediate_size = 8;
+  c.num_hidden_layers = 1;
+  c.num_attention_heads = 1;
+  c.num_key_value_heads = 1;
+  c.max_position_embeddings = seq_len;
+  std::unique_ptr<LlamaModel> m = MakeModel(c, 5);
+  Trainer trainer(m.get());
+  std::vector<at::Tensor> before;
+  for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
+
+  TrainOptions huge = SmallOptions(1);
+  huge.batch_size = 1;
+  huge.seq_len = seq_len;
+  huge.data.kind = DataSpec::Kind::kInlineTokens;
+  huge.data.tokens.resize(seq_len + 1);
+  for (size_t i = 0; i < huge.data.tokens.size(); ++i) huge.data.tokens[i] = i % 251;
+  absl::StatusOr<TrainResult> r = trainer.Run(huge);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("out of memory"));
+  auto params = m->Parameters();
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_FALSE(params[i].grad().defined());
+    EXPECT_TRUE(torch::equal(params[i], before[i]));
+  }
+  EXPECT_EQ(trainer.global_step(), 0);
+
+  r = trainer.Run(SmallOptions(2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->global_step, 2);
+  EXPECT_TRUE(std::isfinite(r->last_loss));
+}
+
+}  // namespace
+}  // namespace memprofd
