@@ -328,6 +328,10 @@ void OffloadCore::WriterLoop() {
     const absl::Status status = spill_->Write(
         job.file_offset, job.staging.defined() ? job.staging.data_ptr() : job.data,
         job.bytes);
+    // Release the source before the copy counts as finished: Flush() returning
+    // means the device bytes are free.
+    job.source = c10::Storage();
+    job.staging.reset();
     {
       absl::MutexLock lock(&mu_);
       FinishCopy(job.record.get(), job.segment, status.ok() ? "" : status.ToString());
