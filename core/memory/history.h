@@ -25,7 +25,7 @@ enum class HistoryAction : uint8_t { kAlloc = 0, kFree = 1 };
 struct HistoryEntry {
   uint64_t addr = 0;
   int64_t size = 0;
-  int64_t time_us = 0;  // Unix epoch, microseconds.
+  int64_t time_us = 0;  // Unix epoch, microseconds (coarse clock, 1-4 ms steps).
   int64_t step = 0;     // CurrentStep() when the event happened.
   HistoryAction action = HistoryAction::kAlloc;
   int8_t device = kCpuDevice;

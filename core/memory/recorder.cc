@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,12 +24,20 @@ inline void UpdateMax(std::atomic<int64_t>& target, int64_t value) {
   }
 }
 
-// Unix epoch microseconds. system_clock rather than absl::GetCurrentTimeNanos:
-// 31 ns vs 70 ns per call measured here, and it runs once per recorded event.
+// Unix epoch microseconds, read once per recorded event. On Linux the coarse
+// real-time clock (one jiffy, 1-4 ms, of resolution): 4.5 ns per read here
+// against 31 ns for system_clock. Events keep their exact order in the ring;
+// the viewer's x axis is the event index, not the time.
 inline int64_t NowUs() {
+#ifdef CLOCK_REALTIME_COARSE
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+#else
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
+#endif
 }
 
 inline int PhaseIndex(Phase phase) {

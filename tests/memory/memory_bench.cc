@@ -72,6 +72,86 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// An MLP forward/backward/SGD loop with the trainer's phase markers, run with
+// history recording off and on, interleaved in rounds to spread machine noise
+// over both; prints medians, the ratio, and the overhead predicted from the
+// measured per-event cost.
+void StepBench(const char* name, int64_t in, int64_t hidden, int layers, int64_t batch,
+               double event_cost_ns) {
+  MemoryRecorder& g = MemoryRecorder::Global();
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp;
+  int64_t width = in;
+  for (int l = 0; l < layers; ++l) {
+    mlp->push_back(torch::nn::Linear(width, hidden));
+    mlp->push_back(torch::nn::ReLU());
+    width = hidden;
+  }
+  mlp->push_back(torch::nn::Linear(width, in));
+  torch::optim::SGD opt(mlp->parameters(), torch::optim::SGDOptions(0.01));
+  const torch::Tensor x = torch::randn({batch, in});
+  const torch::Tensor y = torch::randn({batch, in});
+  static int64_t step = 0;
+  auto run_step = [&] {
+    BeginStep(++step);
+    torch::Tensor loss;
+    {
+      PhaseScope fwd(Phase::kForward);
+      loss = torch::mse_loss(mlp->forward(x), y);
+    }
+    {
+      PhaseScope bwd(Phase::kBackward);
+      opt.zero_grad();
+      loss.backward();
+    }
+    {
+      PhaseScope o(Phase::kOptimizer);
+      opt.step();
+    }
+    EndStep(step);
+  };
+  for (int i = 0; i < 10; ++i) run_step();
+  // Aim at ~3 s per mode whatever the step time.
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 10; ++i) run_step();
+  const double step_s = Seconds(t0, Clock::now()) / 10;
+  const int rounds = 10;
+  const int steps_per_round = std::max(5, static_cast<int>(0.3 / step_s));
+  std::vector<double> off_ms, on_ms;
+  int64_t events_per_step = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (bool recording : {false, true}) {
+      if (recording) {
+        g.ClearHistory();
+        if (!g.StartRecording(1'000'000).ok()) std::abort();
+      }
+      const int64_t events0 = g.AllocCount(kCpuDevice) + g.FreeCount(kCpuDevice);
+      for (int i = 0; i < steps_per_round; ++i) {
+        const auto s0 = Clock::now();
+        run_step();
+        (recording ? on_ms : off_ms).push_back(Seconds(s0, Clock::now()) * 1e3);
+      }
+      events_per_step = (g.AllocCount(kCpuDevice) + g.FreeCount(kCpuDevice) - events0) /
+                        steps_per_round;
+      if (recording) g.StopRecording();
+    }
+  }
+  g.ClearHistory();
+  const double off = Median(off_ms);
+  const double on = Median(on_ms);
+  std::printf("\n[step] %s\n", name);
+  std::printf("  %lld alloc/free events per step; %d rounds x %d steps per mode\n",
+              static_cast<long long>(events_per_step), rounds, steps_per_round);
+  std::printf(
+      "  median step: recording off %.3f ms, on %.3f ms, on/off = %.4f (%+.2f%%)\n", off,
+      on, on / off, (on / off - 1) * 100);
+  std::printf(
+      "  predicted from per-event cost: %lld events x %.1f ns = %.4f ms (%+.3f%%)\n",
+      static_cast<long long>(events_per_step), event_cost_ns,
+      events_per_step * event_cost_ns * 1e-6,
+      events_per_step * event_cost_ns * 1e-6 / off * 100);
+}
+
 }  // namespace
 
 int main() {
@@ -109,67 +189,10 @@ int main() {
         bytes, raw, off, off / raw, on, on / raw);
   }
 
-  std::printf("\n[MLP step] Linear(512,2048)-ReLU-Linear(2048,512), batch 64, SGD\n");
-  torch::manual_seed(0);
-  torch::nn::Sequential mlp(torch::nn::Linear(512, 2048), torch::nn::ReLU(),
-                            torch::nn::Linear(2048, 512));
-  torch::optim::SGD opt(mlp->parameters(), torch::optim::SGDOptions(0.01));
-  const torch::Tensor x = torch::randn({64, 512});
-  const torch::Tensor y = torch::randn({64, 512});
-  int64_t step = 0;
-  auto run_step = [&] {
-    BeginStep(++step);
-    torch::Tensor loss;
-    {
-      PhaseScope fwd(Phase::kForward);
-      loss = torch::mse_loss(mlp->forward(x), y);
-    }
-    {
-      PhaseScope bwd(Phase::kBackward);
-      opt.zero_grad();
-      loss.backward();
-    }
-    {
-      PhaseScope o(Phase::kOptimizer);
-      opt.step();
-    }
-    EndStep(step);
-  };
-  for (int i = 0; i < 10; ++i) run_step();
-  constexpr int kRounds = 8;
-  constexpr int kStepsPerRound = 25;
-  std::vector<double> off_ms, on_ms;
-  int64_t events_per_step = 0;
-  for (int round = 0; round < kRounds; ++round) {
-    for (bool recording : {false, true}) {
-      if (recording) {
-        g.ClearHistory();
-        if (!g.StartRecording(1'000'000).ok()) return 1;
-      }
-      const int64_t events0 = g.AllocCount(kCpuDevice) + g.FreeCount(kCpuDevice);
-      for (int i = 0; i < kStepsPerRound; ++i) {
-        const auto t0 = Clock::now();
-        run_step();
-        (recording ? on_ms : off_ms).push_back(Seconds(t0, Clock::now()) * 1e3);
-      }
-      events_per_step =
-          (g.AllocCount(kCpuDevice) + g.FreeCount(kCpuDevice) - events0) / kStepsPerRound;
-      if (recording) g.StopRecording();
-    }
-  }
-  const double off = Median(off_ms);
-  const double on = Median(on_ms);
-  std::printf("  %lld alloc/free events per step; %d x %d steps per mode, interleaved\n",
-              static_cast<long long>(events_per_step), kRounds, kStepsPerRound);
-  std::printf(
-      "  median step: recording off %.3f ms, on %.3f ms, on/off = %.4f (%+.2f%%)\n", off,
-      on, on / off, (on / off - 1) * 100);
-  const auto stats = g.Stats();
-  std::printf("  last step %lld peak (cpu): %lld bytes; history dropped %lld\n",
-              static_cast<long long>(stats.last_step),
-              static_cast<long long>(stats.last_step_peaks.empty()
-                                         ? 0
-                                         : stats.last_step_peaks[0].peak_bytes),
-              static_cast<long long>(stats.history_dropped));
+  const double event_cost_ns = RecorderNsPerEvent(true, 1) - RecorderNsPerEvent(false, 1);
+  StepBench("wide MLP: Linear(512,2048)-ReLU-Linear(2048,512), batch 64", 512, 2048, 1,
+            64, event_cost_ns);
+  StepBench("deep MLP: 16 x (Linear(64,64)-ReLU), batch 8 (many small ops)", 64, 64, 16,
+            8, event_cost_ns);
   return 0;
 }
