@@ -259,47 +259,44 @@ class ReusingAllocator final : public c10::Allocator {
         blocks.pop_back();
       }
     }
-    if (data == nullptr) data = c10::alloc_cpu(bytes);
-    return c10::DataPtr(data, new Block{this, data, bytes}, &Release,
-                        c10::Device(c10::kCPU));
+    if (data == nullptr) {
+      data = c10::alloc_cpu(bytes);
+      std::lock_guard<std::mutex> lock(mu_);
+      sizes_[data] = bytes;
+    }
+    // The context is the data pointer, as raw_allocate requires.
+    return c10::DataPtr(data, data, &Release, c10::Device(c10::kCPU));
   }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
   // LibTorch 2.x's Allocator also requires this (no `override`: 1.13 lacks it).
   void copy_data(void* dest, const void* src, std::size_t count) const {
     std::memcpy(dest, src, count);
   }
+  static ReusingAllocator& Instance() {
+    static auto* allocator = new ReusingAllocator();
+    return *allocator;
+  }
 
  private:
-  struct Block {
-    const ReusingAllocator* owner;
-    void* data;
-    size_t bytes;
-  };
-  static void Release(void* ctx) {
-    auto* block = static_cast<Block*>(ctx);
-    {
-      std::lock_guard<std::mutex> lock(block->owner->mu_);
-      block->owner->free_[block->bytes].push_back(block->data);
-    }
-    delete block;
+  static void Release(void* data) {
+    ReusingAllocator& self = Instance();
+    std::lock_guard<std::mutex> lock(self.mu_);
+    self.free_[self.sizes_.at(data)].push_back(data);
   }
   mutable std::mutex mu_;
   mutable std::map<size_t, std::vector<void*>> free_;
+  mutable std::map<void*, size_t> sizes_;
 };
 
 // Installs ReusingAllocator as the CPU allocator for its lifetime.
 class ScopedReusingAllocator {
  public:
   ScopedReusingAllocator() : previous_(c10::GetCPUAllocator()) {
-    c10::SetCPUAllocator(&Instance(), /*priority=*/255);
+    c10::SetCPUAllocator(&ReusingAllocator::Instance(), /*priority=*/255);
   }
   ~ScopedReusingAllocator() { c10::SetCPUAllocator(previous_, /*priority=*/255); }
 
  private:
-  static ReusingAllocator& Instance() {
-    static auto* allocator = new ReusingAllocator();
-    return *allocator;
-  }
   c10::Allocator* previous_;
 };
 

@@ -1,0 +1,280 @@
+// Lifetimes, options and memory: nothing outlives the graph, the scope is
+// per thread, and offloading to disk removes saved activations from memory.
+
+#include <c10/core/CPUAllocator.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <atomic>
+#include <cstring>
+#include <iostream>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/offload/offloader.h"
+#include "offload_test_util.h"
+
+namespace memprofd::offload {
+namespace {
+
+using ::memprofd::offload::testing::MakeOffloader;
+
+TEST(OffloadLifecycleTest, CreateRejectsBadOptions) {
+  OffloadOptions options;
+  options.enabled = true;
+  options.max_fwd_stash = 0;
+  EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.max_fwd_stash = 5;
+  options.min_offload_bytes = -1;
+  EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.min_offload_bytes = 0;
+  options.spill_dir = "/nonexistent/memprofd";
+  EXPECT_FALSE(Offloader::Create(options, c10::Device(c10::kCPU)).ok());
+  options.spill_dir = "/tmp";
+  EXPECT_TRUE(Offloader::Create(options, c10::Device(c10::kCPU)).ok());
+#ifndef MEMPROFD_WITH_CUDA
+  EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCUDA, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+#endif
+  EXPECT_TRUE(InstallOffloadEngine().ok());  // idempotent
+}
+
+TEST(OffloadLifecycleTest, UnusedBranchFreesEverything) {
+  torch::manual_seed(5);
+  torch::nn::Linear used(8, 8);
+  torch::nn::Linear unused(8, 8);
+  const at::Tensor x = torch::randn({4, 8});
+  std::vector<at::Tensor> params = used->parameters();
+  for (const at::Tensor& p : unused->parameters()) params.push_back(p);
+  for (const Target target : {Target::kDisk, Target::kHost}) {
+    auto offloader = MakeOffloader(target, 0);
+    for (int step = 0; step < 3; ++step) {
+      offloader->BeginStep(params);
+      at::Tensor loss;
+      at::Tensor dead;
+      {
+        OffloadScope scope(offloader.get());
+        at::Tensor h = torch::tanh(x * 2);
+        loss = torch::relu(used->forward(h)).sum();
+        dead = torch::sigmoid(unused->forward(h * h)).sum();  // never backwarded
+      }
+      loss.backward();
+      offloader->Flush();
+      // The unused branch still holds its saved tensors...
+      EXPECT_GT(offloader->resident_saved_bytes() + offloader->disk_bytes_held(), 0);
+      dead.reset();
+      loss.reset();
+      // ...and gives everything back with its graph.
+      EXPECT_EQ(offloader->disk_bytes_held(), 0);
+      EXPECT_EQ(offloader->spill_file_bytes(), 0);
+      EXPECT_EQ(offloader->host_bytes_held(), 0);
+      EXPECT_EQ(offloader->resident_saved_bytes(), 0);
+      const OffloadStats stats = offloader->EndStep();
+      if (target == Target::kDisk) {
+        EXPECT_GT(stats.tensors_offloaded, 0);
+      } else {
+        EXPECT_GT(stats.skipped_on_target, 0);
+      }
+    }
+  }
+}
+
+TEST(OffloadLifecycleTest, SavedTensorsOutliveTheOffloader) {
+  at::Tensor w = torch::randn({32, 32}, torch::requires_grad());
+  at::Tensor loss;
+  {
+    auto offloader = MakeOffloader(Target::kDisk, 0);
+    offloader->BeginStep({w});
+    OffloadScope scope(offloader.get());
+    loss = torch::exp(torch::mm(torch::ones({4, 32}) * 0.01, w)).sum();
+  }
+  loss.backward();
+  at::Tensor expected = w.grad().clone();
+  w.mutable_grad().reset();
+  torch::exp(torch::mm(torch::ones({4, 32}) * 0.01, w)).sum().backward();
+  EXPECT_TRUE(torch::equal(expected, w.grad()));
+}
+
+TEST(OffloadLifecycleTest, ScopeIsPerThreadAndNullIsANoOp) {
+  auto offloader = MakeOffloader(Target::kDisk, 0);
+  at::Tensor a = torch::randn({16, 16}, torch::requires_grad());
+  offloader->BeginStep({a});
+  {
+    OffloadScope scope(offloader.get());
+    std::thread other([&] { torch::exp(a * 2).sum().backward(); });
+    other.join();
+    {
+      OffloadScope none(nullptr);  // keeps the enclosing scope
+      torch::exp(a * 2).sum().backward();
+    }
+  }
+  torch::exp(a * 2).sum().backward();  // outside any scope
+  const OffloadStats stats = offloader->EndStep();
+  // Only the exp result of the forward on this thread inside the (null,
+  // hence still enclosing) scope; not the other thread's, not the unscoped one.
+  EXPECT_EQ(stats.tensors_offloaded, 1);
+  EXPECT_EQ(stats.tensors_seen, 1);
+  const OffloadStats totals = offloader->Totals();
+  EXPECT_EQ(totals.tensors_offloaded, 1);
+  EXPECT_EQ(offloader->EndStep().tensors_seen, 0);  // counters restart per step
+}
+
+TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
+  auto offloader = MakeOffloader(Target::kDisk, 0, /*enabled=*/false);
+  at::Tensor a = torch::randn({16, 16}, torch::requires_grad());
+  offloader->BeginStep({a});
+  at::Tensor loss;
+  {
+    OffloadScope scope(offloader.get());
+    loss = torch::exp(a * 2).sum();
+  }
+  EXPECT_EQ(offloader->resident_saved_bytes(), 16 * 16 * 4);
+  loss.backward();
+  const OffloadStats stats = offloader->EndStep();
+  EXPECT_EQ(stats.bytes_out, 0);
+  EXPECT_EQ(stats.skipped_disabled, 1);
+  EXPECT_EQ(stats.peak_resident_saved_bytes, 16 * 16 * 4);
+  EXPECT_EQ(stats.anchor_bytes_out, 16 * 16 * 4);
+}
+
+// Counts live CPU bytes, on top of the allocator it replaces. The context of
+// each DataPtr is its data pointer (raw_allocate requires it).
+class CountingAllocator final : public c10::Allocator {
+ public:
+  explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t bytes) const override {
+    c10::DataPtr inner = base_->allocate(bytes);
+    void* data = inner.get();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      live_ += static_cast<int64_t>(bytes);
+      blocks_.emplace(data, std::make_pair(std::move(inner), bytes));
+    }
+    return c10::DataPtr(data, data, &Release, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &Release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const {
+    std::memcpy(dest, src, count);
+  }
+  int64_t live() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return live_;
+  }
+  static CountingAllocator*& Instance() {
+    static CountingAllocator* instance = nullptr;
+    return instance;
+  }
+
+ private:
+  static void Release(void* data) {
+    CountingAllocator* self = Instance();
+    c10::DataPtr inner;
+    {
+      std::lock_guard<std::mutex> lock(self->mu_);
+      auto it = self->blocks_.find(data);
+      self->live_ -= static_cast<int64_t>(it->second.second);
+      inner = std::move(it->second.first);
+      self->blocks_.erase(it);
+    }
+  }
+  c10::Allocator* base_;
+  mutable std::mutex mu_;
+  mutable int64_t live_ = 0;
+  mutable std::unordered_map<void*, std::pair<c10::DataPtr, size_t>> blocks_;
+};
+
+// A small pre-norm transformer stack: attention and an MLP per block.
+struct Block : torch::nn::Module {
+  explicit Block(int64_t d)
+      : ln1(register_module("ln1",
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        qkv(register_module("qkv", torch::nn::Linear(d, 3 * d))),
+        proj(register_module("proj", torch::nn::Linear(d, d))),
+        ln2(register_module("ln2",
+                            torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})))),
+        fc1(register_module("fc1", torch::nn::Linear(d, 4 * d))),
+        fc2(register_module("fc2", torch::nn::Linear(4 * d, d))) {}
+  at::Tensor forward(at::Tensor x) {
+    auto parts = qkv->forward(ln1->forward(x)).chunk(3, -1);
+    at::Tensor scores = torch::matmul(parts[0], parts[1].transpose(-2, -1)) / 8.0;
+    x = x + proj->forward(torch::matmul(torch::softmax(scores, -1), parts[2]));
+    return x + fc2->forward(torch::gelu(fc1->forward(ln2->forward(x))));
+  }
+  torch::nn::LayerNorm ln1;
+  torch::nn::Linear qkv, proj;
+  torch::nn::LayerNorm ln2;
+  torch::nn::Linear fc1, fc2;
+};
+
+TEST(OffloadLifecycleTest, DiskTargetDropsResidentSavedBytesBy70Percent) {
+  torch::manual_seed(1);
+  std::vector<std::shared_ptr<Block>> blocks;
+  std::vector<at::Tensor> params;
+  for (int i = 0; i < 4; ++i) {
+    blocks.push_back(std::make_shared<Block>(64));
+    for (const at::Tensor& p : blocks.back()->parameters()) params.push_back(p);
+  }
+  const at::Tensor input = torch::randn({4, 64, 64});
+  if (CountingAllocator::Instance() == nullptr) {
+    CountingAllocator::Instance() = new CountingAllocator(c10::GetCPUAllocator());
+  }
+  CountingAllocator* counting = CountingAllocator::Instance();
+  c10::Allocator* previous = c10::GetCPUAllocator();
+  c10::SetCPUAllocator(counting, /*priority=*/255);
+
+  struct Measure {
+    int64_t accounted = 0;     // offloader's resident bytes at the end of forward
+    int64_t allocated = 0;     // allocator's live bytes added by forward
+    int64_t after_writes = 0;  // same, once queued writes are done
+    std::vector<at::Tensor> grads;
+  };
+  auto run = [&](bool enabled) {
+    auto offloader = MakeOffloader(Target::kDisk, 1024, enabled);
+    offloader->BeginStep(params);
+    Measure m;
+    const int64_t before = counting->live();
+    at::Tensor loss;
+    {
+      OffloadScope scope(offloader.get());
+      at::Tensor x = input * 1;
+      for (auto& b : blocks) x = b->forward(x);
+      loss = x.pow(2).mean();
+    }
+    m.accounted = offloader->resident_saved_bytes();
+    m.allocated = counting->live() - before;
+    offloader->Flush();
+    m.after_writes = counting->live() - before;
+    loss.backward();
+    for (const at::Tensor& p : params) {
+      m.grads.push_back(p.grad().clone());
+      p.mutable_grad().reset();
+    }
+    offloader->EndStep();
+    return m;
+  };
+  const Measure off = run(false);
+  const Measure disk = run(true);
+  c10::SetCPUAllocator(previous, /*priority=*/255);
+
+  for (size_t i = 0; i < params.size(); ++i) {
+    EXPECT_TRUE(torch::equal(off.grads[i], disk.grads[i])) << "parameter " << i;
+  }
+  std::cout << "resident saved bytes at end of forward: off " << off.accounted << " disk "
+            << disk.accounted << " (allocator: off " << off.allocated << " disk "
+            << disk.allocated << ", " << disk.after_writes << " after writes)\n";
+  EXPECT_GT(off.accounted, 1 << 20);
+  EXPECT_LE(disk.accounted, off.accounted * 3 / 10);
+  // The accounting matches what the allocator holds for the graph.
+  EXPECT_GE(off.accounted, off.allocated * 9 / 10);
+  EXPECT_LE(off.accounted, off.allocated);
+  EXPECT_LE(disk.allocated, off.allocated * 3 / 10);
+  EXPECT_LE(disk.after_writes, off.allocated / 10);
+}
+
+}  // namespace
+}  // namespace memprofd::offload
