@@ -52,26 +52,44 @@ struct Origin {
   int64_t step = 0;
 };
 
-void WriteFrames(PickleWriter& w, const Origin& o) {
-  w.BeginList();
-  if (o.known) {
-    w.BeginDict();
-    w.Key("filename");
-    w.Str("memprofd");
-    w.Key("line");
-    w.Int(o.step);
-    w.Key("name");
-    w.Str(absl::StrCat(PhaseName(o.phase), " step ", o.step));
-    w.EndDict();
+// Writes an event's frames list: one frame naming the phase and step, or an
+// empty list when the origin is unknown. Each distinct list is written once
+// and referenced from the pickle memo afterwards.
+class FramesWriter {
+ public:
+  void Write(PickleWriter& w, const Origin& o) {
+    const std::pair<int, int64_t> key =
+        o.known ? std::make_pair(static_cast<int>(o.phase), o.step)
+                : std::make_pair(-1, 0L);
+    auto it = memo_.find(key);
+    if (it != memo_.end()) {
+      w.Recall(it->second);
+      return;
+    }
+    w.BeginList();
+    if (o.known) {
+      w.BeginDict();
+      w.Key("filename");
+      w.InternedStr("memprofd");
+      w.Key("line");
+      w.Int(o.step);
+      w.Key("name");
+      w.Str(absl::StrCat(PhaseName(o.phase), " step ", o.step));
+      w.EndDict();
+    }
+    w.EndList();
+    memo_.emplace(key, w.Remember());
   }
-  w.EndList();
-}
 
-void WriteTraceEntry(PickleWriter& w, const char* action, uint64_t addr, int64_t size,
-                     int64_t time_us, const Origin& origin) {
+ private:
+  absl::flat_hash_map<std::pair<int, int64_t>, int64_t> memo_;
+};
+
+void WriteTraceEntry(PickleWriter& w, FramesWriter& frames, const char* action,
+                     uint64_t addr, int64_t size, int64_t time_us, const Origin& origin) {
   w.BeginDict();
   w.Key("action");
-  w.Str(action);
+  w.InternedStr(action);
   w.Key("addr");
   w.UInt(addr);
   w.Key("size");
@@ -81,7 +99,7 @@ void WriteTraceEntry(PickleWriter& w, const char* action, uint64_t addr, int64_t
   w.Key("time_us");
   w.Int(time_us);
   w.Key("frames");
-  WriteFrames(w, origin);
+  frames.Write(w, origin);
   w.EndDict();
 }
 
@@ -96,8 +114,8 @@ struct CpuSegment {
   uint64_t end = 0;
 };
 
-void WriteSegment(PickleWriter& w, int device, uint64_t address, int64_t total_size,
-                  int64_t stream, const std::vector<VizBlock>& blocks,
+void WriteSegment(PickleWriter& w, FramesWriter& frames, int device, uint64_t address,
+                  int64_t total_size, int64_t stream, const std::vector<VizBlock>& blocks,
                   const std::vector<uint64_t>& block_addrs,
                   const std::vector<Origin>& block_origins) {
   int64_t allocated = 0;
@@ -120,14 +138,13 @@ void WriteSegment(PickleWriter& w, int device, uint64_t address, int64_t total_s
   w.Key("stream");
   w.Int(stream);
   w.Key("segment_type");
-  w.Str("large");
+  w.InternedStr("large");
   w.Key("segment_pool_id");
   w.IntPair(0, 0);
   w.Key("is_expandable");
   w.Bool(false);
   w.Key("frames");
-  w.BeginList();
-  w.EndList();
+  frames.Write(w, Origin{});
   w.Key("blocks");
   w.BeginList();
   for (size_t i = 0; i < blocks.size(); ++i) {
@@ -140,9 +157,9 @@ void WriteSegment(PickleWriter& w, int device, uint64_t address, int64_t total_s
     w.Key("requested_size");
     w.Int(b.requested_size);
     w.Key("state");
-    w.Str(StateName(b.state));
+    w.InternedStr(StateName(b.state));
     w.Key("frames");
-    WriteFrames(w, block_origins[i]);
+    frames.Write(w, block_origins[i]);
     w.EndDict();
   }
   w.EndList();
@@ -151,7 +168,7 @@ void WriteSegment(PickleWriter& w, int device, uint64_t address, int64_t total_s
 
 // CPU segments: the union of live blocks and traced ranges, merged across
 // gaps up to kCpuSegmentMergeGap, tiled with the live blocks.
-void WriteCpuSegments(PickleWriter& w, int viz_device,
+void WriteCpuSegments(PickleWriter& w, FramesWriter& frames, int viz_device,
                       const std::map<uint64_t, LiveInfo>& live,
                       const std::vector<HistoryEntry>& cpu_events) {
   std::vector<CpuSegment> ranges;
@@ -203,8 +220,8 @@ void WriteCpuSegments(PickleWriter& w, int viz_device,
       addrs.push_back(cursor);
       origins.push_back({});
     }
-    WriteSegment(w, viz_device, seg.start, static_cast<int64_t>(seg.end - seg.start), 0,
-                 blocks, addrs, origins);
+    WriteSegment(w, frames, viz_device, seg.start,
+                 static_cast<int64_t>(seg.end - seg.start), 0, blocks, addrs, origins);
   }
 }
 
@@ -240,6 +257,7 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
   }
 
   PickleWriter w;
+  FramesWriter frames;
   w.BeginDict();
   w.Key("segments");
   w.BeginList();
@@ -250,10 +268,10 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
       addrs.push_back(a);
       a += static_cast<uint64_t>(b.size);
     }
-    WriteSegment(w, s.device, s.address, s.total_size, s.stream, s.blocks, addrs,
+    WriteSegment(w, frames, s.device, s.address, s.total_size, s.stream, s.blocks, addrs,
                  std::vector<Origin>(s.blocks.size()));
   }
-  WriteCpuSegments(w, cpu_viz_device, live, cpu_events);
+  WriteCpuSegments(w, frames, cpu_viz_device, live, cpu_events);
   w.EndList();
 
   w.Key("device_traces");
@@ -262,17 +280,18 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
     w.BeginList();
     if (d < cpu_viz_device && static_cast<size_t>(d) < in.cuda.device_traces.size()) {
       for (const VizTraceEntry& t : in.cuda.device_traces[static_cast<size_t>(d)]) {
-        WriteTraceEntry(w, ActionName(t.action), t.addr, t.size, t.time_us, Origin{});
+        WriteTraceEntry(w, frames, ActionName(t.action), t.addr, t.size, t.time_us,
+                        Origin{});
       }
     }
     for (const HistoryEntry& e : in.history) {
       if (viz_device(e.device) != d) continue;
       const Origin origin{true, e.phase, e.step};
       if (e.action == HistoryAction::kAlloc) {
-        WriteTraceEntry(w, "alloc", e.addr, e.size, e.time_us, origin);
+        WriteTraceEntry(w, frames, "alloc", e.addr, e.size, e.time_us, origin);
       } else {
-        WriteTraceEntry(w, "free_requested", e.addr, e.size, e.time_us, origin);
-        WriteTraceEntry(w, "free_completed", e.addr, e.size, e.time_us, origin);
+        WriteTraceEntry(w, frames, "free_requested", e.addr, e.size, e.time_us, origin);
+        WriteTraceEntry(w, frames, "free_completed", e.addr, e.size, e.time_us, origin);
       }
     }
     w.EndList();

@@ -25,6 +25,10 @@ constexpr char kBinFloat = 'G';
 constexpr char kNewTrue = '\x88';
 constexpr char kNewFalse = '\x89';
 constexpr char kNone = 'N';
+constexpr char kBinPut = 'q';
+constexpr char kLongBinPut = 'r';
+constexpr char kBinGet = 'h';
+constexpr char kLongBinGet = 'j';
 
 }  // namespace
 
@@ -93,6 +97,39 @@ void PickleWriter::Str(absl::string_view s) {
   Put(kBinUnicode);
   PutLe(s.size(), 4);
   out_.append(s.data(), s.size());
+}
+
+void PickleWriter::InternedStr(absl::string_view s) {
+  auto it = interned_.find(s);
+  if (it != interned_.end()) {
+    Recall(it->second);
+    return;
+  }
+  Str(s);
+  interned_.emplace(std::string(s), Remember());
+}
+
+int64_t PickleWriter::Remember() {
+  const int64_t id = next_memo_++;
+  if (id < 0x100) {
+    Put(kBinPut);
+    PutLe(static_cast<uint64_t>(id), 1);
+  } else {
+    Put(kLongBinPut);
+    PutLe(static_cast<uint64_t>(id), 4);
+  }
+  return id;
+}
+
+void PickleWriter::Recall(int64_t id) {
+  OnValue();
+  if (id < 0x100) {
+    Put(kBinGet);
+    PutLe(static_cast<uint64_t>(id), 1);
+  } else {
+    Put(kLongBinGet);
+    PutLe(static_cast<uint64_t>(id), 4);
+  }
 }
 
 void PickleWriter::Int(int64_t v) {
@@ -170,6 +207,8 @@ std::string PickleWriter::Finish() {
   out_.clear();
   stack_.clear();
   error_ = false;
+  next_memo_ = 0;
+  interned_.clear();
   Put(kProto);
   Put('\x02');
   return result;

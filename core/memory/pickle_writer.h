@@ -2,15 +2,17 @@
 #define MEMPROFD_CORE_MEMORY_PICKLE_WRITER_H_
 
 // A minimal writer of Python pickle protocol 2 for plain data: dicts, lists,
-// 2-tuples, str, int (any int64), float, bool and None. It emits no GLOBAL,
-// REDUCE or memo opcodes, so that Python's pickle.load reads the result
-// without importing anything and PyTorch's MemoryViz.js unpickler (protocol
-// 2-4, a fixed opcode subset) parses it. No LibTorch.
+// 2-tuples, str, int (any int64), float, bool and None, with memo references
+// for repeated values. It emits no GLOBAL or REDUCE, so that Python's
+// pickle.load reads the result without importing anything, and only opcodes
+// PyTorch's MemoryViz.js unpickler (protocol 2-4, a fixed subset) knows.
+// No LibTorch.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 
 namespace memprofd {
@@ -38,13 +40,22 @@ class PickleWriter {
   void IntPair(int64_t a, int64_t b);
 
   void Str(absl::string_view s);
-  // Dict keys are ordinary values; Key() is Str() for readability.
-  void Key(absl::string_view s) { Str(s); }
+  // A string written once and referenced from the memo afterwards (2-5 bytes
+  // instead of 5 + size): for dict keys and enum-like values that repeat.
+  // Keeps every distinct string in memory, so use it for few distinct values.
+  void InternedStr(absl::string_view s);
+  void Key(absl::string_view s) { InternedStr(s); }
   void Int(int64_t v);
   void UInt(uint64_t v);
   void Float(double v);
   void Bool(bool v);
   void None();
+
+  // Memoizes the value written last (a finished container or scalar) and
+  // returns its id; Recall(id) then writes that same object again by
+  // reference (BINGET), e.g. one frames list shared by many trace entries.
+  int64_t Remember();
+  void Recall(int64_t id);
 
   // Appends STOP and returns the pickle; empty when the containers were
   // unbalanced. The writer is left empty.
@@ -62,6 +73,8 @@ class PickleWriter {
 
   std::string out_;
   std::vector<Frame> stack_;
+  int64_t next_memo_ = 0;
+  absl::flat_hash_map<std::string, int64_t> interned_;
   bool error_ = false;
 };
 

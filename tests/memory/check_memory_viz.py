@@ -7,6 +7,7 @@
 Exit status 1 with a message on the first problem."""
 import json
 import pickle
+import pickletools
 import sys
 
 TRACE_ACTIONS = {"alloc", "free_requested", "free_completed", "segment_alloc",
@@ -15,6 +16,14 @@ BLOCK_STATES = {"active_allocated", "active_pending_free", "inactive"}
 SEGMENT_KEYS = {"device", "address", "total_size", "allocated_size", "active_size",
                 "requested_size", "stream", "segment_type", "segment_pool_id",
                 "is_expandable", "frames", "blocks"}
+
+
+# The opcodes MemoryViz.js's unpickle() implements (torch/utils/viz/MemoryViz.js).
+VIEWER_OPCODES = {"PROTO", "STOP", "MARK", "EMPTY_DICT", "SETITEMS", "SETITEM", "DICT",
+                  "EMPTY_LIST", "APPENDS", "APPEND", "LIST", "TUPLE", "TUPLE1", "TUPLE2",
+                  "TUPLE3", "EMPTY_TUPLE", "BINUNICODE", "SHORT_BINUNICODE", "BININT",
+                  "BININT1", "BININT2", "LONG1", "BINFLOAT", "NEWTRUE", "NEWFALSE", "NONE",
+                  "BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "MEMOIZE", "FRAME"}
 
 
 class Bad(Exception):
@@ -141,7 +150,11 @@ def check_with_torch(d):
 
 def main():
     try:
-        d = pickle.load(open(sys.argv[1], "rb"))
+        data = open(sys.argv[1], "rb").read()
+        need(data[:2] in (b"\x80\x02", b"\x80\x03", b"\x80\x04"), "not protocol 2-4")
+        for op, _, pos in pickletools.genops(data):
+            need(op.name in VIEWER_OPCODES, "opcode %s at %d unknown to the viewer" % (op.name, pos))
+        d = pickle.loads(data)
         summary = check(d)
         if "--torch" in sys.argv[2:]:
             check_with_torch(d)

@@ -14,6 +14,7 @@ EXPECTED = {
     "pair": (0, 7),
     "long_list": list(range(2500)),
     "big_dict": {"k%d" % i: i for i in range(2100)},
+    "shared": [[1], [1], "k5", "k2000"],
     "nested": {"a": [{"b": []}, {}], "empty": []},
 }
 
@@ -25,7 +26,8 @@ def main():
         return 1
     allowed = {"PROTO", "STOP", "MARK", "EMPTY_DICT", "SETITEMS", "EMPTY_LIST",
                "APPENDS", "TUPLE2", "BINUNICODE", "BININT1", "BININT2", "BININT",
-               "LONG1", "BINFLOAT", "NEWTRUE", "NEWFALSE", "NONE"}
+               "LONG1", "BINFLOAT", "NEWTRUE", "NEWFALSE", "NONE", "BINPUT",
+               "LONG_BINPUT", "BINGET", "LONG_BINGET"}
     for op, _, _ in pickletools.genops(data):
         if op.name not in allowed:
             print("unexpected opcode " + op.name)
@@ -36,6 +38,13 @@ def main():
             if got.get(k) != EXPECTED[k]:
                 print("mismatch in %s: got %r" % (k, got.get(k)))
         print("extra keys: %r" % (set(got) - set(EXPECTED)))
+        return 1
+    if got["shared"][0] is not got["shared"][1]:
+        print("recalled list is a copy, not the memoized object")
+        return 1
+    ops = {op.name for op, _, _ in pickletools.genops(data)}
+    if not {"BINPUT", "LONG_BINPUT", "BINGET", "LONG_BINGET", "LONG1"} <= ops:
+        print("memo/long opcodes not exercised: %r" % sorted(ops))
         return 1
     print("OK")
     return 0

@@ -146,6 +146,24 @@ TEST(CountingCpuAllocatorTest, LiveBlocksListExactlyTheLiveAllocations) {
   EXPECT_EQ(find(), 0);
 }
 
+TEST(CountingCpuAllocatorTest, AutogradBackwardReturnsToBaseline) {
+  EnsureAccountingInstalled();
+  const int64_t base = R().CurrentBytes(kCpuDevice);
+  const int64_t allocs0 = R().AllocCount(kCpuDevice);
+  const int64_t frees0 = R().FreeCount(kCpuDevice);
+  {
+    at::Tensor w = at::randn({32, 32}).requires_grad_(true);
+    at::Tensor x = at::randn({8, 32});
+    at::Tensor loss = at::matmul(x, w).tanh().pow(2).sum();
+    loss.backward();
+    EXPECT_TRUE(w.grad().defined());
+    EXPECT_GT(R().CurrentBytes(kCpuDevice), base);
+  }
+  EXPECT_EQ(R().CurrentBytes(kCpuDevice), base);
+  EXPECT_GT(R().AllocCount(kCpuDevice) - allocs0, 5);
+  EXPECT_EQ(R().AllocCount(kCpuDevice) - allocs0, R().FreeCount(kCpuDevice) - frees0);
+}
+
 TEST(CountingCpuAllocatorTest, ZeroByteTensorsAreNotEvents) {
   EnsureAccountingInstalled();
   const int64_t allocs0 = R().AllocCount(kCpuDevice);

@@ -20,6 +20,7 @@
 
 #include "core/common/phase.h"
 #include "core/memory/install.h"
+#include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
 
 namespace {
@@ -194,5 +195,25 @@ int main() {
             64, event_cost_ns);
   StepBench("deep MLP: 16 x (Linear(64,64)-ReLU), batch 8 (many small ops)", 64, 64, 16,
             8, event_cost_ns);
+
+  // Dump cost: a full 100k-entry ring of 256-byte alloc/free pairs.
+  {
+    memprofd::memory::MemoryVizInput in;
+    for (int i = 0; i < 100000; ++i) {
+      memprofd::memory::HistoryEntry e;
+      e.addr = 0x7f0000000000ull + 4096ull * static_cast<uint64_t>(i / 2 % 1000);
+      e.size = 256;
+      e.time_us = 1700000000000000 + i;
+      e.step = i / 1000;
+      e.phase = Phase::kForward;
+      e.action = i % 2 == 0 ? memprofd::memory::HistoryAction::kAlloc
+                            : memprofd::memory::HistoryAction::kFree;
+      in.history.push_back(e);
+    }
+    const auto t0 = Clock::now();
+    const std::string pickle = memprofd::memory::BuildMemoryVizPickle(in);
+    std::printf("\n[dump] 100000-entry history -> %.1f MB pickle in %.1f ms\n",
+                pickle.size() / 1e6, Seconds(t0, Clock::now()) * 1e3);
+  }
   return 0;
 }

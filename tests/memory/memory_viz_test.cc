@@ -90,6 +90,17 @@ TEST(PickleWriterTest, PythonLoadsEveryValueKindWithoutTorch) {
     w.Int(i);
   }
   w.EndDict();
+  w.Key("shared");
+  w.BeginList();
+  w.BeginList();
+  w.Int(1);
+  w.EndList();
+  const int64_t id = w.Remember();
+  EXPECT_GT(id, 2100);  // past 255: LONG_BINPUT / LONG_BINGET
+  w.Recall(id);
+  w.InternedStr("k5");     // BINGET of an early key
+  w.InternedStr("k2000");  // LONG_BINGET
+  w.EndList();
   w.Key("nested");
   w.BeginDict();
   w.Key("a");
