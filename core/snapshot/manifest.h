@@ -38,7 +38,9 @@ struct SnapshotManifest {
   bool dropped_tied_lm_head = false;
   double duration_seconds = 0;
   double throughput_bytes_per_second = 0;
-  // Host memory the writer allocated: the staging buffer, allocated once.
+  // Host memory the writer allocated: the staging buffer (allocated once, at
+  // the first tensor that needs it: a device tensor, a dtype conversion or a
+  // non-contiguous layout; 0 when every tensor was written from its memory).
   int64_t peak_extra_host_bytes = 0;
   // Device temporaries LibTorch may have made (non-contiguous device tensors:
   // one chunk); 0 for CPU and disk sources.

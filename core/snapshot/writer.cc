@@ -212,7 +212,6 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   manifest.dtype = std::string(SnapshotDtypeName(options.dtype));
   manifest.max_shard_size = options.max_shard_size;
   manifest.dropped_tied_lm_head = dropped_head;
-  manifest.peak_extra_host_bytes = staging->bytes();
   manifest.staging_bytes = staging->bytes();
   manifest.global_step = options.global_step;
   manifest.create_time = start;
@@ -249,6 +248,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   };
   if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
   if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
+  manifest.peak_extra_host_bytes = staging->allocated_bytes();
   manifest.peak_extra_device_bytes = staging->peak_device_temp_bytes();
   for (const SnapshotFile& f : manifest.files) manifest.bytes_written += f.bytes;
   manifest.duration_seconds = absl::ToDoubleSeconds(absl::Now() - start);

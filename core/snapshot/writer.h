@@ -26,8 +26,10 @@ using SnapshotProgressFn = std::function<void(int64_t bytes_written, int64_t tot
 using SnapshotCancelFn = std::function<bool()>;
 
 // Writes snapshots under one root directory. Memory: the only host memory it
-// allocates is the staging buffer (options.staging_bytes, once per
-// snapshot), whatever the model size; it never copies a whole tensor.
+// allocates is the staging buffer (options.staging_bytes, at most once per
+// snapshot, only when some tensor needs it: see StagingBuffer), whatever the
+// model size; it never copies a whole tensor. Host tensors already in the
+// output dtype are written straight from their memory.
 // Atomicity: a snapshot is written into `<root>/.tmp-<name>-XXXXXX`, every
 // file and the directory fsynced, then renamed to `<root>/<name>` (never
 // replacing anything) and the root fsynced; any failure, cancellation or

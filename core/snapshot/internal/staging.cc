@@ -52,18 +52,33 @@ absl::StatusOr<std::unique_ptr<StagingBuffer>> StagingBuffer::Create(int64_t byt
                                                    " bytes is too small; use at least ",
                                                    kMinBytes, " (default 64 MiB)"));
   }
-  at::Tensor buffer;
-  RETURN_IF_ERROR(
-      TorchBoundary(absl::StrCat("allocating a ", bytes, "-byte staging buffer"), [&] {
-        buffer = at::empty({bytes},
-                           at::TensorOptions().dtype(at::kByte).pinned_memory(pinned));
-      }));
-  return std::unique_ptr<StagingBuffer>(new StagingBuffer(std::move(buffer), bytes));
+  return std::unique_ptr<StagingBuffer>(new StagingBuffer(bytes, pinned));
+}
+
+absl::Status StagingBuffer::EnsureAllocated() {
+  if (buffer_.defined()) return absl::OkStatus();
+  return TorchBoundary(
+      absl::StrCat("allocating a ", bytes_, "-byte staging buffer"), [&] {
+        buffer_ = at::empty({bytes_},
+                            at::TensorOptions().dtype(at::kByte).pinned_memory(pinned_));
+      });
 }
 
 absl::Status StagingBuffer::Stream(
     const at::Tensor& src, at::ScalarType out_dtype,
     absl::FunctionRef<absl::Status(const void*, size_t)> sink) {
+  if (src.device().is_cpu() && src.scalar_type() == out_dtype && src.is_contiguous() &&
+      !src.is_conj() && !src.is_neg()) {
+    // Already host bytes in the file's form: no copy at all.
+    const char* data = static_cast<const char*>(src.data_ptr());
+    const int64_t total = static_cast<int64_t>(src.nbytes());
+    for (int64_t off = 0; off < total; off += bytes_) {
+      RETURN_IF_ERROR(
+          sink(data + off, static_cast<size_t>(std::min(bytes_, total - off))));
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(EnsureAllocated());
   const int64_t out_size = static_cast<int64_t>(c10::elementSize(out_dtype));
   const bool two_regions = !src.device().is_cpu() && src.scalar_type() != out_dtype;
   const int64_t per_elem =
