@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -155,11 +156,50 @@ void StepBench(const char* name, int64_t in, int64_t hidden, int layers, int64_t
 
 }  // namespace
 
-int main() {
+// `memory_bench --dump FILE`: records three steps of a small MLP and writes
+// the memory_viz pickle, to open in pytorch.org/memory_viz.
+static int DumpSample(const char* path) {
+  MemoryRecorder& g = MemoryRecorder::Global();
+  torch::nn::Sequential mlp(torch::nn::Linear(64, 256), torch::nn::ReLU(),
+                            torch::nn::Linear(256, 64));
+  torch::optim::SGD opt(mlp->parameters(), torch::optim::SGDOptions(0.01));
+  if (!g.StartRecording(100000).ok()) return 1;
+  for (int64_t step = 1; step <= 3; ++step) {
+    BeginStep(step);
+    torch::Tensor loss;
+    {
+      PhaseScope fwd(Phase::kForward);
+      loss =
+          torch::mse_loss(mlp->forward(torch::randn({16, 64})), torch::zeros({16, 64}));
+    }
+    {
+      PhaseScope bwd(Phase::kBackward);
+      opt.zero_grad();
+      loss.backward();
+    }
+    {
+      PhaseScope o(Phase::kOptimizer);
+      opt.step();
+    }
+    EndStep(step);
+  }
+  const std::string pickle = memprofd::memory::CaptureMemoryVizPickle();
+  FILE* f = std::fopen(path, "wb");
+  if (f == nullptr || std::fwrite(pickle.data(), 1, pickle.size(), f) != pickle.size()) {
+    std::fprintf(stderr, "cannot write %s\n", path);
+    return 1;
+  }
+  std::fclose(f);
+  std::printf("wrote %zu bytes to %s\n", pickle.size(), path);
+  return 0;
+}
+
+int main(int argc, char** argv) {
   if (!memprofd::memory::InstallMemoryAccounting().ok()) {
     std::fprintf(stderr, "could not install the counting CPU allocator\n");
     return 1;
   }
+  if (argc == 3 && std::string(argv[1]) == "--dump") return DumpSample(argv[2]);
   MemoryRecorder& g = MemoryRecorder::Global();
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("memory_bench: LibTorch threads=%d, OMP_NUM_THREADS=%s, hw threads=%u\n",
