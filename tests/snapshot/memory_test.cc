@@ -142,6 +142,48 @@ TEST_F(MemoryTest, NonContiguousAndMappedSourcesAddNothing) {
   }
 }
 
+TEST_F(MemoryTest, MixedPlacementStaysWithinStagingForModelsFourTimesApart) {
+  // Layers held as CPU parameters, as non-contiguous views and as mapped
+  // ("disk") tensors in one state dict, written as bf16: the extra host
+  // memory is at most the staging buffer plus 1 MiB whatever the size.
+  SnapshotOptions o;
+  o.staging_bytes = 64 << 10;
+  o.dtype = SnapshotDtype::kBFloat16;
+  int64_t sizes[2] = {0, 0};
+  int64_t extras[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const int layers = k == 0 ? 1 : 10;
+    TensorList model = testing::MakeModel(3, layers, 128, 256);
+    for (auto& [name, t] : model) sizes[k] += t.nbytes();
+    // The second half of the state dict goes to "disk".
+    const size_t half = model.size() / 2;
+    TensorList disk(model.begin() + half, model.end());
+    const std::string disk_name = k == 0 ? "disk-small" : "disk-large";
+    SnapshotManifest m;
+    PeakExtra(disk, SnapshotOptions(), disk_name, &m);
+    auto mapped = LoadSafetensorsDirectory(root_.Join(disk_name));
+    ASSERT_TRUE(mapped.ok()) << mapped.status();
+    std::map<std::string, at::Tensor> by_name(mapped->tensors.begin(),
+                                              mapped->tensors.end());
+    TensorList mixed;
+    for (size_t i = 0; i < model.size(); ++i) {
+      const auto& [name, t] = model[i];
+      if (i >= half) {
+        mixed.emplace_back(name, by_name.at(name));
+      } else if (i % 2 == 0 && t.dim() == 2) {
+        mixed.emplace_back(name, t.t());
+      } else {
+        mixed.emplace_back(name, t.detach().requires_grad_(true));
+      }
+    }
+    extras[k] = PeakExtra(mixed, o, k == 0 ? "mixed-small" : "mixed-large", &m);
+    EXPECT_EQ(m.peak_extra_host_bytes, o.staging_bytes);
+    EXPECT_LE(extras[k], o.staging_bytes + (1 << 20));
+  }
+  EXPECT_GE(sizes[1], 4 * sizes[0]);
+  EXPECT_EQ(extras[0], extras[1]);
+}
+
 }  // namespace
 }  // namespace snapshot
 }  // namespace memprofd

@@ -85,7 +85,8 @@ void ExpectLoadedEqual(const std::string& dir, const TensorList& written,
 
 TEST(RoundTripTest, SingleFileKeepsEveryTensorBitForBit) {
   TempDir root;
-  const TensorList model = testing::MakeModel(1, 2, 16, 32);
+  TensorList model = testing::MakeModel(1, 2, 16, 32);
+  for (auto& [name, t] : model) t.requires_grad_(true);  // parameters
   SnapshotOptions options;
   std::vector<std::pair<int64_t, int64_t>> progress;
   auto m = SnapshotWriter(root.path())

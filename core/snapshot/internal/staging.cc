@@ -1,6 +1,7 @@
 #include "core/snapshot/internal/staging.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 
 #include <algorithm>
 #include <vector>
@@ -67,6 +68,9 @@ absl::Status StagingBuffer::EnsureAllocated() {
 absl::Status StagingBuffer::Stream(
     const at::Tensor& src, at::ScalarType out_dtype,
     absl::FunctionRef<absl::Status(const void*, size_t)> sink) {
+  // Parameters require grad: without this, copying them into the buffer
+  // would record autograd history.
+  c10::NoGradGuard no_grad;
   if (src.device().is_cpu() && src.scalar_type() == out_dtype && src.is_contiguous() &&
       !src.is_conj() && !src.is_neg()) {
     // Already host bytes in the file's form: no copy at all.
