@@ -45,8 +45,7 @@ std::pair<double, double> TrainTiny(const DataSpec& data) {
       "s, %.0f tok/s\n",
       data.kind == DataSpec::Kind::kEmbeddedCorpus ? "the embedded corpus"
                                                    : data.path.c_str(),
-      first, losses.front(), last, losses.back(), seconds,
-      r.ok() ? r->mean_tokens_per_second : 0);
+      first, last, losses.back(), seconds, r.ok() ? r->mean_tokens_per_second : 0);
   return {first, last};
 }
 
