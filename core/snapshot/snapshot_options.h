@@ -35,6 +35,14 @@ struct SnapshotOptions {
   bool tie_word_embeddings = false;
   // Recorded in the manifest.
   int64_t global_step = 0;
+  // Host memory the caller holds for this snapshot (the copies of an async
+  // snapshot, see CopyForAsyncSnapshot); added to the manifest's
+  // peak_extra_host_bytes.
+  int64_t held_host_bytes = 0;
+  // Write marks the process-wide phase (core/common/phase.h) as kSnapshot
+  // while it runs. That phase belongs to the owner thread: set false when
+  // writing from a background thread (async mode).
+  bool enter_snapshot_phase = true;
 };
 
 }  // namespace snapshot

@@ -1,12 +1,14 @@
 #include "core/snapshot/writer.h"
 
 #include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <filesystem>
+#include <optional>
 #include <set>
 #include <system_error>
 #include <vector>
@@ -16,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
 #include "core/snapshot/internal/file_io.h"
 #include "core/snapshot/internal/json.h"
 #include "core/snapshot/internal/shard_writer.h"
@@ -127,7 +130,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
     const SnapshotOptions& options, const SnapshotProgressFn& progress,
     const SnapshotCancelFn& cancel) const {
   const absl::Time start = absl::Now();
-  PhaseScope phase(Phase::kSnapshot);
+  std::optional<PhaseScope> phase;
+  if (options.enter_snapshot_phase) phase.emplace(Phase::kSnapshot);
   RETURN_IF_ERROR(ValidateSnapshotName(name));
   if (options.max_shard_size <= 0) {
     return absl::InvalidArgumentError(
@@ -248,7 +252,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   };
   if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
   if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
-  manifest.peak_extra_host_bytes = staging->allocated_bytes();
+  manifest.peak_extra_host_bytes = staging->allocated_bytes() + options.held_host_bytes;
   manifest.peak_extra_device_bytes = staging->peak_device_temp_bytes();
   for (const SnapshotFile& f : manifest.files) manifest.bytes_written += f.bytes;
   manifest.duration_seconds = absl::ToDoubleSeconds(absl::Now() - start);
@@ -267,6 +271,25 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
       manifest.duration_seconds > 0 ? manifest.bytes_written / manifest.duration_seconds
                                     : 0;
   return manifest;
+}
+
+absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tensors,
+                                                         const SnapshotOptions& options) {
+  AsyncSnapshotSource out;
+  for (const auto& [name, tensor] : tensors) {
+    if (options.tie_word_embeddings && name == kTiedHead) continue;
+    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, tensor));
+    at::Tensor copy;
+    RETURN_IF_ERROR(TorchBoundary(absl::StrCat("copying ", name, " to host"), [&] {
+      c10::NoGradGuard no_grad;
+      copy = at::empty(tensor.sizes(), at::TensorOptions().dtype(OutputType(
+                                           tensor.scalar_type(), options.dtype)));
+      copy.copy_(tensor);
+    }));
+    out.host_bytes += static_cast<int64_t>(copy.nbytes());
+    out.tensors.emplace_back(name, std::move(copy));
+  }
+  return out;
 }
 
 }  // namespace snapshot

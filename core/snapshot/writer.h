@@ -36,7 +36,9 @@ using SnapshotCancelFn = std::function<bool()>;
 // kill leaves no `<root>/<name>` and touches no other snapshot (the hidden
 // leftovers of a kill are removed by CleanLeftovers).
 // Thread-compatible: call Write from the thread that owns the tensors (the
-// daemon's owner thread), one at a time.
+// daemon's owner thread), one at a time; or, for async mode, from a
+// background thread on an AsyncSnapshotSource with
+// options.enter_snapshot_phase = false.
 class SnapshotWriter {
  public:
   // `root` is created on first write if missing.
@@ -66,6 +68,27 @@ class SnapshotWriter {
  private:
   std::string root_;
 };
+
+// The source of an async snapshot: host copies taken at a step boundary.
+struct AsyncSnapshotSource {
+  // Contiguous CPU tensors in the output dtype (the tied head already
+  // dropped when options.tie_word_embeddings), in state-dict order; they
+  // share nothing with the model, so training may go on while another
+  // thread writes them (zero copy: Write allocates no staging buffer).
+  TensorList tensors;
+  // Host bytes they hold: what the async mode costs; pass it as
+  // SnapshotOptions::held_host_bytes.
+  int64_t host_bytes = 0;
+};
+
+// Copies `tensors` to host memory in the dtype `options` asks for, one
+// tensor at a time (a device tensor that needs a dtype conversion makes one
+// host temporary of its own size, freed at once). Call on the owner thread at a step
+// boundary. INVALID_ARGUMENT / FAILED_PRECONDITION as Write for tensors it
+// cannot save; RESOURCE_EXHAUSTED when host memory runs out (the copies made
+// so far are freed).
+absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tensors,
+                                                         const SnapshotOptions& options);
 
 }  // namespace snapshot
 }  // namespace memprofd

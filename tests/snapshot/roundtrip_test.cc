@@ -1,10 +1,13 @@
 // Save then load: identical tensors and names, single-file and sharded, every
 // dtype option, tied and untied heads; checked also by an independent Python
 // reader (check_snapshot.py).
+#include <atomic>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/phase.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
@@ -92,6 +95,7 @@ TEST(RoundTripTest, SingleFileKeepsEveryTensorBitForBit) {
   auto m = SnapshotWriter(root.path())
                .Write("s1", model, kConfig, options, [&](int64_t done, int64_t total) {
                  progress.emplace_back(done, total);
+                 EXPECT_EQ(CurrentPhase(), Phase::kSnapshot);
                });
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(testing::ListDir(root.path()), std::vector<std::string>{"s1"});
@@ -198,6 +202,42 @@ TEST(RoundTripTest, SnapshotOfMappedWeightsIsIdentical) {
                   .Write("b", mapped->tensors, mapped->config_json, options)
                   .ok());
   ExpectLoadedEqual(root.Join("b"), model, SnapshotDtype::kKeep);
+}
+
+TEST(AsyncSnapshotTest, HostCopiesAreIndependentOfTrainingAndReported) {
+  TempDir root;
+  TensorList model = testing::MakeModel(8, 2, 16, 32);
+  TensorList before;
+  for (const auto& [name, t] : model) before.emplace_back(name, t.clone());
+  SnapshotOptions o;
+  o.dtype = SnapshotDtype::kBFloat16;
+  o.tie_word_embeddings = true;
+  auto source = CopyForAsyncSnapshot(model, o);
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_EQ(source->tensors.size(), model.size() - 1);  // lm_head dropped
+  int64_t bf16_bytes = 0;
+  for (const auto& [name, t] : source->tensors) {
+    EXPECT_EQ(t.scalar_type(), at::kBFloat16);
+    bf16_bytes += t.numel() * 2;
+  }
+  EXPECT_EQ(source->host_bytes, bf16_bytes);
+  o.held_host_bytes = source->host_bytes;
+  o.enter_snapshot_phase = false;  // the phase belongs to the owner thread
+  absl::StatusOr<SnapshotManifest> m;
+  std::atomic<bool> saw_snapshot_phase{false};
+  std::thread writer([&] {
+    m = SnapshotWriter(root.path())
+            .Write("async", source->tensors, "", o, [&](int64_t, int64_t) {
+              if (CurrentPhase() == Phase::kSnapshot) saw_snapshot_phase = true;
+            });
+  });
+  for (auto& [name, t] : model) t.add_(1);  // training goes on
+  writer.join();
+  EXPECT_FALSE(saw_snapshot_phase);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->peak_extra_host_bytes, bf16_bytes);  // the copies, no staging
+  before.pop_back();
+  ExpectLoadedEqual(root.Join("async"), before, SnapshotDtype::kBFloat16);
 }
 
 TEST(LoaderTest, ResolvesSingleFileFirstAndChecksTheIndex) {
