@@ -155,6 +155,43 @@ TEST(TrainerTest, ReportsEveryStep) {
   for (const at::Tensor& p : m->Parameters()) EXPECT_FALSE(p.grad().defined());
 }
 
+TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
+  // Two micro-batches of 4 windows draw the same windows as one batch of 8.
+  StepReport reports[2];
+  for (int accum : {1, 2}) {
+    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    Trainer trainer(m.get());
+    TrainOptions o = SmallOptions(1);
+    o.batch_size = 8 / accum;
+    o.grad_accum = accum;
+    ASSERT_TRUE(
+        trainer.Run(o, [&](const StepReport& s) { reports[accum - 1] = s; }).ok());
+  }
+  EXPECT_EQ(reports[0].tokens, reports[1].tokens);
+  EXPECT_NEAR(reports[0].loss, reports[1].loss, 1e-5);
+  EXPECT_NEAR(reports[0].grad_norm, reports[1].grad_norm, 1e-5 * reports[0].grad_norm);
+}
+
+TEST(TrainerTest, ClippingBoundsTheGradientNorm) {
+  double change[2];
+  double norms[2];
+  for (int clip : {0, 1}) {
+    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    at::Tensor before = m->Parameters()[1].detach().clone();
+    Trainer trainer(m.get());
+    TrainOptions o = SmallOptions(1);
+    o.max_grad_norm = clip ? 1e-9 : 0.0;
+    ASSERT_TRUE(
+        trainer.Run(o, [&](const StepReport& s) { norms[clip] = s.grad_norm; }).ok());
+    change[clip] = (m->Parameters()[1] - before).abs().max().item<double>();
+  }
+  // The report gives the norm before clipping.
+  EXPECT_EQ(norms[0], norms[1]);
+  // Clipped to 1e-9, gradients fall far below AdamW's eps: tiny updates.
+  EXPECT_GT(change[0], 5e-4);
+  EXPECT_LT(change[1], 1e-4);
+}
+
 // Records phase changes and step boundaries.
 class RecordingListener : public PhaseListener {
  public:
