@@ -324,11 +324,11 @@ TEST(OffloadViewsTest, ReusedAddressesAreNeverDeduplicated) {
   EXPECT_EQ(stats.tensors_offloaded, 3);
   EXPECT_EQ(stats.dedup_hits, 0);
   EXPECT_EQ(stats.bytes_out, 3 * 64 * 64 * 4);
-  // The allocator did hand the same block out again (what fools the anchor,
-  // trl#6241), and the anchor's key would have deduplicated them.
+  // The allocator did hand the same block out again (what fools the anchor's
+  // key, trl#6241; its accounting here does not credit those false hits).
   EXPECT_EQ(addresses[0], addresses[1]);
   EXPECT_EQ(addresses[1], addresses[2]);
-  EXPECT_EQ(stats.anchor_bytes_out, 64 * 64 * 4);
+  EXPECT_EQ(stats.anchor_bytes_out, 3 * 64 * 64 * 4);
   EXPECT_TRUE(torch::allclose(x.grad(), x * (1 + 4 + 9)));
 }
 

@@ -111,7 +111,15 @@ void OffloadCore::AccountAnchor(const at::Tensor& t) {
   const auto base = reinterpret_cast<uintptr_t>(t.storage().data());
   const std::pair<uintptr_t, int> key(base + t.storage_offset() * element,
                                       static_cast<int>(t.scalar_type()));
-  if (!anchor_keys_.insert(key).second) return;
+  // The anchor's dedup at its best: a key hit counts only while it is the
+  // same live storage (its address-reuse false hits, trl#6241, are not
+  // credited to it).
+  const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+  auto [it, inserted] = anchor_keys_.try_emplace(key, t.storage().getWeakStorageImpl());
+  if (!inserted) {
+    if (it->second._unsafe_get_target() == impl && it->second.use_count() > 0) return;
+    it->second = t.storage().getWeakStorageImpl();
+  }
   bool broadcast = false;
   for (int64_t d = 0; d < t.dim(); ++d) {
     broadcast |= t.stride(d) == 0 && t.size(d) > 1;

@@ -196,7 +196,9 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
   absl::flat_hash_map<const c10::StorageImpl*, Entry> kept_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<const c10::StorageImpl*> params_ ABSL_GUARDED_BY(mu_);
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> param_refs_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_set<std::pair<uintptr_t, int>> anchor_keys_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<uintptr_t, int>,
+                      c10::weak_intrusive_ptr<c10::StorageImpl>>
+      anchor_keys_ ABSL_GUARDED_BY(mu_);
 
   OffloadStats step_ ABSL_GUARDED_BY(mu_);
   OffloadStats totals_ ABSL_GUARDED_BY(mu_);
