@@ -265,7 +265,13 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   RETURN_IF_ERROR(check_cancel());
   RETURN_IF_ERROR(RenameNoReplace(tmp_dir, final_dir));
   published = true;
-  RETURN_IF_ERROR(snapshot_internal::SyncDirectory(root_));
+  if (absl::Status synced = snapshot_internal::SyncDirectory(root_); !synced.ok()) {
+    return absl::Status(synced.code(),
+                        absl::StrCat("snapshot ", final_dir,
+                                     " is complete and visible but its rename may not "
+                                     "survive a crash: ",
+                                     synced.message()));
+  }
   manifest.duration_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   manifest.throughput_bytes_per_second =
       manifest.duration_seconds > 0 ? manifest.bytes_written / manifest.duration_seconds

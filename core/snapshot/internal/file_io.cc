@@ -23,6 +23,8 @@ absl::Status ErrnoStatus(int err, absl::string_view what) {
           absl::StrCat(message,
                        " (free space on the snapshot filesystem or raise the "
                        "file size limit, then retry)"));
+    case ENOMEM:
+      return absl::ResourceExhaustedError(message);
     case EACCES:
     case EPERM:
       return absl::PermissionDeniedError(message);

@@ -16,7 +16,7 @@ namespace memprofd {
 namespace snapshot_internal {
 
 // `what` ("writing /x/y") and strerror(err) as a status whose code fits err:
-// ENOSPC, EDQUOT, EFBIG -> RESOURCE_EXHAUSTED; EACCES, EPERM ->
+// ENOSPC, EDQUOT, EFBIG, ENOMEM -> RESOURCE_EXHAUSTED; EACCES, EPERM ->
 // PERMISSION_DENIED; EROFS, ENOENT, ENOTDIR -> FAILED_PRECONDITION;
 // EEXIST, ENOTEMPTY -> ALREADY_EXISTS; others -> INTERNAL.
 absl::Status ErrnoStatus(int err, absl::string_view what);

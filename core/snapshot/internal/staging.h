@@ -22,8 +22,9 @@ class StagingBuffer {
   static constexpr int64_t kMinBytes = 4096;
 
   // A buffer of `bytes`, allocated at the first Stream that needs it, once,
-  // through LibTorch's CPU allocator (so memory accounting sees it),
-  // page-locked when `pinned` (for device sources on a CUDA build).
+  // through LibTorch's CPU allocator (so memory accounting sees it), or its
+  // page-locked host allocator when `pinned` (device sources on a CUDA
+  // build).
   // INVALID_ARGUMENT below kMinBytes.
   static absl::StatusOr<std::unique_ptr<StagingBuffer>> Create(int64_t bytes,
                                                                bool pinned);
