@@ -10,7 +10,7 @@ namespace {
 
 // Adjacent raw literals, one per piece, concatenated by the compiler.
 constexpr char kCorpus[] =
-R"corpus(The Mill on the River
+    R"corpus(The Mill on the River
 
 The town grew up where the river bends twice before it reaches the sea. Long before anyone
 remembers, a miller built a wheel of oak at the second bend, where the water runs fast over a
@@ -100,7 +100,7 @@ the steam will escape. Let it cool on a rack for an hour. Then cut a thick slice
 with butter, and you will understand why people have been making bread in the same simple
 way for thousands of years.
 )corpus"
-R"corpus(
+    R"corpus(
 The Lighthouse Keeper
 
 For thirty years Thomas Hale kept the light on the northern point, and in all that time it
@@ -192,7 +192,7 @@ once I have fixed the leak, which is a job I have been promising to do for three
 With love,
 your aunt Margaret
 )corpus"
-R"corpus(
+    R"corpus(
 On Clocks and the Measure of Time
 
 For most of human history, time was something that people read from the sky. The sun rose
@@ -277,7 +277,7 @@ crumbs. The square, which an hour ago was full of voices, is quiet again, and th
 that the market was there at all is the smell of oranges that lingers in the air until the
 evening.
 )corpus"
-R"corpus(
+    R"corpus(
 A Garden in Winter
 
 People who do not garden imagine that a garden sleeps in winter. It does not sleep; it
@@ -350,11 +350,12 @@ Finally, be kind to the people who will come after you. Leave notes. Explain the
 decisions. Clean up the things you broke. Someday you will be the one who opens an old
 project late at night, trying to understand why it does what it does, and you will be
 grateful to whoever took the time to write it down.
-)corpus"
-;
+)corpus";
 
 }  // namespace
 
-absl::string_view EmbeddedCorpus() { return absl::string_view(kCorpus, sizeof(kCorpus) - 1); }
+absl::string_view EmbeddedCorpus() {
+  return absl::string_view(kCorpus, sizeof(kCorpus) - 1);
+}
 
 }  // namespace memprofd

@@ -201,6 +201,16 @@ absl::StatusOr<TrainResult> Trainer::Run(
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
                    TokenDataset::Create(options.data, model_->config().vocab_size));
   RETURN_IF_ERROR(data->Validate(options.seq_len));
+  return Run(options, *data, on_step, cancelled);
+}
+
+absl::StatusOr<TrainResult> Trainer::Run(
+    const TrainOptions& options, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(
+      ValidateTrainOptions(options, model_->config().max_position_embeddings));
+  RETURN_IF_ERROR(data.Validate(options.seq_len));
   at::Generator generator = MakeDataGenerator(options.seed);
 
   TrainResult result;
@@ -210,7 +220,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
       result.cancelled = true;
       break;
     }
-    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, *data, generator, step));
+    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator, step));
     if (step == 1) result.first_loss = report.loss;
     result.last_loss = report.loss;
     result.steps_completed = step;
@@ -222,6 +232,19 @@ absl::StatusOr<TrainResult> Trainer::Run(
       result.seconds > 0 ? static_cast<double>(result.tokens) / result.seconds : 0;
   result.global_step = global_step_;
   return result;
+}
+
+std::vector<at::Tensor> Trainer::OptimizerState() const {
+  std::vector<at::Tensor> out;
+  if (!optimizer_) return out;
+  for (const auto& [key, state] : optimizer_->state()) {
+    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
+    for (const at::Tensor& t :
+         {adamw.exp_avg(), adamw.exp_avg_sq(), adamw.max_exp_avg_sq()}) {
+      if (t.defined()) out.push_back(t);
+    }
+  }
+  return out;
 }
 
 }  // namespace memprofd

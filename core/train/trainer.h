@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -80,6 +81,17 @@ class Trainer {
       const TrainOptions& options,
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {});
+
+  // The same over `data`, already checked by the caller (TokenDataset::Create
+  // and Validate(options.seq_len)); options are still validated.
+  absl::StatusOr<TrainResult> Run(
+      const TrainOptions& options, const TokenDataset& data,
+      const std::function<void(const StepReport&)>& on_step = {},
+      const std::function<bool()>& cancelled = {});
+
+  // The optimizer's state tensors (AdamW moments; empty before the first
+  // step), for memory accounting. Owner thread only.
+  std::vector<at::Tensor> OptimizerState() const;
 
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }

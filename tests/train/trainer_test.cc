@@ -281,6 +281,26 @@ TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
   EXPECT_GT(changed, 1e-5);
 }
 
+TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
+  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  Trainer trainer(m.get());
+  EXPECT_TRUE(trainer.OptimizerState().empty());
+  DataSpec spec;
+  spec.kind = DataSpec::Kind::kInlineTokens;
+  for (int i = 0; i < 300; ++i) spec.tokens.push_back(i % 200);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(spec, 256);
+  ASSERT_TRUE(data.ok());
+  absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(2), **data);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps_completed, 2);
+  // AdamW keeps two moments per parameter.
+  std::vector<at::Tensor> state = trainer.OptimizerState();
+  EXPECT_EQ(state.size(), 2 * m->Parameters().size());
+  TrainOptions bad = SmallOptions(1);
+  bad.seq_len = 400;
+  EXPECT_EQ(trainer.Run(bad, **data).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainerTest, BadRequestsAreInvalidArgument) {
   std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
   Trainer trainer(m.get());
