@@ -198,6 +198,18 @@ TEST(OffloadViewsTest, BroadcastOfASliceMovesOnlyItsSpan) {
   EXPECT_EQ(Unpacked()[0].storage_offset(), 5 * 256);
 }
 
+TEST(OffloadViewsTest, EmptyViewIsKeptEvenWithThresholdZero) {
+  auto offloader = MakeOffloader(Target::kDisk, 0);
+  const at::Tensor x0 = torch::randn({8, 8});
+  const OffloadStats stats = GradParity(offloader.get(), x0, [](const at::Tensor& x) {
+    at::Tensor out = x * 2;
+    return SaveTwo::apply(out.slice(0, 3, 3), out);
+  });
+  EXPECT_EQ(stats.skipped_small, 1);
+  EXPECT_EQ(stats.tensors_offloaded, 1);
+  EXPECT_EQ(stats.bytes_out, 8 * 8 * 4);
+}
+
 TEST(OffloadViewsTest, StridedAndOffsetViewsRestoreExactly) {
   struct Case {
     const char* name;

@@ -179,6 +179,11 @@ void OffloadCore::Pack(const at::Tensor& t, bool exempt, PackedTensor* packed) {
   }
   const c10::Storage storage = t.storage();
   const ByteSpan span = CoveredSpan(t);
+  if (span.size() == 0) {  // nothing to move (numel() == 0)
+    CountSkip(Reason::kSmall);
+    Keep(t, /*account=*/false, packed);
+    return;
+  }
   auto it = offloaded_.find(storage.unsafeGetStorageImpl());
   if (it != offloaded_.end()) record = it->second.weak.lock();
   // A storage changed in place since its record was made holds other bytes
