@@ -125,7 +125,9 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
   at::Tensor future =
       torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(h.device()))
           .triu(1);
-  scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  // In place: nothing saved for backward refers to the scaled scores (the
+  // scalar multiply saves no tensor), so this saves a [B, H, T, T] copy.
+  scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   at::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * d});
   return torch::linear(out, w.o_proj);
@@ -133,12 +135,15 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   const LlamaLayerWeights& w = layers_.at(index);
-  at::Tensor x = hidden + Attention(w, RmsNorm(hidden, w.input_layernorm));
+  // Residual adds in place into the projection outputs, which linear's
+  // backward does not save; a + b == b + a exactly, so the result is that of
+  // hidden + attention.
+  at::Tensor x = Attention(w, RmsNorm(hidden, w.input_layernorm)).add_(hidden);
   at::Tensor h = RmsNorm(x, w.post_attention_layernorm);
   at::Tensor mlp = torch::linear(
       torch::silu(torch::linear(h, w.gate_proj)) * torch::linear(h, w.up_proj),
       w.down_proj);
-  return x + mlp;
+  return mlp.add_(x);
 }
 
 at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
