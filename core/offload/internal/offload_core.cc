@@ -241,7 +241,12 @@ int64_t OffloadCore::Cover(const std::shared_ptr<StorageRecord>& record,
     Segment segment;
     segment.span = gap;
     record->segments_.push_back(std::move(segment));
-    StartCopy(record, record->segments_.size() - 1, storage, graveyard);
+    try {
+      StartCopy(record, record->segments_.size() - 1, storage, graveyard);
+    } catch (...) {
+      record->segments_.pop_back();  // never started: nothing to wait for
+      throw;
+    }
     moved += gap.size();
   }
   step_.bytes_out += moved;
@@ -250,8 +255,9 @@ int64_t OffloadCore::Cover(const std::shared_ptr<StorageRecord>& record,
 
 void OffloadCore::StartCopy(const std::shared_ptr<StorageRecord>& record, size_t index,
                             const c10::Storage& storage, Graveyard* graveyard) {
+  // Everything that can throw (allocations, CUDA calls) runs before the
+  // record counts the copy as pending, so a failed pack leaves it consistent.
   const ByteSpan span = record->segments_[index].span;
-  if (record->pending_++ == 0) AddResident(record->storage_nbytes_);
   at::Tensor source;  // kByte view of the span, for device copies
   if (!record->device_.is_cpu()) {
     source = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(record->device_));
@@ -264,10 +270,13 @@ void OffloadCore::StartCopy(const std::shared_ptr<StorageRecord>& record, size_t
   if (to_host) {
     // Only CUDA sources get here (a CPU source with the host target is on
     // target already).
+    at::Tensor host = EmptyPinned(span.size());
+    CopyDone done = StartCopyToHost(source, host);
     Segment& segment = record->segments_[index];
-    segment.host = EmptyPinned(span.size());
-    segment.cuda_done = StartCopyToHost(source, segment.host);
+    segment.host = std::move(host);
+    segment.cuda_done = std::move(done);
     host_held_ += span.size();
+    if (record->pending_++ == 0) AddResident(record->storage_nbytes_);
     stash_.push_back(StashEntry{record, index});
     DrainStash(/*all=*/false, graveyard);
     return;
@@ -276,8 +285,6 @@ void OffloadCore::StartCopy(const std::shared_ptr<StorageRecord>& record, size_t
   job.record = record;
   job.segment = index;
   job.bytes = span.size();
-  job.file_offset = spill_->Allocate(span.size());
-  record->segments_[index].file_offset = job.file_offset;
   if (source.defined()) {
     job.staging = EmptyPinned(span.size());
     job.done = StartCopyToHost(source, job.staging);
@@ -285,6 +292,9 @@ void OffloadCore::StartCopy(const std::shared_ptr<StorageRecord>& record, size_t
     job.source = storage;
     job.data = static_cast<const char*>(storage.data()) + span.begin;
   }
+  job.file_offset = spill_->Allocate(span.size());
+  record->segments_[index].file_offset = job.file_offset;
+  if (record->pending_++ == 0) AddResident(record->storage_nbytes_);
   if (!writer_running_ || stopping_) {
     // No writer (after Shutdown): write inline.
     WaitCopy(job.done);
