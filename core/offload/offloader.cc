@@ -93,14 +93,20 @@ OffloadScope::~OffloadScope() {
   scope.exempt = previous_exempt_;
 }
 
-NoOffloadScope::NoOffloadScope() {
+NoOffloadScope::NoOffloadScope() : NoOffloadScope(nullptr) {}
+
+NoOffloadScope::NoOffloadScope(Offloader* offloader) {
   internal::ThreadScope& scope = internal::CurrentThreadScope();
+  previous_core_ = scope.core;
   previous_exempt_ = scope.exempt;
+  if (scope.core == nullptr && offloader != nullptr) scope.core = offloader->core_.get();
   scope.exempt = true;
 }
 
 NoOffloadScope::~NoOffloadScope() {
-  internal::CurrentThreadScope().exempt = previous_exempt_;
+  internal::ThreadScope& scope = internal::CurrentThreadScope();
+  scope.core = previous_core_;
+  scope.exempt = previous_exempt_;
 }
 
 }  // namespace memprofd::offload

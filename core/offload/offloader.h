@@ -92,6 +92,7 @@ class Offloader {
 
  private:
   friend class OffloadScope;
+  friend class NoOffloadScope;
   explicit Offloader(std::shared_ptr<internal::OffloadCore> core);
   std::shared_ptr<internal::OffloadCore> core_;
 };
@@ -112,18 +113,23 @@ class OffloadScope {
   bool previous_exempt_;
 };
 
-// Inside an OffloadScope, keeps the tensors saved during its lifetime on the
-// compute device (they are still counted, as skipped_exempt, and accounted as
-// resident). Outside any OffloadScope it does nothing. Same threading rules as
+// Keeps the tensors saved on this thread during its lifetime on the compute
+// device. Inside an OffloadScope they are still counted (skipped_exempt) and
+// accounted as resident by that scope's offloader; outside any, the default
+// constructor does nothing, while the Offloader* one reports them to
+// `offloader` the same way (for a head that runs after the body's scope
+// closed, as the trainer's head_scope does). Same threading rules as
 // OffloadScope.
 class NoOffloadScope {
  public:
   NoOffloadScope();
+  explicit NoOffloadScope(Offloader* offloader);
   ~NoOffloadScope();
   NoOffloadScope(const NoOffloadScope&) = delete;
   NoOffloadScope& operator=(const NoOffloadScope&) = delete;
 
  private:
+  internal::OffloadCore* previous_core_;
   bool previous_exempt_;
 };
 

@@ -124,6 +124,33 @@ TEST(OffloadLifecycleTest, ScopeIsPerThreadAndNullIsANoOp) {
   EXPECT_EQ(offloader->EndStep().tensors_seen, 0);  // counters restart per step
 }
 
+TEST(OffloadLifecycleTest, HeadScopeAfterTheBodyScopeIsAccountedNotMoved) {
+  auto offloader = MakeOffloader(Target::kDisk, 0);
+  at::Tensor w = torch::randn({16, 16}, torch::requires_grad());
+  offloader->BeginStep({w});
+  at::Tensor hidden;
+  {
+    auto body = std::make_shared<OffloadScope>(offloader.get());  // as StepHooks do
+    hidden = torch::tanh(torch::mm(torch::ones({4, 16}), w));
+  }
+  at::Tensor loss;
+  {
+    auto head = std::make_shared<NoOffloadScope>(offloader.get());
+    loss = torch::exp(hidden).sum();
+  }
+  offloader->Flush();  // the body's blocks are written: only the head's remain
+  EXPECT_EQ(offloader->resident_saved_bytes(), 4 * 16 * 4);  // exp's result, kept
+  loss.backward();
+  const OffloadStats stats = offloader->EndStep();
+  EXPECT_EQ(stats.tensors_offloaded, 2);  // mm's input, tanh's result
+  EXPECT_EQ(stats.skipped_exempt, 1);
+  {
+    NoOffloadScope unrelated;  // no offloader, no enclosing scope: nothing seen
+    torch::exp(w).sum().backward();
+  }
+  EXPECT_EQ(offloader->EndStep().tensors_seen, 0);
+}
+
 TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
   auto offloader = MakeOffloader(Target::kDisk, 0, /*enabled=*/false);
   at::Tensor a = torch::randn({16, 16}, torch::requires_grad());
