@@ -125,6 +125,20 @@ def main():
             raise Bad("total_size %d != %d" % (index["metadata"]["total_size"], total))
         if index["weight_map"] != where:
             raise Bad("weight_map does not match the files")
+    manifest_path = os.path.join(snap, "memprofd_manifest.json")
+    if not os.path.exists(manifest_path):
+        raise Bad("no memprofd_manifest.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    listed = {m["name"]: m["bytes"] for m in manifest["files"]}
+    actual = {n: os.path.getsize(os.path.join(snap, n)) for n in names
+              if n != "memprofd_manifest.json"}
+    if listed != actual:
+        raise Bad("manifest files %r != directory %r" % (listed, actual))
+    if manifest["total_size"] != total or manifest["num_shards"] != len(files):
+        raise Bad("manifest total_size/num_shards do not match the files")
+    if manifest["bytes_written"] != sum(actual.values()):
+        raise Bad("manifest bytes_written")
     with open(os.path.join(expected_dir, "expected.json")) as f:
         expected = json.load(f)
     if sorted(t["name"] for t in expected["tensors"]) != sorted(tensors):

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/snapshot/internal/utf8.h"
 
 namespace memprofd {
 namespace snapshot_internal {
@@ -87,10 +88,6 @@ std::string SerializeJson(const JsonValue& value, int indent = -1,
 
 // `s` as a JSON string literal with quotes.
 std::string JsonQuote(absl::string_view s);
-
-// True when `s` is valid UTF-8 (no overlong forms, no surrogates, <= U+10FFFF).
-// On failure *bad_offset (if given) is the first bad byte.
-bool IsValidUtf8(absl::string_view s, size_t* bad_offset = nullptr);
 
 }  // namespace snapshot_internal
 }  // namespace memprofd
