@@ -168,6 +168,32 @@ TEST(OffloadViewsTest, LaterWiderViewMovesOnlyTheMissingBytes) {
   EXPECT_EQ(stats.bytes_in, 16 * 32 * 4);
 }
 
+TEST(OffloadViewsTest, WiderViewAfterARetainedBackwardIsReloadedInFull) {
+  auto offloader = MakeOffloader(Target::kDisk, 0);
+  at::Tensor x = torch::randn({16, 32}, torch::requires_grad());
+  offloader->BeginStep({x});
+  at::Tensor out;
+  at::Tensor first;
+  at::Tensor second;
+  {
+    OffloadScope scope(offloader.get());
+    out = x * 2;
+    first = SaveOne::apply(out.slice(0, 0, 8));
+  }
+  // Reloads (and caches) rows 0-7; the graph, hence the record, stays alive.
+  const at::Tensor g1 = torch::autograd::grad({first}, {x}, {}, /*retain_graph=*/true)[0];
+  {
+    OffloadScope scope(offloader.get());
+    second = SaveOne::apply(out);  // same storage, rows 8-15 move now
+  }
+  const at::Tensor g2 = torch::autograd::grad({second}, {x})[0];
+  const OffloadStats stats = offloader->EndStep();
+  EXPECT_EQ(stats.dedup_hits, 1);
+  EXPECT_EQ(stats.bytes_out, 16 * 32 * 4);
+  EXPECT_TRUE(torch::equal(g2, 2 * (2 * out) * 1));
+  EXPECT_TRUE(torch::equal(g1.slice(0, 0, 8), g2.slice(0, 0, 8)));
+}
+
 TEST(OffloadViewsTest, BroadcastMovesOnlyTheBaseStorage) {
   auto offloader = MakeOffloader(Target::kDisk, 1024);
   const int64_t b = 2, h = 4, s = 256;

@@ -236,6 +236,15 @@ int64_t OffloadCore::Cover(const std::shared_ptr<StorageRecord>& record,
     cursor = std::max(cursor, h.end);
   }
   if (cursor < span.end) gaps.push_back({cursor, span.end});
+  if (!gaps.empty()) {
+    // A cached reload (a storage alive across a backward, e.g. with
+    // retain_graph) lacks the new bytes: the next unpack rebuilds it.
+    ++record->generation_;
+    if (record->reloaded_.defined()) {
+      AddResident(-record->reloaded_.numel());
+      record->reloaded_.reset();
+    }
+  }
   int64_t moved = 0;
   for (const ByteSpan& gap : gaps) {
     Segment segment;

@@ -83,6 +83,7 @@ class StorageRecord {
 
   std::vector<Segment> segments_;  // offloaded records, sorted by nothing
   int pending_ = 0;                // copies out not finished
+  int64_t generation_ = 0;         // bumped when segments are added
   at::Tensor reloaded_;
   int64_t reload_base_ = 0;
   absl::Mutex reload_mu_;  // serializes reloads of this record

@@ -35,6 +35,7 @@ StorageRecord::~StorageRecord() { core_->ForgetRecord(this); }
 void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
   absl::MutexLock reload_lock(&reload_mu_);
   std::vector<Segment> segments;
+  int64_t generation = 0;
   {
     OffloadCore::Graveyard graveyard;
     absl::MutexLock lock(&core_->mu_);
@@ -47,6 +48,7 @@ void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
       return;
     }
     segments = segments_;
+    generation = generation_;
   }
   int64_t hi = 0;
   for (const Segment& s : segments) {
@@ -78,10 +80,12 @@ void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
     moved += s.span.size();
   }
   absl::MutexLock lock(&core_->mu_);
-  reloaded_ = out;
-  reload_base_ = start;
-  core_->AddResident(out.numel());
   core_->step_.bytes_in += moved;
+  if (generation == generation_) {  // else segments were added meanwhile: do not cache
+    reloaded_ = out;
+    reload_base_ = start;
+    core_->AddResident(out.numel());
+  }
   *buffer = std::move(out);
   *base = start;
 }
