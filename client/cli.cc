@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace memprofd::cli {
@@ -63,6 +64,61 @@ std::string HumanBytes(double bytes) {
   }
   return unit == 0 ? absl::StrFormat("%.0f B", v)
                    : absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(
+      stderr, "memprofctl: %s\n%s", message.c_str(),
+      "usage: memprofctl [--addr=HOST:PORT] [--token_file=F] [--json] COMMAND [flags]\n"
+      "commands:\n"
+      "  status                        build, device, model, uptime\n"
+      "  health [--service=NAME]       SERVING (exit 0) or not (exit 1)\n"
+      "  operations [list]             known operations, newest first\n"
+      "  operations get|wait|watch|cancel ID\n"
+      "  load --preset=NAME | --hf_dir=DIR [--seed=S] [--placement=m=device,...]\n"
+      "  model                         the loaded model and its parameters\n"
+      "  train [--steps N] [--batch_size B] [--seq_len T] [--lr X] [--seed S]\n"
+      "        [--data PATH | --token_data PATH] [--checkpointing]\n"
+      "        [--offload [--offload_target disk|host]]\n"
+      "  snapshot NAME [--max_shard_size 2GB] [--dtype bf16] [--mode blocking|async]\n"
+      "  snapshots [list] | snapshots describe|delete NAME\n"
+      "  memory [reset-peak | record start [--max_entries N] | record stop [--clear]\n"
+      "         | dump -o FILE]\n"
+      "exit codes: 0 ok, 1 the daemon answered an error, 2 usage, 3 unreachable,\n"
+      "            4 the operation failed or was cancelled\n");
+  return kExitUsage;
+}
+
+void PrintOperation(const Context& c, const v1::Operation& op) {
+  if (c.json) {
+    std::printf("%s\n", ToJsonLine(op).c_str());
+    return;
+  }
+  std::string line = absl::StrFormat(
+      "%-8s %-10s %-10s %d/%d %s", op.id(),
+      v1::OperationKind_Name(op.kind()).substr(sizeof("OPERATION_KIND_") - 1),
+      v1::OperationState_Name(op.state()).substr(sizeof("OPERATION_STATE_") - 1),
+      op.progress().completed(), op.progress().total(), op.progress().unit());
+  if (!op.progress().message().empty())
+    absl::StrAppend(&line, "  ", op.progress().message());
+  if (op.has_error()) absl::StrAppend(&line, "  error: ", op.error().message());
+  std::printf("%s\n", line.c_str());
+}
+
+int ExitForOperation(const v1::Operation& op) {
+  return op.done() && op.state() != v1::OPERATION_STATE_SUCCEEDED ? kExitOperationFailed
+                                                                  : kExitOk;
+}
+
+grpc::Status WaitForOperation(const Context& c, const std::string& id,
+                              v1::Operation* op) {
+  for (;;) {
+    v1::WaitOperationRequest req;
+    req.set_id(id);
+    auto ctx = c.client->NewContext(std::chrono::milliseconds(70000));
+    grpc::Status s = c.client->stub().WaitOperation(ctx.get(), req, op);
+    if (!s.ok() || op->done()) return s;
+  }
 }
 
 }  // namespace memprofd::cli

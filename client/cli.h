@@ -6,11 +6,37 @@
 #include <google/protobuf/message.h>
 #include <grpcpp/support/status.h>
 
+#include <chrono>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
+#include "client/client.h"
 
 namespace memprofd::cli {
+
+using Args = std::vector<std::string>;
+
+// What every command gets.
+struct Context {
+  Client* client = nullptr;
+  bool json = false;
+  std::chrono::milliseconds timeout{10000};
+};
+
+// The commands (each returns the process's exit code).
+int StatusCommand(const Context& c, const Args& args);
+int HealthCommand(const Context& c, const Args& args);
+int OperationsCommand(const Context& c, const Args& args);
+int LoadCommand(const Context& c, const Args& args);
+int ModelCommand(const Context& c, const Args& args);
+int TrainCommand(const Context& c, const Args& args);
+int SnapshotCommand(const Context& c, const Args& args);
+int SnapshotsCommand(const Context& c, const Args& args);
+int MemoryCommand(const Context& c, const Args& args);
+
+// Prints `message` and the usage summary to stderr; returns kExitUsage.
+int Usage(const std::string& message);
 
 // Exit codes scripts can rely on.
 inline constexpr int kExitOk = 0;
@@ -28,6 +54,13 @@ std::string ToJsonLine(const google::protobuf::Message& message);
 
 // 1536 -> "1.5 KiB".
 std::string HumanBytes(double bytes);
+
+// One line per operation (or its JSON with --json).
+void PrintOperation(const Context& c, const v1::Operation& op);
+// kExitOperationFailed for a FAILED or CANCELLED operation, else kExitOk.
+int ExitForOperation(const v1::Operation& op);
+// Waits (server-side WaitOperation slices) until `id` is done.
+grpc::Status WaitForOperation(const Context& c, const std::string& id, v1::Operation* op);
 
 }  // namespace memprofd::cli
 

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "core/snapshot/shard_plan.h"
+
 namespace memprofd {
 
 int64_t UnixMicros(absl::Time t) {
@@ -47,7 +50,270 @@ v1::Operation ToProto(const OperationView& view) {
     op.mutable_error()->set_code(static_cast<int>(view.error.code()));
     op.mutable_error()->set_message(std::string(view.error.message()));
   }
+  if (!view.result.has_value()) return op;
+  if (const auto* r = std::any_cast<TrainResult>(&view.result)) {
+    *op.mutable_train() = ToProto(*r);
+  } else if (const auto* m = std::any_cast<ModelSummary>(&view.result)) {
+    *op.mutable_model() = ToProto(*m, /*with_parameters=*/false);
+  } else if (const auto* sr = std::any_cast<SnapshotResult>(&view.result)) {
+    *op.mutable_snapshot() = ToProto(sr->manifest, sr->mode);
+  }
   return op;
+}
+
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r,
+                                    const offload::OffloadOptions& defaults) {
+  TrainSpec spec;
+  TrainOptions& t = spec.train;
+  // Zero means "the default" for every numeric field, as the proto says.
+  if (r.steps() <= 0)
+    return Invalid("steps", "must be >= 1 (how many optimizer steps to run)");
+  t.steps = r.steps();
+  if (r.batch_size() < 0) return Invalid("batch_size", "must be >= 1 (0 means 8)");
+  if (r.batch_size() > 0) t.batch_size = r.batch_size();
+  if (r.seq_len() < 0) return Invalid("seq_len", "must be >= 1 (0 means 128)");
+  if (r.seq_len() > 0) t.seq_len = r.seq_len();
+  if (r.learning_rate() < 0)
+    return Invalid("learning_rate", "must be > 0 (0 means 1e-3)");
+  if (r.learning_rate() > 0) t.learning_rate = r.learning_rate();
+  t.seed = r.seed();
+  t.gradient_checkpointing = r.gradient_checkpointing();
+  if (r.weight_decay() < 0) return Invalid("weight_decay", "must be >= 0");
+  t.weight_decay = r.weight_decay();
+  if (r.beta1() != 0) t.beta1 = r.beta1();
+  if (r.beta2() != 0) t.beta2 = r.beta2();
+  if (r.adam_eps() != 0) t.eps = r.adam_eps();
+  if (r.max_grad_norm() < 0)
+    return Invalid("max_grad_norm", "must be >= 0 (0 disables clipping)");
+  t.max_grad_norm = r.max_grad_norm();
+  if (r.grad_accumulation_steps() < 0) {
+    return Invalid("grad_accumulation_steps", "must be >= 1 (0 means 1)");
+  }
+  if (r.grad_accumulation_steps() > 0) t.grad_accum = r.grad_accumulation_steps();
+  const v1::DataSource& d = r.data();
+  switch (d.source_case()) {
+    case v1::DataSource::SOURCE_NOT_SET:
+    case v1::DataSource::kEmbeddedCorpus:
+      t.data.kind = DataSpec::Kind::kEmbeddedCorpus;
+      break;
+    case v1::DataSource::kTextFile:
+      t.data.kind = DataSpec::Kind::kTextFile;
+      t.data.path = d.text_file();
+      break;
+    case v1::DataSource::kTokenFile:
+      t.data.kind = DataSpec::Kind::kTokenFile;
+      t.data.path = d.token_file().path();
+      t.data.bytes_per_token =
+          d.token_file().bytes_per_token() == 0 ? 2 : d.token_file().bytes_per_token();
+      break;
+    case v1::DataSource::kInlineTokens:
+      t.data.kind = DataSpec::Kind::kInlineTokens;
+      t.data.tokens.assign(d.inline_tokens().ids().begin(),
+                           d.inline_tokens().ids().end());
+      break;
+  }
+  if (r.has_offload()) {
+    const v1::OffloadOptions& o = r.offload();
+    offload::OffloadOptions opts = defaults;
+    opts.enabled = o.enabled();
+    if (o.target() == v1::OFFLOAD_TARGET_HOST) opts.target = offload::Target::kHost;
+    if (o.target() == v1::OFFLOAD_TARGET_DISK) opts.target = offload::Target::kDisk;
+    if (o.min_offload_bytes() < 0) {
+      return Invalid("offload.min_offload_bytes",
+                     "must be >= 0 (0 offloads every tensor)");
+    }
+    if (o.min_offload_bytes() > 0) opts.min_offload_bytes = o.min_offload_bytes();
+    if (o.max_fwd_stash() < 0)
+      return Invalid("offload.max_fwd_stash", "must be >= 1 (0 means 5)");
+    if (o.max_fwd_stash() > 0) opts.max_fwd_stash = o.max_fwd_stash();
+    opts.offload_head = o.offload_head();
+    spec.offload = opts;
+  }
+  return spec;
+}
+
+absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
+  LoadModelSpec spec;
+  spec.preset = r.preset();
+  spec.hf_directory = r.hf_directory();
+  spec.seed = r.seed();
+  for (const auto& p : r.placement()) {
+    Placement placement = Placement::kDevice;
+    if (p.placement() == v1::PLACEMENT_CPU) placement = Placement::kCpu;
+    if (p.placement() == v1::PLACEMENT_DISK) placement = Placement::kDisk;
+    spec.placement.emplace_back(p.module(), placement);
+  }
+  return spec;
+}
+
+absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
+  SnapshotSpec spec;
+  spec.name = r.name();
+  if (!r.max_shard_size().empty()) {
+    absl::StatusOr<int64_t> size = snapshot::ParseShardSize(r.max_shard_size());
+    if (!size.ok()) return size.status();
+    spec.options.max_shard_size = *size;
+  }
+  switch (r.dtype()) {
+    case v1::SNAPSHOT_DTYPE_BF16:
+      spec.options.dtype = snapshot::SnapshotDtype::kBFloat16;
+      break;
+    case v1::SNAPSHOT_DTYPE_FP16:
+      spec.options.dtype = snapshot::SnapshotDtype::kFloat16;
+      break;
+    case v1::SNAPSHOT_DTYPE_FP32:
+      spec.options.dtype = snapshot::SnapshotDtype::kFloat32;
+      break;
+    default:
+      spec.options.dtype = snapshot::SnapshotDtype::kKeep;
+  }
+  spec.mode = r.mode() == v1::SNAPSHOT_MODE_ASYNC ? SnapshotMode::kAsync
+                                                  : SnapshotMode::kBlocking;
+  return spec;
+}
+
+v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
+  v1::ModelInfo info;
+  info.set_source(m.source);
+  v1::ModelConfig* c = info.mutable_config();
+  c->set_architecture(m.config.architecture);
+  c->set_vocab_size(m.config.vocab_size);
+  c->set_hidden_size(m.config.hidden_size);
+  c->set_intermediate_size(m.config.intermediate_size);
+  c->set_num_hidden_layers(m.config.num_hidden_layers);
+  c->set_num_attention_heads(m.config.num_attention_heads);
+  c->set_num_key_value_heads(m.config.num_key_value_heads);
+  c->set_max_position_embeddings(m.config.max_position_embeddings);
+  c->set_rms_norm_eps(m.config.rms_norm_eps);
+  c->set_rope_theta(m.config.rope_theta);
+  c->set_tie_word_embeddings(m.config.tie_word_embeddings);
+  c->set_torch_dtype(m.config.torch_dtype);
+  info.set_num_parameters(m.num_parameters);
+  info.set_parameter_bytes(m.parameter_bytes);
+  info.set_device(m.device);
+  info.set_steps_trained(m.steps_trained);
+  if (with_parameters) {
+    for (const auto& p : m.parameters) {
+      v1::ParameterInfo* pi = info.add_parameters();
+      pi->set_name(p.name);
+      for (int64_t d : p.shape) pi->add_shape(d);
+      pi->set_dtype(p.dtype);
+      pi->set_placement(v1::PLACEMENT_DEVICE);
+      pi->set_bytes(p.bytes);
+    }
+  }
+  return info;
+}
+
+v1::OffloadStats ToProto(const offload::OffloadStats& s) {
+  v1::OffloadStats o;
+  o.set_tensors_seen(s.tensors_seen);
+  o.set_tensors_offloaded(s.tensors_offloaded);
+  o.set_skipped_parameter(s.skipped_parameter);
+  o.set_skipped_small(s.skipped_small);
+  o.set_skipped_wrapped_number(s.skipped_wrapped_number);
+  o.set_skipped_no_storage(s.skipped_no_storage);
+  o.set_skipped_on_target(s.skipped_on_target);
+  o.set_skipped_exempt(s.skipped_exempt);
+  o.set_dedup_hits(s.dedup_hits);
+  o.set_dedup_bytes_saved(s.dedup_bytes_saved);
+  o.set_bytes_out(s.bytes_out);
+  o.set_bytes_in(s.bytes_in);
+  o.set_peak_resident_saved_bytes(s.peak_resident_saved_bytes);
+  return o;
+}
+
+v1::StepReport ToProto(const SessionStepReport& r) {
+  v1::StepReport p;
+  p.set_step(r.step.step);
+  p.set_global_step(r.step.global_step);
+  p.set_loss(r.step.loss);
+  p.set_tokens(r.step.tokens);
+  p.set_tokens_per_second(r.step.tokens_per_second);
+  p.set_step_seconds(r.step.step_seconds);
+  p.mutable_phase_seconds()->set_forward(r.step.forward_seconds);
+  p.mutable_phase_seconds()->set_backward(r.step.backward_seconds);
+  p.mutable_phase_seconds()->set_optimizer(r.step.optimizer_seconds);
+  p.set_grad_norm(r.step.grad_norm);
+  *p.mutable_offload() = ToProto(r.offload);
+  p.set_peak_allocated_bytes(r.peak_allocated_bytes);
+  return p;
+}
+
+v1::TrainResult ToProto(const TrainResult& r) {
+  v1::TrainResult p;
+  p.set_steps_completed(r.steps_completed);
+  p.set_first_loss(r.first_loss);
+  p.set_last_loss(r.last_loss);
+  p.set_tokens(r.tokens);
+  p.set_seconds(r.seconds);
+  p.set_mean_tokens_per_second(r.mean_tokens_per_second);
+  return p;
+}
+
+v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& m, SnapshotMode mode) {
+  v1::SnapshotManifest p;
+  p.set_name(m.name);
+  p.set_directory(m.directory);
+  for (const auto& f : m.files) {
+    v1::SnapshotFile* pf = p.add_files();
+    pf->set_name(f.name);
+    pf->set_bytes(f.bytes);
+  }
+  p.set_total_size(m.total_size);
+  p.set_bytes_written(m.bytes_written);
+  p.set_num_tensors(m.num_tensors);
+  p.set_dtype(m.dtype);
+  p.set_duration_seconds(m.duration_seconds);
+  p.set_throughput_bytes_per_second(m.throughput_bytes_per_second);
+  p.set_peak_extra_host_bytes(m.peak_extra_host_bytes);
+  p.set_peak_extra_device_bytes(m.peak_extra_device_bytes);
+  p.set_global_step(m.global_step);
+  p.set_create_time_us(UnixMicros(m.create_time));
+  p.set_mode(mode == SnapshotMode::kAsync ? v1::SNAPSHOT_MODE_ASYNC
+                                          : v1::SNAPSHOT_MODE_BLOCKING);
+  return p;
+}
+
+v1::MemoryStats ToProto(const memory::MemoryStatsView& s,
+                        const memory::CategoryBytes& categories) {
+  v1::MemoryStats p;
+  for (const auto& d : s.devices) {
+    v1::DeviceMemory* pd = p.add_devices();
+    pd->set_device(d.name);
+    pd->set_current_bytes(d.current_bytes);
+    pd->set_peak_bytes(d.peak_bytes);
+    pd->set_allocations_total(d.alloc_count);
+    pd->set_frees_total(d.free_count);
+    pd->set_reserved_bytes(d.reserved_bytes);
+    pd->set_alloc_retries_total(d.alloc_retries);
+    pd->set_ooms_total(d.ooms);
+  }
+  for (const auto& [name, bytes] : categories.Named()) {
+    v1::CategoryBytes* c = p.add_categories();
+    c->set_category(name);
+    c->set_bytes(bytes);
+  }
+  for (const auto& pp : s.last_step_phase_peaks) {
+    v1::PhasePeak* pk = p.add_last_step_phase_peaks();
+    pk->set_device(pp.device);
+    pk->set_phase(std::string(PhaseName(pp.phase)));
+    pk->set_peak_bytes(pp.peak_bytes);
+  }
+  p.set_current_phase(std::string(PhaseName(s.current_phase)));
+  p.set_recording(s.recording);
+  p.set_history_entries(s.history_entries);
+  p.set_history_max_entries(s.history_max_entries);
+  p.set_history_dropped(s.history_dropped);
+  return p;
 }
 
 }  // namespace memprofd

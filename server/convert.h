@@ -4,8 +4,15 @@
 // Conversions between core:: structs and memprofd.v1 messages. Pure
 // functions; thread-safe.
 
+#include "absl/status/statusor.h"
 #include "core/common/operation.h"
+#include "core/memory/memory_stats.h"
+#include "core/session/session.h"
+#include "memprofd/v1/memory.pb.h"
+#include "memprofd/v1/model.pb.h"
 #include "memprofd/v1/operation.pb.h"
+#include "memprofd/v1/snapshot.pb.h"
+#include "memprofd/v1/train.pb.h"
 
 namespace memprofd {
 
@@ -13,6 +20,22 @@ namespace memprofd {
 v1::Operation ToProto(const OperationView& view);
 
 int64_t UnixMicros(absl::Time t);
+
+// Requests to core specs: INVALID_ARGUMENT naming the field when malformed.
+// `defaults` are the daemon's offload options (flags).
+absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& request,
+                                    const offload::OffloadOptions& defaults);
+absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& request);
+absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& request);
+
+v1::ModelInfo ToProto(const ModelSummary& model, bool with_parameters);
+v1::StepReport ToProto(const SessionStepReport& report);
+v1::OffloadStats ToProto(const offload::OffloadStats& stats);
+v1::TrainResult ToProto(const TrainResult& result);
+v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& manifest,
+                             SnapshotMode mode);
+v1::MemoryStats ToProto(const memory::MemoryStatsView& stats,
+                        const memory::CategoryBytes& categories);
 
 }  // namespace memprofd
 

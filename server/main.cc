@@ -28,8 +28,28 @@ ABSL_FLAG(std::string, auth_token_file, "",
           "this file's first line");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS (with --tls_key)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert)");
-ABSL_FLAG(std::string, device, memprofd::ServerOptions().device,
-          "compute device: auto, cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, model, "tiny",
+          "model loaded at start: a preset (tiny, small) or a Hugging Face directory "
+          "(config.json + safetensors); empty for none");
+ABSL_FLAG(uint64_t, model_seed, 0, "seed of the start model's initialisation");
+ABSL_FLAG(std::string, snapshot_root, "",
+          "directory for snapshots; empty turns snapshots off");
+ABSL_FLAG(int64_t, keep_last, 0, "keep only the newest N snapshots (0 keeps all)");
+ABSL_FLAG(int64_t, snapshot_every_steps, 0, "snapshot every N training steps (0: never)");
+ABSL_FLAG(bool, snapshot_on_shutdown, false, "take a final snapshot on SIGTERM/SIGINT");
+ABSL_FLAG(int64_t, snapshot_staging_bytes, int64_t{64} << 20,
+          "the snapshot writer's staging buffer, in bytes");
+ABSL_FLAG(bool, offload, false, "offload saved activations by default in training");
+ABSL_FLAG(
+    std::string, offload_target, "auto",
+    "where offloaded activations go: auto (disk on CPU, host on CUDA), host or disk");
+ABSL_FLAG(int64_t, min_offload_bytes, 1024, "saved tensors moving fewer bytes stay put");
+ABSL_FLAG(int32_t, max_fwd_stash, 5, "offload copies in flight during forward (CUDA)");
+ABSL_FLAG(bool, offload_head, false, "also offload the LM head's activations");
+ABSL_FLAG(std::string, spill_dir, "/tmp", "directory of the offloader's spill file");
+ABSL_FLAG(int64_t, host_limit_bytes, 0,
+          "host target: spill to disk beyond this many bytes held (0: no limit)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace {
@@ -86,7 +106,42 @@ int main(int argc, char** argv) {
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
-  options.device = absl::GetFlag(FLAGS_device);
+  memprofd::SessionOptions& session = options.session;
+  session.device = absl::GetFlag(FLAGS_device);
+  session.model = absl::GetFlag(FLAGS_model);
+  session.model_seed = absl::GetFlag(FLAGS_model_seed);
+  session.snapshot_root = absl::GetFlag(FLAGS_snapshot_root);
+  session.keep_last = absl::GetFlag(FLAGS_keep_last);
+  session.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
+  session.snapshot_staging_bytes = absl::GetFlag(FLAGS_snapshot_staging_bytes);
+  options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
+  if (session.keep_last < 0 || session.snapshot_every_steps < 0 ||
+      session.snapshot_staging_bytes < 4096) {
+    return Fail(
+        "--keep_last and --snapshot_every_steps must be >= 0, "
+        "--snapshot_staging_bytes >= 4096");
+  }
+  memprofd::offload::OffloadOptions& offload = session.offload;
+  offload.enabled = absl::GetFlag(FLAGS_offload);
+  const std::string target = absl::GetFlag(FLAGS_offload_target);
+  session.offload_target_auto = target == "auto";
+  if (!session.offload_target_auto) {
+    absl::StatusOr<memprofd::offload::Target> parsed =
+        memprofd::offload::ParseTarget(target);
+    if (!parsed.ok())
+      return Fail(absl::StrCat("--offload_target: ", parsed.status().message()));
+    offload.target = *parsed;
+  }
+  offload.min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
+  offload.max_fwd_stash = absl::GetFlag(FLAGS_max_fwd_stash);
+  offload.offload_head = absl::GetFlag(FLAGS_offload_head);
+  offload.spill_dir = absl::GetFlag(FLAGS_spill_dir);
+  offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
+  if (offload.min_offload_bytes < 0 || offload.max_fwd_stash < 1 ||
+      offload.host_limit_bytes < 0) {
+    return Fail(
+        "--min_offload_bytes and --host_limit_bytes must be >= 0, --max_fwd_stash >= 1");
+  }
 
   InstallSignalHandlers();
   memprofd::Server server(options);

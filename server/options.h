@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "core/session/session.h"
+
 namespace memprofd {
 
 struct ServerOptions {
@@ -22,8 +24,11 @@ struct ServerOptions {
   // TLS: both or neither.
   std::string tls_cert;
   std::string tls_key;
-  // "auto", "cpu", "cuda:N".
-  std::string device = "auto";
+  // The engine: device, start model, snapshots, offload defaults.
+  SessionOptions session;
+  // On SIGTERM, take a blocking snapshot named "shutdown-<unix time>" before
+  // stopping (needs session.snapshot_root).
+  bool snapshot_on_shutdown = false;
   // Seconds in-flight calls get to finish after SIGTERM.
   double shutdown_grace_seconds = 3.0;
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
+#include "server/session_metrics.h"
 
 namespace memprofd {
 namespace {
@@ -59,12 +60,14 @@ absl::Status Server::Start() {
                             "reach it can train, snapshot and read memory"));
   }
 
-  SessionOptions session_options;
-  session_options.device = options_.device;
-  ASSIGN_OR_RETURN(session_, Session::Create(session_options));
+  if (options_.snapshot_on_shutdown && options_.session.snapshot_root.empty()) {
+    return absl::InvalidArgumentError("--snapshot_on_shutdown needs --snapshot_root");
+  }
+  ASSIGN_OR_RETURN(session_, Session::Create(options_.session));
 
   metrics_ = std::make_unique<ServerMetrics>(
       BuildLabels{MEMPROFD_VERSION, TORCH_VERSION, session_->device()});
+  metrics_->AddCollectable(std::make_shared<SessionMetrics>(session_.get()));
   ASSIGN_OR_RETURN(metrics_port_, metrics_->Serve(options_.metrics_listen));
 
   ServiceInfo info;
@@ -131,6 +134,15 @@ void Server::Shutdown() {
   }
   if (server_) {
     server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (session_ && options_.snapshot_on_shutdown) {
+    const std::string name = absl::StrCat("shutdown-", absl::ToUnixSeconds(absl::Now()));
+    absl::Status s = session_->SnapshotNow(name);
+    if (s.ok()) {
+      LogInfo(absl::StrCat("snapshot '", name, "' taken before shutdown"));
+    } else {
+      LogError(absl::StrCat("snapshot on shutdown failed: ", s.message()));
+    }
   }
   if (session_) session_->Shutdown();
   if (server_) {

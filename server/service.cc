@@ -4,6 +4,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/memory/memory_viz.h"
+#include "core/memory/recorder.h"
 #include "server/convert.h"
 #include "server/grpc_status.h"
 #include "server/reactors.h"
@@ -50,6 +52,73 @@ class WatchOperationStream : public OperationStream<v1::Operation> {
   uint64_t last_version_ = 0;
 };
 
+// The step reports of a TRAIN operation from a given step, live until done.
+class StepReportStream : public OperationStream<v1::StepReport> {
+ public:
+  StepReportStream(std::shared_ptr<Operation> op, int64_t from_step, StreamDoneFn on_done)
+      : OperationStream(std::move(op), std::move(on_done)),
+        next_(std::max<int64_t>(1, from_step)) {}
+
+ protected:
+  bool Next(v1::StepReport* msg) override {
+    // done is read before the events: events are appended before Finish, so
+    // when done is seen every event is there.
+    done_ = op_->done();
+    int64_t first = 0;
+    std::vector<std::any> events = op_->EventsFrom(next_, 1, &first);
+    if (events.empty()) return false;
+    next_ = first + 1;
+    *msg = ToProto(std::any_cast<const SessionStepReport&>(events.front()));
+    return true;
+  }
+  bool Complete() override { return done_; }
+
+ private:
+  int64_t next_;
+  bool done_ = false;
+};
+
+// Streams a byte string in chunks.
+class ChunkStream : public grpc::ServerWriteReactor<v1::DumpChunk> {
+ public:
+  ChunkStream(std::string data, StreamDoneFn on_done)
+      : data_(std::move(data)), on_done_(std::move(on_done)) {
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      final_ = Status(StatusCode::CANCELLED, "client went away");
+      Finish(final_);
+      return;
+    }
+    Next();
+  }
+  void OnDone() override {
+    if (on_done_) on_done_(final_);
+    delete this;
+  }
+
+ private:
+  static constexpr size_t kChunk = 1 << 20;
+  void Next() {
+    if (offset_ >= data_.size()) {
+      Finish(Status::OK);
+      return;
+    }
+    const size_t n = std::min(kChunk, data_.size() - offset_);
+    chunk_.set_data(data_.substr(offset_, n));
+    offset_ += n;
+    StartWrite(&chunk_);
+  }
+  const std::string data_;
+  StreamDoneFn on_done_;
+  size_t offset_ = 0;
+  v1::DumpChunk chunk_;
+  Status final_;
+};
+
+constexpr int64_t kDefaultHistoryEntries = 100000;
+
 }  // namespace
 
 MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
@@ -57,7 +126,8 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status", "health", "reflection", "operations"};
+  return {"status", "health",  "reflection", "operations", "model",
+          "train",  "offload", "snapshots",  "memory"};
 }
 
 template <typename Fn>
@@ -89,13 +159,6 @@ ServerWriteReactor<Msg>* MemprofdService::RejectStream(const char* method,
   return new Rejected(status);
 }
 
-Status MemprofdService::Unimplemented(const char* capability, const char* issue) const {
-  return Status(
-      StatusCode::UNIMPLEMENTED,
-      absl::StrCat(capability, " is not built into this memprofd ", info_.version,
-                   " yet (", issue, "); BuildInfo.features lists what is"));
-}
-
 ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
                                                const v1::GetStatusRequest*,
                                                v1::ServerStatus* resp) {
@@ -111,61 +174,120 @@ ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
     resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - session_->start_time()));
     resp->set_serving_state(session_->draining() ? "DRAINING" : "SERVING");
     resp->set_active_operations(session_->operations().ActiveCount());
+    if (std::optional<ModelSummary> model = session_->Model()) {
+      *resp->mutable_model() = ToProto(*model, /*with_parameters=*/false);
+    }
+    SessionCounters counters = session_->Counters();
+    if (counters.last_step) *resp->mutable_last_step() = ToProto(*counters.last_step);
+    *resp->mutable_offload_totals() = ToProto(counters.offload_totals);
     return Status::OK;
   });
 }
 
 ServerUnaryReactor* MemprofdService::LoadModel(CallbackServerContext* ctx,
-                                               const v1::LoadModelRequest*,
-                                               v1::Operation*) {
-  return Reject(ctx, "LoadModel", Unimplemented("loading a model", "model and training"));
+                                               const v1::LoadModelRequest* req,
+                                               v1::Operation* resp) {
+  return Unary(ctx, "LoadModel", [&] {
+    absl::StatusOr<LoadModelSpec> spec = FromProto(*req);
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    absl::StatusOr<std::shared_ptr<Operation>> op = session_->LoadModel(*spec);
+    if (!op.ok()) return ToGrpcStatus(op.status());
+    *resp = ToProto((*op)->View());
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::DescribeModel(CallbackServerContext* ctx,
                                                    const v1::DescribeModelRequest*,
-                                                   v1::ModelInfo*) {
-  return Reject(ctx, "DescribeModel",
-                Unimplemented("describing the model", "model and training"));
+                                                   v1::ModelInfo* resp) {
+  return Unary(ctx, "DescribeModel", [&] {
+    std::optional<ModelSummary> model = session_->Model();
+    if (!model) {
+      return Status(StatusCode::FAILED_PRECONDITION,
+                    "no model is loaded; LoadModel first");
+    }
+    *resp = ToProto(*model, /*with_parameters=*/true);
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::Train(CallbackServerContext* ctx,
-                                           const v1::TrainRequest*, v1::Operation*) {
-  return Reject(ctx, "Train", Unimplemented("training", "model and training"));
+                                           const v1::TrainRequest* req,
+                                           v1::Operation* resp) {
+  return Unary(ctx, "Train", [&] {
+    absl::StatusOr<TrainSpec> spec = FromProto(*req, session_->options().offload);
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartTraining(*spec);
+    if (!op.ok()) return ToGrpcStatus(op.status());
+    *resp = ToProto((*op)->View());
+    return Status::OK;
+  });
 }
 
 ServerWriteReactor<v1::StepReport>* MemprofdService::StreamStepReports(
-    CallbackServerContext* ctx, const v1::StreamStepReportsRequest*) {
+    CallbackServerContext* ctx, const v1::StreamStepReportsRequest* req) {
+  const char* kMethod = "StreamStepReports";
   Status auth = auth_->Check(*ctx);
-  return RejectStream<v1::StepReport>(
-      "StreamStepReports",
-      auth.ok() ? Unimplemented("streaming step reports", "model and training") : auth);
+  if (!auth.ok()) return RejectStream<v1::StepReport>(kMethod, auth);
+  auto op = session_->operations().Get(req->operation_id());
+  if (!op.ok()) return RejectStream<v1::StepReport>(kMethod, ToGrpcStatus(op.status()));
+  if ((*op)->kind() != OperationKind::kTrain) {
+    return RejectStream<v1::StepReport>(
+        kMethod,
+        Status(StatusCode::INVALID_ARGUMENT,
+               absl::StrCat("operation ", req->operation_id(),
+                            " is not a training operation; it has no step reports")));
+  }
+  const Clock::time_point start = Clock::now();
+  auto* stream = new StepReportStream(
+      *op, req->from_step(), [this, start, kMethod](const Status& s) {
+        metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
+      });
+  stream->Start();
+  return stream;
 }
 
 ServerUnaryReactor* MemprofdService::Snapshot(CallbackServerContext* ctx,
-                                              const v1::SnapshotRequest*,
-                                              v1::Operation*) {
-  return Reject(ctx, "Snapshot", Unimplemented("snapshots", "snapshots and checkpoints"));
+                                              const v1::SnapshotRequest* req,
+                                              v1::Operation* resp) {
+  return Unary(ctx, "Snapshot", [&] {
+    absl::StatusOr<SnapshotSpec> spec = FromProto(*req);
+    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartSnapshot(*spec);
+    if (!op.ok()) return ToGrpcStatus(op.status());
+    *resp = ToProto((*op)->View());
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::ListSnapshots(CallbackServerContext* ctx,
                                                    const v1::ListSnapshotsRequest*,
-                                                   v1::ListSnapshotsResponse*) {
-  return Reject(ctx, "ListSnapshots",
-                Unimplemented("listing snapshots", "snapshots and checkpoints"));
+                                                   v1::ListSnapshotsResponse* resp) {
+  return Unary(ctx, "ListSnapshots", [&] {
+    auto list = session_->ListSnapshots();
+    if (!list.ok()) return ToGrpcStatus(list.status());
+    for (const auto& m : *list)
+      *resp->add_snapshots() = ToProto(m, SnapshotMode::kBlocking);
+    return Status::OK;
+  });
 }
 
-ServerUnaryReactor* MemprofdService::DescribeSnapshot(CallbackServerContext* ctx,
-                                                      const v1::DescribeSnapshotRequest*,
-                                                      v1::SnapshotManifest*) {
-  return Reject(ctx, "DescribeSnapshot",
-                Unimplemented("describing snapshots", "snapshots and checkpoints"));
+ServerUnaryReactor* MemprofdService::DescribeSnapshot(
+    CallbackServerContext* ctx, const v1::DescribeSnapshotRequest* req,
+    v1::SnapshotManifest* resp) {
+  return Unary(ctx, "DescribeSnapshot", [&] {
+    auto m = session_->DescribeSnapshot(req->name());
+    if (!m.ok()) return ToGrpcStatus(m.status());
+    *resp = ToProto(*m, SnapshotMode::kBlocking);
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::DeleteSnapshot(CallbackServerContext* ctx,
-                                                    const v1::DeleteSnapshotRequest*,
+                                                    const v1::DeleteSnapshotRequest* req,
                                                     v1::DeleteSnapshotResponse*) {
-  return Reject(ctx, "DeleteSnapshot",
-                Unimplemented("deleting snapshots", "snapshots and checkpoints"));
+  return Unary(ctx, "DeleteSnapshot",
+               [&] { return ToGrpcStatus(session_->DeleteSnapshot(req->name())); });
 }
 
 ServerUnaryReactor* MemprofdService::GetOperation(CallbackServerContext* ctx,
@@ -256,42 +378,60 @@ ServerWriteReactor<v1::Operation>* MemprofdService::WatchOperation(
 
 ServerUnaryReactor* MemprofdService::GetMemoryStats(CallbackServerContext* ctx,
                                                     const v1::GetMemoryStatsRequest*,
-                                                    v1::MemoryStats*) {
-  return Reject(ctx, "GetMemoryStats",
-                Unimplemented("memory statistics", "memory history and observability"));
+                                                    v1::MemoryStats* resp) {
+  return Unary(ctx, "GetMemoryStats", [&] {
+    *resp = ToProto(memory::MemoryRecorder::Global().Stats(),
+                    session_->Counters().categories);
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::ResetPeakMemory(CallbackServerContext* ctx,
                                                      const v1::ResetPeakMemoryRequest*,
                                                      v1::ResetPeakMemoryResponse*) {
-  return Reject(
-      ctx, "ResetPeakMemory",
-      Unimplemented("resetting memory peaks", "memory history and observability"));
+  return Unary(ctx, "ResetPeakMemory", [&] {
+    memory::MemoryRecorder::Global().ResetPeak();
+    return Status::OK;
+  });
 }
 
 ServerUnaryReactor* MemprofdService::StartMemoryRecording(
-    CallbackServerContext* ctx, const v1::StartMemoryRecordingRequest*,
+    CallbackServerContext* ctx, const v1::StartMemoryRecordingRequest* req,
     v1::StartMemoryRecordingResponse*) {
-  return Reject(
-      ctx, "StartMemoryRecording",
-      Unimplemented("memory history recording", "memory history and observability"));
+  return Unary(ctx, "StartMemoryRecording", [&] {
+    const int64_t n =
+        req->max_entries() == 0 ? kDefaultHistoryEntries : req->max_entries();
+    return ToGrpcStatus(memory::MemoryRecorder::Global().StartRecording(n));
+  });
 }
 
 ServerUnaryReactor* MemprofdService::StopMemoryRecording(
-    CallbackServerContext* ctx, const v1::StopMemoryRecordingRequest*,
+    CallbackServerContext* ctx, const v1::StopMemoryRecordingRequest* req,
     v1::StopMemoryRecordingResponse*) {
-  return Reject(
-      ctx, "StopMemoryRecording",
-      Unimplemented("memory history recording", "memory history and observability"));
+  return Unary(ctx, "StopMemoryRecording", [&] {
+    memory::MemoryRecorder::Global().StopRecording();
+    if (req->clear()) memory::MemoryRecorder::Global().ClearHistory();
+    return Status::OK;
+  });
 }
 
 ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
     CallbackServerContext* ctx, const v1::DumpMemoryHistoryRequest*) {
+  const char* kMethod = "DumpMemoryHistory";
   Status auth = auth_->Check(*ctx);
-  return RejectStream<v1::DumpChunk>(
-      "DumpMemoryHistory", auth.ok() ? Unimplemented("memory history dumps",
-                                                     "memory history and observability")
-                                     : auth);
+  if (!auth.ok()) return RejectStream<v1::DumpChunk>(kMethod, auth);
+  memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+  if (!stats.recording && stats.history_entries == 0) {
+    return RejectStream<v1::DumpChunk>(
+        kMethod, Status(StatusCode::FAILED_PRECONDITION,
+                        "nothing was recorded; StartMemoryRecording first "
+                        "(memprofctl memory record start)"));
+  }
+  const Clock::time_point start = Clock::now();
+  return new ChunkStream(
+      memory::CaptureMemoryVizPickle(), [this, start, kMethod](const Status& s) {
+        metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
+      });
 }
 
 }  // namespace memprofd

@@ -100,7 +100,6 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   template <typename Msg>
   grpc::ServerWriteReactor<Msg>* RejectStream(const char* method,
                                               const grpc::Status& status);
-  grpc::Status Unimplemented(const char* capability, const char* issue) const;
 
   Session* const session_;
   const TokenAuth* const auth_;

@@ -2,12 +2,18 @@
 
 #include <torch/cuda.h>
 
+#include <future>
 #include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/memory/install.h"
+#include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/snapshot/snapshot_store.h"
+#include "core/train/trainer.h"
 
 namespace memprofd {
 
@@ -45,15 +51,64 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options) {
   absl::StatusOr<std::string> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
-  return std::unique_ptr<Session>(new Session(*std::move(device)));
+  // Before any model tensor exists: every allocation from here on is counted.
+  if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
+    LogWarning(absl::StrCat("memory accounting unavailable: ", s.message()));
+  }
+  if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
+  if (!options.snapshot_root.empty()) {
+    absl::StatusOr<int> cleaned = snapshot::CleanLeftovers(options.snapshot_root);
+    if (!cleaned.ok()) return cleaned.status();
+    if (*cleaned > 0) {
+      LogInfo(absl::StrCat("removed ", *cleaned, " leftover temporary snapshot director",
+                           *cleaned == 1 ? "y" : "ies", " under ",
+                           options.snapshot_root));
+    }
+  }
+  SessionOptions resolved = options;
+  if (resolved.offload_target_auto) {
+    resolved.offload.target =
+        *device == "cpu" ? offload::Target::kDisk : offload::Target::kHost;
+  }
+  std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
+  if (!options.model.empty()) {
+    LoadModelSpec spec;
+    spec.seed = options.model_seed;
+    if (absl::StrContains(options.model, "/")) {
+      spec.hf_directory = options.model;
+    } else {
+      spec.preset = options.model;
+    }
+    std::promise<absl::Status> loaded;
+    Session* s = session.get();
+    if (absl::Status posted =
+            session->Post([s, spec, &loaded] { loaded.set_value(s->LoadOnOwner(spec)); });
+        !posted.ok()) {
+      return posted;
+    }
+    if (absl::Status status = loaded.get_future().get(); !status.ok()) return status;
+  }
+  return session;
 }
 
-Session::Session(std::string device)
-    : device_(std::move(device)), start_time_(absl::Now()) {
+Session::Session(const SessionOptions& options, std::string device)
+    : options_(options), device_(std::move(device)), start_time_(absl::Now()) {
   owner_ = std::thread([this] { OwnerLoop(); });
 }
 
-Session::~Session() { Shutdown(); }
+Session::~Session() {
+  Shutdown();
+  std::vector<std::thread> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    writers.swap(async_writers_);
+  }
+  for (auto& t : writers) t.join();
+  // The model's tensors go before the trainer that points at it.
+  trainer_.reset();
+  offloader_.reset();
+  model_.reset();
+}
 
 absl::Status Session::Post(std::function<void()> work) {
   absl::MutexLock lock(&mu_);
@@ -91,12 +146,49 @@ void Session::OwnerLoop() {
         return stopping_ || !queue_.empty();
       };
       mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping and nothing left
+      if (queue_.empty()) break;  // stopping and nothing left
       work = std::move(queue_.front());
       queue_.pop_front();
     }
     work();
+    RunBoundaryWork();
   }
+  RunBoundaryWork();
+}
+
+void Session::RunBoundaryWork() {
+  for (;;) {
+    std::function<void()> work;
+    {
+      absl::MutexLock lock(&mu_);
+      if (boundary_.empty()) return;
+      work = std::move(boundary_.front());
+      boundary_.pop_front();
+    }
+    work();
+  }
+}
+
+std::optional<ModelSummary> Session::Model() const {
+  absl::MutexLock lock(&mu_);
+  return model_summary_;
+}
+
+SessionCounters Session::Counters() const {
+  absl::MutexLock lock(&mu_);
+  SessionCounters c = counters_;
+  c.recent_step_seconds.clear();
+  c.recent_snapshot_seconds.clear();
+  return c;
+}
+
+void Session::TakeDurations(std::vector<double>* step_seconds,
+                            std::vector<double>* snapshot_seconds) {
+  absl::MutexLock lock(&mu_);
+  step_seconds->swap(counters_.recent_step_seconds);
+  counters_.recent_step_seconds.clear();
+  snapshot_seconds->swap(counters_.recent_snapshot_seconds);
+  counters_.recent_snapshot_seconds.clear();
 }
 
 }  // namespace memprofd

@@ -1,0 +1,124 @@
+// memprofctl train: starts training, shows a live progress line (or one JSON
+// object per step with --json) and a summary.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "client/flags.h"
+
+namespace memprofd::cli {
+namespace {
+
+std::string Eta(double seconds) {
+  if (seconds < 0 || seconds > 1e7) return "?";
+  const int s = static_cast<int>(seconds + 0.5);
+  return s >= 3600 ? absl::StrFormat("%dh%02dm", s / 3600, s / 60 % 60)
+                   : absl::StrFormat("%dm%02ds", s / 60, s % 60);
+}
+
+}  // namespace
+
+int TrainCommand(const Context& c, const Args& args) {
+  if (!args.empty()) return Usage("train takes flags only (see usage)");
+  v1::TrainRequest req;
+  req.set_steps(absl::GetFlag(FLAGS_steps));
+  req.set_batch_size(absl::GetFlag(FLAGS_batch_size));
+  req.set_seq_len(absl::GetFlag(FLAGS_seq_len));
+  req.set_learning_rate(absl::GetFlag(FLAGS_lr));
+  req.set_seed(absl::GetFlag(FLAGS_seed));
+  req.set_gradient_checkpointing(absl::GetFlag(FLAGS_checkpointing));
+  req.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+  req.set_max_grad_norm(absl::GetFlag(FLAGS_max_grad_norm));
+  req.set_grad_accumulation_steps(absl::GetFlag(FLAGS_grad_accum));
+  const std::string data = absl::GetFlag(FLAGS_data);
+  const std::string token_data = absl::GetFlag(FLAGS_token_data);
+  if (!data.empty() && !token_data.empty())
+    return Usage("give --data or --token_data, not both");
+  if (!data.empty()) req.mutable_data()->set_text_file(data);
+  if (!token_data.empty()) {
+    req.mutable_data()->mutable_token_file()->set_path(token_data);
+    req.mutable_data()->mutable_token_file()->set_bytes_per_token(
+        absl::GetFlag(FLAGS_bytes_per_token));
+  }
+  if (absl::GetFlag(FLAGS_offload)) {
+    v1::OffloadOptions* o = req.mutable_offload();
+    o->set_enabled(true);
+    const std::string target = absl::GetFlag(FLAGS_offload_target);
+    if (target == "disk") {
+      o->set_target(v1::OFFLOAD_TARGET_DISK);
+    } else if (target == "host") {
+      o->set_target(v1::OFFLOAD_TARGET_HOST);
+    } else if (!target.empty()) {
+      return Usage(
+          absl::StrCat("--offload_target must be disk or host, not '", target, "'"));
+    }
+    o->set_min_offload_bytes(absl::GetFlag(FLAGS_min_offload_bytes));
+    o->set_offload_head(absl::GetFlag(FLAGS_offload_head));
+  }
+
+  v1::Operation op;
+  auto ctx = c.client->NewContext(c.timeout);
+  grpc::Status s = c.client->stub().Train(ctx.get(), req, &op);
+  if (!s.ok()) return ReportRpcError("train", s);
+  if (!c.json)
+    std::printf("training %s: %lld steps\n", op.id().c_str(),
+                static_cast<long long>(req.steps()));
+
+  v1::StreamStepReportsRequest stream_req;
+  stream_req.set_operation_id(op.id());
+  auto stream_ctx = c.client->NewContext();
+  auto reader = c.client->stub().StreamStepReports(stream_ctx.get(), stream_req);
+  v1::StepReport r;
+  const bool tty = isatty(STDOUT_FILENO);
+  double seconds = 0;
+  while (reader->Read(&r)) {
+    if (c.json) {
+      std::printf("%s\n", ToJsonLine(r).c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    seconds += r.step_seconds();
+    const double eta = seconds / static_cast<double>(r.step()) *
+                       static_cast<double>(req.steps() - r.step());
+    std::string line =
+        absl::StrFormat("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", r.step(),
+                        req.steps(), r.loss(), r.tokens_per_second(), Eta(eta));
+    if (r.offload().bytes_out() > 0 || req.has_offload()) {
+      absl::StrAppend(
+          &line, "  offloaded ", HumanBytes(static_cast<double>(r.offload().bytes_out())),
+          " (dedup saved ",
+          HumanBytes(static_cast<double>(r.offload().dedup_bytes_saved())), ")");
+    }
+    // A live line on a terminal; one line per step otherwise (logs, pipes).
+    std::printf(tty ? "\r\033[K%s" : "%s\n", line.c_str());
+    std::fflush(stdout);
+  }
+  if (tty && !c.json) std::printf("\n");
+  s = reader->Finish();
+  if (!s.ok()) return ReportRpcError("train (step stream)", s);
+  s = WaitForOperation(c, op.id(), &op);
+  if (!s.ok()) return ReportRpcError("train", s);
+  if (c.json) return ExitForOperation(op);
+  if (op.has_train()) {
+    const auto& t = op.train();
+    std::printf(
+        "%s: %lld steps, loss %.4f -> %.4f, %lld tokens in %.1f s (%.0f tokens/s)\n",
+        v1::OperationState_Name(op.state())
+            .substr(sizeof("OPERATION_STATE_") - 1)
+            .c_str(),
+        static_cast<long long>(t.steps_completed()), t.first_loss(), t.last_loss(),
+        static_cast<long long>(t.tokens()), t.seconds(), t.mean_tokens_per_second());
+  }
+  if (op.has_error()) {
+    std::fprintf(stderr, "memprofctl: train: %s\n", op.error().message().c_str());
+  }
+  return ExitForOperation(op);
+}
+
+}  // namespace memprofd::cli

@@ -1,0 +1,51 @@
+#include "client/flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, addr, "127.0.0.1:50051", "memprofd's gRPC address");
+ABSL_FLAG(std::string, token_file, "", "file whose first line is the bearer token");
+ABSL_FLAG(std::string, tls_ca, "", "PEM root certificates; use TLS when set");
+ABSL_FLAG(bool, json, false, "print JSON (proto field names), one object per line");
+ABSL_FLAG(int64_t, timeout_ms, 10000, "deadline of each unary call, in milliseconds");
+ABSL_FLAG(std::string, service, "",
+          "health: the service to ask about (\"\" = the server)");
+
+ABSL_FLAG(int64_t, steps, 100, "train: optimizer steps");
+ABSL_FLAG(int64_t, batch_size, 8, "train: sequences per micro-batch");
+ABSL_FLAG(int64_t, seq_len, 128, "train: tokens per sequence");
+ABSL_FLAG(double, lr, 1e-3, "train: learning rate");
+ABSL_FLAG(uint64_t, seed, 0, "train: data order seed; load: initialisation seed");
+ABSL_FLAG(std::string, data, "",
+          "train: a text file on the daemon's host, read as bytes (default: the embedded "
+          "corpus)");
+ABSL_FLAG(std::string, token_data, "",
+          "train: a binary file of little-endian token ids on the daemon's host (nanoGPT "
+          ".bin)");
+ABSL_FLAG(int32_t, bytes_per_token, 2,
+          "train: 2 (uint16) or 4 (uint32) for --token_data");
+ABSL_FLAG(bool, checkpointing, false, "train: gradient checkpointing per decoder layer");
+ABSL_FLAG(double, weight_decay, 0.0, "train: AdamW weight decay");
+ABSL_FLAG(double, max_grad_norm, 0.0, "train: clip the gradient norm (0: off)");
+ABSL_FLAG(int64_t, grad_accum, 1, "train: micro-batches per optimizer step");
+ABSL_FLAG(bool, offload, false, "train: offload saved activations");
+ABSL_FLAG(std::string, offload_target, "",
+          "train: disk or host (default: the daemon's, disk on CPU hosts)");
+ABSL_FLAG(int64_t, min_offload_bytes, 0, "train: smallest span moved (0: the daemon's)");
+ABSL_FLAG(bool, offload_head, false, "train: offload the LM head's activations too");
+
+ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small)");
+ABSL_FLAG(std::string, hf_dir, "",
+          "load: a Hugging Face model directory on the daemon's host");
+ABSL_FLAG(
+    std::string, placement, "",
+    "load: module=device|cpu|disk,... (model.embed_tokens, model.layers.N, model.norm, "
+    "lm_head)");
+
+ABSL_FLAG(std::string, max_shard_size, "",
+          "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");
+ABSL_FLAG(std::string, dtype, "keep", "snapshot: keep, bf16, fp16 or fp32");
+ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
+
+ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
+ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");
+ABSL_FLAG(std::string, o, "", "memory dump: output file");

@@ -1,0 +1,48 @@
+#ifndef MEMPROFD_CLIENT_FLAGS_H_
+#define MEMPROFD_CLIENT_FLAGS_H_
+
+// memprofctl's flags. Every flag may stand before or after the command;
+// each command reads the ones it documents.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/flags/declare.h"
+
+ABSL_DECLARE_FLAG(std::string, addr);
+ABSL_DECLARE_FLAG(std::string, token_file);
+ABSL_DECLARE_FLAG(std::string, tls_ca);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(int64_t, timeout_ms);
+ABSL_DECLARE_FLAG(std::string, service);
+// train
+ABSL_DECLARE_FLAG(int64_t, steps);
+ABSL_DECLARE_FLAG(int64_t, batch_size);
+ABSL_DECLARE_FLAG(int64_t, seq_len);
+ABSL_DECLARE_FLAG(double, lr);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, data);
+ABSL_DECLARE_FLAG(std::string, token_data);
+ABSL_DECLARE_FLAG(int32_t, bytes_per_token);
+ABSL_DECLARE_FLAG(bool, checkpointing);
+ABSL_DECLARE_FLAG(double, weight_decay);
+ABSL_DECLARE_FLAG(double, max_grad_norm);
+ABSL_DECLARE_FLAG(int64_t, grad_accum);
+ABSL_DECLARE_FLAG(bool, offload);
+ABSL_DECLARE_FLAG(std::string, offload_target);
+ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
+ABSL_DECLARE_FLAG(bool, offload_head);
+// load
+ABSL_DECLARE_FLAG(std::string, preset);
+ABSL_DECLARE_FLAG(std::string, hf_dir);
+ABSL_DECLARE_FLAG(std::string, placement);
+// snapshot
+ABSL_DECLARE_FLAG(std::string, max_shard_size);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, mode);
+// memory
+ABSL_DECLARE_FLAG(int64_t, max_entries);
+ABSL_DECLARE_FLAG(bool, clear);
+ABSL_DECLARE_FLAG(std::string, o);
+
+#endif  // MEMPROFD_CLIENT_FLAGS_H_

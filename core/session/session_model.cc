@@ -1,0 +1,158 @@
+// Session: loading the model and publishing what it holds.
+
+#include <ATen/ATen.h>
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/phase.h"
+#include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
+#include "core/memory/categories.h"
+#include "core/memory/history.h"
+#include "core/memory/recorder.h"
+#include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/session/session.h"
+#include "core/snapshot/loader.h"
+#include "core/train/trainer.h"
+
+namespace memprofd {
+namespace {
+
+absl::Status CheckPlacement(const LoadModelSpec& spec, const std::string& device) {
+  for (const auto& [module, placement] : spec.placement) {
+    const bool ok_module = module == "model.embed_tokens" || module == "model.norm" ||
+                           module == "lm_head" ||
+                           absl::StartsWith(module, "model.layers.");
+    if (!ok_module) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement names unknown module '", module,
+          "': use model.embed_tokens, model.layers.N, model.norm or lm_head"));
+    }
+    // On a CPU compute device "cpu" is where every module already lives.
+    if (placement == Placement::kDisk ||
+        (placement == Placement::kCpu && device != "cpu")) {
+      return absl::UnimplementedError(absl::StrCat(
+          "placing '", module, "' on ", placement == Placement::kDisk ? "disk" : "cpu",
+          " is not built into this memprofd yet (snapshots and checkpoints: placement); "
+          "load it on the device"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpec& spec) {
+  if (spec.preset.empty() == spec.hf_directory.empty()) {
+    return absl::InvalidArgumentError(
+        "give exactly one model source: a preset (tiny, small) or a Hugging Face "
+        "directory");
+  }
+  RETURN_IF_ERROR(CheckPlacement(spec, device_));
+  if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());
+  {
+    absl::MutexLock lock(&mu_);
+    if (training_active_) {
+      return absl::FailedPreconditionError(
+          "training is running on the current model; cancel it (CancelOperation) before "
+          "loading another");
+    }
+  }
+  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
+  RETURN_IF_ERROR(Post([this, op, spec] {
+    op->MarkRunning();
+    absl::Status status = LoadOnOwner(spec);
+    if (!status.ok()) {
+      op->Finish(status);
+      return;
+    }
+    op->Finish(absl::OkStatus(), *Model());
+  }));
+  return op;
+}
+
+absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
+  PhaseScope phase(Phase::kLoad);
+  const c10::Device device(device_);
+  std::unique_ptr<LlamaModel> model;
+  std::string source;
+  if (!spec.preset.empty()) {
+    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
+    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
+    source = absl::StrCat("preset:", spec.preset);
+  } else {
+    ASSIGN_OR_RETURN(snapshot::LoadedWeights weights,
+                     snapshot::LoadSafetensorsDirectory(spec.hf_directory));
+    if (weights.config_json.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", spec.hf_directory,
+                       "' has no config.json; a Hugging Face model directory needs one"));
+    }
+    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(weights.config_json));
+    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
+    RETURN_IF_ERROR(model->LoadStateDict(weights.tensors));
+    source = spec.hf_directory;
+  }
+  // The old model (and the optimizer state that points at it) goes first.
+  trainer_.reset();
+  offloader_.reset();
+  model_ = std::move(model);
+  model_source_ = source;
+  trainer_ = std::make_unique<Trainer>(model_.get());
+  PublishModel();
+  PublishCategories();
+  return absl::OkStatus();
+}
+
+void Session::PublishModel() {
+  ModelSummary summary;
+  summary.source = model_source_;
+  summary.config = model_->config();
+  summary.num_parameters = model_->NumParameters();
+  summary.device = device_;
+  summary.steps_trained = trainer_ ? trainer_->global_step() : 0;
+  std::set<const void*> storages;
+  for (const auto& [name, t] : model_->NamedParameters()) {
+    ParameterSummary p;
+    p.name = name;
+    p.shape = t.sizes().vec();
+    p.dtype = std::string(c10::toString(t.scalar_type()));
+    p.bytes = static_cast<int64_t>(t.nbytes());
+    if (storages.insert(t.storage().unsafeGetStorageImpl()).second) {
+      summary.parameter_bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
+    summary.parameters.push_back(std::move(p));
+  }
+  absl::MutexLock lock(&mu_);
+  model_summary_ = std::move(summary);
+}
+
+void Session::PublishCategories() {
+  memory::CategoryInputs in;
+  if (model_) {
+    in.parameters = model_->Parameters();
+    for (const auto& p : in.parameters) in.gradients.push_back(p.grad());
+  }
+  if (trainer_) in.optimizer_state = trainer_->OptimizerState();
+  if (offloader_) {
+    in.offloaded_host_bytes = offloader_->host_bytes_held();
+    in.offloaded_disk_bytes = offloader_->disk_bytes_held();
+  }
+  in.snapshot_staging_bytes = async_staging_bytes_.load();
+  const c10::Device device(device_);
+  in.allocator_device = device.type();
+  const int recorder_device = device.is_cpu() ? memory::kCpuDevice : device.index();
+  in.allocator_total_bytes =
+      memory::MemoryRecorder::Global().CurrentBytes(recorder_device);
+  // Async snapshot copies live in host memory the CPU allocator counts.
+  if (device.is_cpu()) in.external_bytes_in_allocator = in.snapshot_staging_bytes;
+  memory::CategoryBytes bytes = memory::ComputeCategories(in);
+  absl::MutexLock lock(&mu_);
+  counters_.categories = bytes;
+}
+
+}  // namespace memprofd

@@ -1,0 +1,186 @@
+// Session: snapshots, taken at step boundaries so that each is a consistent
+// point-in-time copy, blocking or written in the background.
+
+#include <ATen/ATen.h>
+
+#include <future>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/log.h"
+#include "core/common/phase.h"
+#include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
+#include "core/model/llama.h"
+#include "core/session/session.h"
+#include "core/snapshot/snapshot_store.h"
+#include "core/snapshot/writer.h"
+#include "core/train/trainer.h"
+
+namespace memprofd {
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
+    const SnapshotSpec& spec) {
+  if (options_.snapshot_root.empty()) {
+    return absl::FailedPreconditionError(
+        "snapshots are off: start memprofd with --snapshot_root=DIR");
+  }
+  RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
+  if (!Model())
+    return absl::FailedPreconditionError("no model is loaded; LoadModel first");
+  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a snapshot named '", spec.name,
+                     "' exists; pick another name or DeleteSnapshot it"));
+  }
+  return QueueSnapshot(spec);
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec spec) {
+  spec.options.staging_bytes = options_.snapshot_staging_bytes;
+  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kSnapshot);
+  absl::MutexLock lock(&mu_);
+  if (stopping_) {
+    op->Finish(absl::UnavailableError("memprofd is shutting down"));
+    return absl::UnavailableError(
+        "memprofd is shutting down; retry against another instance");
+  }
+  boundary_.push_back([this, op, spec] { RunSnapshot(op, spec); });
+  // When no training runs, this empty item wakes the owner thread, which
+  // runs boundary work after every item.
+  queue_.push_back([] {});
+  return op;
+}
+
+void Session::MaybeQueuePeriodicSnapshot(int64_t global_step) {
+  if (options_.snapshot_every_steps <= 0 || options_.snapshot_root.empty() ||
+      global_step % options_.snapshot_every_steps != 0) {
+    return;
+  }
+  SnapshotSpec spec;
+  spec.name = absl::StrCat("step-", global_step);
+  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) return;
+  absl::StatusOr<std::shared_ptr<Operation>> op = QueueSnapshot(spec);
+  if (!op.ok())
+    LogWarning(absl::StrCat("periodic snapshot not queued: ", op.status().message()));
+}
+
+void Session::RunSnapshot(const std::shared_ptr<Operation>& op,
+                          const SnapshotSpec& spec) {
+  if (op->cancel_requested()) {
+    op->Finish(absl::CancelledError("cancelled before it started"));
+    return;
+  }
+  op->MarkRunning();
+  PhaseScope phase(Phase::kSnapshot);
+  SnapshotSpec s = spec;
+  s.options.tie_word_embeddings = model_->config().tie_word_embeddings;
+  s.options.global_step = trainer_ ? trainer_->global_step() : 0;
+  const std::string config_json = model_->config().ToJson();
+  if (s.mode == SnapshotMode::kAsync) {
+    // Copy every tensor to host memory now (the consistent point), then
+    // write in the background while training goes on.
+    absl::StatusOr<snapshot::AsyncSnapshotSource> copy =
+        snapshot::CopyForAsyncSnapshot(model_->NamedParameters(), s.options);
+    if (!copy.ok()) {
+      FinishSnapshot(op, copy.status(), s.mode);
+      return;
+    }
+    async_staging_bytes_ += copy->host_bytes;
+    s.options.held_host_bytes = copy->host_bytes;
+    s.options.enter_snapshot_phase = false;  // the phase belongs to the owner thread
+    absl::MutexLock lock(&mu_);
+    async_writers_.emplace_back(
+        [this, op, s, copy = *std::move(copy), config_json]() mutable {
+          RunAsyncWrite(op, s, std::move(copy.tensors), config_json, copy.host_bytes);
+        });
+    return;
+  }
+  snapshot::SnapshotWriter writer(options_.snapshot_root);
+  absl::StatusOr<snapshot::SnapshotManifest> manifest = writer.Write(
+      s.name, model_->NamedParameters(), config_json, s.options,
+      [&op](int64_t written, int64_t total) {
+        op->SetProgress(written, total, "bytes", "");
+      },
+      [&op] { return op->cancel_requested(); });
+  FinishSnapshot(op, std::move(manifest), s.mode);
+}
+
+void Session::RunAsyncWrite(const std::shared_ptr<Operation>& op,
+                            const SnapshotSpec& spec,
+                            std::vector<std::pair<std::string, at::Tensor>> copies,
+                            std::string config_json, int64_t staged_bytes) {
+  snapshot::SnapshotWriter writer(options_.snapshot_root);
+  absl::StatusOr<snapshot::SnapshotManifest> manifest = writer.Write(
+      spec.name, copies, config_json, spec.options,
+      [&op](int64_t written, int64_t total) {
+        op->SetProgress(written, total, "bytes", "");
+      },
+      [&op] { return op->cancel_requested(); });
+  copies.clear();
+  async_staging_bytes_ -= staged_bytes;
+  FinishSnapshot(op, std::move(manifest), spec.mode);
+}
+
+void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
+                             absl::StatusOr<snapshot::SnapshotManifest> manifest,
+                             SnapshotMode mode) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (manifest.ok()) {
+      counters_.snapshots_succeeded += 1;
+      counters_.snapshot_bytes_total += manifest->bytes_written;
+      if (counters_.recent_snapshot_seconds.size() < 4096) {
+        counters_.recent_snapshot_seconds.push_back(manifest->duration_seconds);
+      }
+    } else {
+      counters_.snapshots_failed += 1;
+    }
+  }
+  if (!manifest.ok()) {
+    op->Finish(manifest.status());
+    return;
+  }
+  SnapshotResult result{*std::move(manifest), mode};
+  if (options_.keep_last > 0) {
+    absl::StatusOr<std::vector<std::string>> removed =
+        snapshot::ApplyRetention(options_.snapshot_root, options_.keep_last);
+    if (!removed.ok()) {
+      LogWarning(absl::StrCat("retention (--keep_last): ", removed.status().message()));
+    }
+  }
+  op->Finish(absl::OkStatus(), std::move(result));
+}
+
+absl::Status Session::SnapshotNow(const std::string& name) {
+  SnapshotSpec spec;
+  spec.name = name;
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, StartSnapshot(spec));
+  OperationView view = op->View();
+  while (!view.done) view = op->WaitForChange(view.version, absl::InfiniteFuture());
+  return view.error;
+}
+
+absl::StatusOr<std::vector<snapshot::SnapshotManifest>> Session::ListSnapshots() const {
+  if (options_.snapshot_root.empty()) return std::vector<snapshot::SnapshotManifest>{};
+  return snapshot::ListSnapshots(options_.snapshot_root);
+}
+
+absl::StatusOr<snapshot::SnapshotManifest> Session::DescribeSnapshot(
+    const std::string& name) const {
+  if (options_.snapshot_root.empty()) {
+    return absl::NotFoundError(
+        "snapshots are off: start memprofd with --snapshot_root=DIR");
+  }
+  return snapshot::DescribeSnapshot(options_.snapshot_root, name);
+}
+
+absl::Status Session::DeleteSnapshot(const std::string& name) {
+  if (options_.snapshot_root.empty()) {
+    return absl::NotFoundError(
+        "snapshots are off: start memprofd with --snapshot_root=DIR");
+  }
+  return snapshot::DeleteSnapshot(options_.snapshot_root, name);
+}
+
+}  // namespace memprofd

@@ -1,0 +1,181 @@
+// Session: training operations, with the offloader and the memory recorder
+// wired into every step.
+
+#include <ATen/ATen.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/common/status_macros.h"
+#include "core/memory/recorder.h"
+#include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/session/session.h"
+#include "core/train/data.h"
+#include "core/train/trainer.h"
+
+namespace memprofd {
+namespace {
+
+constexpr size_t kMaxRecentStepSeconds = 4096;
+
+bool SameOffloadOptions(const offload::OffloadOptions& a,
+                        const offload::OffloadOptions& b) {
+  return a.enabled == b.enabled && a.target == b.target &&
+         a.min_offload_bytes == b.min_offload_bytes &&
+         a.max_fwd_stash == b.max_fwd_stash && a.offload_head == b.offload_head &&
+         a.spill_dir == b.spill_dir && a.host_limit_bytes == b.host_limit_bytes;
+}
+
+int64_t StepPeakBytes(const std::string& device) {
+  memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+  for (const auto& p : stats.last_step_peaks) {
+    if (p.device == device) return p.peak_bytes;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpec& spec) {
+  std::optional<ModelSummary> model = Model();
+  if (!model) {
+    return absl::FailedPreconditionError("no model is loaded; LoadModel first");
+  }
+  RETURN_IF_ERROR(
+      ValidateTrainOptions(spec.train, model->config.max_position_embeddings));
+  // The data is read and checked here so that the caller hears of a missing
+  // file or an out-of-range id at once, not from a failed operation.
+  ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
+                   TokenDataset::Create(spec.train.data, model->config.vocab_size));
+  RETURN_IF_ERROR(data->Validate(spec.train.seq_len));
+  std::shared_ptr<Operation> op;
+  {
+    absl::MutexLock lock(&mu_);
+    if (training_active_) {
+      return absl::AbortedError(
+          "another training operation is queued or running; wait for it or cancel it "
+          "(ListOperations shows it)");
+    }
+    if (stopping_) {
+      return absl::UnavailableError(
+          "memprofd is shutting down; retry against another instance");
+    }
+    training_active_ = true;
+    op = operations_.Create(OperationKind::kTrain);
+    queue_.push_back([this, op, spec, data] { RunTraining(op, spec, *data); });
+  }
+  return op;
+}
+
+void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
+                          const TokenDataset& data) {
+  struct ClearActive {
+    Session* s;
+    ~ClearActive() {
+      absl::MutexLock lock(&s->mu_);
+      s->training_active_ = false;
+    }
+  } clear_active{this};
+  if (op->cancel_requested()) {
+    op->Finish(absl::CancelledError("cancelled before it started"), TrainResult{});
+    return;
+  }
+  op->MarkRunning();
+  const offload::OffloadOptions offload_options = spec.offload.value_or(options_.offload);
+  if (!offloader_ || !SameOffloadOptions(offloader_->options(), offload_options)) {
+    offloader_.reset();
+    absl::StatusOr<std::unique_ptr<offload::Offloader>> created =
+        offload::Offloader::Create(offload_options, c10::Device(device_));
+    if (!created.ok()) {
+      op->Finish(created.status());
+      return;
+    }
+    offloader_ = *std::move(created);
+  }
+  offload::Offloader* offloader = offloader_.get();
+
+  offload::OffloadStats step_offload;
+  StepHooks hooks;
+  hooks.body_scope = [offloader] {
+    return std::static_pointer_cast<void>(
+        std::make_shared<offload::OffloadScope>(offloader));
+  };
+  // The head runs inside the offload scope too, so that its saved tensors are
+  // counted; unless offload_head, a nested NoOffloadScope keeps them on the
+  // device (little compute, large activations that backward needs first).
+  hooks.head_scope = [offloader, offload_head = offload_options.offload_head] {
+    struct HeadScope {
+      explicit HeadScope(offload::Offloader* o) : offload(o) {}
+      offload::OffloadScope offload;
+    };
+    struct ExemptHeadScope {
+      explicit ExemptHeadScope(offload::Offloader* o) : offload(o) {}
+      offload::OffloadScope offload;
+      offload::NoOffloadScope exempt;  // destroyed first
+    };
+    return offload_head
+               ? std::static_pointer_cast<void>(std::make_shared<HeadScope>(offloader))
+               : std::static_pointer_cast<void>(
+                     std::make_shared<ExemptHeadScope>(offloader));
+  };
+  hooks.before_step = [this, offloader](int64_t) {
+    std::vector<at::Tensor> pinned = model_->Parameters();
+    for (const auto& b : model_->Buffers()) pinned.push_back(b);
+    offloader->BeginStep(pinned);
+  };
+  hooks.after_step = [offloader, &step_offload](StepReport&) {
+    step_offload = offloader->EndStep();
+  };
+  trainer_->set_hooks(hooks);
+
+  const int64_t steps = spec.train.steps;
+  auto on_step = [&](const StepReport& report) {
+    SessionStepReport r;
+    r.step = report;
+    r.offload = step_offload;
+    r.peak_allocated_bytes = StepPeakBytes(device_);
+    op->AppendEvent(r);
+    op->SetProgress(report.step, steps, "steps",
+                    absl::StrFormat("step %d/%d, loss %.4f, %.0f tokens/s", report.step,
+                                    steps, report.loss, report.tokens_per_second));
+    {
+      absl::MutexLock lock(&mu_);
+      counters_.steps_total += 1;
+      counters_.tokens_total += report.tokens;
+      counters_.last_loss = report.loss;
+      counters_.has_loss = true;
+      if (counters_.recent_step_seconds.size() < kMaxRecentStepSeconds) {
+        counters_.recent_step_seconds.push_back(report.step_seconds);
+      }
+      counters_.offload_totals.Add(step_offload);
+      counters_.last_step = r;
+      if (model_summary_) model_summary_->steps_trained = report.global_step;
+    }
+    PublishCategories();
+    MaybeQueuePeriodicSnapshot(report.global_step);
+  };
+  auto cancelled = [&] {
+    // Step boundary: snapshots and other boundary work run here.
+    RunBoundaryWork();
+    return op->cancel_requested();
+  };
+  absl::StatusOr<TrainResult> result =
+      trainer_->Run(spec.train, data, on_step, cancelled);
+  trainer_->set_hooks(StepHooks());
+  PublishCategories();
+  if (!result.ok()) {
+    op->Finish(result.status());
+    return;
+  }
+  if (result->cancelled) {
+    op->Finish(absl::CancelledError(absl::StrCat(
+                   "cancelled after ", result->steps_completed, " of ", steps, " steps")),
+               *result);
+    return;
+  }
+  op->Finish(absl::OkStatus(), *result);
+}
+
+}  // namespace memprofd

@@ -1,0 +1,223 @@
+#include "server/session_metrics.h"
+
+#include <prometheus/metric_family.h>
+
+#include <deque>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "core/common/phase.h"
+#include "core/memory/recorder.h"
+
+namespace memprofd {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+class Families {
+ public:
+  MetricFamily& Add(const std::string& name, const std::string& help, MetricType type) {
+    MetricFamily f;
+    f.name = name;
+    f.help = help;
+    f.type = type;
+    families_.push_back(std::move(f));
+    return families_.back();
+  }
+  static void Sample(MetricFamily& f, double value, const Labels& labels = {}) {
+    ClientMetric m;
+    for (const auto& [k, v] : labels) m.label.push_back({k, v});
+    if (f.type == MetricType::Counter) {
+      m.counter.value = value;
+    } else {
+      m.gauge.value = value;
+    }
+    f.metric.push_back(std::move(m));
+  }
+  std::vector<MetricFamily> Take() { return {families_.begin(), families_.end()}; }
+
+ private:
+  std::deque<MetricFamily> families_;  // stable references for Add()
+};
+
+}  // namespace
+
+void SessionMetrics::Buckets::Observe(double v) {
+  for (size_t i = 0; i < bounds.size(); ++i) {
+    if (v <= bounds[i]) {
+      ++counts[i];
+      break;
+    }
+  }
+  ++count;
+  sum += v;
+}
+
+SessionMetrics::SessionMetrics(Session* session) : session_(session) {
+  step_seconds_.bounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+  step_seconds_.counts.assign(step_seconds_.bounds.size(), 0);
+  snapshot_seconds_.bounds = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800};
+  snapshot_seconds_.counts.assign(snapshot_seconds_.bounds.size(), 0);
+}
+
+std::vector<MetricFamily> SessionMetrics::Collect() const {
+  Families out;
+  const SessionCounters c = session_->Counters();
+  const memory::MemoryStatsView mem = memory::MemoryRecorder::Global().Stats();
+
+  // Training.
+  Families::Sample(out.Add("memprofd_train_steps_total", "Optimizer steps completed.",
+                           MetricType::Counter),
+                   static_cast<double>(c.steps_total));
+  Families::Sample(
+      out.Add("memprofd_train_tokens_total", "Tokens trained on.", MetricType::Counter),
+      static_cast<double>(c.tokens_total));
+  if (c.has_loss) {
+    Families::Sample(
+        out.Add("memprofd_train_last_loss", "Loss of the last step.", MetricType::Gauge),
+        c.last_loss);
+  }
+  if (c.last_step) {
+    Families::Sample(
+        out.Add("memprofd_train_tokens_per_second",
+                "Throughput of the last step, in tokens per second.", MetricType::Gauge),
+        c.last_step->step.tokens_per_second);
+  }
+  {
+    std::vector<double> steps, snaps;
+    session_->TakeDurations(&steps, &snaps);
+    absl::MutexLock lock(&mu_);
+    for (double v : steps) step_seconds_.Observe(v);
+    for (double v : snaps) snapshot_seconds_.Observe(v);
+    auto histogram = [&out](const char* name, const char* help, const Buckets& b) {
+      MetricFamily& f = out.Add(name, help, MetricType::Histogram);
+      ClientMetric m;
+      uint64_t cumulative = 0;
+      for (size_t i = 0; i < b.bounds.size(); ++i) {
+        cumulative += b.counts[i];
+        m.histogram.bucket.push_back({cumulative, b.bounds[i]});
+      }
+      m.histogram.bucket.push_back({b.count, std::numeric_limits<double>::infinity()});
+      m.histogram.sample_count = b.count;
+      m.histogram.sample_sum = b.sum;
+      f.metric.push_back(std::move(m));
+    };
+    histogram("memprofd_train_step_seconds", "Wall time of training steps.",
+              step_seconds_);
+    histogram("memprofd_snapshot_duration_seconds", "Wall time of published snapshots.",
+              snapshot_seconds_);
+  }
+  Families::Sample(out.Add("memprofd_operations_active", "Operations queued or running.",
+                           MetricType::Gauge),
+                   static_cast<double>(session_->operations().ActiveCount()));
+
+  // Memory per device.
+  MetricFamily& current = out.Add("memprofd_memory_allocated_bytes",
+                                  "Bytes allocated now, per device.", MetricType::Gauge);
+  MetricFamily& peak = out.Add("memprofd_memory_peak_allocated_bytes",
+                               "Peak bytes allocated since start or the last reset-peak.",
+                               MetricType::Gauge);
+  MetricFamily& allocs = out.Add("memprofd_memory_allocations_total",
+                                 "Allocation events, per device.", MetricType::Counter);
+  MetricFamily& frees = out.Add("memprofd_memory_frees_total", "Free events, per device.",
+                                MetricType::Counter);
+  for (const auto& d : mem.devices) {
+    const Labels l = {{"device", d.name}};
+    Families::Sample(current, static_cast<double>(d.current_bytes), l);
+    Families::Sample(peak, static_cast<double>(d.peak_bytes), l);
+    Families::Sample(allocs, static_cast<double>(d.alloc_count), l);
+    Families::Sample(frees, static_cast<double>(d.free_count), l);
+  }
+  bool any_cuda = false;
+  for (const auto& d : mem.devices) any_cuda |= d.has_cuda_stats;
+  if (any_cuda) {
+    MetricFamily& reserved =
+        out.Add("memprofd_cuda_reserved_bytes",
+                "Bytes reserved by the CUDA caching allocator.", MetricType::Gauge);
+    MetricFamily& retries = out.Add(
+        "memprofd_cuda_alloc_retries_total",
+        "CUDA allocations retried after freeing cached blocks.", MetricType::Counter);
+    MetricFamily& ooms = out.Add("memprofd_cuda_ooms_total", "CUDA out-of-memory errors.",
+                                 MetricType::Counter);
+    for (const auto& d : mem.devices) {
+      if (!d.has_cuda_stats) continue;
+      const Labels l = {{"device", d.name}};
+      Families::Sample(reserved, static_cast<double>(d.reserved_bytes), l);
+      Families::Sample(retries, static_cast<double>(d.alloc_retries), l);
+      Families::Sample(ooms, static_cast<double>(d.ooms), l);
+    }
+  }
+  MetricFamily& phase_peak =
+      out.Add("memprofd_memory_step_peak_bytes",
+              "Peak bytes allocated during the last finished step, per device and phase.",
+              MetricType::Gauge);
+  for (const auto& p : mem.last_step_phase_peaks) {
+    Families::Sample(phase_peak, static_cast<double>(p.peak_bytes),
+                     {{"device", p.device}, {"phase", std::string(PhaseName(p.phase))}});
+  }
+  MetricFamily& category =
+      out.Add("memprofd_memory_category_bytes",
+              "Bytes by what they hold (compute device).", MetricType::Gauge);
+  for (const auto& [name, bytes] : c.categories.Named()) {
+    Families::Sample(category, static_cast<double>(bytes), {{"category", name}});
+  }
+  Families::Sample(out.Add("memprofd_memory_history_entries",
+                           "Entries in the memory history ring.", MetricType::Gauge),
+                   static_cast<double>(mem.history_entries));
+
+  // Activation offloader.
+  const offload::OffloadStats& o = c.offload_totals;
+  MetricFamily& saved = out.Add("memprofd_offload_saved_tensors_total",
+                                "Saved tensors seen by the offloader, by what it did.",
+                                MetricType::Counter);
+  const std::pair<const char*, int64_t> outcomes[] = {
+      {"offloaded", o.tensors_offloaded},   {"parameter", o.skipped_parameter},
+      {"small", o.skipped_small},           {"wrapped_number", o.skipped_wrapped_number},
+      {"no_storage", o.skipped_no_storage}, {"on_target", o.skipped_on_target},
+      {"exempt", o.skipped_exempt},         {"other_device", o.skipped_other_device},
+      {"disabled", o.skipped_disabled}};
+  for (const auto& [name, n] : outcomes) {
+    Families::Sample(saved, static_cast<double>(n), {{"outcome", name}});
+  }
+  Families::Sample(out.Add("memprofd_offload_dedup_hits_total",
+                           "Saved tensors whose storage was already offloaded that step.",
+                           MetricType::Counter),
+                   static_cast<double>(o.dedup_hits));
+  Families::Sample(out.Add("memprofd_offload_dedup_saved_bytes_total",
+                           "Bytes dedup kept from moving again.", MetricType::Counter),
+                   static_cast<double>(o.dedup_bytes_saved));
+  MetricFamily& moved =
+      out.Add("memprofd_offload_moved_bytes_total",
+              "Bytes moved off the compute device and back.", MetricType::Counter);
+  Families::Sample(moved, static_cast<double>(o.bytes_out), {{"direction", "out"}});
+  Families::Sample(moved, static_cast<double>(o.bytes_in), {{"direction", "in"}});
+  Families::Sample(out.Add("memprofd_offload_anchor_bytes_total",
+                           "Bytes the reference algorithm (TRL) would have moved out.",
+                           MetricType::Counter),
+                   static_cast<double>(o.anchor_bytes_out));
+  if (c.last_step) {
+    Families::Sample(
+        out.Add("memprofd_offload_peak_resident_saved_bytes",
+                "Peak bytes of saved activations on the compute device, last step.",
+                MetricType::Gauge),
+        static_cast<double>(c.last_step->offload.peak_resident_saved_bytes));
+  }
+
+  // Snapshots.
+  MetricFamily& snaps =
+      out.Add("memprofd_snapshots_total", "Snapshots, by result.", MetricType::Counter);
+  Families::Sample(snaps, static_cast<double>(c.snapshots_succeeded),
+                   {{"result", "succeeded"}});
+  Families::Sample(snaps, static_cast<double>(c.snapshots_failed),
+                   {{"result", "failed"}});
+  Families::Sample(out.Add("memprofd_snapshot_written_bytes_total",
+                           "Bytes written by published snapshots.", MetricType::Counter),
+                   static_cast<double>(c.snapshot_bytes_total));
+  return out.Take();
+}
+
+}  // namespace memprofd
