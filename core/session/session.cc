@@ -2,6 +2,7 @@
 
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <future>
 #include <utility>
 
@@ -9,7 +10,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/memory/history.h"
 #include "core/memory/install.h"
+#include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/snapshot/snapshot_store.h"
@@ -177,6 +180,15 @@ std::optional<ModelSummary> Session::Model() const {
 SessionCounters Session::Counters() const {
   absl::MutexLock lock(&mu_);
   SessionCounters c = counters_;
+  // The remainder against the allocator's total now, not at the last step:
+  // the attributed categories only change on the owner thread, between reads.
+  const memory::CategoryBytes& b = c.categories;
+  const int64_t attributed = b.parameters + b.gradients + b.optimizer_state +
+                             categories_external_in_allocator_;
+  const c10::Device device(device_);
+  const int64_t total = memory::MemoryRecorder::Global().CurrentBytes(
+      device.is_cpu() ? memory::kCpuDevice : device.index());
+  c.categories.activations_and_temporaries = std::max<int64_t>(0, total - attributed);
   c.recent_step_seconds.clear();
   c.recent_snapshot_seconds.clear();
   return c;

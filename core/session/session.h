@@ -252,6 +252,9 @@ class Session {
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
+  // Bytes of counters_.categories that live outside the attributed tensors
+  // but inside the measured allocator (async snapshot copies on CPU).
+  int64_t categories_external_in_allocator_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::thread owner_;
 };

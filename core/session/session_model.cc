@@ -153,6 +153,7 @@ void Session::PublishCategories() {
   memory::CategoryBytes bytes = memory::ComputeCategories(in);
   absl::MutexLock lock(&mu_);
   counters_.categories = bytes;
+  categories_external_in_allocator_ = in.external_bytes_in_allocator;
 }
 
 }  // namespace memprofd

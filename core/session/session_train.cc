@@ -71,15 +71,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
                           const TokenDataset& data) {
-  struct ClearActive {
-    Session* s;
-    ~ClearActive() {
-      absl::MutexLock lock(&s->mu_);
-      s->training_active_ = false;
+  // The flag clears before the operation reports done, so that a client that
+  // saw it finish can start the next training at once.
+  auto finish = [this, &op](absl::Status status, std::any result = {}) {
+    {
+      absl::MutexLock lock(&mu_);
+      training_active_ = false;
     }
-  } clear_active{this};
+    op->Finish(std::move(status), std::move(result));
+  };
   if (op->cancel_requested()) {
-    op->Finish(absl::CancelledError("cancelled before it started"), TrainResult{});
+    finish(absl::CancelledError("cancelled before it started"), TrainResult{});
     return;
   }
   op->MarkRunning();
@@ -89,7 +91,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
     absl::StatusOr<std::unique_ptr<offload::Offloader>> created =
         offload::Offloader::Create(offload_options, c10::Device(device_));
     if (!created.ok()) {
-      op->Finish(created.status());
+      finish(created.status());
       return;
     }
     offloader_ = *std::move(created);
@@ -166,16 +168,14 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
   trainer_->set_hooks(StepHooks());
   PublishCategories();
   if (!result.ok()) {
-    op->Finish(result.status());
-    return;
+    finish(result.status());
+  } else if (result->cancelled) {
+    finish(absl::CancelledError(
+               absl::StrCat("cancelled after ", result->steps_completed, " of ", steps, " steps")),
+           *result);
+  } else {
+    finish(absl::OkStatus(), *result);
   }
-  if (result->cancelled) {
-    op->Finish(absl::CancelledError(absl::StrCat(
-                   "cancelled after ", result->steps_completed, " of ", steps, " steps")),
-               *result);
-    return;
-  }
-  op->Finish(absl::OkStatus(), *result);
 }
 
 }  // namespace memprofd

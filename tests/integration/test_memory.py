@@ -1,0 +1,185 @@
+"""Memory accounting over the wire: stats, history dumps as memory_viz
+pickles, and the Grafana dashboard's queries against a real Prometheus."""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import unittest
+
+import grpc
+
+import harness
+from harness import Daemon, pb
+from test_training import wait_done
+
+CATEGORIES = ["parameters", "gradients", "optimizer_state", "offloaded_host", "offloaded_disk",
+              "snapshot_staging", "activations_and_temporaries"]
+
+# Run by a torch-free interpreter: the dump must load with plain pickle.
+CHECK_PICKLE = r'''
+import collections, pickle, sys
+with open(sys.argv[1], "rb") as f:
+    raw = f.read()
+assert raw[0] == 0x80 and 2 <= raw[1] <= 4, "protocol %d" % raw[1]
+snap = pickle.loads(raw)
+assert "torch" not in sys.modules
+assert set(snap) >= {"segments", "device_traces", "allocator_settings"}, list(snap)
+traces = snap["device_traces"]
+entries = [e for t in traces for e in t]
+actions = collections.Counter(e["action"] for e in entries)
+for e in entries:
+    assert {"action", "addr", "size", "stream"} <= set(e), e
+for s in snap["segments"]:
+    assert {"device", "address", "total_size", "stream", "blocks"} <= set(s), s
+    assert sum(b["size"] for b in s["blocks"]) == s["total_size"]
+# Alloc/free pairs: a free_completed follows an alloc of the same address and
+# size, unless that alloc fell out of the ring before the first entry.
+for trace in traces:
+    live = {}
+    for e in trace:
+        if e["action"] == "alloc":
+            assert e["addr"] not in live, "double alloc at %x" % e["addr"]
+            live[e["addr"]] = e["size"]
+        elif e["action"] == "free_completed" and e["addr"] in live:
+            assert live.pop(e["addr"]) == e["size"]
+print(actions["alloc"], actions["free_completed"])
+'''
+
+
+class MemoryTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+
+    def test_1_stats_report_devices_categories_and_phases(self):
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.d.stub.DumpMemoryHistory(pb.DumpMemoryHistoryRequest(), timeout=30))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=32)).id)
+        stats = self.d.call("GetMemoryStats", pb.GetMemoryStatsRequest())
+        cpu = stats.devices[0]
+        self.assertEqual(cpu.device, "cpu")
+        self.assertGreater(cpu.current_bytes, 16_000_000)
+        self.assertGreaterEqual(cpu.peak_bytes, cpu.current_bytes)
+        self.assertGreater(cpu.allocations_total, cpu.frees_total)
+        categories = {c.category: c.bytes for c in stats.categories}
+        self.assertEqual(list(categories), CATEGORIES)
+        self.assertEqual(categories["parameters"], 16_000_000)  # tiny: 4M float32
+        self.assertEqual(categories["optimizer_state"], 32_000_000)  # AdamW: 2 moments
+        self.assertLessEqual(sum(categories.values()), cpu.current_bytes + categories["offloaded_disk"])
+        phases = {p.phase: p.peak_bytes for p in stats.last_step_phase_peaks}
+        for phase in ("forward", "backward", "optimizer"):
+            self.assertGreater(phases[phase], categories["parameters"])
+            self.assertLessEqual(phases[phase], cpu.peak_bytes)
+        self.assertEqual(stats.current_phase, "idle")
+
+    def test_2_reset_peak(self):
+        self.d.call("ResetPeakMemory", pb.ResetPeakMemoryRequest())
+        stats = self.d.call("GetMemoryStats", pb.GetMemoryStatsRequest())
+        self.assertLessEqual(stats.devices[0].peak_bytes - stats.devices[0].current_bytes, 1 << 20)
+
+    def test_3_recording_bad_sizes(self):
+        for n in (-1, 20_000_000):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=n))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_4_history_dump_is_a_plain_pickle_the_viewer_reads(self):
+        self.d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=500))
+        wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=2, batch_size=2, seq_len=32)).id)
+        self.d.call("StopMemoryRecording", pb.StopMemoryRecordingRequest())
+        stats = self.d.call("GetMemoryStats", pb.GetMemoryStatsRequest())
+        self.assertFalse(stats.recording)
+        self.assertEqual(stats.history_entries, 500)  # exactly the newest N
+        self.assertGreater(stats.history_dropped, 0)
+        data = b"".join(c.data for c in self.d.stub.DumpMemoryHistory(pb.DumpMemoryHistoryRequest(), timeout=60))
+        with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
+            f.write(data)
+            f.flush()
+            r = subprocess.run(["/usr/bin/python3", "-c", CHECK_PICKLE, f.name],
+                               capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        allocs, frees = map(int, r.stdout.split())
+        self.assertGreater(allocs, 0)
+        self.assertGreater(frees, 0)
+
+    def test_5_memprofctl_memory(self):
+        r = self.d.ctl("memory")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for needle in ("device", "cpu", "MiB", "by category", "parameters", "last step's peak"):
+            self.assertIn(needle, r.stdout)
+        r = self.d.ctl("memory", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(json.loads(r.stdout)["devices"][0]["device"], "cpu")
+        self.assertEqual(self.d.ctl("memory", "record", "start", "--max_entries", "1000").returncode, 0)
+        self.assertEqual(self.d.ctl("memory", "reset-peak").returncode, 0)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "history.pickle")
+            r = self.d.ctl("memory", "dump", "-o", out)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            with open(out, "rb") as f:
+                self.assertEqual(f.read(2), b"\x80\x02")
+        self.assertEqual(self.d.ctl("memory", "record", "stop", "--clear").returncode, 0)
+        self.assertEqual(self.d.ctl("memory", "record", "sideways").returncode, 2)
+
+
+@unittest.skipUnless(shutil.which("prometheus") and shutil.which("promtool"), "prometheus not installed")
+class DashboardTest(unittest.TestCase):
+    """Every PromQL expression of the Grafana dashboard returns data from a real
+    Prometheus scraping a training daemon (read from the JSON, so they cannot drift)."""
+
+    def test_every_dashboard_query_returns_data(self):
+        with open(os.path.join(harness.SOURCE_DIR, "deploy/grafana/dashboards/memprofd.json")) as f:
+            dashboard = json.load(f)
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        self.assertGreaterEqual(len(exprs), 10)
+        root = tempfile.mkdtemp(prefix="memprofd-dash-")
+        d = Daemon("--snapshot_root=" + root)
+        tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
+        port = harness.free_port()
+        config = os.path.join(tmp.name, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: memprofd\n"
+                    "    static_configs:\n      - targets: ['127.0.0.1:%d']\n" % d.metrics_port)
+        prom = subprocess.Popen(["prometheus", "--config.file=" + config,
+                                 "--storage.tsdb.path=" + os.path.join(tmp.name, "data"),
+                                 "--web.listen-address=127.0.0.1:%d" % port],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            url = "http://127.0.0.1:%d" % port
+            # Train (with offloading) while Prometheus scrapes, and snapshot.
+            op = d.call("Train", pb.TrainRequest(steps=1000, batch_size=2, seq_len=32,
+                                                 offload=pb.OffloadOptions(enabled=True)))
+            snap = d.call("Snapshot", pb.SnapshotRequest(name="dash"))
+            wait_done(d, snap.id)
+            missing = exprs
+            deadline = time.time() + 120
+            while missing and time.time() < deadline:
+                time.sleep(2)
+                still = []
+                for expr in missing:
+                    r = subprocess.run(["promtool", "query", "instant", url, expr],
+                                       capture_output=True, text=True)
+                    if r.returncode != 0 or "=>" not in r.stdout or "NaN" in r.stdout:
+                        still.append(expr)
+                missing = still
+            self.assertEqual(missing, [], "queries without data")
+            d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+            wait_done(d, op.id)
+        finally:
+            prom.terminate()
+            prom.wait(timeout=30)
+            tmp.cleanup()
+            d.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()

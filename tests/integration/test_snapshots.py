@@ -1,0 +1,239 @@
+"""Snapshots over the wire: save_pretrained-style directories read back by an
+independent parser, taken at step boundaries during training."""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import struct
+import tempfile
+import unittest
+
+import grpc
+
+from harness import Daemon, pb
+from test_training import wait_done
+
+
+def parse_safetensors(path):
+    """Strictly parses one file; returns {name: (dtype, shape)}."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    assert n % 8 == 0, "header not padded to 8"
+    header_text = data[8:8 + n].decode("utf-8")
+    assert header_text.startswith("{")
+    header = json.loads(header_text)
+    assert header.pop("__metadata__") == {"format": "pt"}
+    sizes = {"F32": 4, "BF16": 2, "F16": 2}
+    spans = []
+    out = {}
+    for name, entry in header.items():
+        assert set(entry) == {"dtype", "shape", "data_offsets"}, entry
+        begin, end = entry["data_offsets"]
+        numel = 1
+        for d in entry["shape"]:
+            numel *= d
+        assert end - begin == numel * sizes[entry["dtype"]], name
+        spans.append((begin, end))
+        out[name] = (entry["dtype"], entry["shape"])
+    spans.sort()
+    pos = 0
+    for begin, end in spans:
+        assert begin == pos, "gap or overlap"
+        pos = end
+    assert len(data) == 8 + n + pos, "trailing bytes or truncation"
+    return out
+
+
+class SnapshotTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.mkdtemp(prefix="memprofd-snaps-")
+        cls.d = Daemon("--snapshot_root=" + cls.root)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+        shutil.rmtree(cls.root, ignore_errors=True)
+
+    def snapshot(self, **kwargs):
+        op = self.d.call("Snapshot", pb.SnapshotRequest(**kwargs))
+        final = wait_done(self.d, op.id)
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+        return final.snapshot
+
+    def test_snapshot_during_training_is_taken_at_a_step_boundary(self):
+        op = self.d.call("Train", pb.TrainRequest(steps=12, batch_size=2, seq_len=32))
+        snap_op = None
+        steps = []
+        for r in self.d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
+                                               timeout=300):
+            steps.append(r.global_step)
+            if r.step == 3:
+                snap_op = self.d.call("Snapshot", pb.SnapshotRequest(name="mid-training"))
+        train = wait_done(self.d, op.id)
+        self.assertEqual(train.state, pb.OPERATION_STATE_SUCCEEDED)
+        self.assertEqual(train.train.steps_completed, 12)  # training went on after it
+        snap = wait_done(self.d, snap_op.id)
+        self.assertEqual(snap.state, pb.OPERATION_STATE_SUCCEEDED, snap.error.message)
+        # Taken between two steps: its step is one the stream reported.
+        self.assertIn(snap.snapshot.global_step, steps)
+        self.assertGreaterEqual(snap.snapshot.global_step, steps[2])
+        self.assertLess(snap.snapshot.global_step, steps[-1])
+        self.assertEqual(snap.progress.completed, snap.progress.total)
+        self.assertEqual(snap.progress.unit, "bytes")
+
+    def test_sharded_bf16_files_parse_and_match_the_model(self):
+        m = self.snapshot(name="sharded-bf16", max_shard_size="3MB", dtype=pb.SNAPSHOT_DTYPE_BF16)
+        files = sorted(os.listdir(m.directory))
+        shards = [f for f in files if f.endswith(".safetensors")]
+        self.assertGreater(len(shards), 1)
+        self.assertNotIn("model.safetensors", files)
+        self.assertIn("model.safetensors.index.json", files)
+        self.assertIn("config.json", files)
+        with open(os.path.join(m.directory, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        tensors = {}
+        for shard in shards:
+            for name, (dtype, shape) in parse_safetensors(os.path.join(m.directory, shard)).items():
+                self.assertEqual(index["weight_map"][name], shard)
+                self.assertEqual(dtype, "BF16")
+                tensors[name] = shape
+        self.assertEqual(set(index["weight_map"]), set(tensors))
+        self.assertEqual(index["metadata"]["total_size"], m.total_size)
+        self.assertEqual(sum(2 * max(1, _numel(s)) for s in tensors.values()), m.total_size)
+        model = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        expected = {p.name: list(p.shape) for p in model.parameters}
+        # Tied head: written once, as transformers does.
+        self.assertTrue(model.config.tie_word_embeddings)
+        del expected["lm_head.weight"]
+        self.assertEqual(tensors, expected)
+        with open(os.path.join(m.directory, "config.json")) as f:
+            config = json.load(f)
+        self.assertEqual(config["architectures"], ["LlamaForCausalLM"])
+        self.assertEqual(config["torch_dtype"], "bfloat16")
+        self.assertEqual({f.name for f in m.files}, set(files) - {"memprofd_manifest.json"})
+
+    def test_reloading_a_snapshot_gives_the_same_loss_bit_for_bit(self):
+        m = self.snapshot(name="reload")
+        self.assertEqual([f.name for f in m.files], ["model.safetensors", "config.json"])
+        req = pb.TrainRequest(steps=1, batch_size=2, seq_len=32, seed=5)
+        first = wait_done(self.d, self.d.call("Train", req).id).train.first_loss
+        load = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=m.directory)).id)
+        self.assertEqual(load.state, pb.OPERATION_STATE_SUCCEEDED, load.error.message)
+        self.assertEqual(load.model.source, m.directory)
+        again = wait_done(self.d, self.d.call("Train", req).id).train.first_loss
+        self.assertEqual(first, again)
+
+    def test_async_snapshot_reports_its_host_copy(self):
+        m = self.snapshot(name="async-1", mode=pb.SNAPSHOT_MODE_ASYNC)
+        self.assertEqual(m.mode, pb.SNAPSHOT_MODE_ASYNC)
+        self.assertGreaterEqual(m.peak_extra_host_bytes, m.total_size)
+        parse_safetensors(os.path.join(m.directory, "model.safetensors"))
+
+    def test_bad_names_sizes_and_unknown_snapshots(self):
+        self.snapshot(name="taken")
+        for kwargs, code in (({"name": ""}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": "a/b"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": ".."}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": ".hidden"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": "x" * 201}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": "ok", "max_shard_size": "5GiB"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": "ok", "max_shard_size": "lots"}, grpc.StatusCode.INVALID_ARGUMENT),
+                             ({"name": "taken"}, grpc.StatusCode.ALREADY_EXISTS)):
+            with self.assertRaises(grpc.RpcError, msg=str(kwargs)) as e:
+                self.d.call("Snapshot", pb.SnapshotRequest(**kwargs))
+            self.assertEqual(e.exception.code(), code, str(kwargs))
+            self.assertTrue(e.exception.details())
+        for method, req in (("DescribeSnapshot", pb.DescribeSnapshotRequest(name="nope")),
+                            ("DeleteSnapshot", pb.DeleteSnapshotRequest(name="nope"))):
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call(method, req)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="taken"))
+        names = [s.name for s in self.d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots]
+        self.assertNotIn("taken", names)
+        self.assertEqual([n for n in os.listdir(self.root) if n.startswith(".")], [])
+
+    def test_corrupt_snapshot_is_data_loss_and_nothing_is_lost(self):
+        m = self.snapshot(name="to-corrupt")
+        bad = tempfile.mkdtemp(prefix="memprofd-bad-")
+        try:
+            for f in ("model.safetensors", "config.json"):
+                shutil.copy(os.path.join(m.directory, f), bad)
+            path = os.path.join(bad, "model.safetensors")
+            os.truncate(path, os.path.getsize(path) - 100)
+            before = self.d.call("GetStatus", pb.GetStatusRequest()).model
+            op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=bad)).id)
+            self.assertEqual(op.error.code, grpc.StatusCode.DATA_LOSS.value[0], op.error.message)
+            self.assertIn("model.safetensors", op.error.message)
+            after = self.d.call("GetStatus", pb.GetStatusRequest()).model
+            self.assertEqual((before.source, before.steps_trained), (after.source, after.steps_trained))
+        finally:
+            shutil.rmtree(bad)
+
+    def test_memprofctl_snapshot_json_prints_the_manifest(self):
+        r = self.d.ctl("snapshot", "cli-snap", "--json", "--dtype", "fp16")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        manifest = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(manifest["name"], "cli-snap")
+        self.assertTrue(os.path.isdir(manifest["directory"]))
+        self.assertEqual(manifest["dtype"], "fp16")
+        r = self.d.ctl("snapshots", "describe", "cli-snap")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("model.safetensors", r.stdout)
+        r = self.d.ctl("snapshot", "bad/name")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT", r.stderr)
+        self.assertRegex(self.d.metrics_text(), r'memprofd_snapshots_total\{result="succeeded"\} [1-9]')
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class SnapshotFlagsTest(unittest.TestCase):
+    def test_without_a_root_snapshots_are_off(self):
+        d = Daemon()
+        try:
+            with self.assertRaises(grpc.RpcError) as e:
+                d.call("Snapshot", pb.SnapshotRequest(name="x"))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+            self.assertIn("--snapshot_root", e.exception.details())
+        finally:
+            d.close()
+
+    def test_snapshot_on_shutdown_periodic_and_retention(self):
+        root = tempfile.mkdtemp(prefix="memprofd-snaps-")
+        # A leftover of a killed snapshot is cleaned at start.
+        os.mkdir(os.path.join(root, ".tmp-old-abc123"))
+        d = Daemon("--snapshot_root=" + root, "--snapshot_every_steps=2", "--keep_last=2",
+                   "--snapshot_on_shutdown")
+        try:
+            self.assertFalse(os.path.exists(os.path.join(root, ".tmp-old-abc123")))
+            wait_done(d, d.call("Train", pb.TrainRequest(steps=6, batch_size=1, seq_len=16)).id)
+            names = []
+            for _ in range(100):
+                names = sorted(s.name for s in d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots)
+                if "step-6" in names:
+                    break
+                import time
+                time.sleep(0.1)
+            self.assertEqual(names, ["step-4", "step-6"])  # keep_last=2
+            code, _ = d.stop(signal.SIGTERM, timeout=30)
+            self.assertEqual(code, 0, d.output())
+            shutdown = glob.glob(os.path.join(root, "shutdown-*"))
+            self.assertEqual(len(shutdown), 1, os.listdir(root))
+            parse_safetensors(os.path.join(shutdown[0], "model.safetensors"))
+        finally:
+            d.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    unittest.main()

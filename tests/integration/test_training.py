@@ -1,0 +1,209 @@
+"""Model and training over the wire: the independent Python client drives the real daemon."""
+
+import json
+import os
+import struct
+import tempfile
+import threading
+import time
+import unittest
+
+import grpc
+
+from harness import Daemon, pb
+
+
+def wait_done(d, op_id, timeout=300):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        op = d.call("WaitOperation", pb.WaitOperationRequest(id=op_id, timeout_ms=10000), timeout=20)
+        if op.done:
+            return op
+    raise AssertionError("operation %s not done in %ss" % (op_id, timeout))
+
+
+class TrainingTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.d = Daemon()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+
+    def test_1_status_shows_the_default_model(self):
+        status = self.d.call("GetStatus", pb.GetStatusRequest())
+        self.assertEqual(status.model.source, "preset:tiny")
+        self.assertEqual(status.model.num_parameters, 4000000)
+        self.assertEqual(status.model.config.vocab_size, 256)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        names = [p.name for p in info.parameters]
+        self.assertEqual(names[0], "model.embed_tokens.weight")
+        self.assertIn("model.layers.3.mlp.down_proj.weight", names)
+        self.assertIn("model.norm.weight", names)
+
+    def test_2_stream_cancel_midway_and_start_again(self):
+        before = self.d.call("GetStatus", pb.GetStatusRequest()).model.steps_trained
+        op = self.d.call("Train", pb.TrainRequest(steps=200, batch_size=2, seq_len=32, seed=1))
+        self.assertEqual(op.kind, pb.OPERATION_KIND_TRAIN)
+        reports = []
+        for r in self.d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
+                                               timeout=300, metadata=self.d.metadata()):
+            reports.append(r)
+            if len(reports) == 3:
+                cancelled = self.d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+                self.assertEqual(cancelled.id, op.id)
+        final = wait_done(self.d, op.id)
+        self.assertEqual(final.state, pb.OPERATION_STATE_CANCELLED)
+        self.assertEqual(final.error.code, grpc.StatusCode.CANCELLED.value[0])
+        done_steps = final.train.steps_completed
+        self.assertGreaterEqual(done_steps, 3)
+        self.assertLess(done_steps, 200)
+        self.assertEqual([r.step for r in reports], list(range(1, done_steps + 1)))
+        for r in reports:
+            self.assertEqual(r.tokens, 64)
+            self.assertGreater(r.tokens_per_second, 0)
+            self.assertGreater(r.phase_seconds.forward, 0)
+            self.assertGreater(r.phase_seconds.backward, 0)
+            self.assertGreater(r.peak_allocated_bytes, 0)
+        # Start again: the model keeps training where it stopped.
+        op2 = self.d.call("Train", pb.TrainRequest(steps=2, batch_size=2, seq_len=32))
+        final2 = wait_done(self.d, op2.id)
+        self.assertEqual(final2.state, pb.OPERATION_STATE_SUCCEEDED, final2.error.message)
+        self.assertEqual(final2.train.steps_completed, 2)
+        status = self.d.call("GetStatus", pb.GetStatusRequest())
+        self.assertEqual(status.model.steps_trained, before + done_steps + 2)
+        self.assertEqual(status.last_step.global_step, before + done_steps + 2)
+        # A late subscriber replays the whole stream of a finished operation.
+        replay = list(self.d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op2.id),
+                                                    timeout=30, metadata=self.d.metadata()))
+        self.assertEqual([r.step for r in replay], [1, 2])
+
+    def test_3_bad_input_is_invalid_argument_with_what_to_fix(self):
+        tmp = tempfile.TemporaryDirectory()
+        empty = os.path.join(tmp.name, "empty.txt")
+        open(empty, "w").close()
+        cases = [
+            (pb.TrainRequest(steps=0), "steps"),
+            (pb.TrainRequest(steps=-3), "steps"),
+            (pb.TrainRequest(steps=1, batch_size=-1), "batch_size"),
+            (pb.TrainRequest(steps=1, seq_len=-5), "seq_len"),
+            (pb.TrainRequest(steps=1, seq_len=4096), "max_position_embeddings"),
+            (pb.TrainRequest(steps=1, data=pb.DataSource(text_file="/nonexistent/corpus.txt")),
+             "/nonexistent/corpus.txt"),
+            (pb.TrainRequest(steps=1, data=pb.DataSource(text_file=empty)), "empty"),
+            (pb.TrainRequest(steps=1, seq_len=4, data=pb.DataSource(
+                inline_tokens=pb.InlineTokens(ids=[1, 2, 300, 4, 5, 6, 7, 8]))), "300"),
+            (pb.TrainRequest(steps=1, seq_len=16, data=pb.DataSource(
+                inline_tokens=pb.InlineTokens(ids=[1, 2, 3]))), "seq_len"),
+            (pb.TrainRequest(steps=1, data=pb.DataSource(
+                token_file=pb.TokenFile(path=empty, bytes_per_token=3))), "bytes_per_token"),
+            (pb.TrainRequest(steps=1, offload=pb.OffloadOptions(enabled=True, min_offload_bytes=-1)),
+             "min_offload_bytes"),
+        ]
+        for req, needle in cases:
+            with self.assertRaises(grpc.RpcError, msg=str(req)) as e:
+                self.d.call("Train", req)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, str(req))
+            self.assertIn(needle, e.exception.details(), str(req))
+        tmp.cleanup()
+        # Still serving, nothing lost.
+        self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).serving_state, "SERVING")
+
+    def test_4_a_second_training_is_aborted(self):
+        op = self.d.call("Train", pb.TrainRequest(steps=50, batch_size=1, seq_len=16))
+        try:
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call("Train", pb.TrainRequest(steps=1))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.ABORTED)
+            with self.assertRaises(grpc.RpcError) as e:
+                self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny"))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        finally:
+            self.d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+            wait_done(self.d, op.id)
+
+    def test_5_training_data_sources(self):
+        tmp = tempfile.TemporaryDirectory()
+        tokens = os.path.join(tmp.name, "tokens.bin")
+        with open(tokens, "wb") as f:
+            f.write(struct.pack("<400H", *[i % 256 for i in range(400)]))  # uint16 LE ids
+        for data in (pb.DataSource(text_file="/usr/share/common-licenses/GPL-3"),
+                     pb.DataSource(token_file=pb.TokenFile(path=tokens, bytes_per_token=2)),
+                     pb.DataSource(inline_tokens=pb.InlineTokens(ids=list(range(100))))):
+            op = self.d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=16, data=data))
+            final = wait_done(self.d, op.id)
+            self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+        tmp.cleanup()
+
+    def test_6_load_model_presets_and_errors(self):
+        for req, code in ((pb.LoadModelRequest(), grpc.StatusCode.INVALID_ARGUMENT),
+                          (pb.LoadModelRequest(preset="huge"), grpc.StatusCode.INVALID_ARGUMENT),
+                          (pb.LoadModelRequest(hf_directory="/nonexistent/model"),
+                           grpc.StatusCode.NOT_FOUND),
+                          (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
+                              module="model.layers.1", placement=pb.PLACEMENT_DISK)]),
+                           grpc.StatusCode.UNIMPLEMENTED),
+                          (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
+                              module="model.bogus", placement=pb.PLACEMENT_CPU)]),
+                           grpc.StatusCode.INVALID_ARGUMENT)):
+            try:
+                op = self.d.call("LoadModel", req)
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), code, str(req))
+                continue
+            final = wait_done(self.d, op.id)
+            self.assertEqual(final.error.code, code.value[0], str(req))
+        op = self.d.call("LoadModel", pb.LoadModelRequest(preset="small", seed=3))
+        final = wait_done(self.d, op.id)
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+        self.assertGreater(final.model.num_parameters, 25_000_000)
+        self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).model.steps_trained, 0)
+        op = self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny"))
+        self.assertEqual(wait_done(self.d, op.id).state, pb.OPERATION_STATE_SUCCEEDED)
+
+    def test_7_memprofctl_train_json_and_metrics(self):
+        r = self.d.ctl("train", "--steps", "2", "--batch_size", "2", "--seq_len", "32", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [json.loads(l) for l in r.stdout.splitlines()]
+        self.assertEqual([l["step"] for l in lines], ["1", "2"])  # int64 as JSON strings
+        for key in ("loss", "tokens_per_second", "phase_seconds", "offload", "peak_allocated_bytes"):
+            self.assertIn(key, lines[0])
+        r = self.d.ctl("train", "--steps", "1", "--batch_size", "2", "--seq_len", "32", "--offload")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("offloaded", r.stdout)
+        self.assertIn("SUCCEEDED: 1 steps", r.stdout)
+        r = self.d.ctl("train", "--steps", "0")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("INVALID_ARGUMENT", r.stderr)
+        text = self.d.metrics_text()
+        self.assertRegex(text, r"memprofd_train_steps_total [1-9]")
+        self.assertRegex(text, r"memprofd_train_tokens_total [1-9]")
+        self.assertIn("memprofd_train_step_seconds_bucket", text)
+        self.assertIn("memprofd_train_last_loss", text)
+        self.assertRegex(text, r'memprofd_offload_saved_tensors_total\{outcome="offloaded"\} [1-9]')
+
+
+class OutOfMemoryTest(unittest.TestCase):
+    def test_oom_fails_the_operation_and_the_model_stays_usable(self):
+        # A 1 GiB address-space cap makes the CPU allocator fail inside a step.
+        d = Daemon("--model=tiny")
+        try:
+            import resource
+            pid = d.proc.pid
+            limit = 3 * 1024 ** 3
+            resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
+            op = d.call("Train", pb.TrainRequest(steps=1, batch_size=256, seq_len=512))
+            final = wait_done(d, op.id)
+            self.assertEqual(final.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(final.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             final.error.message)
+            self.assertIn("out of memory", final.error.message)
+            ok = d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=32))
+            self.assertEqual(wait_done(d, ok.id).state, pb.OPERATION_STATE_SUCCEEDED)
+        finally:
+            d.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
