@@ -338,7 +338,6 @@ void OffloadCore::DrainStash(bool all, Graveyard* graveyard) {
 void OffloadCore::FinishCopy(StorageRecord* record, size_t index,
                              const std::string& error) {
   Segment& segment = record->segments_[index];
-  segment.ready = true;
   segment.error = error;
   if (--record->pending_ == 0) AddResident(-record->storage_nbytes_);
 }

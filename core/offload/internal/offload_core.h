@@ -45,7 +45,6 @@ struct Segment {
   ByteSpan span;
   at::Tensor host;           // host copy (kByte CPU tensor), or undefined
   int64_t file_offset = -1;  // extent in the spill file, or -1
-  bool ready = false;        // the copy out completed
   std::string error;         // why the copy out failed, if it did
   CopyDone cuda_done;        // CUDA copy to `host` in flight
 };
