@@ -102,7 +102,7 @@ class ServingTest(unittest.TestCase):
 
 
 class UnimplementedTest(unittest.TestCase):
-    """RPCs whose issue has not landed answer UNIMPLEMENTED naming the capability."""
+    """What is not built yet answers UNIMPLEMENTED naming the capability."""
 
     @classmethod
     def setUpClass(cls):
@@ -112,25 +112,16 @@ class UnimplementedTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.d.close()
 
-    def test_unbuilt_capabilities_say_so(self):
-        status = self.d.call("GetStatus", pb.GetStatusRequest())
-        features = set(status.build.features)
-        probes = [
-            ("train", "Train", pb.TrainRequest(steps=1)),
-            ("snapshots", "ListSnapshots", pb.ListSnapshotsRequest()),
-            ("memory", "GetMemoryStats", pb.GetMemoryStatsRequest()),
-        ]
-        checked = 0
-        for feature, method, req in probes:
-            if feature in features:
-                continue
-            with self.assertRaises(grpc.RpcError) as e:
-                self.d.call(method, req)
-            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED, method)
-            self.assertIn("not built into this memprofd", e.exception.details())
-            checked += 1
-        if checked == 0:
-            self.skipTest("every probed capability is built")
+    def test_disk_placement_is_unimplemented_and_named(self):
+        req = pb.LoadModelRequest(preset="tiny", placement=[
+            pb.ModulePlacement(module="model.layers.0", placement=pb.PLACEMENT_DISK)])
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("LoadModel", req)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+        self.assertIn("placing 'model.layers.0' on disk", e.exception.details())
+        self.assertIn("not built into this memprofd", e.exception.details())
+        # The model it had is still there.
+        self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).model.source, "preset:tiny")
 
 
 class AuthTest(unittest.TestCase):
