@@ -151,6 +151,29 @@ TEST(OffloadLifecycleTest, HeadScopeAfterTheBodyScopeIsAccountedNotMoved) {
   EXPECT_EQ(offloader->EndStep().tensors_seen, 0);
 }
 
+TEST(OffloadLifecycleTest, BackwardOnAnotherThreadUnpacks) {
+  // Unpack finds its offloader through the hooks object, not the thread.
+  at::Tensor w = torch::randn({64, 64}, torch::requires_grad());
+  auto forward = [&] {
+    return torch::tanh(torch::mm(torch::ones({8, 64}) * 0.1, w)).sum();
+  };
+  forward().backward();
+  const at::Tensor expected = w.grad().clone();
+  w.mutable_grad().reset();
+  auto offloader = MakeOffloader(Target::kDisk, 0);
+  offloader->BeginStep({w});
+  at::Tensor loss;
+  {
+    OffloadScope scope(offloader.get());
+    loss = forward();
+  }
+  std::thread worker([&] { loss.backward(); });
+  worker.join();
+  const OffloadStats stats = offloader->EndStep();
+  EXPECT_GT(stats.bytes_in, 0);
+  EXPECT_TRUE(torch::equal(w.grad(), expected));
+}
+
 TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
   auto offloader = MakeOffloader(Target::kDisk, 0, /*enabled=*/false);
   at::Tensor a = torch::randn({16, 16}, torch::requires_grad());
