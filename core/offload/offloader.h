@@ -64,8 +64,9 @@ class Offloader {
   // trainable or frozen, and buffers) are never copied, nor any view of them;
   // dedup restarts. Tensors without storage are ignored.
   void BeginStep(const std::vector<at::Tensor>& params_and_buffers);
-  // This step's statistics (counters since BeginStep, peak over the step,
-  // current gauges); adds them to Totals() and restarts the counters.
+  // This step's statistics (counters since the previous EndStep or Create, peak
+  // over that period, current gauges); adds them to Totals() and restarts
+  // the counters.
   OffloadStats EndStep();
   // Everything since Create, with current gauges.
   OffloadStats Totals() const;
