@@ -100,29 +100,44 @@ def bench(name, args):
                             lr=1e-3, weight_decay=0.0)
     data = torch.randint(0, p["vocab"], (100000,))
 
+    phases = [0.0, 0.0, 0.0]
+
     def step():
         starts = torch.randint(0, data.numel() - args.seq - 1, (args.batch, 1))
         idx = starts + torch.arange(args.seq + 1)
         w = data[idx]
         x, y = w[:, :-1], w[:, 1:]
+        t0 = time.perf_counter()
         logits = model(x)
         loss = F.cross_entropy(logits.view(-1, p["vocab"]), y.reshape(-1))
+        t1 = time.perf_counter()
         loss.backward()
+        value = loss.item()
+        t2 = time.perf_counter()
         torch.stack([q.grad.norm() for q in model.parameters()]).norm().item()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
+        t3 = time.perf_counter()
+        for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+            phases[i] += dt
+        return value
 
     for _ in range(args.warmup):
         step()
+    phases[:] = [0.0, 0.0, 0.0]
     start = time.perf_counter()
+    cpu_start = time.process_time()
     for _ in range(args.steps):
         step()
     seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
     tokens = args.batch * args.seq * args.steps
     return {"preset": name, "steps": args.steps, "seconds": seconds,
+            "cpu_seconds_per_step": cpu_seconds / args.steps,
             "steps_per_second": args.steps / seconds, "tokens_per_second": tokens / seconds,
-            "parameters": sum(q.numel() for q in model.parameters())}
+            "parameters": sum(q.numel() for q in model.parameters()),
+            "forward_seconds": phases[0] / args.steps, "backward_seconds": phases[1] / args.steps,
+            "optimizer_seconds": phases[2] / args.steps}
 
 
 def main():
