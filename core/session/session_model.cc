@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
+#include <fstream>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -42,6 +45,34 @@ absl::Status CheckPlacement(const LoadModelSpec& spec, const std::string& device
     }
   }
   return absl::OkStatus();
+}
+
+struct HfDirectory {
+  std::string config_json;
+  std::optional<snapshot::LoadedWeights> weights;  // none: config.json only
+};
+
+absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(absl::StrCat("no model directory '", dir, "' on the daemon's host"));
+  }
+  const fs::path config_path = fs::path(dir) / "config.json";
+  std::ifstream in(config_path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", dir, "' has no readable config.json; a Hugging Face model directory needs one"));
+  }
+  HfDirectory out;
+  out.config_json.assign(std::istreambuf_iterator<char>(in), {});
+  absl::StatusOr<snapshot::LoadedWeights> weights = snapshot::LoadSafetensorsDirectory(dir);
+  if (weights.ok()) {
+    out.weights = *std::move(weights);
+  } else if (weights.status().code() != absl::StatusCode::kNotFound) {
+    return weights.status();  // corrupt or ambiguous weights are an error, never ignored
+  }
+  return out;
 }
 
 }  // namespace
@@ -85,16 +116,11 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
     source = absl::StrCat("preset:", spec.preset);
   } else {
-    ASSIGN_OR_RETURN(snapshot::LoadedWeights weights,
-                     snapshot::LoadSafetensorsDirectory(spec.hf_directory));
-    if (weights.config_json.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("'", spec.hf_directory,
-                       "' has no config.json; a Hugging Face model directory needs one"));
-    }
-    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(weights.config_json));
+    ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory));
+    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(dir.config_json));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
-    RETURN_IF_ERROR(model->LoadStateDict(weights.tensors));
+    // A directory with a config.json alone gets freshly initialised weights.
+    if (dir.weights) RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
     source = spec.hf_directory;
   }
   // The old model (and the optimizer state that points at it) goes first.

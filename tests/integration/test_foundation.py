@@ -197,6 +197,31 @@ class ShutdownTest(unittest.TestCase):
             d.close()
 
 
+@unittest.skipUnless(shutil.which("openssl"), "openssl not installed")
+class TlsTest(unittest.TestCase):
+    def test_tls_serves_and_refuses_plaintext(self):
+        tmp = tempfile.TemporaryDirectory()
+        cert, key = os.path.join(tmp.name, "cert.pem"), os.path.join(tmp.name, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+        d = Daemon("--tls_cert=" + cert, "--tls_key=" + key)
+        try:
+            with open(cert, "rb") as f:
+                creds = grpc.ssl_channel_credentials(root_certificates=f.read())
+            with grpc.secure_channel("localhost:%d" % d.grpc_port, creds) as ch:
+                stub = harness.memprofd_pb2_grpc.MemprofdStub(ch)
+                self.assertEqual(stub.GetStatus(pb.GetStatusRequest(), timeout=10).serving_state, "SERVING")
+            with self.assertRaises(grpc.RpcError):
+                d.stub.GetStatus(pb.GetStatusRequest(), timeout=5)  # plaintext is refused
+            r = subprocess.run([harness.MEMPROFCTL, "--addr=localhost:%d" % d.grpc_port,
+                                "--tls_ca=" + cert, "health"], capture_output=True, text=True, timeout=30)
+            self.assertEqual((r.returncode, r.stdout.strip()), (0, "SERVING"), r.stderr)
+        finally:
+            d.close()
+            tmp.cleanup()
+
+
 class BadStartTest(unittest.TestCase):
     """Bad flags: a clear message and a non-zero exit, never a hang."""
 
@@ -247,6 +272,13 @@ class BadStartTest(unittest.TestCase):
         r = self.run_memprofd("--log_level=chatty")
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("--log_level", r.stderr)
+
+    def test_public_address_without_token_warns(self):
+        d = Daemon("--listen=0.0.0.0:0")
+        try:
+            self.assertIn("without --auth_token_file", d.output())
+        finally:
+            d.close()
 
     def test_half_tls_config(self):
         r = self.run_memprofd("--tls_cert=/etc/hostname")

@@ -174,6 +174,22 @@ class SnapshotTest(unittest.TestCase):
         finally:
             shutil.rmtree(bad)
 
+    def test_config_only_directory_gets_fresh_weights(self):
+        m = self.snapshot(name="for-config")
+        only_config = tempfile.mkdtemp(prefix="memprofd-cfg-")
+        empty = tempfile.mkdtemp(prefix="memprofd-empty-")
+        try:
+            shutil.copy(os.path.join(m.directory, "config.json"), only_config)
+            op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=only_config)).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            self.assertEqual(op.model.num_parameters, 4000000)
+            op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=empty)).id)
+            self.assertEqual(op.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+            self.assertIn("config.json", op.error.message)
+        finally:
+            shutil.rmtree(only_config)
+            shutil.rmtree(empty)
+
     def test_memprofctl_snapshot_json_prints_the_manifest(self):
         r = self.d.ctl("snapshot", "cli-snap", "--json", "--dtype", "fp16")
         self.assertEqual(r.returncode, 0, r.stderr)
