@@ -206,7 +206,9 @@ v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
       pi->set_name(p.name);
       for (int64_t d : p.shape) pi->add_shape(d);
       pi->set_dtype(p.dtype);
-      pi->set_placement(v1::PLACEMENT_DEVICE);
+      pi->set_placement(p.placement == Placement::kDisk  ? v1::PLACEMENT_DISK
+                        : p.placement == Placement::kCpu ? v1::PLACEMENT_CPU
+                                                         : v1::PLACEMENT_DEVICE);
       pi->set_bytes(p.bytes);
     }
   }

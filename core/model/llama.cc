@@ -2,10 +2,13 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
@@ -27,6 +30,94 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 }
 
 }  // namespace
+
+at::Tensor LlamaModel::Fetch(const at::Tensor& t) const {
+  return t.device() == device_ ? t : t.to(device_, /*non_blocking=*/false);
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> LlamaModel::ModuleSlots(
+    const std::string& module) {
+  std::vector<std::pair<std::string, at::Tensor*>> slots;
+  if (module == "model.embed_tokens") {
+    slots.emplace_back("model.embed_tokens.weight", &embed_tokens_);
+  } else if (module == "model.norm") {
+    slots.emplace_back("model.norm.weight", &norm_);
+  } else if (module == "lm_head") {
+    slots.emplace_back("lm_head.weight", &lm_head_);
+  } else if (absl::StartsWith(module, "model.layers.")) {
+    int64_t i = -1;
+    if (!absl::SimpleAtoi(module.substr(sizeof("model.layers.") - 1), &i) || i < 0 ||
+        i >= num_layers()) {
+      return slots;
+    }
+    LlamaLayerWeights& w = layers_[static_cast<size_t>(i)];
+    const std::string p = module + ".";
+    slots = {{p + "self_attn.q_proj.weight", &w.q_proj},
+             {p + "self_attn.k_proj.weight", &w.k_proj},
+             {p + "self_attn.v_proj.weight", &w.v_proj},
+             {p + "self_attn.o_proj.weight", &w.o_proj},
+             {p + "mlp.gate_proj.weight", &w.gate_proj},
+             {p + "mlp.up_proj.weight", &w.up_proj},
+             {p + "mlp.down_proj.weight", &w.down_proj},
+             {p + "input_layernorm.weight", &w.input_layernorm},
+             {p + "post_attention_layernorm.weight", &w.post_attention_layernorm}};
+  }
+  return slots;
+}
+
+absl::Status LlamaModel::PlaceModule(
+    const std::string& module, Placement placement,
+    const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  if (module == "lm_head" && config_.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        "lm_head is tied to model.embed_tokens in this model; place model.embed_tokens "
+        "and "
+        "the head follows it");
+  }
+  std::vector<std::pair<std::string, at::Tensor*>> slots = ModuleSlots(module);
+  if (slots.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no module '", module, "' in this ", num_layers(),
+                     "-layer model; use model.embed_tokens, model.layers.0..",
+                     num_layers() - 1, ", model.norm or lm_head"));
+  }
+  const c10::Device home =
+      placement == Placement::kDevice ? device_ : c10::Device(c10::DeviceType::CPU);
+  std::vector<at::Tensor> bound;
+  for (const auto& [name, slot] : slots) {
+    auto it = std::find_if(weights.begin(), weights.end(),
+                           [&name = name](const auto& w) { return w.first == name; });
+    if (it == weights.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placing ", module, " needs \"", name, "\""));
+    }
+    const at::Tensor& t = it->second;
+    if (!t.defined() || t.sizes() != slot->sizes() || t.scalar_type() != at::kFloat ||
+        t.device() != home) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placing ", module, ": \"", name, "\" must be a float32 ",
+                       home.str(), " tensor of shape ", ShapeString(*slot)));
+    }
+    bound.push_back(t.detach().requires_grad_(placement != Placement::kDisk));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i].second = bound[i];
+  if (module == "model.embed_tokens" && config_.tie_word_embeddings)
+    lm_head_ = embed_tokens_;
+  if (placement == Placement::kDevice) {
+    placement_.erase(module);
+  } else {
+    placement_[module] = placement;
+  }
+  return absl::OkStatus();
+}
+
+Placement LlamaModel::PlacementOf(const std::string& module) const {
+  if (module == "lm_head" && config_.tie_word_embeddings) {
+    return PlacementOf("model.embed_tokens");
+  }
+  auto it = placement_.find(module);
+  return it == placement_.end() ? Placement::kDevice : it->second;
+}
 
 LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
     : config_(std::move(config)), device_(device) {}
@@ -134,7 +225,16 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
 }
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
-  const LlamaLayerWeights& w = layers_.at(index);
+  const LlamaLayerWeights& home = layers_.at(index);
+  const LlamaLayerWeights w{Fetch(home.q_proj),
+                            Fetch(home.k_proj),
+                            Fetch(home.v_proj),
+                            Fetch(home.o_proj),
+                            Fetch(home.gate_proj),
+                            Fetch(home.up_proj),
+                            Fetch(home.down_proj),
+                            Fetch(home.input_layernorm),
+                            Fetch(home.post_attention_layernorm)};
   // Residual adds in place into the projection outputs, which linear's
   // backward does not save; a + b == b + a exactly, so the result is that of
   // hidden + attention.
@@ -149,15 +249,15 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
 at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq_len], got ",
               input_ids.sizes());
-  return torch::embedding(embed_tokens_, input_ids);
+  return torch::embedding(Fetch(embed_tokens_), input_ids);
 }
 
 at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
-  return RmsNorm(hidden, norm_);
+  return RmsNorm(hidden, Fetch(norm_));
 }
 
 at::Tensor LlamaModel::Head(const at::Tensor& hidden) const {
-  return torch::linear(hidden, lm_head_);
+  return torch::linear(hidden, Fetch(lm_head_));
 }
 
 at::Tensor LlamaModel::ForwardHidden(const at::Tensor& input_ids) const {

@@ -10,6 +10,7 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -17,7 +18,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/model/config.h"
+#include "core/model/placement.h"
 
 namespace memprofd {
 
@@ -98,6 +101,25 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   c10::Device device() const { return device_; }
 
+  // Rebinds `module`'s weights to the tensors of `weights` (by parameter
+  // name; not copied) and records its placement:
+  // - kCpu: float32 CPU tensors, trainable (made leaves that require grad);
+  // - kDisk: float32 CPU tensors that view a memory-mapped file; frozen
+  //   (no gradients, no optimizer state), since writing them would copy the
+  //   pages into memory;
+  // - kDevice: tensors on device(), trainable.
+  // Forward brings cpu and disk weights to the device for the call only (on a
+  // CPU device they are used where they are). With a tied head, place
+  // "model.embed_tokens"; "lm_head" follows it. INVALID_ARGUMENT for an
+  // unknown module, a missing or mis-shaped weight, a dtype other than
+  // float32, or tensors on the wrong device.
+  absl::Status PlaceModule(
+      const std::string& module, Placement placement,
+      const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  Placement PlacementOf(const std::string& module) const;
+  // Whether any module lives away from the device.
+  bool has_placement() const { return !placement_.empty(); }
+
   // Copies `state` into the parameters (converting dtype and device), by
   // name. All names and shapes are checked before anything is copied:
   // INVALID_ARGUMENT naming the unknown, missing or mis-shaped tensor.
@@ -110,6 +132,12 @@ class LlamaModel {
   LlamaModel(LlamaConfig config, c10::Device device);
   void Initialize(uint64_t seed);
 
+  // `t` on the compute device: itself when it lives there, else a
+  // differentiable copy for this forward pass.
+  at::Tensor Fetch(const at::Tensor& t) const;
+  // The parameter slots of `module`, by name; empty for an unknown module.
+  std::vector<std::pair<std::string, at::Tensor*>> ModuleSlots(const std::string& module);
+
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   at::Tensor Attention(const LlamaLayerWeights& w, const at::Tensor& h) const;
 
@@ -121,6 +149,8 @@ class LlamaModel {
   at::Tensor lm_head_;  // [vocab, hidden]; embed_tokens_ itself when tied
   at::Tensor rope_cos_;
   at::Tensor rope_sin_;
+  // Modules placed away from the device (absent: kDevice).
+  std::map<std::string, Placement> placement_;
 };
 
 }  // namespace memprofd

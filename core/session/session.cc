@@ -183,8 +183,8 @@ SessionCounters Session::Counters() const {
   // The remainder against the allocator's total now, not at the last step:
   // the attributed categories only change on the owner thread, between reads.
   const memory::CategoryBytes& b = c.categories;
-  const int64_t attributed = b.parameters + b.gradients + b.optimizer_state +
-                             categories_external_in_allocator_;
+  const int64_t attributed =
+      b.parameters + b.gradients + b.optimizer_state + categories_external_in_allocator_;
   const c10::Device device(device_);
   const int64_t total = memory::MemoryRecorder::Global().CurrentBytes(
       device.is_cpu() ? memory::kCpuDevice : device.index());

@@ -28,6 +28,7 @@
 #include "core/common/operation.h"
 #include "core/memory/category_bytes.h"
 #include "core/model/config.h"
+#include "core/model/placement.h"
 #include "core/offload/offload_options.h"
 #include "core/snapshot/manifest.h"
 #include "core/snapshot/snapshot_options.h"
@@ -44,6 +45,9 @@ class TokenDataset;
 class Trainer;
 namespace offload {
 class Offloader;
+}
+namespace snapshot {
+struct LoadedWeights;
 }
 
 struct SessionOptions {
@@ -67,9 +71,6 @@ struct SessionOptions {
   int64_t snapshot_every_steps = 0;
 };
 
-// Where a module's weights live between forward passes.
-enum class Placement { kDevice, kCpu, kDisk };
-
 struct LoadModelSpec {
   // Exactly one of preset / hf_directory.
   std::string preset;
@@ -81,6 +82,7 @@ struct LoadModelSpec {
 
 struct ParameterSummary {
   std::string name;
+  Placement placement = Placement::kDevice;
   std::vector<int64_t> shape;
   std::string dtype;
   int64_t bytes = 0;
@@ -227,6 +229,11 @@ class Session {
   void RunAsyncWrite(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec,
                      std::vector<std::pair<std::string, at::Tensor>> copies,
                      std::string config_json, int64_t staged_bytes);
+  // Places one module of a model being loaded; true when its weights map
+  // the loaded directory's files.
+  absl::StatusOr<bool> PlaceModule(LlamaModel& model, const std::string& module,
+                                   Placement placement,
+                                   const snapshot::LoadedWeights* mapped);
   void PublishModel();
   void PublishCategories();
   void ApplyRetention();
@@ -241,6 +248,7 @@ class Session {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<offload::Offloader> offloader_;
   std::string model_source_;
+  int64_t placement_files_ = 0;
   // Host bytes held by async snapshot copies not yet written.
   std::atomic<int64_t> async_staging_bytes_{0};
 
@@ -255,6 +263,9 @@ class Session {
   // Bytes of counters_.categories that live outside the attributed tensors
   // but inside the measured allocator (async snapshot copies on CPU).
   int64_t categories_external_in_allocator_ ABSL_GUARDED_BY(mu_) = 0;
+  // The snapshot directory disk-placed weights map (empty: none); it may not
+  // be deleted while mapped.
+  std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::thread owner_;
 };

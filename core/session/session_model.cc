@@ -1,6 +1,7 @@
 // Session: loading the model and publishing what it holds.
 
 #include <ATen/ATen.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -20,31 +21,29 @@
 #include "core/offload/offloader.h"
 #include "core/session/session.h"
 #include "core/snapshot/loader.h"
+#include "core/snapshot/safetensors.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
 namespace {
 
-absl::Status CheckPlacement(const LoadModelSpec& spec, const std::string& device) {
+absl::Status CheckPlacement(const LoadModelSpec& spec) {
   for (const auto& [module, placement] : spec.placement) {
-    const bool ok_module = module == "model.embed_tokens" || module == "model.norm" ||
-                           module == "lm_head" ||
-                           absl::StartsWith(module, "model.layers.");
-    if (!ok_module) {
+    const bool known = module == "model.embed_tokens" || module == "model.norm" ||
+                       module == "lm_head" || absl::StartsWith(module, "model.layers.");
+    if (!known) {
       return absl::InvalidArgumentError(absl::StrCat(
           "placement names unknown module '", module,
           "': use model.embed_tokens, model.layers.N, model.norm or lm_head"));
     }
-    // On a CPU compute device "cpu" is where every module already lives.
-    if (placement == Placement::kDisk ||
-        (placement == Placement::kCpu && device != "cpu")) {
-      return absl::UnimplementedError(absl::StrCat(
-          "placing '", module, "' on ", placement == Placement::kDisk ? "disk" : "cpu",
-          " is not built into this memprofd yet (snapshots and checkpoints: placement); "
-          "load it on the device"));
-    }
   }
   return absl::OkStatus();
+}
+
+std::string CanonicalPath(const std::string& path) {
+  std::error_code ec;
+  std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
 }
 
 struct HfDirectory {
@@ -56,17 +55,20 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat("no model directory '", dir, "' on the daemon's host"));
+    return absl::NotFoundError(
+        absl::StrCat("no model directory '", dir, "' on the daemon's host"));
   }
   const fs::path config_path = fs::path(dir) / "config.json";
   std::ifstream in(config_path);
   if (!in) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", dir, "' has no readable config.json; a Hugging Face model directory needs one"));
+        "'", dir,
+        "' has no readable config.json; a Hugging Face model directory needs one"));
   }
   HfDirectory out;
   out.config_json.assign(std::istreambuf_iterator<char>(in), {});
-  absl::StatusOr<snapshot::LoadedWeights> weights = snapshot::LoadSafetensorsDirectory(dir);
+  absl::StatusOr<snapshot::LoadedWeights> weights =
+      snapshot::LoadSafetensorsDirectory(dir);
   if (weights.ok()) {
     out.weights = *std::move(weights);
   } else if (weights.status().code() != absl::StatusCode::kNotFound) {
@@ -83,7 +85,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
         "give exactly one model source: a preset (tiny, small) or a Hugging Face "
         "directory");
   }
-  RETURN_IF_ERROR(CheckPlacement(spec, device_));
+  RETURN_IF_ERROR(CheckPlacement(spec));
   if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());
   {
     absl::MutexLock lock(&mu_);
@@ -111,6 +113,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
   const c10::Device device(device_);
   std::unique_ptr<LlamaModel> model;
   std::string source;
+  std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
@@ -121,17 +124,80 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
     // A directory with a config.json alone gets freshly initialised weights.
     if (dir.weights) RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
+    if (dir.weights) mapped = std::move(dir.weights);
     source = spec.hf_directory;
+  }
+  std::string mapped_directory;
+  for (const auto& [module, placement] : spec.placement) {
+    ASSIGN_OR_RETURN(bool from_directory,
+                     PlaceModule(*model, module, placement, mapped ? &*mapped : nullptr));
+    if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
   }
   // The old model (and the optimizer state that points at it) goes first.
   trainer_.reset();
   offloader_.reset();
   model_ = std::move(model);
   model_source_ = source;
+  {
+    absl::MutexLock lock(&mu_);
+    mapped_directory_ = mapped_directory;
+  }
   trainer_ = std::make_unique<Trainer>(model_.get());
   PublishModel();
   PublishCategories();
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Session::PlaceModule(LlamaModel& model, const std::string& module,
+                                          Placement placement,
+                                          const snapshot::LoadedWeights* mapped) {
+  snapshot::TensorList weights;
+  for (const auto& [name, t] : model.NamedParameters()) {
+    if (ModuleOfParameter(name) == module) weights.emplace_back(name, t);
+  }
+  if (placement == Placement::kDevice) {
+    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
+    return false;
+  }
+  if (placement == Placement::kCpu) {
+    RETURN_IF_ERROR(TorchBoundary("moving weights to host memory", [&] {
+      for (auto& [name, t] : weights) t = t.detach().to(at::kCPU);
+    }));
+    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
+    return false;
+  }
+  // Disk: map the module's weights from the directory the model came from
+  // when it holds them in float32; else write them to a file of our own in
+  // the spill directory, map it and unlink it (the mapping keeps the data).
+  if (mapped != nullptr) {
+    snapshot::TensorList from_file;
+    for (const auto& [name, t] : weights) {
+      for (const auto& [mname, mt] : mapped->tensors) {
+        if (mname == name && mt.scalar_type() == at::kFloat)
+          from_file.emplace_back(name, mt);
+      }
+    }
+    if (from_file.size() == weights.size()) {
+      RETURN_IF_ERROR(model.PlaceModule(module, placement, from_file));
+      return true;
+    }
+  }
+  const std::string path =
+      absl::StrCat(options_.offload.spill_dir, "/memprofd-placement-", getpid(), "-",
+                   placement_files_++, ".safetensors");
+  snapshot::TensorList host;
+  RETURN_IF_ERROR(TorchBoundary("staging weights for disk placement", [&] {
+    for (const auto& [name, t] : weights) host.emplace_back(name, t.detach());
+  }));
+  RETURN_IF_ERROR(
+      snapshot::WriteSafetensorsFile(path, host, options_.snapshot_staging_bytes));
+  absl::StatusOr<std::unique_ptr<snapshot::SafetensorsFile>> file =
+      snapshot::SafetensorsFile::Open(path);
+  ::unlink(path.c_str());
+  if (!file.ok()) return file.status();
+  ASSIGN_OR_RETURN(snapshot::TensorList on_disk, (*file)->Tensors());
+  RETURN_IF_ERROR(model.PlaceModule(module, placement, on_disk));
+  return false;
 }
 
 void Session::PublishModel() {
@@ -148,6 +214,7 @@ void Session::PublishModel() {
     p.shape = t.sizes().vec();
     p.dtype = std::string(c10::toString(t.scalar_type()));
     p.bytes = static_cast<int64_t>(t.nbytes());
+    p.placement = model_->PlacementOf(ModuleOfParameter(name));
     if (storages.insert(t.storage().unsafeGetStorageImpl()).second) {
       summary.parameter_bytes += static_cast<int64_t>(t.storage().nbytes());
     }
@@ -160,8 +227,13 @@ void Session::PublishModel() {
 void Session::PublishCategories() {
   memory::CategoryInputs in;
   if (model_) {
-    in.parameters = model_->Parameters();
-    for (const auto& p : in.parameters) in.gradients.push_back(p.grad());
+    // Disk-placed weights are file mappings, outside the allocator.
+    for (const auto& [name, p] : model_->NamedParameters()) {
+      if (name == "lm_head.weight" && model_->config().tie_word_embeddings) continue;
+      if (model_->PlacementOf(ModuleOfParameter(name)) == Placement::kDisk) continue;
+      in.parameters.push_back(p);
+      in.gradients.push_back(p.grad());
+    }
   }
   if (trainer_) in.optimizer_state = trainer_->OptimizerState();
   if (offloader_) {

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <filesystem>
 #include <future>
 #include <utility>
 
@@ -179,6 +180,19 @@ absl::Status Session::DeleteSnapshot(const std::string& name) {
   if (options_.snapshot_root.empty()) {
     return absl::NotFoundError(
         "snapshots are off: start memprofd with --snapshot_root=DIR");
+  }
+  absl::StatusOr<snapshot::SnapshotManifest> m =
+      snapshot::DescribeSnapshot(options_.snapshot_root, name);
+  if (!m.ok()) return m.status();
+  {
+    absl::MutexLock lock(&mu_);
+    std::error_code ec;
+    const std::string dir = std::filesystem::weakly_canonical(m->directory, ec).string();
+    if (!mapped_directory_.empty() && mapped_directory_ == dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the model's disk-placed modules are mapped from snapshot '", name,
+                       "'; load another model before deleting it"));
+    }
   }
   return snapshot::DeleteSnapshot(options_.snapshot_root, name);
 }

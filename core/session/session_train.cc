@@ -170,8 +170,8 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
   if (!result.ok()) {
     finish(result.status());
   } else if (result->cancelled) {
-    finish(absl::CancelledError(
-               absl::StrCat("cancelled after ", result->steps_completed, " of ", steps, " steps")),
+    finish(absl::CancelledError(absl::StrCat("cancelled after ", result->steps_completed,
+                                             " of ", steps, " steps")),
            *result);
   } else {
     finish(absl::OkStatus(), *result);

@@ -101,29 +101,6 @@ class ServingTest(unittest.TestCase):
         self.assertEqual(r.returncode, 3, r.stderr)
 
 
-class UnimplementedTest(unittest.TestCase):
-    """What is not built yet answers UNIMPLEMENTED naming the capability."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-
-    def test_disk_placement_is_unimplemented_and_named(self):
-        req = pb.LoadModelRequest(preset="tiny", placement=[
-            pb.ModulePlacement(module="model.layers.0", placement=pb.PLACEMENT_DISK)])
-        with self.assertRaises(grpc.RpcError) as e:
-            self.d.call("LoadModel", req)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
-        self.assertIn("placing 'model.layers.0' on disk", e.exception.details())
-        self.assertIn("not built into this memprofd", e.exception.details())
-        # The model it had is still there.
-        self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).model.source, "preset:tiny")
-
-
 class AuthTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):

@@ -190,6 +190,28 @@ class SnapshotTest(unittest.TestCase):
             shutil.rmtree(only_config)
             shutil.rmtree(empty)
 
+    def test_placement_maps_disk_modules_from_the_snapshot(self):
+        m = self.snapshot(name="to-map")
+        req = pb.LoadModelRequest(hf_directory=m.directory, placement=[
+            pb.ModulePlacement(module="model.layers.0", placement=pb.PLACEMENT_CPU),
+            pb.ModulePlacement(module="model.layers.2", placement=pb.PLACEMENT_DISK)])
+        op = wait_done(self.d, self.d.call("LoadModel", req).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        placement = {p.name: p.placement for p in info.parameters}
+        self.assertEqual(placement["model.layers.2.mlp.up_proj.weight"], pb.PLACEMENT_DISK)
+        self.assertEqual(placement["model.layers.0.mlp.up_proj.weight"], pb.PLACEMENT_CPU)
+        self.assertEqual(placement["model.layers.1.mlp.up_proj.weight"], pb.PLACEMENT_DEVICE)
+        train = wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=2, batch_size=2, seq_len=32)).id)
+        self.assertEqual(train.state, pb.OPERATION_STATE_SUCCEEDED, train.error.message)
+        # Mapped weights never write back: the published snapshot is intact.
+        parse_safetensors(os.path.join(m.directory, "model.safetensors"))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-map"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny")).id)
+        self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-map"))
+
     def test_memprofctl_snapshot_json_prints_the_manifest(self):
         r = self.d.ctl("snapshot", "cli-snap", "--json", "--dtype", "fp16")
         self.assertEqual(r.returncode, 0, r.stderr)

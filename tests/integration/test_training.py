@@ -142,8 +142,11 @@ class TrainingTest(unittest.TestCase):
                           (pb.LoadModelRequest(hf_directory="/nonexistent/model"),
                            grpc.StatusCode.NOT_FOUND),
                           (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
-                              module="model.layers.1", placement=pb.PLACEMENT_DISK)]),
-                           grpc.StatusCode.UNIMPLEMENTED),
+                              module="model.layers.9", placement=pb.PLACEMENT_DISK)]),
+                           grpc.StatusCode.INVALID_ARGUMENT),
+                          (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
+                              module="lm_head", placement=pb.PLACEMENT_CPU)]),
+                           grpc.StatusCode.INVALID_ARGUMENT),
                           (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
                               module="model.bogus", placement=pb.PLACEMENT_CPU)]),
                            grpc.StatusCode.INVALID_ARGUMENT)):

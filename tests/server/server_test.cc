@@ -61,7 +61,7 @@ class InProcessServerTest : public ::testing::Test {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.metrics_listen = "127.0.0.1:0";
-    options.device = "cpu";
+    options.session.device = "cpu";
     server_ = std::make_unique<Server>(options);
     ASSERT_TRUE(server_->Start().ok());
     ClientOptions client_options;
