@@ -44,12 +44,23 @@ class CheckpointedLayerFunction
       torch::AutoGradMode enable_grad(true);
       output = model->Layer(index, input);
     }
+    // Frozen parameters (placed on disk, or requires_grad off) get no
+    // gradient: autograd::grad refuses inputs that do not require grad.
     std::vector<at::Tensor> inputs = {input};
-    inputs.insert(inputs.end(), params.begin(), params.end());
-    variable_list grads = torch::autograd::grad({output}, inputs, {grad_outputs[0]},
+    std::vector<size_t> trainable;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (params[i].requires_grad()) {
+        inputs.push_back(params[i]);
+        trainable.push_back(i);
+      }
+    }
+    variable_list found = torch::autograd::grad({output}, inputs, {grad_outputs[0]},
                                                 /*retain_graph=*/false,
                                                 /*create_graph=*/false,
                                                 /*allow_unused=*/true);
+    variable_list grads(1 + params.size());
+    grads[0] = found[0];
+    for (size_t j = 0; j < trainable.size(); ++j) grads[1 + trainable[j]] = found[1 + j];
     // No gradient for the model pointer and the index.
     grads.emplace_back();
     grads.emplace_back();

@@ -63,8 +63,9 @@ void Trainer::ConfigureOptimizer(const TrainOptions& o) {
   if (optimizer_ == nullptr) {
     // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
     std::vector<at::Tensor> decay, no_decay;
+    // Frozen parameters (placed on disk) stay out of the optimizer.
     for (const at::Tensor& p : model_->Parameters()) {
-      (p.dim() >= 2 ? decay : no_decay).push_back(p);
+      if (p.requires_grad()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
     }
     std::vector<torch::optim::OptimizerParamGroup> groups;
     groups.emplace_back(decay,

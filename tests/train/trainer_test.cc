@@ -87,6 +87,34 @@ TEST(CheckpointTest, SavesOnlyTheLayerInput) {
   EXPECT_EQ(out.grad_fn()->next_edges().size(), 1u + 9u);
 }
 
+TEST(CheckpointTest, FrozenParametersGetNoGradientAndStayPut) {
+  // Layer 0 frozen, as a module placed on disk is.
+  std::vector<double> losses[2];
+  for (int checkpointing : {0, 1}) {
+    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+    std::vector<at::Tensor> frozen = m->LayerParameters(0);
+    std::vector<at::Tensor> before;
+    for (at::Tensor& t : frozen) {
+      t.requires_grad_(false);
+      before.push_back(t.clone());
+    }
+    at::Tensor trained_before = m->LayerParameters(1)[0].detach().clone();
+    Trainer trainer(m.get());
+    TrainOptions o = SmallOptions(3);
+    o.gradient_checkpointing = checkpointing;
+    absl::StatusOr<TrainResult> r = trainer.Run(
+        o, [&](const StepReport& s) { losses[checkpointing].push_back(s.loss); });
+    ASSERT_TRUE(r.ok()) << r.status();
+    for (size_t i = 0; i < frozen.size(); ++i)
+      EXPECT_TRUE(torch::equal(frozen[i], before[i]));
+    EXPECT_FALSE(torch::equal(m->LayerParameters(1)[0], trained_before));
+    // Only trainable parameters carry optimizer state.
+    EXPECT_EQ(trainer.OptimizerState().size(),
+              2 * (m->Parameters().size() - frozen.size()));
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
 TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
   std::vector<double> first, second;
   for (std::vector<double>* losses : {&first, &second}) {
