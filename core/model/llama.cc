@@ -362,6 +362,15 @@ absl::Status LlamaModel::LoadStateDict(
         absl::StrCat("state dict lacks ", absl::StrJoin(missing, ", "),
                      "; give every parameter of the model"));
   }
+  // Weights placed on disk view a read-only memory-mapped file.
+  for (const auto& [name, t] : state) {
+    if (PlacementOf(ModuleOfParameter(name)) == Placement::kDisk) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("\"", name, "\" belongs to ", ModuleOfParameter(name),
+                       ", which is memory-mapped from disk and frozen; load the model "
+                       "again instead of copying weights into it"));
+    }
+  }
   return TorchBoundary("loading the state dict", [&] {
     torch::NoGradGuard no_grad;
     for (const auto& [name, t] : state) {

@@ -125,6 +125,8 @@ class LlamaModel {
   // INVALID_ARGUMENT naming the unknown, missing or mis-shaped tensor.
   // With a tied head, "lm_head.weight" may be absent (save_pretrained drops
   // it); when present it must have the embedding's shape and is ignored.
+  // FAILED_PRECONDITION when a weight belongs to a module placed on disk
+  // (read-only memory-mapped).
   absl::Status LoadStateDict(
       const std::vector<std::pair<std::string, at::Tensor>>& state);
 

@@ -179,6 +179,24 @@ TEST(LlamaModelTest, LoadStateDictWithTiedHeadNeedsNoLmHead) {
   EXPECT_TRUE(torch::equal(head, state[0].second.to(torch::kFloat32)));
 }
 
+TEST(LlamaModelTest, LoadStateDictRefusesWeightsPlacedOnDisk) {
+  LlamaConfig c = SmallGqaConfig();
+  std::unique_ptr<LlamaModel> m = MakeModel(c, 1);
+  auto state = m->NamedParameters();
+  std::vector<std::pair<std::string, at::Tensor>> layer0;
+  for (auto& [name, t] : state) {
+    if (name.rfind("model.layers.0.", 0) == 0)
+      layer0.emplace_back(name, t.detach().clone());
+  }
+  ASSERT_TRUE(m->PlaceModule("model.layers.0", Placement::kDisk, layer0).ok());
+  at::Tensor before = m->LayerParameters(0)[0].clone();
+  for (auto& [name, t] : state) t = torch::zeros_like(t);
+  absl::Status s = m->LoadStateDict(state);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.0"));
+  EXPECT_TRUE(torch::equal(m->LayerParameters(0)[0], before));
+}
+
 // Writes the model's weights, its config.json and token ids to a temporary
 // directory, runs tests/model/llama_reference.py on them and returns the
 // maximum absolute difference between the two sets of logits.
