@@ -11,11 +11,15 @@ function(memprofd_use_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM memprofd_torch_pch)
 endfunction()
 
-# memprofd_test(NAME name SOURCES ... DEPS ...): one GoogleTest binary, run by
-# ctest. Test bodies find the build's binaries through MEMPROFD_BINARY_DIR and
+# memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]): one
+# GoogleTest binary, run by ctest, each test case a ctest test (default
+# timeout 600 s). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR and
 # the source tree through MEMPROFD_SOURCE_DIR.
 function(memprofd_test)
-  cmake_parse_arguments(T "TORCH" "NAME" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 600)
+  endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gmock GTest::gtest_main
                         memprofd_warnings)
@@ -26,5 +30,5 @@ function(memprofd_test)
     memprofd_use_torch_pch(${T_NAME})
   endif()
   gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
-                       PROPERTIES TIMEOUT 600)
+                       PROPERTIES TIMEOUT ${T_TIMEOUT})
 endfunction()
