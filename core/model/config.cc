@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/json.h"
 #include "core/common/status_macros.h"
-#include "core/model/json.h"
 
 namespace memprofd {
 namespace {

@@ -9,9 +9,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/snapshot/internal/file_io.h"
-#include "core/snapshot/internal/json.h"
 #include "core/snapshot/shard_plan.h"
 
 namespace memprofd {
@@ -36,15 +36,15 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& pat
                                             ": ", why, "; restore it or save again"));
   };
   ASSIGN_OR_RETURN(std::string text, snapshot_internal::ReadSmallFile(path.string()));
-  absl::StatusOr<snapshot_internal::JsonValue> json = snapshot_internal::ParseJson(text);
+  absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
   if (!json.ok()) return bad(json.status().message());
-  const snapshot_internal::JsonValue* map = json->Find("weight_map");
+  const JsonValue* map = json->Find("weight_map");
   if (map == nullptr || !map->is_object()) return bad("no weight_map object");
   std::map<std::string, std::string> out;
-  for (const auto& [name, file] : map->object()) {
+  for (const auto& [name, file] : map->object_items()) {
     if (!file.is_string())
       return bad(absl::StrCat("weight_map[", name, "] is not a string"));
-    const std::string& f = file.text();
+    const std::string& f = file.string_value();
     if (f.empty() || absl::StrContains(f, "/") || absl::StrContains(f, "\\") ||
         f == "." || f == "..") {
       return bad(

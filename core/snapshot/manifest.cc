@@ -2,13 +2,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "core/snapshot/internal/json.h"
+#include "core/common/json.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
-
-using snapshot_internal::JsonValue;
 
 constexpr int kManifestVersion = 1;
 
@@ -16,33 +14,33 @@ constexpr int kManifestVersion = 1;
 
 std::string ManifestToJson(const SnapshotManifest& m) {
   JsonValue v = JsonValue::MakeObject();
-  v.Set("memprofd_manifest_version", JsonValue::Int(kManifestVersion));
-  v.Set("name", JsonValue::String(m.name));
-  v.Set("directory", JsonValue::String(m.directory));
+  v.Set("memprofd_manifest_version", JsonValue(kManifestVersion));
+  v.Set("name", JsonValue(m.name));
+  v.Set("directory", JsonValue(m.directory));
   JsonValue files = JsonValue::MakeArray();
   for (const SnapshotFile& f : m.files) {
     JsonValue file = JsonValue::MakeObject();
-    file.Set("name", JsonValue::String(f.name));
-    file.Set("bytes", JsonValue::Int(f.bytes));
+    file.Set("name", JsonValue(f.name));
+    file.Set("bytes", JsonValue(f.bytes));
     files.Append(std::move(file));
   }
   v.Set("files", std::move(files));
-  v.Set("total_size", JsonValue::Int(m.total_size));
-  v.Set("bytes_written", JsonValue::Int(m.bytes_written));
-  v.Set("num_tensors", JsonValue::Int(m.num_tensors));
-  v.Set("num_shards", JsonValue::Int(m.num_shards));
-  v.Set("dtype", JsonValue::String(m.dtype));
-  v.Set("max_shard_size", JsonValue::Int(m.max_shard_size));
-  v.Set("dropped_tied_lm_head", JsonValue::Bool(m.dropped_tied_lm_head));
-  v.Set("duration_seconds", JsonValue::Double(m.duration_seconds));
-  v.Set("throughput_bytes_per_second", JsonValue::Double(m.throughput_bytes_per_second));
-  v.Set("peak_extra_host_bytes", JsonValue::Int(m.peak_extra_host_bytes));
-  v.Set("peak_extra_device_bytes", JsonValue::Int(m.peak_extra_device_bytes));
-  v.Set("staging_bytes", JsonValue::Int(m.staging_bytes));
-  v.Set("global_step", JsonValue::Int(m.global_step));
-  v.Set("create_time", JsonValue::String(absl::FormatTime(
-                           absl::RFC3339_full, m.create_time, absl::UTCTimeZone())));
-  return snapshot_internal::SerializeJson(v, 2) + "\n";
+  v.Set("total_size", JsonValue(m.total_size));
+  v.Set("bytes_written", JsonValue(m.bytes_written));
+  v.Set("num_tensors", JsonValue(m.num_tensors));
+  v.Set("num_shards", JsonValue(m.num_shards));
+  v.Set("dtype", JsonValue(m.dtype));
+  v.Set("max_shard_size", JsonValue(m.max_shard_size));
+  v.Set("dropped_tied_lm_head", JsonValue(m.dropped_tied_lm_head));
+  v.Set("duration_seconds", JsonValue(m.duration_seconds));
+  v.Set("throughput_bytes_per_second", JsonValue(m.throughput_bytes_per_second));
+  v.Set("peak_extra_host_bytes", JsonValue(m.peak_extra_host_bytes));
+  v.Set("peak_extra_device_bytes", JsonValue(m.peak_extra_device_bytes));
+  v.Set("staging_bytes", JsonValue(m.staging_bytes));
+  v.Set("global_step", JsonValue(m.global_step));
+  v.Set("create_time", JsonValue(absl::FormatTime(absl::RFC3339_full, m.create_time,
+                                                  absl::UTCTimeZone())));
+  return v.Serialize(2) + "\n";
 }
 
 absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
@@ -52,7 +50,7 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
                                             " is damaged: ", why,
                                             "; delete the snapshot or restore the file"));
   };
-  absl::StatusOr<JsonValue> parsed = snapshot_internal::ParseJson(text);
+  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(text);
   if (!parsed.ok()) return bad(parsed.status().message());
   const JsonValue& v = *parsed;
   if (!v.is_object()) return bad("not a JSON object");
@@ -72,7 +70,7 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   auto get_string = [&](const char* key, std::string* out) {
     const JsonValue* f = v.Find(key);
     if (f == nullptr || !f->is_string()) return false;
-    *out = f->text();
+    *out = f->string_value();
     return true;
   };
   int64_t version = 0;
@@ -103,7 +101,7 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   }
   const JsonValue* files = v.Find("files");
   if (files == nullptr || !files->is_array()) return bad("files is missing");
-  for (const JsonValue& f : files->array()) {
+  for (const JsonValue& f : files->array_items()) {
     SnapshotFile file;
     const JsonValue* name = f.Find("name");
     const JsonValue* bytes = f.Find("bytes");
@@ -111,7 +109,7 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
         !bytes->AsInt64(&file.bytes)) {
       return bad("a files entry needs name and bytes");
     }
-    file.name = name->text();
+    file.name = name->string_value();
     m.files.push_back(std::move(file));
   }
   return m;

@@ -6,15 +6,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/json.h"
 #include "core/common/status_macros.h"
-#include "core/snapshot/internal/json.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
-
-using snapshot_internal::JsonQuote;
-using snapshot_internal::JsonValue;
 
 struct DtypeInfo {
   const char* name;
@@ -82,12 +79,12 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const JsonValue&
   TensorEntry e;
   e.name = name;
   bool has_dtype = false, has_shape = false, has_offsets = false;
-  for (const auto& [key, member] : v.object()) {
+  for (const auto& [key, member] : v.object_items()) {
     if (key == "dtype") {
       has_dtype = true;
       if (!member.is_string())
         return corrupt(absl::StrCat(what, ": dtype is not a string"));
-      e.dtype = member.text();
+      e.dtype = member.string_value();
       if (IsUnsupportedSafetensorsDtype(e.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "safetensors file ", path, ": tensor ", JsonQuote(name), " has dtype ",
@@ -101,18 +98,19 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const JsonValue&
       has_shape = true;
       if (!member.is_array())
         return corrupt(absl::StrCat(what, ": shape is not an array"));
-      for (const JsonValue& d : member.array()) {
+      for (const JsonValue& d : member.array_items()) {
         int64_t dim;
         if (!d.AsInt64(&dim) || dim < 0) {
-          return corrupt(absl::StrCat(what, ": shape holds ", SerializeJson(d),
+          return corrupt(absl::StrCat(what, ": shape holds ", d.Serialize(),
                                       ", not a non-negative integer"));
         }
         e.shape.push_back(dim);
       }
     } else if (key == "data_offsets") {
       has_offsets = true;
-      if (!member.is_array() || member.array().size() != 2 ||
-          !member.array()[0].AsUint64(&e.begin) || !member.array()[1].AsUint64(&e.end)) {
+      if (!member.is_array() || member.array_items().size() != 2 ||
+          !member.array_items()[0].AsUint64(&e.begin) ||
+          !member.array_items()[1].AsUint64(&e.end)) {
         return corrupt(
             absl::StrCat(what, ": data_offsets is not two non-negative integers"));
       }
@@ -226,26 +224,26 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file,
   }
   const absl::string_view text = file.substr(8, n);
   size_t bad = 0;
-  if (!snapshot_internal::IsValidUtf8(text, &bad)) {
+  if (!IsValidUtf8(text, &bad)) {
     return corrupt(absl::StrCat("header is not valid UTF-8 (byte ", 8 + bad, ")"));
   }
   if (text.empty() || text[0] != '{') return corrupt("header does not start with '{'");
-  absl::StatusOr<JsonValue> json = snapshot_internal::ParseJson(text);
+  absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
   if (!json.ok()) return corrupt(absl::StrCat("header: ", json.status().message()));
   if (!json->is_object()) return corrupt("header is not a JSON object");
 
   SafetensorsHeader header;
   header.header_size = n;
-  for (const auto& [name, value] : json->object()) {
+  for (const auto& [name, value] : json->object_items()) {
     if (name == "__metadata__") {
       if (value.is_null()) continue;
       if (!value.is_object()) return corrupt("__metadata__ is not an object");
-      for (const auto& [k, v] : value.object()) {
+      for (const auto& [k, v] : value.object_items()) {
         if (!v.is_string()) {
           return corrupt(
               absl::StrCat("__metadata__ value of ", JsonQuote(k), " is not a string"));
         }
-        header.metadata[k] = v.text();
+        header.metadata[k] = v.string_value();
       }
       continue;
     }

@@ -9,13 +9,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/snapshot/internal/json.h"
+#include "core/common/json.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
-
-using snapshot_internal::JsonValue;
 
 absl::Status BadSize(absl::string_view text, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(
@@ -119,13 +117,13 @@ ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_s
 
 std::string ShardPlan::IndexJson() const {
   JsonValue metadata = JsonValue::MakeObject();
-  metadata.Set("total_size", JsonValue::Int(total_size));
+  metadata.Set("total_size", total_size);
   JsonValue map = JsonValue::MakeObject();
-  for (const auto& [name, file] : weight_map) map.Set(name, JsonValue::String(file));
+  for (const auto& [name, file] : weight_map) map.Set(name, file);
   JsonValue index = JsonValue::MakeObject();
   index.Set("metadata", std::move(metadata));
   index.Set("weight_map", std::move(map));
-  return snapshot_internal::SerializeJson(index, 2, /*sort_keys=*/true) + "\n";
+  return index.Serialize(2, /*sort_keys=*/true) + "\n";
 }
 
 }  // namespace snapshot

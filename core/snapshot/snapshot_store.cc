@@ -10,9 +10,9 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/snapshot/internal/file_io.h"
-#include "core/snapshot/internal/json.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -42,8 +42,7 @@ absl::Status ValidateSnapshotName(absl::string_view name) {
     if (c == '/' || c == '\\') return BadName(name, "it contains a path separator");
     if (c < 0x20 || c == 0x7F) return BadName(name, "it contains a control character");
   }
-  if (!snapshot_internal::IsValidUtf8(name))
-    return BadName(name, "it is not valid UTF-8");
+  if (!IsValidUtf8(name)) return BadName(name, "it is not valid UTF-8");
   return absl::OkStatus();
 }
 

@@ -16,11 +16,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/common/json.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/snapshot/internal/file_io.h"
-#include "core/snapshot/internal/json.h"
 #include "core/snapshot/internal/shard_writer.h"
 #include "core/snapshot/internal/staging.h"
 #include "core/snapshot/shard_plan.h"
@@ -64,8 +64,7 @@ const char* TorchDtypeName(SnapshotDtype dtype) {
 absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
                                        SnapshotDtype dtype) {
   if (config_json.empty()) return std::string();
-  absl::StatusOr<snapshot_internal::JsonValue> config =
-      snapshot_internal::ParseJson(config_json);
+  absl::StatusOr<JsonValue> config = JsonValue::Parse(config_json);
   if (!config.ok() || !config->is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json text is not a JSON object: ",
@@ -73,8 +72,8 @@ absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
   }
   if (dtype == SnapshotDtype::kKeep) return std::string(config_json);
   // transformers records the saved dtype in config.json.
-  config->Set("torch_dtype", snapshot_internal::JsonValue::String(TorchDtypeName(dtype)));
-  return snapshot_internal::SerializeJson(*config, 2, /*sort_keys=*/true) + "\n";
+  config->Set("torch_dtype", TorchDtypeName(dtype));
+  return config->Serialize(2, /*sort_keys=*/true) + "\n";
 }
 
 // Creates the root if needed and checks it is a directory.

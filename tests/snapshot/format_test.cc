@@ -1,10 +1,10 @@
-// The safetensors format: JSON reader, layout, and the strict reader's
-// rejection of every kind of corruption.
+// The safetensors format: layout, and the strict reader's rejection of every
+// kind of corruption (the JSON reader itself is tested in
+// tests/common/json_test.cc).
 #include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/snapshot/internal/json.h"
 #include "core/snapshot/safetensors.h"
 #include "core/snapshot/safetensors_format.h"
 #include "gmock/gmock.h"
@@ -15,37 +15,7 @@ namespace memprofd {
 namespace snapshot {
 namespace {
 
-using snapshot_internal::JsonValue;
-using snapshot_internal::ParseJson;
-using snapshot_internal::SerializeJson;
 using ::testing::HasSubstr;
-
-TEST(JsonTest, ParsesAndSerializesRoundTrip) {
-  auto v = ParseJson(
-      R"( {"b": [1, -2.5e3, true, null], "a": {"x": "y\n\u00e9\ud83d\ude00"}} )");
-  ASSERT_TRUE(v.ok()) << v.status();
-  EXPECT_EQ(SerializeJson(*v), R"({"b":[1,-2.5e3,true,null],"a":{"x":"y\n)"
-                               "\xc3\xa9\xf0\x9f\x98\x80\"}}");
-  EXPECT_EQ(
-      SerializeJson(*v, 2, true),
-      "{\n  \"a\": {\n    \"x\": \"y\\n\xc3\xa9\xf0\x9f\x98\x80\"\n  },\n  \"b\": [\n"
-      "    1,\n    -2.5e3,\n    true,\n    null\n  ]\n}");
-  int64_t i;
-  EXPECT_TRUE(v->Find("b")->array()[0].AsInt64(&i));
-  EXPECT_EQ(i, 1);
-  EXPECT_FALSE(v->Find("b")->array()[1].AsInt64(&i));
-}
-
-TEST(JsonTest, RejectsWhatSerdeRejectsAndDuplicates) {
-  for (const char* bad :
-       {"", "{", "{\"a\":1,}", "[1,]", "01", "1.", "{\"a\" 1}", "\"\\x\"", "\"\t\"",
-        "\"\\ud800\"", "nul", "{} x", "{\"a\":1,\"a\":2}", "\"\xff\"", "\"\xc0\xaf\""}) {
-    EXPECT_FALSE(ParseJson(bad).ok()) << bad;
-  }
-  std::string deep(200, '[');
-  deep += std::string(200, ']');
-  EXPECT_FALSE(ParseJson(deep).ok());
-}
 
 TEST(LayoutTest, OrdersByDtypeAlignmentThenNameAndPadsTo8) {
   auto layout = LayoutSafetensors({{"b", "F32", {2}},

@@ -1,8 +1,7 @@
-#include "core/model/json.h"
+#include "core/common/json.h"
 
+#include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <unordered_set>
 
 #include "absl/status/status.h"
@@ -12,11 +11,54 @@
 
 namespace memprofd {
 
+bool IsValidUtf8(absl::string_view s, size_t* bad_offset) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto fail = [&] {
+    if (bad_offset != nullptr) *bad_offset = i;
+    return false;
+  };
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return fail();
+    }
+    if (i + len > n) return fail();
+    for (int k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return fail();
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return fail();
+    }
+    i += len;
+  }
+  return true;
+}
+
 // Recursive-descent parser over one document. Not thread-safe (one per
 // Parse call).
 class JsonParser {
  public:
-  explicit JsonParser(absl::string_view text) : text_(text) {}
+  JsonParser(absl::string_view text, int max_depth)
+      : text_(text), max_depth_(max_depth) {}
 
   absl::StatusOr<JsonValue> ParseDocument() {
     JsonValue value;
@@ -28,11 +70,13 @@ class JsonParser {
   }
 
  private:
-  static constexpr int kMaxDepth = 256;
-
   absl::Status Error(absl::string_view expected) const {
-    std::string found = pos_ < text_.size() ? absl::StrFormat("'%c'", text_[pos_])
-                                            : std::string("end of input");
+    std::string found = "end of input";
+    if (pos_ < text_.size()) {
+      const unsigned char c = static_cast<unsigned char>(text_[pos_]);
+      found = c >= 0x20 && c < 0x7F ? absl::StrFormat("'%c'", c)
+                                    : absl::StrFormat("byte 0x%02x", c);
+    }
     return absl::InvalidArgumentError(absl::StrCat(
         "invalid JSON at byte ", pos_, ": expected ", expected, ", found ", found));
   }
@@ -51,7 +95,9 @@ class JsonParser {
   }
 
   absl::Status ParseValue(JsonValue* out, int depth) {
-    if (depth > kMaxDepth) return Error("nesting no deeper than 256");
+    if (depth > max_depth_) {
+      return Error(absl::StrCat("nesting no deeper than ", max_depth_));
+    }
     SkipWhitespace();
     if (pos_ >= text_.size()) return Error("a value");
     char c = text_[pos_];
@@ -201,54 +247,32 @@ class JsonParser {
       }
       ++pos_;
       if (pos_ >= text_.size()) return Error("an escape character");
-      char e = text_[pos_++];
-      switch (e) {
-        case '"':
-          out->push_back('"');
-          break;
-        case '\\':
-          out->push_back('\\');
-          break;
-        case '/':
-          out->push_back('/');
-          break;
-        case 'b':
-          out->push_back('\b');
-          break;
-        case 'f':
-          out->push_back('\f');
-          break;
-        case 'n':
-          out->push_back('\n');
-          break;
-        case 'r':
-          out->push_back('\r');
-          break;
-        case 't':
-          out->push_back('\t');
-          break;
-        case 'u': {
-          uint32_t cp = 0;
-          absl::Status s = ParseHex4(&cp);
-          if (!s.ok()) return s;
-          if (cp >= 0xDC00 && cp <= 0xDFFF)
-            return Error("a high surrogate before a low one");
-          if (cp >= 0xD800 && cp <= 0xDBFF) {
-            if (!Consume("\\u")) return Error("a low surrogate (\\uDC00-\\uDFFF)");
-            uint32_t low = 0;
-            s = ParseHex4(&low);
-            if (!s.ok()) return s;
-            if (low < 0xDC00 || low > 0xDFFF)
-              return Error("a low surrogate (\\uDC00-\\uDFFF)");
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
-          }
-          AppendUtf8(cp, out);
-          break;
-        }
-        default:
-          --pos_;
-          return Error("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
+      const char e = text_[pos_++];
+      // The escapes that stand for one character, and those characters.
+      constexpr absl::string_view kEscapes = "\"\\/bfnrt";
+      constexpr absl::string_view kMeanings = "\"\\/\b\f\n\r\t";
+      if (const size_t k = kEscapes.find(e); k != absl::string_view::npos) {
+        out->push_back(kMeanings[k]);
+        continue;
       }
+      if (e != 'u') {
+        --pos_;
+        return Error("a valid escape (\\\" \\\\ \\/ \\b \\f \\n \\r \\t \\uXXXX)");
+      }
+      uint32_t cp = 0;
+      absl::Status s = ParseHex4(&cp);
+      if (!s.ok()) return s;
+      if (cp >= 0xDC00 && cp <= 0xDFFF) return Error("a high surrogate before a low one");
+      if (cp >= 0xD800 && cp <= 0xDBFF) {
+        if (!Consume("\\u")) return Error("a low surrogate (\\uDC00-\\uDFFF)");
+        uint32_t low = 0;
+        s = ParseHex4(&low);
+        if (!s.ok()) return s;
+        if (low < 0xDC00 || low > 0xDFFF)
+          return Error("a low surrogate (\\uDC00-\\uDFFF)");
+        cp = 0x10000 + ((cp - 0xD800) << 10) + (low - 0xDC00);
+      }
+      AppendUtf8(cp, out);
     }
   }
 
@@ -280,27 +304,112 @@ class JsonParser {
       while (digit()) ++pos_;
     }
     absl::string_view literal = text_.substr(start, pos_ - start);
-    int64_t i = 0;
-    if (integer && absl::SimpleAtoi(literal, &i)) {
-      *out = JsonValue(i);
-      return absl::OkStatus();
-    }
-    double d = 0;
+    JsonValue v;
+    v.type_ = JsonValue::Type::kNumber;
+    v.text_ = std::string(literal);
     // SimpleAtod is locale-independent; it saturates to +-inf on overflow.
-    if (!absl::SimpleAtod(literal, &d) || !std::isfinite(d)) {
+    if (!absl::SimpleAtod(literal, &v.double_) || !std::isfinite(v.double_)) {
       pos_ = start;
       return Error("a number within double range");
     }
-    *out = JsonValue(d);
+    if (integer && absl::SimpleAtoi(literal, &v.int_)) {
+      v.is_integer_ = true;
+      v.double_ = static_cast<double>(v.int_);
+    }
+    *out = std::move(v);
     return absl::OkStatus();
   }
 
   absl::string_view text_;
+  int max_depth_;
   size_t pos_ = 0;
 };
 
-absl::StatusOr<JsonValue> JsonValue::Parse(absl::string_view text) {
-  return JsonParser(text).ParseDocument();
+absl::StatusOr<JsonValue> JsonValue::Parse(absl::string_view text, int max_depth) {
+  size_t bad = 0;
+  if (!IsValidUtf8(text, &bad)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("invalid JSON at byte ", bad, ": not valid UTF-8"));
+  }
+  return JsonParser(text, max_depth).ParseDocument();
+}
+
+namespace {
+
+const std::string& EmptyString() {
+  static const std::string* const kEmpty = new std::string();
+  return *kEmpty;
+}
+
+// Shortest text that reads back to `d` (finite), always with a '.' or an
+// exponent so that Python reads it back as a float; integral values as
+// Python prints them (10000.0, not 1e+04).
+std::string FormatDouble(double d) {
+  if (d == std::floor(d) && std::fabs(d) < 1e15) return absl::StrFormat("%.1f", d);
+  std::string s;
+  for (int precision = 1; precision <= 17; ++precision) {
+    s = absl::StrFormat("%.*g", precision, d);
+    double back = 0;
+    if (absl::SimpleAtod(s, &back) && back == d) break;
+  }
+  if (s.find_first_of(".eE") == std::string::npos) s += ".0";
+  return s;
+}
+
+void Newline(std::string* out, int indent, int depth) {
+  if (indent < 0) return;
+  out->push_back('\n');
+  out->append(static_cast<size_t>(indent) * depth, ' ');
+}
+
+}  // namespace
+
+JsonValue::JsonValue(int64_t i)
+    : type_(Type::kNumber),
+      is_integer_(true),
+      int_(i),
+      double_(static_cast<double>(i)),
+      text_(absl::StrCat(i)) {}
+
+JsonValue::JsonValue(uint64_t u)
+    : type_(Type::kNumber),
+      is_integer_(u <= static_cast<uint64_t>(INT64_MAX)),
+      int_(is_integer_ ? static_cast<int64_t>(u) : 0),
+      double_(static_cast<double>(u)),
+      text_(absl::StrCat(u)) {}
+
+JsonValue::JsonValue(double d) {
+  if (!std::isfinite(d)) return;  // null
+  type_ = Type::kNumber;
+  double_ = d;
+  text_ = FormatDouble(d);
+}
+
+const std::string& JsonValue::string_value() const {
+  return type_ == Type::kString ? text_ : EmptyString();
+}
+
+const std::string& JsonValue::number_text() const {
+  return type_ == Type::kNumber ? text_ : EmptyString();
+}
+
+bool JsonValue::AsInt64(int64_t* out) const {
+  if (!is_integer()) return false;
+  *out = int_;
+  return true;
+}
+
+bool JsonValue::AsUint64(uint64_t* out) const {
+  if (type_ != Type::kNumber || text_.find_first_of(".eE-") != std::string::npos) {
+    return false;
+  }
+  return absl::SimpleAtoi(text_, out);
+}
+
+bool JsonValue::AsDouble(double* out) const {
+  if (type_ != Type::kNumber) return false;
+  *out = double_;
+  return true;
 }
 
 const JsonValue* JsonValue::Find(absl::string_view key) const {
@@ -334,11 +443,14 @@ bool operator==(const JsonValue& a, const JsonValue& b) {
       return true;
     case JsonValue::Type::kBool:
       return a.bool_ == b.bool_;
-    case JsonValue::Type::kNumber:
+    case JsonValue::Type::kNumber: {
       if (a.is_integer_ && b.is_integer_) return a.int_ == b.int_;
+      uint64_t ua = 0, ub = 0;  // exact beyond int64 and 2^53
+      if (a.AsUint64(&ua) && b.AsUint64(&ub)) return ua == ub;
       return a.double_ == b.double_;
+    }
     case JsonValue::Type::kString:
-      return a.string_ == b.string_;
+      return a.text_ == b.text_;
     case JsonValue::Type::kArray:
       return a.array_ == b.array_;
     case JsonValue::Type::kObject:
@@ -348,71 +460,28 @@ bool operator==(const JsonValue& a, const JsonValue& b) {
 }
 
 std::string JsonQuote(absl::string_view s) {
+  // The characters with a short escape, and their escape letters.
+  constexpr absl::string_view kSpecial = "\"\\\b\f\n\r\t";
+  constexpr absl::string_view kLetters = "\"\\bfnrt";
   std::string out = "\"";
   out.reserve(s.size() + 2);
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\b':
-        out += "\\b";
-        break;
-      case '\f':
-        out += "\\f";
-        break;
-      default:
-        if (c < 0x20) {
-          absl::StrAppendFormat(&out, "\\u%04x", c);
-        } else {
-          out.push_back(ch);
-        }
+  for (const char ch : s) {
+    const unsigned char c = static_cast<unsigned char>(ch);
+    if (const size_t k = kSpecial.find(ch); k != absl::string_view::npos) {
+      out.push_back('\\');
+      out.push_back(kLetters[k]);
+    } else if (c < 0x20) {
+      absl::StrAppendFormat(&out, "\\u%04x", c);
+    } else {
+      out.push_back(ch);
     }
   }
   out.push_back('"');
   return out;
 }
 
-namespace {
-
-std::string FormatDouble(double d) {
-  if (!std::isfinite(d)) return "null";
-  // Integral values as Python prints them (10000.0, not 1e+04).
-  if (d == std::floor(d) && std::fabs(d) < 1e15) return absl::StrFormat("%.1f", d);
-  // Shortest %.Ng that reads back exactly; keep a '.' or exponent so that
-  // the value reads back as a float in Python too.
-  std::string s;
-  for (int precision = 1; precision <= 17; ++precision) {
-    s = absl::StrFormat("%.*g", precision, d);
-    double back = 0;
-    if (absl::SimpleAtod(s, &back) && back == d) break;
-  }
-  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
-  return s;
-}
-
-void Newline(std::string* out, int indent, int depth) {
-  if (indent < 0) return;
-  out->push_back('\n');
-  out->append(static_cast<size_t>(indent) * depth, ' ');
-}
-
-}  // namespace
-
-void JsonValue::SerializeTo(std::string* out, int indent, int depth) const {
+void JsonValue::SerializeTo(std::string* out, int indent, bool sort_keys,
+                            int depth) const {
   switch (type_) {
     case Type::kNull:
       out->append("null");
@@ -421,39 +490,48 @@ void JsonValue::SerializeTo(std::string* out, int indent, int depth) const {
       out->append(bool_ ? "true" : "false");
       return;
     case Type::kNumber:
-      out->append(is_integer_ ? absl::StrCat(int_) : FormatDouble(double_));
+      out->append(text_);
       return;
     case Type::kString:
-      out->append(JsonQuote(string_));
+      out->append(JsonQuote(text_));
       return;
     case Type::kArray:
       out->push_back('[');
       for (size_t i = 0; i < array_.size(); ++i) {
         if (i > 0) out->push_back(',');
         Newline(out, indent, depth + 1);
-        array_[i].SerializeTo(out, indent, depth + 1);
+        array_[i].SerializeTo(out, indent, sort_keys, depth + 1);
       }
       if (!array_.empty()) Newline(out, indent, depth);
       out->push_back(']');
       return;
-    case Type::kObject:
+    case Type::kObject: {
+      std::vector<const Member*> members;
+      members.reserve(object_.size());
+      for (const Member& m : object_) members.push_back(&m);
+      if (sort_keys) {
+        // std::string compares bytes as unsigned char: UTF-8 code point order.
+        std::sort(members.begin(), members.end(),
+                  [](const Member* a, const Member* b) { return a->first < b->first; });
+      }
       out->push_back('{');
-      for (size_t i = 0; i < object_.size(); ++i) {
+      for (size_t i = 0; i < members.size(); ++i) {
         if (i > 0) out->push_back(',');
         Newline(out, indent, depth + 1);
-        out->append(JsonQuote(object_[i].first));
+        out->append(JsonQuote(members[i]->first));
         out->append(indent < 0 ? ":" : ": ");
-        object_[i].second.SerializeTo(out, indent, depth + 1);
+        members[i]->second.SerializeTo(out, indent, sort_keys, depth + 1);
       }
-      if (!object_.empty()) Newline(out, indent, depth);
+      if (!members.empty()) Newline(out, indent, depth);
       out->push_back('}');
       return;
+    }
   }
 }
 
-std::string JsonValue::Serialize(int indent) const {
+std::string JsonValue::Serialize(int indent, bool sort_keys) const {
   std::string out;
-  SerializeTo(&out, indent, 0);
+  SerializeTo(&out, indent, sort_keys, 0);
   return out;
 }
 
