@@ -21,7 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/model/json.h"
+#include "core/common/json.h"
 #include "core/model/llama.h"
 #include "core/train/trainer.h"
 

@@ -3,7 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_replace.h"
-#include "core/model/json.h"
+#include "core/common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

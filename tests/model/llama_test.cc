@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "core/model/json.h"
+#include "core/common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
