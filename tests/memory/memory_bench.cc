@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,9 @@
 #include "core/memory/install.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
+#include "core/model/llama.h"
+#include "core/train/data.h"
+#include "core/train/trainer.h"
 
 namespace {
 
@@ -74,44 +78,12 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// An MLP forward/backward/SGD loop with the trainer's phase markers, run with
-// history recording off and on, interleaved in rounds to spread machine noise
-// over both; prints medians, the ratio, and the overhead predicted from the
-// measured per-event cost.
-void StepBench(const char* name, int64_t in, int64_t hidden, int layers, int64_t batch,
+// One training step, run with history recording off and on, interleaved in
+// rounds to spread machine noise over both; prints medians, the ratio, and
+// the overhead predicted from the measured per-event cost.
+void StepBench(const char* name, const std::function<void()>& run_step,
                double event_cost_ns) {
   MemoryRecorder& g = MemoryRecorder::Global();
-  torch::manual_seed(0);
-  torch::nn::Sequential mlp;
-  int64_t width = in;
-  for (int l = 0; l < layers; ++l) {
-    mlp->push_back(torch::nn::Linear(width, hidden));
-    mlp->push_back(torch::nn::ReLU());
-    width = hidden;
-  }
-  mlp->push_back(torch::nn::Linear(width, in));
-  torch::optim::SGD opt(mlp->parameters(), torch::optim::SGDOptions(0.01));
-  const torch::Tensor x = torch::randn({batch, in});
-  const torch::Tensor y = torch::randn({batch, in});
-  static int64_t step = 0;
-  auto run_step = [&] {
-    BeginStep(++step);
-    torch::Tensor loss;
-    {
-      PhaseScope fwd(Phase::kForward);
-      loss = torch::mse_loss(mlp->forward(x), y);
-    }
-    {
-      PhaseScope bwd(Phase::kBackward);
-      opt.zero_grad();
-      loss.backward();
-    }
-    {
-      PhaseScope o(Phase::kOptimizer);
-      opt.step();
-    }
-    EndStep(step);
-  };
   for (int i = 0; i < 10; ++i) run_step();
   // Aim at ~3 s per mode whatever the step time.
   const auto t0 = Clock::now();
@@ -152,6 +124,58 @@ void StepBench(const char* name, int64_t in, int64_t hidden, int layers, int64_t
       static_cast<long long>(events_per_step), event_cost_ns,
       events_per_step * event_cost_ns * 1e-6,
       events_per_step * event_cost_ns * 1e-6 / off * 100);
+}
+
+// An MLP forward/backward/SGD step with the trainer's phase markers.
+std::function<void()> MlpStep(int64_t in, int64_t hidden, int layers, int64_t batch) {
+  torch::manual_seed(0);
+  torch::nn::Sequential mlp;
+  int64_t width = in;
+  for (int l = 0; l < layers; ++l) {
+    mlp->push_back(torch::nn::Linear(width, hidden));
+    mlp->push_back(torch::nn::ReLU());
+    width = hidden;
+  }
+  mlp->push_back(torch::nn::Linear(width, in));
+  auto opt = std::make_shared<torch::optim::SGD>(mlp->parameters(),
+                                                 torch::optim::SGDOptions(0.01));
+  const torch::Tensor x = torch::randn({batch, in});
+  const torch::Tensor y = torch::randn({batch, in});
+  return [mlp, opt, x, y]() mutable {
+    static int64_t step = 0;
+    BeginStep(++step);
+    torch::Tensor loss;
+    {
+      PhaseScope fwd(Phase::kForward);
+      loss = torch::mse_loss(mlp->forward(x), y);
+    }
+    {
+      PhaseScope bwd(Phase::kBackward);
+      opt->zero_grad();
+      loss.backward();
+    }
+    {
+      PhaseScope o(Phase::kOptimizer);
+      opt->step();
+    }
+    EndStep(step);
+  };
+}
+
+// A training step of the daemon's default model: the `tiny` preset,
+// batch 8 x 128 tokens of the embedded corpus, AdamW (the Trainer marks the
+// phases).
+std::function<void()> TinyLlamaStep() {
+  auto model = std::shared_ptr<memprofd::LlamaModel>(
+      *memprofd::LlamaModel::Create(*memprofd::LlamaConfig::Preset("tiny"), 0));
+  auto trainer = std::make_shared<memprofd::Trainer>(model.get());
+  auto data = std::shared_ptr<memprofd::TokenDataset>(
+      *memprofd::TokenDataset::Create(memprofd::DataSpec(), 256));
+  auto generator = std::make_shared<at::Generator>(memprofd::MakeDataGenerator(0));
+  memprofd::TrainOptions options;
+  return [model, trainer, data, generator, options] {
+    if (!trainer->Step(options, *data, *generator).ok()) std::abort();
+  };
 }
 
 }  // namespace
@@ -231,10 +255,12 @@ int main(int argc, char** argv) {
   }
 
   const double event_cost_ns = RecorderNsPerEvent(true, 1) - RecorderNsPerEvent(false, 1);
-  StepBench("wide MLP: Linear(512,2048)-ReLU-Linear(2048,512), batch 64", 512, 2048, 1,
-            64, event_cost_ns);
-  StepBench("deep MLP: 16 x (Linear(64,64)-ReLU), batch 8 (many small ops)", 64, 64, 16,
-            8, event_cost_ns);
+  StepBench("tiny Llama (the daemon's default model), batch 8 x 128, AdamW",
+            TinyLlamaStep(), event_cost_ns);
+  StepBench("wide MLP: Linear(512,2048)-ReLU-Linear(2048,512), batch 64",
+            MlpStep(512, 2048, 1, 64), event_cost_ns);
+  StepBench("deep MLP: 16 x (Linear(64,64)-ReLU), batch 8 (many small ops)",
+            MlpStep(64, 64, 16, 8), event_cost_ns);
 
   // Dump cost: a full 100k-entry ring of 256-byte alloc/free pairs.
   {
