@@ -74,6 +74,11 @@ void InstallSignalHandlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  // A write past RLIMIT_FSIZE must fail that snapshot (EFBIG, reported as
+  // RESOURCE_EXHAUSTED), not kill the daemon.
+  signal(SIGXFSZ, SIG_IGN);
+  // A client that disconnects mid-write must not kill it either.
+  signal(SIGPIPE, SIG_IGN);
 }
 
 int Fail(const std::string& message) {

@@ -1,8 +1,10 @@
 #include "core/session/session.h"
 
 #include <torch/cuda.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <future>
 #include <utility>
 
@@ -60,6 +62,15 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   }
   if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
   if (!options.snapshot_root.empty()) {
+    // Fail at start, not at the first snapshot, when the root is unusable.
+    std::error_code ec;
+    std::filesystem::create_directories(options.snapshot_root, ec);
+    if (ec || ::access(options.snapshot_root.c_str(), W_OK | X_OK) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--snapshot_root='", options.snapshot_root, "' cannot be created or written",
+          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
+          "; give a writable directory"));
+    }
     absl::StatusOr<int> cleaned = snapshot::CleanLeftovers(options.snapshot_root);
     if (!cleaned.ok()) return cleaned.status();
     if (*cleaned > 0) {

@@ -7,11 +7,13 @@ import os
 import shutil
 import signal
 import struct
+import subprocess
 import tempfile
 import unittest
 
 import grpc
 
+import harness
 from harness import Daemon, pb
 from test_training import wait_done
 
@@ -233,6 +235,41 @@ def _numel(shape):
     for d in shape:
         n *= d
     return n
+
+
+class SnapshotFaultTest(unittest.TestCase):
+    def test_write_failure_midway_is_reported_and_cleaned_up(self):
+        import resource
+        root = tempfile.mkdtemp(prefix="memprofd-snaps-")
+        d = Daemon("--snapshot_root=" + root)
+        try:
+            good = wait_done(d, d.call("Snapshot", pb.SnapshotRequest(name="good")).id)
+            self.assertEqual(good.state, pb.OPERATION_STATE_SUCCEEDED)
+            # Files may not grow past 1 MB from now on: the 16 MB model cannot be written.
+            _, hard = resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (1 << 20, hard))
+            bad = wait_done(d, d.call("Snapshot", pb.SnapshotRequest(name="too-big")).id)
+            self.assertEqual(bad.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(bad.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             bad.error.message)
+            self.assertEqual(sorted(os.listdir(root)), ["good"])  # no partial or temporary dir
+            resource.prlimit(d.proc.pid, resource.RLIMIT_FSIZE, (hard, hard))
+            self.assertEqual(d.call("GetStatus", pb.GetStatusRequest()).serving_state, "SERVING")
+            parse_safetensors(os.path.join(root, "good", "model.safetensors"))
+            again = wait_done(d, d.call("Snapshot", pb.SnapshotRequest(name="too-big")).id)
+            self.assertEqual(again.state, pb.OPERATION_STATE_SUCCEEDED, again.error.message)
+            self.assertIn('memprofd_snapshots_total{result="failed"} 1', d.metrics_text())
+        finally:
+            d.close()
+            shutil.rmtree(root, ignore_errors=True)
+
+    def test_unusable_snapshot_root_stops_the_start(self):
+        with tempfile.NamedTemporaryFile() as f:  # a file, not a directory
+            r = subprocess.run([harness.MEMPROFD, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                "--snapshot_root=" + f.name + "/snaps"],
+                               capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("snaps", r.stderr)
 
 
 class SnapshotFlagsTest(unittest.TestCase):
