@@ -75,16 +75,21 @@ void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size) {
   UpdateMax(c->peak, now);
   UpdateMax(c->phase_peak[static_cast<size_t>(PhaseIndex(phase))], now);
   if (recording_.load(std::memory_order_relaxed)) {
-    HistoryEntry e;
-    e.addr = addr;
-    e.size = size;
-    e.time_us = NowUs();
-    e.step = CurrentStep();
-    e.action = HistoryAction::kAlloc;
-    e.device = static_cast<int8_t>(device);
-    e.phase = phase;
-    history_.Append(e);
+    Record(HistoryAction::kAlloc, device, addr, size, phase);
   }
+}
+
+void MemoryRecorder::Record(HistoryAction action, int device, uint64_t addr, int64_t size,
+                            Phase phase) {
+  HistoryEntry e;
+  e.addr = addr;
+  e.size = size;
+  e.time_us = NowUs();
+  e.step = CurrentStep();
+  e.action = action;
+  e.device = static_cast<int8_t>(device);
+  e.phase = phase;
+  history_.Append(e);
 }
 
 void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size) {
@@ -93,15 +98,7 @@ void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size) {
   c->current.fetch_sub(size, std::memory_order_relaxed);
   c->frees.fetch_add(1, std::memory_order_relaxed);
   if (recording_.load(std::memory_order_relaxed)) {
-    HistoryEntry e;
-    e.addr = addr;
-    e.size = size;
-    e.time_us = NowUs();
-    e.step = CurrentStep();
-    e.action = HistoryAction::kFree;
-    e.device = static_cast<int8_t>(device);
-    e.phase = CurrentPhase();
-    history_.Append(e);
+    Record(HistoryAction::kFree, device, addr, size, CurrentPhase());
   }
 }
 

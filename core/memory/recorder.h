@@ -97,6 +97,8 @@ class MemoryRecorder : public PhaseListener {
     std::vector<StepPeak> step_peaks;
   };
 
+  // Appends one history entry stamped with the time and step (recording on).
+  void Record(HistoryAction action, int device, uint64_t addr, int64_t size, Phase phase);
   DeviceCounters* Slot(int device);
   const DeviceCounters* Slot(int device) const;
   void FoldCudaPeaks(Phase ended_phase);
