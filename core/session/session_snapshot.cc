@@ -19,12 +19,19 @@
 #include "core/train/trainer.h"
 
 namespace memprofd {
+namespace {
+
+// What every snapshot call says when the daemon has no snapshot root.
+absl::Status SnapshotsOff(absl::StatusCode code) {
+  return absl::Status(code, "snapshots are off: start memprofd with --snapshot_root=DIR");
+}
+
+}  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
     const SnapshotSpec& spec) {
   if (options_.snapshot_root.empty()) {
-    return absl::FailedPreconditionError(
-        "snapshots are off: start memprofd with --snapshot_root=DIR");
+    return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
   }
   RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
   if (!Model())
@@ -170,16 +177,14 @@ absl::StatusOr<std::vector<snapshot::SnapshotManifest>> Session::ListSnapshots()
 absl::StatusOr<snapshot::SnapshotManifest> Session::DescribeSnapshot(
     const std::string& name) const {
   if (options_.snapshot_root.empty()) {
-    return absl::NotFoundError(
-        "snapshots are off: start memprofd with --snapshot_root=DIR");
+    return SnapshotsOff(absl::StatusCode::kNotFound);
   }
   return snapshot::DescribeSnapshot(options_.snapshot_root, name);
 }
 
 absl::Status Session::DeleteSnapshot(const std::string& name) {
   if (options_.snapshot_root.empty()) {
-    return absl::NotFoundError(
-        "snapshots are off: start memprofd with --snapshot_root=DIR");
+    return SnapshotsOff(absl::StatusCode::kNotFound);
   }
   absl::StatusOr<snapshot::SnapshotManifest> m =
       snapshot::DescribeSnapshot(options_.snapshot_root, name);

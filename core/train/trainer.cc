@@ -201,7 +201,6 @@ absl::StatusOr<TrainResult> Trainer::Run(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
                    TokenDataset::Create(options.data, model_->config().vocab_size));
-  RETURN_IF_ERROR(data->Validate(options.seq_len));
   return Run(options, *data, on_step, cancelled);
 }
 

@@ -132,3 +132,36 @@ class Daemon:
         self.channel.close()
         self.log.close()
         self.tmp.cleanup()
+
+
+class Prometheus:
+    """A real Prometheus server scraping `metrics_port` every second, on a free
+    port, for `with` blocks; `url` is its address for promtool queries."""
+
+    def __init__(self, metrics_port):
+        self.tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
+        port = free_port()
+        self.url = "http://127.0.0.1:%d" % port
+        config = os.path.join(self.tmp.name, "prometheus.yml")
+        with open(config, "w") as f:
+            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+                    "scrape_configs:\n  - job_name: memprofd\n    static_configs:\n"
+                    "      - targets: ['127.0.0.1:%d']\n" % metrics_port)
+        self.proc = subprocess.Popen(["prometheus", "--config.file=" + config,
+                                      "--storage.tsdb.path=" + os.path.join(self.tmp.name, "data"),
+                                      "--web.listen-address=127.0.0.1:%d" % port],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def query(self, expr):
+        """promtool's instant query: (exit code, output)."""
+        r = subprocess.run(["promtool", "query", "instant", self.url, expr],
+                           capture_output=True, text=True)
+        return r.returncode, r.stdout
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+        self.tmp.cleanup()

@@ -267,34 +267,19 @@ class BadStartTest(unittest.TestCase):
 class PrometheusTest(unittest.TestCase):
     def test_real_prometheus_scrapes_build_info(self):
         d = Daemon()
-        tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
-        port = harness.free_port()
-        config = os.path.join(tmp.name, "prometheus.yml")
-        with open(config, "w") as f:
-            f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                    "scrape_configs:\n  - job_name: memprofd\n    static_configs:\n"
-                    "      - targets: ['127.0.0.1:%d']\n" % d.metrics_port)
-        prom = subprocess.Popen(["prometheus", "--config.file=" + config,
-                                 "--storage.tsdb.path=" + os.path.join(tmp.name, "data"),
-                                 "--web.listen-address=127.0.0.1:%d" % port],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            deadline = time.time() + 60
-            out = ""
-            while time.time() < deadline:
-                r = subprocess.run(["promtool", "query", "instant", "http://127.0.0.1:%d" % port,
-                                    "memprofd_build_info"], capture_output=True, text=True)
-                out = r.stdout
-                if r.returncode == 0 and "memprofd_build_info" in out:
-                    break
-                time.sleep(1)
-            self.assertIn("memprofd_build_info", out)
-            self.assertIn('device="cpu"', out)
-            self.assertIn("=> 1", out)
+            with harness.Prometheus(d.metrics_port) as prom:
+                deadline = time.time() + 60
+                out = ""
+                while time.time() < deadline:
+                    code, out = prom.query("memprofd_build_info")
+                    if code == 0 and "memprofd_build_info" in out:
+                        break
+                    time.sleep(1)
+                self.assertIn("memprofd_build_info", out)
+                self.assertIn('device="cpu"', out)
+                self.assertIn("=> 1", out)
         finally:
-            prom.terminate()
-            prom.wait(timeout=30)
-            tmp.cleanup()
             d.close()
 
 

@@ -142,41 +142,27 @@ class DashboardTest(unittest.TestCase):
         self.assertGreaterEqual(len(exprs), 10)
         root = tempfile.mkdtemp(prefix="memprofd-dash-")
         d = Daemon("--snapshot_root=" + root)
-        tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
-        port = harness.free_port()
-        config = os.path.join(tmp.name, "prometheus.yml")
-        with open(config, "w") as f:
-            f.write("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: memprofd\n"
-                    "    static_configs:\n      - targets: ['127.0.0.1:%d']\n" % d.metrics_port)
-        prom = subprocess.Popen(["prometheus", "--config.file=" + config,
-                                 "--storage.tsdb.path=" + os.path.join(tmp.name, "data"),
-                                 "--web.listen-address=127.0.0.1:%d" % port],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            url = "http://127.0.0.1:%d" % port
-            # Train (with offloading) while Prometheus scrapes, and snapshot.
-            op = d.call("Train", pb.TrainRequest(steps=1000, batch_size=2, seq_len=32,
-                                                 offload=pb.OffloadOptions(enabled=True)))
-            snap = d.call("Snapshot", pb.SnapshotRequest(name="dash"))
-            wait_done(d, snap.id)
-            missing = exprs
-            deadline = time.time() + 120
-            while missing and time.time() < deadline:
-                time.sleep(2)
-                still = []
-                for expr in missing:
-                    r = subprocess.run(["promtool", "query", "instant", url, expr],
-                                       capture_output=True, text=True)
-                    if r.returncode != 0 or "=>" not in r.stdout or "NaN" in r.stdout:
-                        still.append(expr)
-                missing = still
-            self.assertEqual(missing, [], "queries without data")
-            d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
-            wait_done(d, op.id)
+            with harness.Prometheus(d.metrics_port) as prom:
+                # Train (with offloading) while Prometheus scrapes, and snapshot.
+                op = d.call("Train", pb.TrainRequest(steps=1000, batch_size=2, seq_len=32,
+                                                     offload=pb.OffloadOptions(enabled=True)))
+                snap = d.call("Snapshot", pb.SnapshotRequest(name="dash"))
+                wait_done(d, snap.id)
+                missing = exprs
+                deadline = time.time() + 120
+                while missing and time.time() < deadline:
+                    time.sleep(2)
+                    still = []
+                    for expr in missing:
+                        code, out = prom.query(expr)
+                        if code != 0 or "=>" not in out or "NaN" in out:
+                            still.append(expr)
+                    missing = still
+                self.assertEqual(missing, [], "queries without data")
+                d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+                wait_done(d, op.id)
         finally:
-            prom.terminate()
-            prom.wait(timeout=30)
-            tmp.cleanup()
             d.close()
             shutil.rmtree(root, ignore_errors=True)
 
