@@ -79,7 +79,7 @@ int Usage(const std::string& message) {
       "  model                         the loaded model and its parameters\n"
       "  train [--steps N] [--batch_size B] [--seq_len T] [--lr X] [--seed S]\n"
       "        [--data PATH | --token_data PATH] [--checkpointing]\n"
-      "        [--offload [--offload_target disk|host]]\n"
+      "        [--offload [--offload_target disk|host] [--prefetch_depth auto|N]]\n"
       "  snapshot NAME [--max_shard_size 2GB] [--dtype bf16] [--mode blocking|async]\n"
       "  snapshots [list] | snapshots describe|delete NAME\n"
       "  memory [reset-peak | record start [--max_entries N] | record stop [--clear]\n"

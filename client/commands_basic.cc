@@ -44,11 +44,14 @@ int StatusCommand(const Context& c, const Args&) {
   const auto& o = status.offload_totals();
   if (o.tensors_seen() > 0) {
     std::printf(
-        "offload:    %lld of %lld saved tensors offloaded, %s out, %s saved by dedup\n",
+        "offload:    %lld of %lld saved tensors offloaded, %s out, %s saved by dedup, "
+        "%s back (%s read ahead)\n",
         static_cast<long long>(o.tensors_offloaded()),
         static_cast<long long>(o.tensors_seen()),
         HumanBytes(static_cast<double>(o.bytes_out())).c_str(),
-        HumanBytes(static_cast<double>(o.dedup_bytes_saved())).c_str());
+        HumanBytes(static_cast<double>(o.dedup_bytes_saved())).c_str(),
+        HumanBytes(static_cast<double>(o.bytes_in())).c_str(),
+        HumanBytes(static_cast<double>(o.bytes_prefetched())).c_str());
   }
   std::printf("operations: %lld active\n",
               static_cast<long long>(status.active_operations()));

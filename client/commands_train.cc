@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
@@ -60,6 +61,16 @@ int TrainCommand(const Context& c, const Args& args) {
     }
     o->set_min_offload_bytes(absl::GetFlag(FLAGS_min_offload_bytes));
     o->set_offload_head(absl::GetFlag(FLAGS_offload_head));
+    // Unset: the daemon's default. "auto" is -1 on the wire.
+    const std::string prefetch = absl::GetFlag(FLAGS_prefetch_depth);
+    if (!prefetch.empty()) {
+      int32_t depth = -1;
+      if (prefetch != "auto" && (!absl::SimpleAtoi(prefetch, &depth) || depth < 0)) {
+        return Usage(absl::StrCat("--prefetch_depth must be auto or a number >= 0, not '",
+                                  prefetch, "'"));
+      }
+      o->set_prefetch_depth(depth);
+    }
   }
 
   v1::Operation op;

@@ -32,6 +32,9 @@ ABSL_FLAG(std::string, offload_target, "",
           "train: disk or host (default: the daemon's, disk on CPU hosts)");
 ABSL_FLAG(int64_t, min_offload_bytes, 0, "train: smallest span moved (0: the daemon's)");
 ABSL_FLAG(bool, offload_head, false, "train: offload the LM head's activations too");
+ABSL_FLAG(std::string, prefetch_depth, "",
+          "train: offloaded storages backward reads ahead: auto, 0 (off) or N "
+          "(default: the daemon's)");
 
 ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small)");
 ABSL_FLAG(std::string, hf_dir, "",

@@ -32,6 +32,7 @@ ABSL_DECLARE_FLAG(bool, offload);
 ABSL_DECLARE_FLAG(std::string, offload_target);
 ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
 ABSL_DECLARE_FLAG(bool, offload_head);
+ABSL_DECLARE_FLAG(std::string, prefetch_depth);
 // load
 ABSL_DECLARE_FLAG(std::string, preset);
 ABSL_DECLARE_FLAG(std::string, hf_dir);

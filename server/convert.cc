@@ -134,6 +134,13 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r,
     if (o.max_fwd_stash() < 0)
       return Invalid("offload.max_fwd_stash", "must be >= 1 (0 means 5)");
     if (o.max_fwd_stash() > 0) opts.max_fwd_stash = o.max_fwd_stash();
+    if (o.has_prefetch_depth()) {
+      if (o.prefetch_depth() < 0 && o.prefetch_depth() != offload::kPrefetchAuto) {
+        return Invalid("offload.prefetch_depth",
+                       "must be >= 0 (0 turns the backward read-ahead off) or -1 (auto)");
+      }
+      opts.prefetch_depth = o.prefetch_depth();
+    }
     opts.offload_head = o.offload_head();
     spec.offload = opts;
   }
@@ -225,10 +232,15 @@ v1::OffloadStats ToProto(const offload::OffloadStats& s) {
   o.set_skipped_no_storage(s.skipped_no_storage);
   o.set_skipped_on_target(s.skipped_on_target);
   o.set_skipped_exempt(s.skipped_exempt);
+  o.set_skipped_other_device(s.skipped_other_device);
+  o.set_skipped_disabled(s.skipped_disabled);
   o.set_dedup_hits(s.dedup_hits);
   o.set_dedup_bytes_saved(s.dedup_bytes_saved);
   o.set_bytes_out(s.bytes_out);
   o.set_bytes_in(s.bytes_in);
+  o.set_bytes_prefetched(s.bytes_prefetched);
+  o.set_reload_wait_seconds(static_cast<double>(s.reload_wait_ns) * 1e-9);
+  o.set_anchor_bytes_out(s.anchor_bytes_out);
   o.set_peak_resident_saved_bytes(s.peak_resident_saved_bytes);
   return o;
 }

@@ -46,6 +46,9 @@ ABSL_FLAG(
     "where offloaded activations go: auto (disk on CPU, host on CUDA), host or disk");
 ABSL_FLAG(int64_t, min_offload_bytes, 1024, "saved tensors moving fewer bytes stay put");
 ABSL_FLAG(int32_t, max_fwd_stash, 5, "offload copies in flight during forward (CUDA)");
+ABSL_FLAG(std::string, offload_prefetch_depth, "auto",
+          "offloaded storages backward reads ahead of need: auto (2 on CUDA, 0 on "
+          "CPU), 0 (off) or N");
 ABSL_FLAG(bool, offload_head, false, "also offload the LM head's activations");
 ABSL_FLAG(std::string, spill_dir, "/tmp", "directory of the offloader's spill file");
 ABSL_FLAG(int64_t, host_limit_bytes, 0,
@@ -139,6 +142,12 @@ int main(int argc, char** argv) {
   }
   offload.min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
   offload.max_fwd_stash = absl::GetFlag(FLAGS_max_fwd_stash);
+  absl::StatusOr<int> prefetch =
+      memprofd::offload::ParsePrefetchDepth(absl::GetFlag(FLAGS_offload_prefetch_depth));
+  if (!prefetch.ok()) {
+    return Fail(absl::StrCat("--offload_prefetch_depth: ", prefetch.status().message()));
+  }
+  offload.prefetch_depth = *prefetch;
   offload.offload_head = absl::GetFlag(FLAGS_offload_head);
   offload.spill_dir = absl::GetFlag(FLAGS_spill_dir);
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);

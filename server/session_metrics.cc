@@ -195,6 +195,15 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
               "Bytes moved off the compute device and back.", MetricType::Counter);
   Families::Sample(moved, static_cast<double>(o.bytes_out), {{"direction", "out"}});
   Families::Sample(moved, static_cast<double>(o.bytes_in), {{"direction", "in"}});
+  Families::Sample(out.Add("memprofd_offload_prefetched_bytes_total",
+                           "Bytes of the moved-in ones that the backward read-ahead "
+                           "brought back before they were asked for.",
+                           MetricType::Counter),
+                   static_cast<double>(o.bytes_prefetched));
+  Families::Sample(out.Add("memprofd_offload_reload_wait_seconds_total",
+                           "Host time backward waited for offloaded bytes to come back.",
+                           MetricType::Counter),
+                   static_cast<double>(o.reload_wait_ns) * 1e-9);
   Families::Sample(out.Add("memprofd_offload_anchor_bytes_total",
                            "Bytes the reference algorithm (TRL) would have moved out.",
                            MetricType::Counter),

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace memprofd::offload {
@@ -24,6 +25,17 @@ absl::StatusOr<Target> ParseTarget(absl::string_view name) {
       absl::StrCat("unknown offload target \"", name, "\"; use \"host\" or \"disk\""));
 }
 
+absl::StatusOr<int> ParsePrefetchDepth(absl::string_view text) {
+  if (text == "auto") return kPrefetchAuto;
+  int depth = 0;
+  if (!absl::SimpleAtoi(text, &depth) || depth < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefetch depth \"", text, "\" is not \"auto\" or a number >= 0 (0 turns the "
+        "backward read-ahead off)"));
+  }
+  return depth;
+}
+
 void OffloadStats::Add(const OffloadStats& other) {
   tensors_seen += other.tensors_seen;
   tensors_offloaded += other.tensors_offloaded;
@@ -39,6 +51,8 @@ void OffloadStats::Add(const OffloadStats& other) {
   dedup_bytes_saved += other.dedup_bytes_saved;
   bytes_out += other.bytes_out;
   bytes_in += other.bytes_in;
+  bytes_prefetched += other.bytes_prefetched;
+  reload_wait_ns += other.reload_wait_ns;
   anchor_bytes_out += other.anchor_bytes_out;
   peak_resident_saved_bytes =
       std::max(peak_resident_saved_bytes, other.peak_resident_saved_bytes);

@@ -27,6 +27,15 @@ enum class Target : int {
 absl::string_view TargetName(Target target);
 // Parses "host" or "disk"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Target> ParseTarget(absl::string_view name);
+// Parses "auto" (kPrefetchAuto) or a depth >= 0; INVALID_ARGUMENT otherwise.
+absl::StatusOr<int> ParsePrefetchDepth(absl::string_view text);
+
+// prefetch_depth's default: 2 with a CUDA compute device, where copies back
+// run on the GPU's copy engines; 0 with a CPU one, where bringing bytes back
+// is CPU work (a read from the page cache) that only pays off with a core to
+// spare (offload_bench measures both).
+inline constexpr int kPrefetchAuto = -1;
+inline constexpr int kCudaPrefetchDepth = 2;
 
 struct OffloadOptions {
   // false: the hooks still run and account saved-activation bytes (so step
@@ -44,6 +53,14 @@ struct OffloadOptions {
   // offloader holds during forward: copies on the CUDA side stream, and
   // blocks queued for the spill-file writer.
   int max_fwd_stash = 5;
+  // Backward read-ahead (>= 0; 0 = off; kPrefetchAuto). When backward unpacks
+  // an offloaded storage, the next `prefetch_depth` ones it will need (the
+  // storages offloaded just before it in forward) start coming back in the
+  // background: read from the spill file on a reader thread, and with a CUDA
+  // compute device copied on a side stream that the consuming stream waits
+  // for. At most this many storages are brought back ahead of need, so it
+  // bounds the extra memory the read-ahead holds on the compute device.
+  int prefetch_depth = kPrefetchAuto;
   // false: the trainer runs the output head under NoOffloadScope (little
   // compute, large activations that backward needs first).
   bool offload_head = false;
@@ -88,6 +105,14 @@ struct OffloadStats {
   // Bytes copied off the compute device, and back.
   int64_t bytes_out = 0;
   int64_t bytes_in = 0;
+  // The part of bytes_in that the backward read-ahead brought back before an
+  // unpack asked for it.
+  int64_t bytes_prefetched = 0;
+  // Host time unpacks spent waiting for offloaded bytes to come back (reading
+  // them, or waiting for a read-ahead already under way): what offloading
+  // adds to backward. With a CUDA device the copies themselves are
+  // asynchronous; the consuming stream waits for them, not the host.
+  int64_t reload_wait_ns = 0;
   // What the anchor's algorithm (TRL: key storage pointer + offset and dtype,
   // numel * element size, whole storage for broadcasts) would have copied off
   // for the same saved tensors, at its best (dedup over the whole step).

@@ -24,6 +24,11 @@ absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("offload: max_fwd_stash must be >= 1, got ", options.max_fwd_stash));
   }
+  if (options.prefetch_depth < 0 && options.prefetch_depth != kPrefetchAuto) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "offload: prefetch_depth must be >= 0 (0 turns the backward read-ahead off) or ",
+        kPrefetchAuto, " (auto), got ", options.prefetch_depth));
+  }
   if (compute.is_cuda()) {
     if (!internal::DeviceCopyHasCuda()) {
       return absl::InvalidArgumentError(

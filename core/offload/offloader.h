@@ -9,7 +9,10 @@
 // backward) by a subclass whose get_default_saved_variable_hooks() hands every
 // tensor saved inside an OffloadScope to the scope's Offloader. Each saved
 // tensor gets its own hooks object holding its packed state, so state is
-// freed with the graph (an unused branch leaks nothing).
+// freed with the graph (an unused branch leaks nothing). In backward, each
+// unpack also starts bringing back the next storages backward will need
+// (options.prefetch_depth of them, in reverse forward order) on a reader
+// thread, so reads overlap with compute.
 //
 // Usage, on the thread that runs forward:
 //   ASSIGN_OR_RETURN(auto offloader, Offloader::Create(options, device));
@@ -64,9 +67,11 @@ class Offloader {
   // trainable or frozen, and buffers) are never copied, nor any view of them;
   // dedup restarts. Tensors without storage are ignored.
   void BeginStep(const std::vector<at::Tensor>& params_and_buffers);
-  // This step's statistics (counters since the previous EndStep or Create, peak
-  // over that period, current gauges); adds them to Totals() and restarts
-  // the counters.
+  // Ends a step, after its backward: drops the read-ahead still queued and
+  // waits for the load under way (so the counters are complete), then returns
+  // this step's statistics (counters since the previous EndStep or Create,
+  // peak over that period, current gauges), adds them to Totals() and
+  // restarts the counters.
   OffloadStats EndStep();
   // Everything since Create, with current gauges.
   OffloadStats Totals() const;
@@ -85,8 +90,9 @@ class Offloader {
   // Number of distinct storages in the filter.
   int64_t parameter_storage_count() const;
 
-  // Waits until every queued copy out has completed (for tests and
-  // benchmarks that read gauges at a precise point).
+  // Waits until every queued copy out has completed, and stops the
+  // read-ahead as EndStep does (for tests and benchmarks that read gauges at
+  // a precise point).
   void Flush();
 
   const OffloadOptions& options() const;

@@ -250,6 +250,15 @@ class BadStartTest(unittest.TestCase):
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("--log_level", r.stderr)
 
+    def test_bad_offload_flags(self):
+        for flag, needle in (("--offload_prefetch_depth=-1", "--offload_prefetch_depth"),
+                             ("--offload_prefetch_depth=many", "--offload_prefetch_depth"),
+                             ("--offload_target=tape", "--offload_target"),
+                             ("--max_fwd_stash=0", "--max_fwd_stash")):
+            r = self.run_memprofd(flag)
+            self.assertNotEqual(r.returncode, 0, flag)
+            self.assertIn(needle, r.stderr, flag)
+
     def test_public_address_without_token_warns(self):
         d = Daemon("--listen=0.0.0.0:0")
         try:

@@ -100,6 +100,8 @@ class TrainingTest(unittest.TestCase):
                 token_file=pb.TokenFile(path=empty, bytes_per_token=3))), "bytes_per_token"),
             (pb.TrainRequest(steps=1, offload=pb.OffloadOptions(enabled=True, min_offload_bytes=-1)),
              "min_offload_bytes"),
+            (pb.TrainRequest(steps=1, offload=pb.OffloadOptions(enabled=True, prefetch_depth=-2)),
+             "prefetch_depth"),
         ]
         for req, needle in cases:
             with self.assertRaises(grpc.RpcError, msg=str(req)) as e:
@@ -179,12 +181,49 @@ class TrainingTest(unittest.TestCase):
         r = self.d.ctl("train", "--steps", "0")
         self.assertEqual(r.returncode, 1)
         self.assertIn("INVALID_ARGUMENT", r.stderr)
+        r = self.d.ctl("train", "--steps", "1", "--offload", "--prefetch_depth", "lots")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--prefetch_depth", r.stderr)
+        r = self.d.ctl("train", "--steps", "1", "--batch_size", "2", "--seq_len", "32",
+                       "--offload", "--prefetch_depth", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        r = self.d.ctl("status")
+        self.assertRegex(r.stdout, r"back \(.* read ahead\)")
         text = self.d.metrics_text()
         self.assertRegex(text, r"memprofd_train_steps_total [1-9]")
         self.assertRegex(text, r"memprofd_train_tokens_total [1-9]")
         self.assertIn("memprofd_train_step_seconds_bucket", text)
         self.assertIn("memprofd_train_last_loss", text)
         self.assertRegex(text, r'memprofd_offload_saved_tensors_total\{outcome="offloaded"\} [1-9]')
+
+    def test_8_offload_read_ahead_brings_every_byte_back_once(self):
+        def totals():
+            return self.d.call("GetStatus", pb.GetStatusRequest()).offload_totals
+        for depth in (0, 3):
+            before = totals()
+            op = self.d.call("Train", pb.TrainRequest(
+                steps=2, batch_size=2, seq_len=64, offload=pb.OffloadOptions(
+                    enabled=True, target=pb.OFFLOAD_TARGET_DISK, prefetch_depth=depth)))
+            final = wait_done(self.d, op.id)
+            self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+            after = totals()
+            out = after.bytes_out - before.bytes_out
+            back = after.bytes_in - before.bytes_in
+            ahead = after.bytes_prefetched - before.bytes_prefetched
+            self.assertGreater(out, 0, depth)
+            self.assertEqual(back, out, depth)  # every offloaded byte came back, once
+            if depth == 0:
+                self.assertEqual(ahead, 0)
+            else:
+                self.assertLessEqual(ahead, back)
+            self.assertGreater(after.reload_wait_seconds, before.reload_wait_seconds)
+            # Every saved tensor is counted once, whatever happened to it.
+            step = self.d.call("GetStatus", pb.GetStatusRequest()).last_step.offload
+            skipped = sum(getattr(step, f.name) for f in step.DESCRIPTOR.fields
+                          if f.name.startswith("skipped_"))
+            self.assertEqual(step.tensors_seen, step.tensors_offloaded + skipped)
+            self.assertGreater(step.anchor_bytes_out, 0)
+        self.assertRegex(self.d.metrics_text(), r"memprofd_offload_prefetched_bytes_total [0-9]")
 
 
 class OutOfMemoryTest(unittest.TestCase):

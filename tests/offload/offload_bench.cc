@@ -2,10 +2,12 @@
 //
 // For `tiny` and `small`, with per-layer checkpointing on and off, one
 // training step (forward + backward, no optimizer) with offloading off, to
-// disk and to host, side by side: step time, peak and end-of-forward resident
-// saved-activation bytes, bytes moved with true dedup against what the
-// anchor's key (storage pointer + offset, dtype) would have moved on the same
-// saved tensors. Then the per-saved-tensor cost of the hooks.
+// disk without and with the backward read-ahead, and to host, side by side:
+// step time, backward time and the part of it spent waiting for reloads, peak
+// and end-of-forward resident saved-activation bytes, bytes moved with true
+// dedup against what the anchor's key (storage pointer + offset, dtype) would
+// have moved on the same saved tensors. Then the per-saved-tensor cost of the
+// hooks.
 //
 // Usage: offload_bench [steps=3] [batch=4] [seq=128]
 
@@ -36,6 +38,7 @@ double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
 struct Result {
   double step_s = 0;
+  double backward_s = 0;
   int64_t end_of_forward = 0;
   OffloadStats stats;
 };
@@ -64,16 +67,20 @@ Result Step(LlamaModel& model, const at::Tensor& ids, Offloader* offloader,
         ids.slice(1, 1).reshape({-1}));
   }
   if (offloader != nullptr) r.end_of_forward = offloader->resident_saved_bytes();
+  const auto backward_start = Clock::now();
   loss.backward();
+  r.backward_s = Seconds(backward_start);
   if (offloader != nullptr) r.stats = offloader->EndStep();
   r.step_s = Seconds(start);
   return r;
 }
 
-std::unique_ptr<Offloader> Make(bool enabled, Target target) {
+std::unique_ptr<Offloader> Make(bool enabled, Target target,
+                                int prefetch_depth = kPrefetchAuto) {
   OffloadOptions options;
   options.enabled = enabled;
   options.target = target;
+  options.prefetch_depth = prefetch_depth;
   auto offloader = Offloader::Create(options, c10::Device(c10::kCPU));
   if (!offloader.ok()) {
     std::fprintf(stderr, "offload_bench: %s\n", offloader.status().ToString().c_str());
@@ -94,26 +101,35 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
       torch::randint(0, config->vocab_size, {batch, seq}, torch::kLong);
   for (const bool checkpoint : {true, false}) {
     double base_s = 0;
-    for (const char* mode : {"off", "disk", "host"}) {
+    // disk: the default (on a CPU device, no read-ahead); disk+ra: with a
+    // backward read-ahead of 2 storages.
+    for (const char* mode : {"off", "disk", "disk+ra", "host"}) {
       const std::string m(mode);
-      auto offloader = Make(m != "off", m == "host" ? Target::kHost : Target::kDisk);
+      auto offloader = Make(m != "off", m == "host" ? Target::kHost : Target::kDisk,
+                            m == "disk+ra" ? 2 : kPrefetchAuto);
       Step(**model, ids, offloader.get(), checkpoint);  // warm-up
       std::vector<double> times;
+      std::vector<double> backward;
+      std::vector<double> waits;
       Result last;
       for (int i = 0; i < steps; ++i) {
         last = Step(**model, ids, offloader.get(), checkpoint);
         times.push_back(last.step_s);
+        backward.push_back(last.backward_s);
+        waits.push_back(static_cast<double>(last.stats.reload_wait_ns) * 1e-9);
       }
-      std::sort(times.begin(), times.end());
+      for (auto* v : {&times, &backward, &waits}) std::sort(v->begin(), v->end());
       const double median = times[times.size() / 2];
       if (m == "off") base_s = median;
       std::printf(
-          "%-5s ckpt=%-3s %-4s  step %8.1f ms (%+6.1f%%)  resident saved: peak %8.2f "
-          "MiB, "
+          "%-5s ckpt=%-3s %-7s  step %8.1f ms (%+6.1f%%)  backward %8.1f ms (reload wait "
+          "%6.2f ms, read ahead %7.2f MiB)  resident saved: peak %8.2f MiB, "
           "end of fwd %8.2f MiB  moved %8.2f MiB (anchor %8.2f MiB)  dedup hits %lld  "
           "offloaded %lld of %lld\n",
           preset.c_str(), checkpoint ? "on" : "off", mode, median * 1e3,
-          (median / base_s - 1) * 100, MiB(last.stats.peak_resident_saved_bytes),
+          (median / base_s - 1) * 100, backward[backward.size() / 2] * 1e3,
+          waits[waits.size() / 2] * 1e3, MiB(last.stats.bytes_prefetched),
+          MiB(last.stats.peak_resident_saved_bytes),
           MiB(last.end_of_forward), MiB(last.stats.bytes_out),
           MiB(last.stats.anchor_bytes_out), static_cast<long long>(last.stats.dedup_hits),
           static_cast<long long>(last.stats.tensors_offloaded),

@@ -51,11 +51,39 @@ void WaitCopy(const CopyDone& done) {
   if (done != nullptr) static_cast<at::cuda::CUDAEvent*>(done.get())->synchronize();
 }
 
-void CopyToDevice(const at::Tensor& host, const at::Tensor& dst) {
-  c10::cuda::CUDAGuard device_guard(dst.device().index());
-  // Pinned source + non_blocking: the caching host allocator records an event
-  // on the current stream, so freeing `host` afterwards is safe.
-  dst.copy_(host, /*non_blocking=*/true);
+CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
+  if (copies.empty()) return nullptr;
+  const c10::DeviceIndex index = copies.front().dst.device().index();
+  c10::cuda::CUDAGuard device_guard(index);
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(index);
+  c10::cuda::CUDAStream side =
+      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  // The destinations were allocated on `current`: their blocks may still be
+  // in use by work queued there before they were freed and handed out again.
+  at::cuda::CUDAEvent allocated;
+  allocated.record(current);
+  allocated.block(side);
+  {
+    c10::cuda::CUDAStreamGuard stream_guard(side);
+    // Pinned source + non_blocking: the caching host allocator records an
+    // event on the side stream, so the caller may drop `host` at once.
+    for (const HostToDevice& copy : copies) copy.dst.copy_(copy.host, /*non_blocking=*/true);
+  }
+  for (const HostToDevice& copy : copies) {
+    c10::cuda::CUDACachingAllocator::recordStream(copy.dst.storage().data_ptr(), side);
+  }
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(side);
+  return done;
+}
+
+void UseOnCurrentStream(const CopyDone& done, const at::Tensor& buffer) {
+  if (done == nullptr) return;
+  const c10::DeviceIndex index = buffer.device().index();
+  c10::cuda::CUDAGuard device_guard(index);
+  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(index);
+  static_cast<at::cuda::CUDAEvent*>(done.get())->block(current);
+  c10::cuda::CUDACachingAllocator::recordStream(buffer.storage().data_ptr(), current);
 }
 
 #else  // !MEMPROFD_WITH_CUDA
@@ -73,7 +101,13 @@ at::Tensor EmptyPinned(int64_t) { NoCuda(); }
 CopyDone StartCopyToHost(const at::Tensor&, const at::Tensor&) { NoCuda(); }
 bool CopyFinished(const CopyDone& done) { return done == nullptr; }
 void WaitCopy(const CopyDone&) {}
-void CopyToDevice(const at::Tensor&, const at::Tensor&) { NoCuda(); }
+CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
+  if (copies.empty()) return nullptr;
+  NoCuda();
+}
+void UseOnCurrentStream(const CopyDone& done, const at::Tensor&) {
+  if (done != nullptr) NoCuda();
+}
 
 #endif  // MEMPROFD_WITH_CUDA
 

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 namespace memprofd::offload::internal {
 
@@ -31,9 +32,23 @@ CopyDone StartCopyToHost(const at::Tensor& src, const at::Tensor& host);
 bool CopyFinished(const CopyDone& done);
 void WaitCopy(const CopyDone& done);
 
-// Copies pinned `host` into `dst` (CUDA) on the current stream, without
-// blocking the host; the pinned block is kept until the copy ran.
-void CopyToDevice(const at::Tensor& host, const at::Tensor& dst);
+// One copy back: pinned `host` into `dst` (a CUDA kByte tensor, same size).
+struct HostToDevice {
+  at::Tensor host;
+  at::Tensor dst;
+};
+// Starts `copies` (destinations on one device, allocated on the calling
+// thread's current stream) on a side stream ordered after the work queued so
+// far on that stream, without blocking the host; the pinned blocks are kept
+// until the copies ran, and the caching allocator is told that the side
+// stream uses the destinations. Returns their completion; null when
+// `copies` is empty.
+CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies);
+// Makes the calling thread's current stream on `buffer`'s device wait for
+// `done` (the host does not wait) and tells the caching allocator that this
+// stream uses `buffer`, so it is not reused before the stream's work on it
+// ran. No-op for a null `done`.
+void UseOnCurrentStream(const CopyDone& done, const at::Tensor& buffer);
 
 }  // namespace memprofd::offload::internal
 

@@ -27,7 +27,12 @@ ByteSpan CoveredSpan(const at::Tensor& t) {
 
 OffloadCore::OffloadCore(const OffloadOptions& options, c10::Device compute,
                          std::unique_ptr<SpillFile> spill)
-    : options_(options), compute_(compute), spill_(std::move(spill)) {
+    : options_(options),
+      compute_(compute),
+      prefetch_depth_(options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
+                      : compute.is_cuda()                     ? kCudaPrefetchDepth
+                                                              : 0),
+      spill_(std::move(spill)) {
   if (spill_ != nullptr) {
     writer_running_ = true;
     writer_ = std::thread(&OffloadCore::WriterLoop, this);
@@ -39,14 +44,18 @@ OffloadCore::~OffloadCore() { Shutdown(); }
 void OffloadCore::Shutdown() {
   {
     absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    stopping_ = true;  // from here on, reader_ is never started
   }
-  if (!writer_.joinable()) return;
-  if (writer_.get_id() == std::this_thread::get_id()) {
-    // The writer dropped the last reference; it exits on its own.
-    writer_.detach();
-  } else {
-    writer_.join();
+  // The writer finishes its queue; the reader drops what is queued (the
+  // unpacks that need those records load them themselves).
+  for (std::thread* worker : {&writer_, &reader_}) {
+    if (!worker->joinable()) continue;
+    if (worker->get_id() == std::this_thread::get_id()) {
+      // The worker dropped the last reference; it exits on its own.
+      worker->detach();
+    } else {
+      worker->join();
+    }
   }
 }
 
@@ -205,6 +214,9 @@ void OffloadCore::Pack(const at::Tensor& t, bool exempt, PackedTensor* packed) {
     record = std::make_shared<StorageRecord>(shared_from_this(), storage, t.device(),
                                              packed->saved_version, /*kept=*/false);
     offloaded_[storage.unsafeGetStorageImpl()] = Entry{record.get(), record};
+    record->step_id_ = step_id_;
+    record->sequence_ = static_cast<int64_t>(forward_order_.size());
+    forward_order_.push_back(record);
     Cover(record, storage, span, &graveyard);
   }
   ++step_.tensors_offloaded;
@@ -243,6 +255,8 @@ int64_t OffloadCore::Cover(const std::shared_ptr<StorageRecord>& record,
     if (record->reloaded_.defined()) {
       AddResident(-record->reloaded_.numel());
       record->reloaded_.reset();
+      record->reload_done_ = nullptr;
+      record->prefetch_queued_ = false;
     }
   }
   int64_t moved = 0;
@@ -366,10 +380,68 @@ void OffloadCore::WriterLoop() {
     {
       absl::MutexLock lock(&mu_);
       FinishCopy(job.record.get(), job.segment, status.ok() ? "" : status.ToString());
-      --in_flight_;
     }
-    // `job` (maybe the last reference to its record) dies here, unlocked.
+    // Maybe the last reference to the record (its destructor takes mu_): it
+    // goes before the job counts as done, so that once Flush() returns the
+    // writer keeps no released graph's record alive.
+    job.record.reset();
+    absl::MutexLock lock(&mu_);
+    --in_flight_;
   }
+}
+
+void OffloadCore::SchedulePrefetch(const StorageRecord& current, Graveyard* graveyard) {
+  const int depth = prefetch_depth_;
+  if (depth == 0 || stopping_ || current.sequence_ < 0 || current.step_id_ != step_id_) {
+    return;
+  }
+  // Backward runs forward's order in reverse: the records offloaded just
+  // before this one are the next to be unpacked. Released ones (their nodes
+  // already ran) are skipped; the live ones, loaded or not, count towards
+  // the depth, which bounds the buffers brought back ahead of need.
+  int ahead = 0;
+  bool queued = false;
+  for (int64_t i = current.sequence_ - 1; i >= 0 && ahead < depth; --i) {
+    std::shared_ptr<StorageRecord> record = forward_order_[static_cast<size_t>(i)].lock();
+    if (record == nullptr) continue;
+    ++ahead;
+    if (!record->prefetch_queued_ && !record->reloaded_.defined()) {
+      record->prefetch_queued_ = true;
+      prefetch_queue_.push_back(record);
+      queued = true;
+    }
+    graveyard->push_back(std::move(record));
+  }
+  if (queued && !reader_.joinable()) reader_ = std::thread(&OffloadCore::ReaderLoop, this);
+}
+
+void OffloadCore::ReaderLoop() {
+  while (true) {
+    std::shared_ptr<StorageRecord> record;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &OffloadCore::ReaderHasWork));
+      if (stopping_) return;
+      record = prefetch_queue_.front().lock();
+      prefetch_queue_.pop_front();
+      if (record == nullptr) continue;  // its graph was released while queued
+      reader_busy_ = true;
+    }
+    try {
+      record->Load(/*prefetch=*/true);
+    } catch (const std::exception&) {
+      // Not cached: the unpack that needs this record loads it again and
+      // reports the error to autograd.
+    }
+    record.reset();  // maybe the last reference: its destructor takes mu_
+    absl::MutexLock lock(&mu_);
+    reader_busy_ = false;
+  }
+}
+
+void OffloadCore::QuiesceReader() {
+  prefetch_queue_.clear();
+  mu_.Await(absl::Condition(this, &OffloadCore::ReaderIdle));
 }
 
 void OffloadCore::Flush() {
@@ -377,6 +449,7 @@ void OffloadCore::Flush() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(this, &OffloadCore::WriterIdle));
   DrainStash(/*all=*/true, &graveyard);
+  QuiesceReader();
 }
 
 void OffloadCore::ForgetRecord(StorageRecord* record) {
@@ -407,6 +480,8 @@ void OffloadCore::BeginStep(const std::vector<at::Tensor>& params_and_buffers) {
   offloaded_.clear();
   kept_.clear();
   anchor_keys_.clear();
+  ++step_id_;
+  forward_order_.clear();
 }
 
 OffloadStats OffloadCore::WithGauges(OffloadStats stats) const {
@@ -418,6 +493,7 @@ OffloadStats OffloadCore::WithGauges(OffloadStats stats) const {
 
 OffloadStats OffloadCore::EndStep() {
   absl::MutexLock lock(&mu_);
+  QuiesceReader();
   const OffloadStats step = WithGauges(step_);
   totals_.Add(step);
   step_ = OffloadStats();

@@ -64,13 +64,26 @@ class StorageRecord {
   StorageRecord(const StorageRecord&) = delete;
   StorageRecord& operator=(const StorageRecord&) = delete;
 
-  // The reloaded copy (kByte, on the storage's device) and the storage byte
-  // its first element stands for. Repeatable; the buffer is shared by every
-  // view and cached while the record lives. Throws c10::Error on I/O errors.
+  // The reloaded copy (kByte, on the storage's device), ready for use on the
+  // calling thread's current stream, and the storage byte its first element
+  // stands for. Repeatable; the buffer is shared by every view and cached
+  // while the record lives. Starts the read-ahead of the records backward
+  // needs next. Throws c10::Error on I/O errors.
   void Reload(at::Tensor* buffer, int64_t* base);
 
  private:
   friend class OffloadCore;
+
+  // What Load produced: the buffer, its base, and the completion of the
+  // device copies that fill it (null on CPU: filled on return).
+  struct Loaded {
+    at::Tensor buffer;
+    int64_t base = 0;
+    CopyDone done;
+  };
+  // Brings the segments back (once: later calls return the cached buffer).
+  // Any thread; `prefetch` tells the read-ahead's calls apart in the stats.
+  Loaded Load(bool prefetch);
 
   const std::shared_ptr<OffloadCore> core_;
   const c10::StorageImpl* const key_;
@@ -85,7 +98,13 @@ class StorageRecord {
   int64_t generation_ = 0;         // bumped when segments are added
   at::Tensor reloaded_;
   int64_t reload_base_ = 0;
-  absl::Mutex reload_mu_;  // serializes reloads of this record
+  CopyDone reload_done_;  // completion of the copies filling reloaded_
+  // Position in the step's forward order (offloaded records only), for the
+  // read-ahead; -1 for kept records.
+  int64_t step_id_ = 0;
+  int64_t sequence_ = -1;
+  bool prefetch_queued_ = false;
+  absl::Mutex reload_mu_;  // serializes loads of this record
 };
 
 // What one saved tensor keeps between pack and unpack.
@@ -123,8 +142,9 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
   int64_t parameter_storage_count() const;
   int64_t spill_file_bytes() const;
 
-  // Waits for every copy out; stops and joins the writer (idempotent).
+  // Waits for every copy out and for the read-ahead to stop.
   void Flush();
+  // Stops and joins the writer (after its queue) and the reader (idempotent).
   void Shutdown();
 
  private:
@@ -173,6 +193,20 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
     return in_flight_ < options_.max_fwd_stash;
   }
   bool WriterIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; }
+  bool ReaderHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !prefetch_queue_.empty() || stopping_;
+  }
+  bool ReaderIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reader_busy_; }
+  // Drops the queued read-ahead and waits for the load under way: once
+  // backward is over, what is left of it is of no use, and the reader must
+  // not keep a released graph's record alive past this point.
+  void QuiesceReader() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues the read-ahead of the prefetch_depth live records offloaded just
+  // before `current` in forward (the ones backward needs next); starts the
+  // reader thread the first time.
+  void SchedulePrefetch(const StorageRecord& current, Graveyard* graveyard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReaderLoop();
   // Retires finished CUDA copies to host (all of them, waiting, if `all`),
   // and the oldest ones while more than max_fwd_stash are in flight.
   void DrainStash(bool all, Graveyard* graveyard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -185,6 +219,7 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
 
   const OffloadOptions options_;
   const c10::Device compute_;
+  const int prefetch_depth_;  // options_.prefetch_depth, auto resolved
   const std::unique_ptr<SpillFile> spill_;
 
   mutable absl::Mutex mu_;
@@ -215,6 +250,15 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool writer_running_ ABSL_GUARDED_BY(mu_) = false;
   std::thread writer_;
+
+  // Backward read-ahead: this step's offloaded records in forward order, and
+  // the ones queued for the reader thread (weak: a released graph frees its
+  // records even while they wait here).
+  int64_t step_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::weak_ptr<StorageRecord>> forward_order_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::weak_ptr<StorageRecord>> prefetch_queue_ ABSL_GUARDED_BY(mu_);
+  bool reader_busy_ ABSL_GUARDED_BY(mu_) = false;  // holds a record
+  std::thread reader_;  // started by the first SchedulePrefetch, under mu_
 };
 
 }  // namespace memprofd::offload::internal

@@ -2,6 +2,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "core/offload/internal/offload_core.h"
@@ -32,7 +33,7 @@ StorageRecord::StorageRecord(std::shared_ptr<OffloadCore> core,
 
 StorageRecord::~StorageRecord() { core_->ForgetRecord(this); }
 
-void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
+StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
   absl::MutexLock reload_lock(&reload_mu_);
   std::vector<Segment> segments;
   int64_t generation = 0;
@@ -42,11 +43,7 @@ void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
     core_->DrainStash(/*all=*/true, &graveyard);
     core_->mu_.Await(absl::Condition(
         +[](StorageRecord* r) { return r->pending_ == 0; }, this));
-    if (reloaded_.defined()) {
-      *buffer = reloaded_;
-      *base = reload_base_;
-      return;
-    }
+    if (reloaded_.defined()) return Loaded{reloaded_, reload_base_, reload_done_};
     segments = segments_;
     generation = generation_;
   }
@@ -59,35 +56,56 @@ void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
   const int64_t start = kReloadStart;
   at::Tensor out =
       at::empty({hi - start}, at::TensorOptions().dtype(at::kByte).device(device_));
+  // Spill-file extents are read straight into a CPU buffer; a CUDA buffer is
+  // filled from pinned memory (the host copy, or a pinned staging block the
+  // extent is read into) by copies that do not block this thread.
+  std::vector<HostToDevice> copies;
   int64_t moved = 0;
   for (const Segment& s : segments) {
     at::Tensor dst = out.narrow(0, s.span.begin - start, s.span.size());
     if (s.host.defined()) {
-      CopyToDevice(s.host, dst);
-    } else if (device_.is_cpu()) {
-      const absl::Status status =
-          core_->spill_->Read(s.file_offset, dst.data_ptr(), s.span.size());
-      TORCH_CHECK(status.ok(),
-                  "cannot bring back an offloaded activation: ", status.ToString());
+      copies.push_back({s.host, dst});
     } else {
-      at::Tensor staging = EmptyPinned(s.span.size());
+      at::Tensor into = device_.is_cpu() ? dst : EmptyPinned(s.span.size());
       const absl::Status status =
-          core_->spill_->Read(s.file_offset, staging.data_ptr(), s.span.size());
+          core_->spill_->Read(s.file_offset, into.data_ptr(), s.span.size());
       TORCH_CHECK(status.ok(),
                   "cannot bring back an offloaded activation: ", status.ToString());
-      CopyToDevice(staging, dst);
+      if (!device_.is_cpu()) copies.push_back({std::move(into), dst});
     }
     moved += s.span.size();
   }
+  CopyDone done = StartCopiesToDevice(copies);
   absl::MutexLock lock(&core_->mu_);
   core_->step_.bytes_in += moved;
+  if (prefetch) core_->step_.bytes_prefetched += moved;
   if (generation == generation_) {  // else segments were added meanwhile: do not cache
     reloaded_ = out;
     reload_base_ = start;
+    reload_done_ = done;
     core_->AddResident(out.numel());
   }
-  *buffer = std::move(out);
-  *base = start;
+  return Loaded{std::move(out), start, std::move(done)};
+}
+
+void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
+  const auto started = std::chrono::steady_clock::now();
+  {
+    OffloadCore::Graveyard graveyard;
+    absl::MutexLock lock(&core_->mu_);
+    core_->SchedulePrefetch(*this, &graveyard);
+  }
+  Loaded loaded = Load(/*prefetch=*/false);
+  UseOnCurrentStream(loaded.done, loaded.buffer);
+  const int64_t waited = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - started)
+                             .count();
+  {
+    absl::MutexLock lock(&core_->mu_);
+    core_->step_.reload_wait_ns += waited;
+  }
+  *buffer = std::move(loaded.buffer);
+  *base = loaded.base;
 }
 
 at::Tensor OffloadCore::Unpack(const PackedTensor& packed) {
