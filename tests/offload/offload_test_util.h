@@ -15,16 +15,32 @@
 
 namespace memprofd::offload::testing {
 
-inline std::unique_ptr<Offloader> MakeOffloader(Target target, int64_t min_offload_bytes,
-                                                bool enabled = true) {
+inline std::unique_ptr<Offloader> MakeOffloader(
+    Target target, int64_t min_offload_bytes, bool enabled = true,
+    c10::Device device = c10::Device(c10::kCPU), int prefetch_depth = kPrefetchAuto) {
   OffloadOptions options;
   options.enabled = enabled;
   options.target = target;
   options.min_offload_bytes = min_offload_bytes;
-  auto offloader = Offloader::Create(options, c10::Device(c10::kCPU));
+  options.prefetch_depth = prefetch_depth;
+  auto offloader = Offloader::Create(options, device);
   EXPECT_TRUE(offloader.ok()) << offloader.status();
   return offloader.ok() ? std::move(offloader).value() : nullptr;
 }
+
+// Whether this build has the CUDA paths and this machine a CUDA device. The
+// CUDA tests skip (and say so) otherwise; a GPU host runs them.
+inline bool HasCuda() {
+#ifdef MEMPROFD_WITH_CUDA
+  return torch::cuda::is_available();
+#else
+  return false;
+#endif
+}
+#define MEMPROFD_SKIP_WITHOUT_CUDA()                                          \
+  if (!::memprofd::offload::testing::HasCuda())                               \
+  GTEST_SKIP() << "needs a CUDA device and a build with CUDA code paths "     \
+                  "(MEMPROFD_WITH_CUDA)"
 
 // What backward got back for each saved tensor, in unpack order.
 inline std::vector<at::Tensor>& Unpacked() {

@@ -11,9 +11,12 @@
 #include <vector>
 
 #include "core/offload/offloader.h"
+#include "offload_test_util.h"
 
 namespace memprofd::offload {
 namespace {
+
+using ::memprofd::offload::testing::MakeOffloader;
 
 constexpr int64_t kRows = 64;
 constexpr int64_t kCols = 256;
@@ -74,11 +77,12 @@ struct ChainRun {
   bool timed_out = false;
 };
 
-// A chain of kNodes SinNodes over a [kRows, kCols] input; `offloader` null =
-// no offloading at all.
-ChainRun RunChain(Offloader* offloader, bool wait_for_read_ahead) {
+// A chain of kNodes SinNodes over a [kRows, kCols] input on `device`;
+// `offloader` null = no offloading at all.
+ChainRun RunChain(Offloader* offloader, bool wait_for_read_ahead,
+                  c10::Device device = c10::Device(c10::kCPU)) {
   torch::manual_seed(11);
-  at::Tensor w = torch::randn({kRows, kCols}, torch::requires_grad());
+  at::Tensor w = torch::randn({kRows, kCols}).to(device).requires_grad_(true);
   Probe& probe = TheProbe();
   probe = Probe();
   probe.offloader = offloader;
@@ -105,39 +109,50 @@ ChainRun RunChain(Offloader* offloader, bool wait_for_read_ahead) {
 }
 
 std::unique_ptr<Offloader> MakeDisk(int prefetch_depth) {
-  OffloadOptions options;
-  options.enabled = true;
-  options.target = Target::kDisk;
-  options.prefetch_depth = prefetch_depth;
-  auto offloader = Offloader::Create(options, c10::Device(c10::kCPU));
-  EXPECT_TRUE(offloader.ok()) << offloader.status();
-  return offloader.ok() ? std::move(offloader).value() : nullptr;
+  return MakeOffloader(Target::kDisk, /*min_offload_bytes=*/1024, /*enabled=*/true,
+                       c10::Device(c10::kCPU), prefetch_depth);
+}
+
+// With every unpack waiting for the read-ahead of the next storage: each one
+// but the first comes back ahead of need, once, within the depth's bound.
+void ExpectReadAhead(Target target, c10::Device device, int depth) {
+  const ChainRun reference = RunChain(nullptr, false, device);
+  auto offloader =
+      MakeOffloader(target, /*min_offload_bytes=*/1024, /*enabled=*/true, device, depth);
+  ASSERT_NE(offloader, nullptr);
+  const ChainRun run = RunChain(offloader.get(), /*wait_for_read_ahead=*/true, device);
+  ASSERT_FALSE(run.timed_out) << "the read-ahead never brought a storage back";
+  EXPECT_TRUE(torch::equal(run.grad, reference.grad));
+  EXPECT_EQ(run.stats.tensors_offloaded, kNodes);
+  EXPECT_EQ(run.stats.bytes_out, kNodes * kBytes);
+  // Each storage came back exactly once: every one but the first unpacked
+  // by the read-ahead, which the unpacks then found ready.
+  EXPECT_EQ(run.stats.bytes_in, kNodes * kBytes);
+  EXPECT_EQ(run.stats.bytes_prefetched, (kNodes - 1) * kBytes);
+  // Never more than `depth` storages ahead of the one in use, and at least
+  // the one waited for.
+  ASSERT_EQ(run.resident.size(), static_cast<size_t>(kNodes));
+  for (size_t i = 0; i + 1 < run.resident.size(); ++i) {
+    EXPECT_LE(run.resident[i], (1 + depth) * kBytes) << "node " << kNodes - 1 - i;
+    EXPECT_GE(run.resident[i], 2 * kBytes) << "node " << kNodes - 1 - i;
+  }
+  EXPECT_EQ(offloader->resident_saved_bytes(), 0);
+  EXPECT_EQ(offloader->disk_bytes_held(), 0);
+  EXPECT_EQ(offloader->host_bytes_held(), 0);
 }
 
 TEST(OffloadPrefetchTest, ReadAheadBringsBackTheNextStoragesBeforeTheirUnpack) {
-  const ChainRun reference = RunChain(nullptr, false);
   for (const int depth : {1, 2, 3}) {
     SCOPED_TRACE(depth);
-    auto offloader = MakeDisk(depth);
-    ASSERT_NE(offloader, nullptr);
-    const ChainRun run = RunChain(offloader.get(), /*wait_for_read_ahead=*/true);
-    ASSERT_FALSE(run.timed_out) << "the read-ahead never brought a storage back";
-    EXPECT_TRUE(torch::equal(run.grad, reference.grad));
-    EXPECT_EQ(run.stats.tensors_offloaded, kNodes);
-    EXPECT_EQ(run.stats.bytes_out, kNodes * kBytes);
-    // Each storage came back exactly once: every one but the first unpacked
-    // by the read-ahead, which the unpacks then found ready.
-    EXPECT_EQ(run.stats.bytes_in, kNodes * kBytes);
-    EXPECT_EQ(run.stats.bytes_prefetched, (kNodes - 1) * kBytes);
-    // Never more than `depth` storages ahead of the one in use, and at least
-    // the one waited for.
-    ASSERT_EQ(run.resident.size(), static_cast<size_t>(kNodes));
-    for (size_t i = 0; i + 1 < run.resident.size(); ++i) {
-      EXPECT_LE(run.resident[i], (1 + depth) * kBytes) << "node " << kNodes - 1 - i;
-      EXPECT_GE(run.resident[i], 2 * kBytes) << "node " << kNodes - 1 - i;
-    }
-    EXPECT_EQ(offloader->resident_saved_bytes(), 0);
-    EXPECT_EQ(offloader->disk_bytes_held(), 0);
+    ExpectReadAhead(Target::kDisk, c10::Device(c10::kCPU), depth);
+  }
+}
+
+TEST(OffloadPrefetchTest, CudaReadAheadFromHostAndDisk) {
+  MEMPROFD_SKIP_WITHOUT_CUDA();
+  for (const Target target : {Target::kHost, Target::kDisk}) {
+    SCOPED_TRACE(TargetName(target));
+    ExpectReadAhead(target, c10::Device(c10::kCUDA, 0), kCudaPrefetchDepth);
   }
 }
 
