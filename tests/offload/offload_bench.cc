@@ -9,7 +9,7 @@
 // have moved on the same saved tensors. Then the per-saved-tensor cost of the
 // hooks.
 //
-// Usage: offload_bench [steps=3] [batch=4] [seq=128]
+// Usage: offload_bench [steps=3] [batch=4] [seq=128] [device=cpu|cuda]
 
 #include <torch/torch.h>
 
@@ -36,6 +36,15 @@ double Seconds(Clock::time_point since) {
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
 
+// Where the model runs (argv[4]); step times wait for the device's queue.
+c10::Device& ComputeDevice() {
+  static c10::Device device(c10::kCPU);
+  return device;
+}
+void Synchronize() {
+  if (ComputeDevice().is_cuda()) torch::cuda::synchronize();
+}
+
 struct Result {
   double step_s = 0;
   double backward_s = 0;
@@ -50,6 +59,7 @@ Result Step(LlamaModel& model, const at::Tensor& ids, Offloader* offloader,
   std::vector<at::Tensor> filter = model.Parameters();
   for (const at::Tensor& b : model.Buffers()) filter.push_back(b);
   Result r;
+  Synchronize();
   const auto start = Clock::now();
   if (offloader != nullptr) offloader->BeginStep(filter);
   at::Tensor loss;
@@ -67,8 +77,10 @@ Result Step(LlamaModel& model, const at::Tensor& ids, Offloader* offloader,
         ids.slice(1, 1).reshape({-1}));
   }
   if (offloader != nullptr) r.end_of_forward = offloader->resident_saved_bytes();
+  Synchronize();
   const auto backward_start = Clock::now();
   loss.backward();
+  Synchronize();
   r.backward_s = Seconds(backward_start);
   if (offloader != nullptr) r.stats = offloader->EndStep();
   r.step_s = Seconds(start);
@@ -81,7 +93,7 @@ std::unique_ptr<Offloader> Make(bool enabled, Target target,
   options.enabled = enabled;
   options.target = target;
   options.prefetch_depth = prefetch_depth;
-  auto offloader = Offloader::Create(options, c10::Device(c10::kCPU));
+  auto offloader = Offloader::Create(options, ComputeDevice());
   if (!offloader.ok()) {
     std::fprintf(stderr, "offload_bench: %s\n", offloader.status().ToString().c_str());
     std::exit(1);
@@ -91,22 +103,29 @@ std::unique_ptr<Offloader> Make(bool enabled, Target target,
 
 void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq) {
   auto config = LlamaConfig::Preset(preset);
-  auto model = LlamaModel::Create(*config, /*seed=*/1);
+  auto model = LlamaModel::Create(*config, /*seed=*/1, ComputeDevice());
   if (!model.ok()) {
     std::fprintf(stderr, "offload_bench: %s\n", model.status().ToString().c_str());
     std::exit(1);
   }
   torch::manual_seed(2);
   const at::Tensor ids =
-      torch::randint(0, config->vocab_size, {batch, seq}, torch::kLong);
+      torch::randint(0, config->vocab_size, {batch, seq}, torch::kLong).to(ComputeDevice());
   for (const bool checkpoint : {true, false}) {
     double base_s = 0;
-    // disk: the default (on a CPU device, no read-ahead); disk+ra: with a
-    // backward read-ahead of 2 storages.
-    for (const char* mode : {"off", "disk", "disk+ra", "host"}) {
+    // The targets with the default read-ahead (none on CPU, 2 on CUDA) and
+    // with the other choice (`+ra` forces 2 storages, `-ra` turns it off).
+    const bool cuda = ComputeDevice().is_cuda();
+    const std::vector<const char*> modes =
+        cuda ? std::vector<const char*>{"off", "host", "host-ra", "disk", "disk-ra"}
+             : std::vector<const char*>{"off", "disk", "disk+ra", "host"};
+    for (const char* mode : modes) {
       const std::string m(mode);
-      auto offloader = Make(m != "off", m == "host" ? Target::kHost : Target::kDisk,
-                            m == "disk+ra" ? 2 : kPrefetchAuto);
+      const int depth = m.size() > 4 && m[4] == '+'   ? 2
+                        : m.size() > 4 && m[4] == '-' ? 0
+                                                      : kPrefetchAuto;
+      auto offloader =
+          Make(m != "off", m.rfind("host", 0) == 0 ? Target::kHost : Target::kDisk, depth);
       Step(**model, ids, offloader.get(), checkpoint);  // warm-up
       std::vector<double> times;
       std::vector<double> backward;
@@ -180,12 +199,14 @@ int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 3;
   const int64_t batch = argc > 2 ? std::atoll(argv[2]) : 4;
   const int64_t seq = argc > 3 ? std::atoll(argv[3]) : 128;
+  if (argc > 4) memprofd::offload::ComputeDevice() = c10::Device(argv[4]);
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf(
       "offload_bench: LibTorch intra-op threads %d (OMP_NUM_THREADS=%s), batch %lld, "
-      "seq %lld, median of %d steps\n",
+      "seq %lld, median of %d steps, device %s\n",
       at::get_num_threads(), omp != nullptr ? omp : "unset",
-      static_cast<long long>(batch), static_cast<long long>(seq), steps);
+      static_cast<long long>(batch), static_cast<long long>(seq), steps,
+      memprofd::offload::ComputeDevice().str().c_str());
   if (memprofd::offload::InstallOffloadEngine().ok() == false) return 1;
   for (const char* preset : {"tiny", "small"}) {
     memprofd::offload::BenchModel(preset, steps, batch, seq);
