@@ -61,6 +61,13 @@ MlpRun RunMlp(Offloader* offloader) {
   return run;
 }
 
+// An offloader on CUDA with `options`; null (and a failure) if it cannot be.
+std::unique_ptr<Offloader> CreateOnCuda(const OffloadOptions& options) {
+  auto offloader = Offloader::Create(options, c10::Device(c10::kCUDA, 0));
+  EXPECT_TRUE(offloader.ok()) << offloader.status();
+  return offloader.ok() ? std::move(offloader).value() : nullptr;
+}
+
 void ExpectSameGradients(const MlpRun& run, const MlpRun& reference) {
   ASSERT_EQ(run.grads.size(), reference.grads.size());
   for (size_t i = 0; i < run.grads.size(); ++i) {
@@ -105,9 +112,9 @@ TEST(OffloadCudaTest, HostLimitSpillsTheRestToDisk) {
   options.enabled = true;
   options.target = Target::kHost;
   options.host_limit_bytes = 2 * 64 * kWidth * 4;  // two activations
-  auto offloader = Offloader::Create(options, c10::Device(c10::kCUDA, 0));
-  ASSERT_TRUE(offloader.ok()) << offloader.status();
-  const MlpRun run = RunMlp(offloader->get());
+  auto offloader = CreateOnCuda(options);
+  ASSERT_NE(offloader, nullptr);
+  const MlpRun run = RunMlp(offloader.get());
   ExpectSameGradients(run, reference);
   EXPECT_LE(run.host_after_forward, options.host_limit_bytes);
   EXPECT_GT(run.host_after_forward, 0);
@@ -122,9 +129,9 @@ TEST(OffloadCudaTest, ForwardStashOfOneStillMatches) {
   options.enabled = true;
   options.target = Target::kHost;
   options.max_fwd_stash = 1;
-  auto offloader = Offloader::Create(options, c10::Device(c10::kCUDA, 0));
-  ASSERT_TRUE(offloader.ok()) << offloader.status();
-  const MlpRun run = RunMlp(offloader->get());
+  auto offloader = CreateOnCuda(options);
+  ASSERT_NE(offloader, nullptr);
+  const MlpRun run = RunMlp(offloader.get());
   ExpectSameGradients(run, reference);
   EXPECT_GT(run.stats.tensors_offloaded, 0);
 }

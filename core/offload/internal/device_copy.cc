@@ -20,17 +20,34 @@ at::Tensor EmptyPinned(int64_t bytes) {
   return at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
 }
 
+namespace {
+
+// Copies run on a pool stream (round robin), ordered after everything queued
+// so far on the current stream of `index`: a source may still be being
+// produced there, and a destination's block may still be read there by work
+// queued before it was freed and handed out again.
+c10::cuda::CUDAStream SideStreamAfterCurrent(c10::DeviceIndex index) {
+  c10::cuda::CUDAStream side =
+      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
+  at::cuda::CUDAEvent queued;
+  queued.record(c10::cuda::getCurrentCUDAStream(index));
+  queued.block(side);
+  return side;
+}
+
+// Completion of what is queued on `side` so far.
+CopyDone RecordDone(const c10::cuda::CUDAStream& side) {
+  auto done = std::make_shared<at::cuda::CUDAEvent>();
+  done->record(side);
+  return done;
+}
+
+}  // namespace
+
 CopyDone StartCopyToHost(const at::Tensor& src, const at::Tensor& host) {
   const c10::DeviceIndex index = src.device().index();
   c10::cuda::CUDAGuard device_guard(index);
-  c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(index);
-  // A pool stream (round robin): copies out only need to be ordered after the
-  // producer (the event below) and to signal their own completion.
-  c10::cuda::CUDAStream side =
-      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
-  at::cuda::CUDAEvent produced;
-  produced.record(compute);
-  produced.block(side);
+  c10::cuda::CUDAStream side = SideStreamAfterCurrent(index);
   {
     c10::cuda::CUDAStreamGuard stream_guard(side);
     host.copy_(src, /*non_blocking=*/true);
@@ -38,9 +55,7 @@ CopyDone StartCopyToHost(const at::Tensor& src, const at::Tensor& host) {
   // src may be freed by forward before the copy ran: the allocator must not
   // hand its block to the compute stream until the side stream is past it.
   c10::cuda::CUDACachingAllocator::recordStream(src.storage().data_ptr(), side);
-  auto done = std::make_shared<at::cuda::CUDAEvent>();
-  done->record(side);
-  return done;
+  return RecordDone(side);
 }
 
 bool CopyFinished(const CopyDone& done) {
@@ -55,14 +70,7 @@ CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
   if (copies.empty()) return nullptr;
   const c10::DeviceIndex index = copies.front().dst.device().index();
   c10::cuda::CUDAGuard device_guard(index);
-  c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(index);
-  c10::cuda::CUDAStream side =
-      c10::cuda::getStreamFromPool(/*isHighPriority=*/false, index);
-  // The destinations were allocated on `current`: their blocks may still be
-  // in use by work queued there before they were freed and handed out again.
-  at::cuda::CUDAEvent allocated;
-  allocated.record(current);
-  allocated.block(side);
+  c10::cuda::CUDAStream side = SideStreamAfterCurrent(index);
   {
     c10::cuda::CUDAStreamGuard stream_guard(side);
     // Pinned source + non_blocking: the caching host allocator records an
@@ -72,9 +80,7 @@ CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
   for (const HostToDevice& copy : copies) {
     c10::cuda::CUDACachingAllocator::recordStream(copy.dst.storage().data_ptr(), side);
   }
-  auto done = std::make_shared<at::cuda::CUDAEvent>();
-  done->record(side);
-  return done;
+  return RecordDone(side);
 }
 
 void UseOnCurrentStream(const CopyDone& done, const at::Tensor& buffer) {
