@@ -1,10 +1,18 @@
 #include "core/memory/cuda_stats.h"
 
+#include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <torch/version.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <exception>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 
 namespace memprofd {
 namespace memory {
@@ -13,6 +21,179 @@ namespace {
 namespace cca = c10::cuda::CUDACachingAllocator;
 
 constexpr size_t kAll = 0;  // StatType::AGGREGATE
+
+using Traces = std::vector<std::vector<VizTraceEntry>>;
+
+// The allocator's API changes shape between LibTorch releases without keeping
+// old calls compiling: parameters are appended without defaults, and its
+// structs move between namespaces (2.x moved TraceEntry, SegmentInfo and
+// DeviceStats to c10::CachingDeviceAllocator). So each difference is met by
+// overloads whose signature only exists when their expression compiles for
+// this LibTorch, and types are taken from the values, never named. A call
+// with Rank<N>{} picks the viable overload of highest rank.
+template <int N>
+struct Rank : Rank<N - 1> {};
+template <>
+struct Rank<0> {};
+
+// Before CUDA's lazy init the allocator has no devices and every per-device
+// call throws a c10::Error (with a backtrace): too costly at every phase
+// boundary of a CPU run on a GPU host. 2.x allocators tell; 1.13's get()
+// returns a plain c10::Allocator, and the callers' catch covers it.
+template <typename Allocator>
+auto AllocatorReady(Allocator* a, Rank<1>) -> decltype(bool(a->initialized())) {
+  return a != nullptr && a->initialized();
+}
+template <typename Allocator>
+bool AllocatorReady(Allocator*, Rank<0>) {
+  return true;
+}
+bool AllocatorReady() { return AllocatorReady(cca::get(), Rank<1>{}); }
+
+// snapshot() returns the segments themselves in 1.13, a SnapshotInfo with
+// .segments and .device_traces from 2.0.
+template <typename Snapshot>
+auto SegmentsOf(const Snapshot& s, Rank<1>) -> decltype((s.segments)) {
+  return s.segments;
+}
+template <typename Snapshot>
+const Snapshot& SegmentsOf(const Snapshot& s, Rank<0>) {
+  return s;
+}
+
+// One allocator trace entry in the viewer's terms; false for actions that
+// memprofd's viewer input does not carry (snapshot markers, OOMs, expandable
+// segment maps).
+template <typename TraceEntry>
+bool ToVizTraceEntry(const TraceEntry& t, VizTraceEntry* out) {
+  using Action = typename TraceEntry::Action;
+  switch (t.action_) {
+    case Action::ALLOC:
+      out->action = VizAction::kAlloc;
+      break;
+    case Action::FREE_REQUESTED:
+      out->action = VizAction::kFreeRequested;
+      break;
+    case Action::FREE_COMPLETED:
+      out->action = VizAction::kFreeCompleted;
+      break;
+    case Action::SEGMENT_ALLOC:
+      out->action = VizAction::kSegmentAlloc;
+      break;
+    case Action::SEGMENT_FREE:
+      out->action = VizAction::kSegmentFree;
+      break;
+    default:
+      return false;
+  }
+  out->addr = static_cast<uint64_t>(t.addr_);
+  out->size = static_cast<int64_t>(t.size_);
+  return true;
+}
+
+template <typename Snapshot>
+auto TracesOf(const Snapshot& s, Rank<1>) -> decltype((void)s.device_traces, Traces()) {
+  Traces out;
+  for (const auto& device_trace : s.device_traces) {
+    std::vector<VizTraceEntry> entries;
+    entries.reserve(device_trace.size());
+    for (const auto& t : device_trace) {
+      VizTraceEntry e;
+      if (ToVizTraceEntry(t, &e)) entries.push_back(e);
+    }
+    out.push_back(std::move(entries));
+  }
+  return out;
+}
+template <typename Snapshot>
+Traces TracesOf(const Snapshot&, Rank<0>) {
+  return {};
+}
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+// CUDA's lazy init, which gives the allocator its per-device state:
+// recordHistory only reaches devices that exist then, and a device added by a
+// later init starts with history off (so torch's own _record_memory_history
+// inits first too). lazyInitDevice(kCUDA) where it exists (lazyInitCUDA warns
+// as deprecated there), lazyInitCUDA before.
+template <typename Context>
+auto LazyInitCuda(Context& context, Rank<1>)
+    -> decltype(context.lazyInitDevice(c10::DeviceType::CUDA)) {
+  context.lazyInitDevice(c10::DeviceType::CUDA);
+}
+template <typename Context>
+void LazyInitCuda(Context& context, Rank<0>) {
+  context.lazyInitCUDA();
+}
+
+// recordHistory(enabled, context_recorder, max_entries, when) since 2.1;
+// later releases appended `bool clearHistory`, then `const
+// std::vector<std::string>& skip_actions`, without defaults. `when` is a
+// template parameter so that each call is dependent: an overload whose call
+// does not fit this release drops out instead of failing the build. Returns
+// false when no known signature fits. No context recorder: with
+// RecordContext::NEVER the allocator gathers no stacks.
+template <typename When>
+auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<3>)
+    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when, true, {}),
+                bool()) {
+  // clearHistory: start from an empty trace (see SetCudaHistory). No
+  // skip_actions: every action is wanted.
+  cca::recordHistory(enabled, nullptr, max_entries, when, true, {});
+  return true;
+}
+template <typename When>
+auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<2>)
+    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when, true), bool()) {
+  cca::recordHistory(enabled, nullptr, max_entries, when, true);
+  return true;
+}
+template <typename When>
+auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<1>)
+    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when), bool()) {
+  cca::recordHistory(enabled, nullptr, max_entries, when);
+  return true;
+}
+template <typename When>
+bool RecordHistory(bool, size_t, When, Rank<0>) {
+  return false;
+}
+
+bool RecordHistory(bool enabled, size_t max_entries) {
+  return RecordHistory(enabled, max_entries, cca::RecordContext::NEVER, Rank<3>{});
+}
+#endif
+
+// The allocator's trace as memprofd's history sees it. The allocator empties
+// its trace whenever recording is turned off (every 2.x release; some also
+// when it is turned on again), while memprofd keeps its history until
+// ClearHistory so that it can be dumped after StopRecording. So before every
+// switch the allocator's entries move to `kept`, and a switch always leaves
+// the allocator's trace empty, so that no entry is kept twice.
+struct HeldHistory {
+  absl::Mutex mu;
+  bool recording ABSL_GUARDED_BY(mu) = false;
+  size_t max_entries ABSL_GUARDED_BY(mu) = 1;  // Per device, as the allocator's.
+  Traces kept ABSL_GUARDED_BY(mu);             // Index = CUDA ordinal.
+};
+
+HeldHistory& Held() {
+  static HeldHistory* const held = new HeldHistory();
+  return *held;
+}
+
+// Appends `more` to `into`, device by device, keeping the newest max_entries
+// of each device (as the allocator's own ring does).
+void AppendNewest(Traces& into, const Traces& more, size_t max_entries) {
+  if (into.size() < more.size()) into.resize(more.size());
+  for (size_t d = 0; d < more.size(); ++d) {
+    std::vector<VizTraceEntry>& dst = into[d];
+    dst.insert(dst.end(), more[d].begin(), more[d].end());
+    if (dst.size() > max_entries) {
+      dst.erase(dst.begin(), dst.end() - static_cast<std::ptrdiff_t>(max_entries));
+    }
+  }
+}
 
 }  // namespace
 
@@ -27,9 +208,10 @@ int CudaDeviceCount() {
 std::vector<CudaDeviceSample> SampleCudaDevices() {
   std::vector<CudaDeviceSample> out;
   const int n = CudaDeviceCount();
+  if (n == 0 || !AllocatorReady()) return out;
   for (int d = 0; d < n; ++d) {
     try {
-      const auto stats = cca::getDeviceStats(d);
+      const auto stats = cca::getDeviceStats(static_cast<c10::DeviceIndex>(d));
       CudaDeviceSample s;
       s.device = d;
       s.allocated_bytes = stats.allocated_bytes[kAll].current;
@@ -52,9 +234,10 @@ std::vector<CudaDeviceSample> SampleCudaDevices() {
 
 void ResetCudaPeaks() {
   const int n = CudaDeviceCount();
+  if (n == 0 || !AllocatorReady()) return;
   for (int d = 0; d < n; ++d) {
     try {
-      cca::resetPeakStats(d);
+      cca::resetPeakStats(static_cast<c10::DeviceIndex>(d));
     } catch (const std::exception&) {
     }
   }
@@ -62,14 +245,35 @@ void ResetCudaPeaks() {
 
 absl::Status SetCudaHistory(bool enabled, int64_t max_entries) {
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  HeldHistory& h = Held();
+  absl::MutexLock lock(&h.mu);
   try {
-    // RecordContext::NEVER: no stack gathering, so no context recorder is
-    // needed; the trace itself is recorded whenever history is enabled.
-    cca::recordHistory(enabled, nullptr,
-                       static_cast<size_t>(max_entries > 0 ? max_entries : 1),
-                       cca::RecordContext::NEVER);
+    if (h.recording) {
+      const Traces recorded = TracesOf(cca::snapshot(), Rank<1>{});
+      RecordHistory(false, h.max_entries);
+      h.recording = false;
+      AppendNewest(h.kept, recorded, h.max_entries);
+    }
+    if (!enabled) return absl::OkStatus();
+    if (CudaDeviceCount() == 0) {
+      return absl::FailedPreconditionError(
+          "CUDA allocator history: no CUDA device is visible");
+    }
+    LazyInitCuda(at::globalContext(), Rank<1>{});
+    const size_t n = static_cast<size_t>(std::max<int64_t>(max_entries, 1));
+    if (!RecordHistory(true, n)) {
+      return absl::UnimplementedError(absl::StrCat(
+          "CUDA allocator history: CUDACachingAllocator::recordHistory in LibTorch ",
+          TORCH_VERSION,
+          " has a signature memprofd does not know; only segments are dumped"));
+    }
+    h.recording = true;
+    h.max_entries = n;
   } catch (const std::exception& e) {
-    return absl::InternalError(e.what());
+    return absl::InternalError(absl::StrCat(
+        "CUDA allocator history: ", e.what(),
+        " (the cudaMallocAsync backend, PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync, "
+        "keeps none)"));
   }
   return absl::OkStatus();
 #else
@@ -80,17 +284,32 @@ absl::Status SetCudaHistory(bool enabled, int64_t max_entries) {
 #endif
 }
 
+void ClearCudaHistory() {
+  HeldHistory& h = Held();
+  absl::MutexLock lock(&h.mu);
+  h.kept.clear();
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+  if (!h.recording) return;
+  try {
+    // Off then on: the one sequence that empties the allocator's trace in
+    // every release. Allocations in between are not traced.
+    RecordHistory(false, h.max_entries);
+    h.recording = RecordHistory(true, h.max_entries);
+  } catch (const std::exception&) {
+    h.recording = false;
+  }
+#endif
+}
+
 CudaAllocatorSnapshot CaptureCudaSnapshot() {
   CudaAllocatorSnapshot out;
-  if (CudaDeviceCount() == 0) return out;
+  HeldHistory& h = Held();
+  absl::MutexLock lock(&h.mu);
+  out.device_traces = h.kept;
+  if (CudaDeviceCount() == 0 || !AllocatorReady()) return out;
   try {
     const auto snap = cca::snapshot();
-#if TORCH_VERSION_MAJOR >= 2
-    const auto& segments = snap.segments;
-#else
-    const auto& segments = snap;
-#endif
-    for (const auto& seg : segments) {
+    for (const auto& seg : SegmentsOf(snap, Rank<1>{})) {
       VizSegment v;
       v.device = static_cast<int>(seg.device);
       v.address = static_cast<uint64_t>(seg.address);
@@ -106,40 +325,10 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
       }
       out.segments.push_back(std::move(v));
     }
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
-    for (const auto& trace : snap.device_traces) {
-      std::vector<VizTraceEntry> entries;
-      for (const auto& t : trace) {
-        VizTraceEntry e;
-        using A = cca::TraceEntry::Action;
-        switch (t.action_) {
-          case A::ALLOC:
-            e.action = VizAction::kAlloc;
-            break;
-          case A::FREE_REQUESTED:
-            e.action = VizAction::kFreeRequested;
-            break;
-          case A::FREE_COMPLETED:
-            e.action = VizAction::kFreeCompleted;
-            break;
-          case A::SEGMENT_ALLOC:
-            e.action = VizAction::kSegmentAlloc;
-            break;
-          case A::SEGMENT_FREE:
-            e.action = VizAction::kSegmentFree;
-            break;
-          default:
-            continue;
-        }
-        e.addr = static_cast<uint64_t>(t.addr_);
-        e.size = static_cast<int64_t>(t.size_);
-        entries.push_back(e);
-      }
-      out.device_traces.push_back(std::move(entries));
-    }
-#endif
+    AppendNewest(out.device_traces, TracesOf(snap, Rank<1>{}), h.max_entries);
   } catch (const std::exception&) {
-    return CudaAllocatorSnapshot{};
+    out.segments.clear();
+    out.device_traces = h.kept;
   }
   return out;
 }

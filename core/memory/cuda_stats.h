@@ -39,12 +39,26 @@ std::vector<CudaDeviceSample> SampleCudaDevices();
 // Resets the peaks of every initialised device to their current values.
 void ResetCudaPeaks();
 
-// Turns the allocator's own trace recording on or off (LibTorch >= 2.1;
-// UNIMPLEMENTED before, where only segments are available).
+// Turns the allocator's own trace recording on or off, keeping up to
+// max_entries (at least 1) per device. What was recorded stays, for
+// CaptureCudaSnapshot(), until ClearCudaHistory(), although the allocator
+// drops its own trace when recording is turned off; turning it on again
+// continues the history. Turning it on initialises CUDA if nothing did yet
+// (as torch.cuda.memory._record_memory_history does): the allocator records
+// only on devices it has set up. UNIMPLEMENTED before LibTorch 2.1 (or for a
+// recordHistory signature this file does not know), where only segments are
+// dumped; FAILED_PRECONDITION without a CUDA device; INTERNAL when CUDA or the
+// allocator refuses (the cudaMallocAsync backend keeps no history).
+// Thread-safe.
 absl::Status SetCudaHistory(bool enabled, int64_t max_entries);
 
-// The allocator's segments (all versions) and traces (>= 2.1), for the
-// memory_viz pickle. Empty when CUDA is not initialised.
+// Drops what SetCudaHistory() kept and the allocator's current trace;
+// recording, if on, goes on. Thread-safe.
+void ClearCudaHistory();
+
+// The allocator's segments (all versions; none before CUDA is initialised)
+// and traces (>= 2.1: the kept ones, then the allocator's current ones), for
+// the memory_viz pickle. Thread-safe.
 CudaAllocatorSnapshot CaptureCudaSnapshot();
 
 }  // namespace memory

@@ -197,7 +197,12 @@ void MemoryRecorder::StopRecording() {
 #endif
 }
 
-void MemoryRecorder::ClearHistory() { history_.Clear(); }
+void MemoryRecorder::ClearHistory() {
+  history_.Clear();
+#ifdef MEMPROFD_WITH_CUDA
+  ClearCudaHistory();
+#endif
+}
 
 HistorySnapshot MemoryRecorder::History() const { return history_.Copy(); }
 
