@@ -69,6 +69,11 @@ void WaitCopy(const CopyDone& done) {
 CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
   if (copies.empty()) return nullptr;
   const c10::DeviceIndex index = copies.front().dst.device().index();
+  for (const HostToDevice& copy : copies) {
+    // One side stream and one completion event serve the whole batch.
+    TORCH_CHECK(copy.dst.device().index() == index,
+                "StartCopiesToDevice: destinations on several devices (internal error)");
+  }
   c10::cuda::CUDAGuard device_guard(index);
   c10::cuda::CUDAStream side = SideStreamAfterCurrent(index);
   {
