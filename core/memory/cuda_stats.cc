@@ -36,6 +36,17 @@ struct Rank : Rank<N - 1> {};
 template <>
 struct Rank<0> {};
 
+// What the caller asked for, as the trace entries record it (2.x's
+// BlockInfo::requested_size); 1.13 knows only the rounded block size.
+template <typename Block>
+auto RequestedSize(const Block& b, Rank<1>) -> decltype(static_cast<int64_t>(b.requested_size)) {
+  return static_cast<int64_t>(b.requested_size);
+}
+template <typename Block>
+int64_t RequestedSize(const Block& b, Rank<0>) {
+  return static_cast<int64_t>(b.size);
+}
+
 // Before CUDA's lazy init the allocator has no devices and every per-device
 // call throws a c10::Error (with a backtrace): too costly at every phase
 // boundary of a CPU run on a GPU host. 2.x allocators tell; 1.13's get()
@@ -317,7 +328,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
       for (const auto& b : seg.blocks) {
         VizBlock vb;
         vb.size = static_cast<int64_t>(b.size);
-        vb.requested_size = b.allocated ? vb.size : 0;
+        vb.requested_size = b.allocated ? RequestedSize(b, Rank<1>{}) : 0;
         vb.state = b.allocated ? VizBlockState::kActiveAllocated
                    : b.active  ? VizBlockState::kActivePendingFree
                                : VizBlockState::kInactive;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/phase.h"
+#include "core/memory/cuda_stats.h"
 #include "core/memory/pickle_writer.h"
 #include "core/memory/recorder.h"
 #include "gtest/gtest.h"
@@ -144,6 +145,16 @@ TEST(PickleWriterTest, UnbalancedContainersYieldNothing) {
   EXPECT_EQ(w.Finish(), std::string("\x80\x02]."));
 }
 
+// CUDA devices a captured dump lists before the CPU (the CPU's device
+// number in the dump).
+int CudaDevicesInDump() {
+#ifdef MEMPROFD_WITH_CUDA
+  return CudaDeviceCount();
+#else
+  return 0;
+#endif
+}
+
 TEST(MemoryVizTest, RecordedStepDumpsAViewerReadableSnapshot) {
   EnsureAccountingInstalled();
   MemoryRecorder& r = MemoryRecorder::Global();
@@ -169,12 +180,14 @@ TEST(MemoryVizTest, RecordedStepDumpsAViewerReadableSnapshot) {
   r.ClearHistory();
 
   const std::string summary = CheckViz(pickle, "step.pkl", "");
-  EXPECT_EQ(Field(summary, "devices"), 1) << summary;  // CPU only: device 0
+  // The CPU comes after the CUDA devices (none on a CPU-only build or host).
+  const int cpu = CudaDevicesInDump();
+  EXPECT_EQ(Field(summary, "devices"), cpu + 1) << summary;
   EXPECT_EQ(Field(summary, "allocs"), 3) << summary;
   EXPECT_EQ(Field(summary, "frees"), 2) << summary;
   EXPECT_EQ(Field(summary, "unmatched_frees"), 1) << summary;
   EXPECT_EQ(Field(summary, "open_allocs"), 2) << summary;
-  EXPECT_EQ(Field(summary, "0"), current) << summary;  // live bytes of device 0
+  EXPECT_EQ(Field(summary, std::to_string(cpu)), current) << summary;  // live CPU bytes
   EXPECT_NE(summary.find("\"first_alloc_frame\": \"forward step 5\""), std::string::npos)
       << summary;
 }
