@@ -39,7 +39,8 @@ struct Rank<0> {};
 // What the caller asked for, as the trace entries record it (2.x's
 // BlockInfo::requested_size); 1.13 knows only the rounded block size.
 template <typename Block>
-auto RequestedSize(const Block& b, Rank<1>) -> decltype(static_cast<int64_t>(b.requested_size)) {
+auto RequestedSize(const Block& b, Rank<1>)
+    -> decltype(static_cast<int64_t>(b.requested_size)) {
   return static_cast<int64_t>(b.requested_size);
 }
 template <typename Block>

@@ -29,9 +29,10 @@ absl::StatusOr<int> ParsePrefetchDepth(absl::string_view text) {
   if (text == "auto") return kPrefetchAuto;
   int depth = 0;
   if (!absl::SimpleAtoi(text, &depth) || depth < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefetch depth \"", text, "\" is not \"auto\" or a number >= 0 (0 turns the "
-        "backward read-ahead off)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefetch depth \"", text,
+                     "\" is not \"auto\" or a number >= 0 (0 turns the "
+                     "backward read-ahead off)"));
   }
   return depth;
 }

@@ -109,8 +109,8 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
     std::exit(1);
   }
   torch::manual_seed(2);
-  const at::Tensor ids =
-      torch::randint(0, config->vocab_size, {batch, seq}, torch::kLong).to(ComputeDevice());
+  const at::Tensor ids = torch::randint(0, config->vocab_size, {batch, seq}, torch::kLong)
+                             .to(ComputeDevice());
   for (const bool checkpoint : {true, false}) {
     double base_s = 0;
     // The targets with the default read-ahead (none on CPU, 2 on CUDA) and
@@ -124,8 +124,8 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
       const int depth = m.size() > 4 && m[4] == '+'   ? 2
                         : m.size() > 4 && m[4] == '-' ? 0
                                                       : kPrefetchAuto;
-      auto offloader =
-          Make(m != "off", m.rfind("host", 0) == 0 ? Target::kHost : Target::kDisk, depth);
+      auto offloader = Make(
+          m != "off", m.rfind("host", 0) == 0 ? Target::kHost : Target::kDisk, depth);
       Step(**model, ids, offloader.get(), checkpoint);  // warm-up
       std::vector<double> times;
       std::vector<double> backward;
@@ -148,9 +148,9 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
           preset.c_str(), checkpoint ? "on" : "off", mode, median * 1e3,
           (median / base_s - 1) * 100, backward[backward.size() / 2] * 1e3,
           waits[waits.size() / 2] * 1e3, MiB(last.stats.bytes_prefetched),
-          MiB(last.stats.peak_resident_saved_bytes),
-          MiB(last.end_of_forward), MiB(last.stats.bytes_out),
-          MiB(last.stats.anchor_bytes_out), static_cast<long long>(last.stats.dedup_hits),
+          MiB(last.stats.peak_resident_saved_bytes), MiB(last.end_of_forward),
+          MiB(last.stats.bytes_out), MiB(last.stats.anchor_bytes_out),
+          static_cast<long long>(last.stats.dedup_hits),
           static_cast<long long>(last.stats.tensors_offloaded),
           static_cast<long long>(last.stats.tensors_seen));
     }

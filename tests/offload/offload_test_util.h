@@ -37,9 +37,9 @@ inline bool HasCuda() {
   return false;
 #endif
 }
-#define MEMPROFD_SKIP_WITHOUT_CUDA()                                          \
-  if (!::memprofd::offload::testing::HasCuda())                               \
-  GTEST_SKIP() << "needs a CUDA device and a build with CUDA code paths "     \
+#define MEMPROFD_SKIP_WITHOUT_CUDA()                                      \
+  if (!::memprofd::offload::testing::HasCuda())                           \
+  GTEST_SKIP() << "needs a CUDA device and a build with CUDA code paths " \
                   "(MEMPROFD_WITH_CUDA)"
 
 // What backward got back for each saved tensor, in unpack order.

@@ -78,13 +78,14 @@ void ExpectSameGradients(const MlpRun& run, const MlpRun& reference) {
 TEST(OffloadCudaTest, HostAndDiskTargetsAreBitIdenticalAndGiveEverythingBack) {
   MEMPROFD_SKIP_WITHOUT_CUDA();
   const MlpRun reference = RunMlp(nullptr);
-  auto accounting = MakeOffloader(Target::kHost, 1024, /*enabled=*/false,
-                                  c10::Device(c10::kCUDA, 0));
+  auto accounting =
+      MakeOffloader(Target::kHost, 1024, /*enabled=*/false, c10::Device(c10::kCUDA, 0));
   const MlpRun kept = RunMlp(accounting.get());
   EXPECT_GT(kept.resident_after_forward, 4 * 64 * kWidth * 4);
   for (const Target target : {Target::kHost, Target::kDisk}) {
     SCOPED_TRACE(TargetName(target));
-    auto offloader = MakeOffloader(target, 1024, /*enabled=*/true, c10::Device(c10::kCUDA, 0));
+    auto offloader =
+        MakeOffloader(target, 1024, /*enabled=*/true, c10::Device(c10::kCUDA, 0));
     ASSERT_NE(offloader, nullptr);
     const MlpRun run = RunMlp(offloader.get());
     ExpectSameGradients(run, reference);
@@ -145,7 +146,8 @@ TEST(OffloadCudaTest, ForwardAndBackwardOnASideStream) {
   const MlpRun reference = RunMlp(nullptr);
   for (const Target target : {Target::kHost, Target::kDisk}) {
     SCOPED_TRACE(TargetName(target));
-    auto offloader = MakeOffloader(target, 1024, /*enabled=*/true, c10::Device(c10::kCUDA, 0));
+    auto offloader =
+        MakeOffloader(target, 1024, /*enabled=*/true, c10::Device(c10::kCUDA, 0));
     ASSERT_NE(offloader, nullptr);
     MlpRun run;
     {

@@ -113,26 +113,29 @@ TEST_F(OffloadLlamaTest, CudaGradientsMatchForBothTargets) {
     for (size_t i = 0; i < reference.grads.size(); ++i) {
       reproducible &= torch::equal(reference.grads[i], again.grads[i]);
     }
-    if (!reproducible) std::cout << "note: two runs without offloading differ on this GPU\n";
+    if (!reproducible)
+      std::cout << "note: two runs without offloading differ on this GPU\n";
     auto accounting =
         MakeOffloader(Target::kHost, /*min_offload_bytes=*/1024, /*enabled=*/false, cuda);
     const LlamaRun kept = Run(accounting.get(), checkpoint);
     for (const Target target : {Target::kHost, Target::kDisk}) {
       SCOPED_TRACE(std::string(TargetName(target)) +
                    (checkpoint ? " with checkpointing" : " without checkpointing"));
-      auto offloader = MakeOffloader(target, /*min_offload_bytes=*/1024, /*enabled=*/true, cuda);
+      auto offloader =
+          MakeOffloader(target, /*min_offload_bytes=*/1024, /*enabled=*/true, cuda);
       ASSERT_NE(offloader, nullptr);
       const LlamaRun run = Run(offloader.get(), checkpoint);
       for (size_t i = 0; i < run.grads.size(); ++i) {
-        EXPECT_TRUE(reproducible ? torch::equal(run.grads[i], reference.grads[i])
-                                 : torch::allclose(run.grads[i], reference.grads[i], 1e-4,
-                                                   1e-6))
+        EXPECT_TRUE(reproducible
+                        ? torch::equal(run.grads[i], reference.grads[i])
+                        : torch::allclose(run.grads[i], reference.grads[i], 1e-4, 1e-6))
             << "parameter " << i;
       }
       EXPECT_GT(run.stats.tensors_offloaded, 0);
       EXPECT_EQ(run.stats.bytes_in, run.stats.bytes_out);
       EXPECT_LE(run.stats.bytes_out, run.stats.anchor_bytes_out);
-      EXPECT_LT(run.stats.peak_resident_saved_bytes, kept.stats.peak_resident_saved_bytes);
+      EXPECT_LT(run.stats.peak_resident_saved_bytes,
+                kept.stats.peak_resident_saved_bytes);
       EXPECT_EQ(offloader->host_bytes_held(), 0);
       EXPECT_EQ(offloader->disk_bytes_held(), 0);
     }

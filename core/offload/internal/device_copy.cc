@@ -80,7 +80,8 @@ CopyDone StartCopiesToDevice(const std::vector<HostToDevice>& copies) {
     c10::cuda::CUDAStreamGuard stream_guard(side);
     // Pinned source + non_blocking: the caching host allocator records an
     // event on the side stream, so the caller may drop `host` at once.
-    for (const HostToDevice& copy : copies) copy.dst.copy_(copy.host, /*non_blocking=*/true);
+    for (const HostToDevice& copy : copies)
+      copy.dst.copy_(copy.host, /*non_blocking=*/true);
   }
   for (const HostToDevice& copy : copies) {
     c10::cuda::CUDACachingAllocator::recordStream(copy.dst.storage().data_ptr(), side);

@@ -412,7 +412,8 @@ void OffloadCore::SchedulePrefetch(const StorageRecord& current, Graveyard* grav
     }
     graveyard->push_back(std::move(record));
   }
-  if (queued && !reader_.joinable()) reader_ = std::thread(&OffloadCore::ReaderLoop, this);
+  if (queued && !reader_.joinable())
+    reader_ = std::thread(&OffloadCore::ReaderLoop, this);
 }
 
 void OffloadCore::ReaderLoop() {
