@@ -184,7 +184,9 @@ absl::Status MemoryRecorder::StartRecording(int64_t max_entries) {
   absl::Status status = history_.Start(max_entries);
   if (status.ok()) recording_.store(true, std::memory_order_relaxed);
 #ifdef MEMPROFD_WITH_CUDA
-  if (status.ok()) SetCudaHistory(true, max_entries).IgnoreError();
+  if (status.ok() && track_cuda_.load(std::memory_order_relaxed)) {
+    SetCudaHistory(true, max_entries).IgnoreError();
+  }
 #endif
   return status;
 }

@@ -64,8 +64,16 @@ class MemoryRecorder : public PhaseListener {
   // Sets every device's peak to its current bytes.
   void ResetPeak();
 
-  // History (see HistoryRing): INVALID_ARGUMENT for a bad max_entries.
+  // History (see HistoryRing): INVALID_ARGUMENT for a bad max_entries. With
+  // CUDA code paths and track_cuda (the default), also the CUDA allocator's
+  // own history, which initialises CUDA if nothing did.
   absl::Status StartRecording(int64_t max_entries);
+  // Whether recording includes the CUDA allocator's history. The daemon
+  // turns it off when it computes on the CPU, so that recording on a GPU host
+  // does not create a CUDA context nobody uses. Takes effect at the next
+  // StartRecording.
+  void set_track_cuda(bool track) { track_cuda_.store(track, std::memory_order_relaxed); }
+  bool track_cuda() const { return track_cuda_.load(std::memory_order_relaxed); }
   void StopRecording();
   void ClearHistory();
   HistorySnapshot History() const;
@@ -105,6 +113,7 @@ class MemoryRecorder : public PhaseListener {
 
   std::array<DeviceCounters, 1 + kMaxCudaDevices> devices_;
   std::atomic<bool> recording_{false};
+  std::atomic<bool> track_cuda_{true};
   std::atomic<uint32_t> phases_seen_{0};                    // Bit per Phase, this step.
   std::atomic<int> phase_{static_cast<int>(Phase::kIdle)};  // Last OnPhase.
   HistoryRing history_;

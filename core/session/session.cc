@@ -56,6 +56,9 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options) {
   absl::StatusOr<std::string> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
+  // A CPU daemon on a GPU host records no CUDA history (which would create a
+  // CUDA context just for that).
+  memory::MemoryRecorder::Global().set_track_cuda(absl::StartsWith(*device, "cuda"));
   // Before any model tensor exists: every allocation from here on is counted.
   if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
     LogWarning(absl::StrCat("memory accounting unavailable: ", s.message()));

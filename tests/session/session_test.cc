@@ -46,6 +46,18 @@ TEST(SessionTest, UnknownStartModelIsAClearError) {
   EXPECT_THAT(s.status().message(), HasSubstr("tiny"));
 }
 
+TEST(SessionTest, ACpuSessionRecordsNoCudaHistory) {
+  // On a GPU host, recording for a CPU session must not create a CUDA
+  // context; the recorder is told at Create.
+  memory::MemoryRecorder::Global().set_track_cuda(true);
+  SessionOptions options;
+  options.device = "cpu";
+  options.model = "";
+  auto s = Session::Create(options);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(memory::MemoryRecorder::Global().track_cuda());
+}
+
 class TinySessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
