@@ -115,17 +115,25 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
     double base_s = 0;
     // The targets with the default read-ahead (none on CPU, 2 on CUDA) and
     // with the other choice (`+ra` forces 2 storages, `-ra` turns it off).
-    const bool cuda = ComputeDevice().is_cuda();
-    const std::vector<const char*> modes =
-        cuda ? std::vector<const char*>{"off", "host", "host-ra", "disk", "disk-ra"}
-             : std::vector<const char*>{"off", "disk", "disk+ra", "host"};
-    for (const char* mode : modes) {
-      const std::string m(mode);
-      const int depth = m.size() > 4 && m[4] == '+'   ? 2
-                        : m.size() > 4 && m[4] == '-' ? 0
-                                                      : kPrefetchAuto;
-      auto offloader = Make(
-          m != "off", m.rfind("host", 0) == 0 ? Target::kHost : Target::kDisk, depth);
+    struct Mode {
+      const char* name;
+      bool enabled;
+      Target target;
+      int prefetch_depth;
+    };
+    const std::vector<Mode> modes =
+        ComputeDevice().is_cuda()
+            ? std::vector<Mode>{{"off", false, Target::kDisk, kPrefetchAuto},
+                                {"host", true, Target::kHost, kPrefetchAuto},
+                                {"host-ra", true, Target::kHost, 0},
+                                {"disk", true, Target::kDisk, kPrefetchAuto},
+                                {"disk-ra", true, Target::kDisk, 0}}
+            : std::vector<Mode>{{"off", false, Target::kDisk, kPrefetchAuto},
+                                {"disk", true, Target::kDisk, kPrefetchAuto},
+                                {"disk+ra", true, Target::kDisk, 2},
+                                {"host", true, Target::kHost, kPrefetchAuto}};
+    for (const Mode& mode : modes) {
+      auto offloader = Make(mode.enabled, mode.target, mode.prefetch_depth);
       Step(**model, ids, offloader.get(), checkpoint);  // warm-up
       std::vector<double> times;
       std::vector<double> backward;
@@ -139,13 +147,13 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
       }
       for (auto* v : {&times, &backward, &waits}) std::sort(v->begin(), v->end());
       const double median = times[times.size() / 2];
-      if (m == "off") base_s = median;
+      if (!mode.enabled) base_s = median;
       std::printf(
           "%-5s ckpt=%-3s %-7s  step %8.1f ms (%+6.1f%%)  backward %8.1f ms (reload wait "
           "%6.2f ms, read ahead %7.2f MiB)  resident saved: peak %8.2f MiB, "
           "end of fwd %8.2f MiB  moved %8.2f MiB (anchor %8.2f MiB)  dedup hits %lld  "
           "offloaded %lld of %lld\n",
-          preset.c_str(), checkpoint ? "on" : "off", mode, median * 1e3,
+          preset.c_str(), checkpoint ? "on" : "off", mode.name, median * 1e3,
           (median / base_s - 1) * 100, backward[backward.size() / 2] * 1e3,
           waits[waits.size() / 2] * 1e3, MiB(last.stats.bytes_prefetched),
           MiB(last.stats.peak_resident_saved_bytes), MiB(last.end_of_forward),
