@@ -60,7 +60,11 @@ template <typename Allocator>
 bool AllocatorReady(Allocator*, Rank<0>) {
   return true;
 }
-bool AllocatorReady() { return AllocatorReady(cca::get(), Rank<1>{}); }
+// Whether per-device allocator calls can be made: some device is visible
+// and the allocator is set up (`devices` = CudaDeviceCount()).
+bool AllocatorReady(int devices) {
+  return devices > 0 && AllocatorReady(cca::get(), Rank<1>{});
+}
 
 // snapshot() returns the segments themselves in 1.13, a SnapshotInfo with
 // .segments and .device_traces from 2.0.
@@ -220,7 +224,7 @@ int CudaDeviceCount() {
 std::vector<CudaDeviceSample> SampleCudaDevices() {
   std::vector<CudaDeviceSample> out;
   const int n = CudaDeviceCount();
-  if (n == 0 || !AllocatorReady()) return out;
+  if (!AllocatorReady(n)) return out;
   for (int d = 0; d < n; ++d) {
     try {
       const auto stats = cca::getDeviceStats(static_cast<c10::DeviceIndex>(d));
@@ -246,7 +250,7 @@ std::vector<CudaDeviceSample> SampleCudaDevices() {
 
 void ResetCudaPeaks() {
   const int n = CudaDeviceCount();
-  if (n == 0 || !AllocatorReady()) return;
+  if (!AllocatorReady(n)) return;
   for (int d = 0; d < n; ++d) {
     try {
       cca::resetPeakStats(static_cast<c10::DeviceIndex>(d));
@@ -318,7 +322,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
   HeldHistory& h = Held();
   absl::MutexLock lock(&h.mu);
   out.device_traces = h.kept;
-  if (CudaDeviceCount() == 0 || !AllocatorReady()) return out;
+  if (!AllocatorReady(CudaDeviceCount())) return out;
   try {
     const auto snap = cca::snapshot();
     for (const auto& seg : SegmentsOf(snap, Rank<1>{})) {
