@@ -13,8 +13,9 @@ endfunction()
 
 # memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]): one
 # GoogleTest binary, run by ctest, each test case a ctest test (default
-# timeout 600 s). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR and
-# the source tree through MEMPROFD_SOURCE_DIR.
+# timeout 600 s). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
+# the source tree through MEMPROFD_SOURCE_DIR and the venv's interpreter (the real
+# consumers and Python references) through MEMPROFD_PYTHON.
 function(memprofd_test)
   cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT" "SOURCES;DEPS" ${ARGN})
   if(NOT T_TIMEOUT)
@@ -25,7 +26,8 @@ function(memprofd_test)
                         memprofd_warnings)
   target_compile_definitions(${T_NAME} PRIVATE
     MEMPROFD_BINARY_DIR="${PROJECT_BINARY_DIR}"
-    MEMPROFD_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+    MEMPROFD_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
+    MEMPROFD_PYTHON="${MEMPROFD_PYTHON}")
   if(T_TORCH)
     memprofd_use_torch_pch(${T_NAME})
   endif()

@@ -1,20 +1,29 @@
 #!/usr/bin/env bash
-# Installs, with apt-get, the Debian 12 packages memprofd needs to build, test
-# and run — only those missing, so a second run does nothing. Run as root (or
-# with sudo available).
+# Installs what memprofd needs to build, test and run, once, and only what is
+# missing, so a second run downloads nothing:
+#  1. Debian 12 packages, with apt-get: the toolchain, gRPC, protobuf, Abseil,
+#     prometheus-cpp, GoogleTest, the Prometheus server, Python's venv module.
+#  2. One Python venv at $MEMPROFD_VENV (default /opt/memprofd/venv), outside
+#     every checkout, from deploy/requirements.txt: the torch wheel whose
+#     LibTorch the C++ build links, and the tests' real consumers (transformers,
+#     safetensors, accelerate, PyTorch's memory tools) and gRPC client.
+# The venv is built by Debian's /usr/bin/python3 (3.11). It is reused while
+# its stamp matches requirements.txt; a changed requirements file rebuilds it.
+# Run as root (or with sudo available).
 set -euo pipefail
+
+here="$(cd "$(dirname "$0")" && pwd)"
+venv="${MEMPROFD_VENV:-/opt/memprofd/venv}"
+requirements="$here/requirements.txt"
 
 packages=(
   # toolchain
   build-essential cmake pkg-config
-  # libraries (DESIGN.md): LibTorch, gRPC, protobuf, Abseil, prometheus-cpp, GoogleTest
-  libtorch-dev libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  # libraries (DESIGN.md): gRPC, protobuf, Abseil, prometheus-cpp, GoogleTest
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev grpc-proto
-  # a fast CPU BLAS for LibTorch (Debian's default reference BLAS is ~20x slower)
-  libopenblas0-pthread
-  # tests: the Prometheus server and promtool, and the independent Python client and
-  # references (Debian's python3 with grpcio, protobuf, numpy and torch)
-  prometheus python3 python3-grpcio python3-protobuf python3-numpy python3-torch
+  # tests: the Prometheus server and promtool; the venv's interpreter
+  prometheus python3 python3-venv
   # demo and tests
   curl procps
 )
@@ -26,14 +35,30 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#packages[@]} packages present"
-  exit 0
-fi
-
-echo "install-deps: installing ${missing[*]}"
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} Debian packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+
+stamp="$venv/.memprofd-requirements"
+if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
+  echo "install-deps: venv $venv is up to date"
+  exit 0
+fi
+echo "install-deps: building the venv $venv from $requirements (torch with its CUDA libraries: ~6 GB, once)"
+$SUDO mkdir -p "$(dirname "$venv")"
+$SUDO /usr/bin/python3 -m venv --clear "$venv"
+pip_args=(--disable-pip-version-check --no-input -q)
+# A local wheelhouse (MEMPROFD_WHEELHOUSE) saves the download where one exists.
+if [ -n "${MEMPROFD_WHEELHOUSE:-}" ] && [ -d "$MEMPROFD_WHEELHOUSE" ]; then
+  pip_args+=(--find-links "$MEMPROFD_WHEELHOUSE")
+fi
+$SUDO "$venv/bin/pip" install "${pip_args[@]}" -r "$requirements"
+$SUDO cp "$requirements" "$stamp"
+"$venv/bin/python" -c 'import torch; print("install-deps: torch", torch.__version__, "CUDA", torch.version.cuda, "C++11 ABI", torch._C._GLIBCXX_USE_CXX11_ABI)'

@@ -97,7 +97,7 @@ absl::StatusOr<Figures> BenchCpp(const std::string& preset, const Args& args,
 absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
                                     int64_t steps, std::string* header) {
   std::string cmd =
-      absl::StrCat("/usr/bin/python3 " MEMPROFD_SOURCE_DIR
+      absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
                    "/tests/bench/train_bench_eager.py --preset ",
                    preset, " --batch ", args.batch, " --seq ", args.seq, " --warmup ",
                    args.warmup, " --steps ", steps, " --threads ", at::get_num_threads());
@@ -162,7 +162,7 @@ int Main(int argc, char** argv) {
               args.batch, args.seq, args.warmup, args.rounds);
   std::printf(
       "C++ (LibTorch): at::get_num_threads()=%d at::get_num_interop_threads()=%d\n",
-      at::get_num_threads(), at::get_num_interop_threads());
+      at::get_num_threads(), static_cast<int>(at::get_num_interop_threads()));
   std::printf("env: OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s MKL_NUM_THREADS=%s\n",
               Env("OMP_NUM_THREADS"), Env("OPENBLAS_NUM_THREADS"),
               Env("MKL_NUM_THREADS"));

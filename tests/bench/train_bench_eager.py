@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Python eager-mode baseline for tests/bench/train_bench.cc.
 
 The same Llama architecture as memprofd's model (RMSNorm, rotary embedding,

@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -103,7 +104,7 @@ class MemoryTest(unittest.TestCase):
         with tempfile.NamedTemporaryFile(suffix=".pickle") as f:
             f.write(data)
             f.flush()
-            r = subprocess.run(["/usr/bin/python3", "-c", CHECK_PICKLE, f.name],
+            r = subprocess.run([sys.executable, "-c", CHECK_PICKLE, f.name],
                                capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stderr)
         allocs, frees = map(int, r.stdout.split())

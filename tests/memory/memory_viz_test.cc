@@ -31,7 +31,7 @@ std::string CheckViz(const std::string& pickle, const std::string& name,
                      const std::string& flags = "") {
   const std::string path = WriteFile(name, pickle);
   std::string out;
-  const int rc = RunCommand(absl::StrCat("/usr/bin/python3 ", kScripts,
+  const int rc = RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", kScripts,
                                          "check_memory_viz.py ", path, " ", flags),
                             &out);
   EXPECT_EQ(rc, 0) << out;
@@ -123,7 +123,7 @@ TEST(PickleWriterTest, PythonLoadsEveryValueKindWithoutTorch) {
   ASSERT_FALSE(bytes.empty());
   const std::string path = WriteFile("values.pkl", bytes);
   std::string out;
-  EXPECT_EQ(RunCommand(absl::StrCat("/usr/bin/python3 ", kScripts,
+  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", kScripts,
                                     "check_pickle_values.py ", path),
                        &out),
             0)
@@ -202,9 +202,8 @@ TEST(MemoryVizTest, TorchsMemoryVizHelpersAcceptTheDump) {
   r.StopRecording();
   r.ClearHistory();
   std::string out;
-  if (RunCommand("/usr/bin/python3 -c 'import torch.cuda._memory_viz'", &out) != 0) {
-    GTEST_SKIP() << "torch.cuda._memory_viz not importable: " << out;
-  }
+  ASSERT_EQ(RunCommand(MEMPROFD_PYTHON " -c 'import torch.cuda._memory_viz'", &out), 0)
+      << "the venv's torch has no torch.cuda._memory_viz (run deploy/install-deps.sh): " << out;
   const std::string summary = CheckViz(pickle, "torch.pkl", "--torch");
   EXPECT_NE(summary.find("\"torch_ok\": true"), std::string::npos) << summary;
 }

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Independent reference for memprofd's Llama model (tests/model/llama_test.cc).
 
 Usage: llama_reference.py DIR

@@ -233,7 +233,7 @@ double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
   std::ofstream(dir / "manifest.json") << manifest.Serialize();
   std::ofstream(dir / "config.json") << model.config().ToJson();
 
-  std::string cmd = absl::StrCat("/usr/bin/python3 " MEMPROFD_SOURCE_DIR
+  std::string cmd = absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
                                  "/tests/model/llama_reference.py ",
                                  dir.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;

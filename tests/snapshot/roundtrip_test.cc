@@ -65,7 +65,7 @@ void ExpectPythonAgrees(const std::string& snapshot_dir, const TensorList& writt
   TempDir expected;
   WriteExpected(expected.path(), written, d, torch_dtype);
   std::string output;
-  const int rc = testing::RunCommand(absl::StrCat("/usr/bin/python3 " MEMPROFD_SOURCE_DIR
+  const int rc = testing::RunCommand(absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
                                                   "/tests/snapshot/check_snapshot.py ",
                                                   snapshot_dir, " ", expected.path()),
                                      &output);

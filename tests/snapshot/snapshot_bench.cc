@@ -185,7 +185,7 @@ class Bench {
 
   bool TorchSave(Result* result) {
     const std::string out = work_ + "/torch.pt";
-    const std::string text = Run(absl::StrCat("/usr/bin/python3 ", work_, "/save.py ",
+    const std::string text = Run(absl::StrCat(MEMPROFD_PYTHON " ", work_, "/save.py ",
                                               out, " ", work_, "/shapes.txt"));
     std::filesystem::remove(out);
     const size_t pos = text.find("RESULT ");
