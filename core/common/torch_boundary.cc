@@ -36,9 +36,9 @@ absl::Status StatusFromException(absl::string_view what, std::exception_ptr e) {
   try {
     std::rethrow_exception(e);
   } catch (const c10::Error& err) {
-    // what_without_backtrace() keeps messages short; OOM on CPU is a plain
-    // c10::Error on LibTorch 1.13 ("DefaultCPUAllocator: can't allocate
-    // memory"), a c10::OutOfMemoryError subclass on CUDA and 2.x.
+    // what_without_backtrace() keeps messages short. OOM is a
+    // c10::OutOfMemoryError (a c10::Error) on CUDA and CPU alike; the message
+    // test also catches allocators that throw a plain c10::Error.
     absl::string_view msg = err.what_without_backtrace();
     if (IsOutOfMemoryMessage(msg)) {
       return Make(absl::StatusCode::kResourceExhausted, what,

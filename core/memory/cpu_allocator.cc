@@ -60,16 +60,12 @@ class CountingCpuAllocator final : public c10::Allocator {
   CountingCpuAllocator(c10::Allocator* underlying, MemoryRecorder* recorder)
       : underlying_(underlying), recorder_(recorder) {}
 
-  // LibTorch 1.13-2.2 declare allocate() const, 2.3+ non-const: defining
-  // both overrides whichever the base declares and overloads the other, with
-  // no version check to get wrong.
-  c10::DataPtr allocate(size_t n) const { return Allocate(n); }
-  c10::DataPtr allocate(size_t n) { return Allocate(n); }
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
 
   c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
 
-  // Pure virtual since LibTorch 2.3 (Allocator::clone); a plain method before.
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  // Allocator::clone copies through it.
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
 

@@ -36,45 +36,14 @@ struct Rank : Rank<N - 1> {};
 template <>
 struct Rank<0> {};
 
-// What the caller asked for, as the trace entries record it (2.x's
-// BlockInfo::requested_size); 1.13 knows only the rounded block size.
-template <typename Block>
-auto RequestedSize(const Block& b, Rank<1>)
-    -> decltype(static_cast<int64_t>(b.requested_size)) {
-  return static_cast<int64_t>(b.requested_size);
-}
-template <typename Block>
-int64_t RequestedSize(const Block& b, Rank<0>) {
-  return static_cast<int64_t>(b.size);
-}
-
-// Before CUDA's lazy init the allocator has no devices and every per-device
-// call throws a c10::Error (with a backtrace): too costly at every phase
-// boundary of a CPU run on a GPU host. 2.x allocators tell; 1.13's get()
-// returns a plain c10::Allocator, and the callers' catch covers it.
-template <typename Allocator>
-auto AllocatorReady(Allocator* a, Rank<1>) -> decltype(bool(a->initialized())) {
-  return a != nullptr && a->initialized();
-}
-template <typename Allocator>
-bool AllocatorReady(Allocator*, Rank<0>) {
-  return true;
-}
 // Whether per-device allocator calls can be made: some device is visible
-// and the allocator is set up (`devices` = CudaDeviceCount()).
+// and the allocator is set up (`devices` = CudaDeviceCount()). Before CUDA's
+// lazy init the allocator has no devices and every per-device call throws a
+// c10::Error (with a backtrace): too costly at every phase boundary of a CPU
+// run on a GPU host.
 bool AllocatorReady(int devices) {
-  return devices > 0 && AllocatorReady(cca::get(), Rank<1>{});
-}
-
-// snapshot() returns the segments themselves in 1.13, a SnapshotInfo with
-// .segments and .device_traces from 2.0.
-template <typename Snapshot>
-auto SegmentsOf(const Snapshot& s, Rank<1>) -> decltype((s.segments)) {
-  return s.segments;
-}
-template <typename Snapshot>
-const Snapshot& SegmentsOf(const Snapshot& s, Rank<0>) {
-  return s;
+  auto* allocator = cca::get();
+  return devices > 0 && allocator != nullptr && allocator->initialized();
 }
 
 // One allocator trace entry in the viewer's terms; false for actions that
@@ -108,7 +77,7 @@ bool ToVizTraceEntry(const TraceEntry& t, VizTraceEntry* out) {
 }
 
 template <typename Snapshot>
-auto TracesOf(const Snapshot& s, Rank<1>) -> decltype((void)s.device_traces, Traces()) {
+Traces TracesOf(const Snapshot& s) {
   Traces out;
   for (const auto& device_trace : s.device_traces) {
     std::vector<VizTraceEntry> entries;
@@ -121,17 +90,12 @@ auto TracesOf(const Snapshot& s, Rank<1>) -> decltype((void)s.device_traces, Tra
   }
   return out;
 }
-template <typename Snapshot>
-Traces TracesOf(const Snapshot&, Rank<0>) {
-  return {};
-}
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
 // CUDA's lazy init, which gives the allocator its per-device state:
 // recordHistory only reaches devices that exist then, and a device added by a
 // later init starts with history off (so torch's own _record_memory_history
 // inits first too). lazyInitDevice(kCUDA) where it exists (lazyInitCUDA warns
-// as deprecated there), lazyInitCUDA before.
+// as deprecated there), lazyInitCUDA before (2.6).
 template <typename Context>
 auto LazyInitCuda(Context& context, Rank<1>)
     -> decltype(context.lazyInitDevice(c10::DeviceType::CUDA)) {
@@ -142,7 +106,7 @@ void LazyInitCuda(Context& context, Rank<0>) {
   context.lazyInitCUDA();
 }
 
-// recordHistory(enabled, context_recorder, max_entries, when) since 2.1;
+// recordHistory(enabled, context_recorder, max_entries, when) in 2.6;
 // later releases appended `bool clearHistory`, then `const
 // std::vector<std::string>& skip_actions`, without defaults. `when` is a
 // template parameter so that each call is dependent: an overload whose call
@@ -178,10 +142,9 @@ bool RecordHistory(bool, size_t, When, Rank<0>) {
 bool RecordHistory(bool enabled, size_t max_entries) {
   return RecordHistory(enabled, max_entries, cca::RecordContext::NEVER, Rank<3>{});
 }
-#endif
 
 // The allocator's trace as memprofd's history sees it. The allocator empties
-// its trace whenever recording is turned off (every 2.x release; some also
+// its trace whenever recording is turned off (every release; some also
 // when it is turned on again), while memprofd keeps its history until
 // ClearHistory so that it can be dumped after StopRecording. So before every
 // switch the allocator's entries move to `kept`, and a switch always leaves
@@ -260,12 +223,11 @@ void ResetCudaPeaks() {
 }
 
 absl::Status SetCudaHistory(bool enabled, int64_t max_entries) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   HeldHistory& h = Held();
   absl::MutexLock lock(&h.mu);
   try {
     if (h.recording) {
-      const Traces recorded = TracesOf(cca::snapshot(), Rank<1>{});
+      const Traces recorded = TracesOf(cca::snapshot());
       RecordHistory(false, h.max_entries);
       h.recording = false;
       AppendNewest(h.kept, recorded, h.max_entries);
@@ -292,19 +254,12 @@ absl::Status SetCudaHistory(bool enabled, int64_t max_entries) {
         "keeps none)"));
   }
   return absl::OkStatus();
-#else
-  (void)enabled;
-  (void)max_entries;
-  return absl::UnimplementedError(
-      "CUDA allocator history needs LibTorch >= 2.1; only segments are dumped");
-#endif
 }
 
 void ClearCudaHistory() {
   HeldHistory& h = Held();
   absl::MutexLock lock(&h.mu);
   h.kept.clear();
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
   if (!h.recording) return;
   try {
     // Off then on: the one sequence that empties the allocator's trace in
@@ -314,7 +269,6 @@ void ClearCudaHistory() {
   } catch (const std::exception&) {
     h.recording = false;
   }
-#endif
 }
 
 CudaAllocatorSnapshot CaptureCudaSnapshot() {
@@ -325,7 +279,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
   if (!AllocatorReady(CudaDeviceCount())) return out;
   try {
     const auto snap = cca::snapshot();
-    for (const auto& seg : SegmentsOf(snap, Rank<1>{})) {
+    for (const auto& seg : snap.segments) {
       VizSegment v;
       v.device = static_cast<int>(seg.device);
       v.address = static_cast<uint64_t>(seg.address);
@@ -333,7 +287,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
       for (const auto& b : seg.blocks) {
         VizBlock vb;
         vb.size = static_cast<int64_t>(b.size);
-        vb.requested_size = b.allocated ? RequestedSize(b, Rank<1>{}) : 0;
+        vb.requested_size = b.allocated ? static_cast<int64_t>(b.requested_size) : 0;
         vb.state = b.allocated ? VizBlockState::kActiveAllocated
                    : b.active  ? VizBlockState::kActivePendingFree
                                : VizBlockState::kInactive;
@@ -341,7 +295,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
       }
       out.segments.push_back(std::move(v));
     }
-    AppendNewest(out.device_traces, TracesOf(snap, Rank<1>{}), h.max_entries);
+    AppendNewest(out.device_traces, TracesOf(snap), h.max_entries);
   } catch (const std::exception&) {
     out.segments.clear();
     out.device_traces = h.kept;

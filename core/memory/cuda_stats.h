@@ -2,7 +2,7 @@
 #define MEMPROFD_CORE_MEMORY_CUDA_STATS_H_
 
 // CUDA caching allocator statistics and history, through the allocator's own
-// API (LibTorch 1.13 and 2.x). Compiled only with MEMPROFD_WITH_CUDA. No
+// API (LibTorch 2.6 and later). Compiled only with MEMPROFD_WITH_CUDA. No
 // LibTorch in this header.
 
 #include <cstdint>

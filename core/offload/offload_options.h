@@ -86,7 +86,7 @@ struct OffloadStats {
   int64_t skipped_parameter = 0;
   // First view of a storage covering fewer than min_offload_bytes.
   int64_t skipped_small = 0;
-  // Scalars LibTorch 1.13 wraps into tensors (2.3+ never passes them).
+  // Scalars wrapped into tensors (what Python's arg parser makes of `x * 2.5`).
   int64_t skipped_wrapped_number = 0;
   // Sparse, quantized, nested, MKL-DNN or meta tensors, lazy conj/neg views.
   int64_t skipped_no_storage = 0;

@@ -34,7 +34,7 @@ struct LoadedWeights {
 // - FAILED_PRECONDITION: several index files (keep one);
 // - DATA_LOSS naming the file: a corrupt or truncated safetensors file, a
 //   damaged index, a shard missing, a tensor missing or duplicated;
-// - INVALID_ARGUMENT: dtypes LibTorch 1.13 cannot hold.
+// - INVALID_ARGUMENT: dtypes memprofd does not handle (IsUnsupportedSafetensorsDtype).
 // Thread-safe.
 absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir);
 

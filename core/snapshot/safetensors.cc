@@ -37,7 +37,7 @@ absl::StatusOr<std::string> SafetensorsDtypeOf(at::ScalarType type) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat("dtype ", c10::toString(type),
-                   " cannot be stored in safetensors by LibTorch 1.13; convert it to a "
+                   " cannot be stored in safetensors by memprofd; convert it to a "
                    "floating, integer or bool dtype first"));
 }
 
@@ -46,7 +46,7 @@ absl::StatusOr<at::ScalarType> ScalarTypeOfSafetensorsDtype(absl::string_view dt
     if (dtype == p.name) return p.type;
   }
   return absl::InvalidArgumentError(absl::StrCat("safetensors dtype \"", dtype,
-                                                 "\" is not supported by LibTorch 1.13"));
+                                                 "\" is not supported by memprofd"));
 }
 
 const std::map<std::string, std::string>& PtMetadata() {

@@ -22,8 +22,8 @@ namespace snapshot {
 // An ordered state dict: (name, tensor), as named_parameters() gives it.
 using TensorList = std::vector<std::pair<std::string, at::Tensor>>;
 
-// "F32" for at::kFloat, ...; INVALID_ARGUMENT for dtypes safetensors or
-// LibTorch 1.13 cannot share (complex, quantized, ...).
+// "F32" for at::kFloat, ...; INVALID_ARGUMENT for dtypes memprofd does not
+// store (complex, quantized, float8, unsigned wider than 8 bits, ...).
 absl::StatusOr<std::string> SafetensorsDtypeOf(at::ScalarType type);
 // at::kFloat for "F32", ...; INVALID_ARGUMENT for any other string.
 absl::StatusOr<at::ScalarType> ScalarTypeOfSafetensorsDtype(absl::string_view dtype);
@@ -41,8 +41,8 @@ const std::map<std::string, std::string>& PtMetadata();
 class SafetensorsFile {
  public:
   // NOT_FOUND when missing; DATA_LOSS naming the file when it is corrupt or
-  // truncated (see ParseSafetensors); INVALID_ARGUMENT for dtypes LibTorch
-  // 1.13 cannot hold.
+  // truncated (see ParseSafetensors); INVALID_ARGUMENT for dtypes memprofd
+  // does not handle.
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
 
   const std::string& path() const { return path_; }

@@ -89,7 +89,7 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const JsonValue&
         return absl::InvalidArgumentError(absl::StrCat(
             "safetensors file ", path, ": tensor ", JsonQuote(name), " has dtype ",
             e.dtype,
-            ", which LibTorch 1.13 cannot hold; convert the file to F32, F16 or BF16"));
+            ", which memprofd does not read; convert the file to F32, F16 or BF16"));
       }
       if (FindDtype(e.dtype) == nullptr) {
         return corrupt(absl::StrCat(what, ": unknown dtype ", JsonQuote(e.dtype)));

@@ -25,12 +25,13 @@ namespace snapshot {
 // The reference reader's cap on N (safetensors MAX_HEADER_SIZE).
 inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
 
-// Bytes per element of a safetensors dtype string LibTorch 1.13 can hold
+// Bytes per element of a safetensors dtype string memprofd reads and writes
 // (F64 F32 F16 BF16 I64 I32 I16 I8 U8 BOOL); 0 for any other string.
 int64_t SafetensorsDtypeSize(absl::string_view dtype);
 
-// True for the dtype strings safetensors defines that LibTorch 1.13 cannot
-// hold (F8_*, U16, U32, U64, C64, F4, F6_*).
+// True for the dtype strings safetensors defines that memprofd does not
+// handle (F8_*, U16, U32, U64, C64, F4, F6_*): a Llama checkpoint's weights
+// never need them.
 bool IsUnsupportedSafetensorsDtype(absl::string_view dtype);
 
 // One tensor of a file.
@@ -90,7 +91,7 @@ struct SafetensorsHeader {
 // first offset other than 0; an entry whose byte size is not numel x element
 // size; a file size other than 8 + N + end of the last tensor (truncated or
 // trailing bytes). INVALID_ARGUMENT for a dtype that is valid safetensors but
-// that LibTorch 1.13 cannot hold.
+// that memprofd does not handle.
 absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file,
                                                    absl::string_view path);
 

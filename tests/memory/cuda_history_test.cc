@@ -41,12 +41,6 @@ bool HasCuda() {
 
 #ifdef MEMPROFD_WITH_CUDA
 
-// The allocator keeps a trace only from LibTorch 2.1 (cuda_stats.h); before,
-// the dump has segments and no trace.
-constexpr bool kAllocatorKeepsHistory = TORCH_VERSION_MAJOR > 2 ||
-                                        (TORCH_VERSION_MAJOR == 2 &&
-                                         TORCH_VERSION_MINOR >= 1);
-
 constexpr int64_t kMaxEntries = 10000;
 // Not a multiple of 512, so no other allocation of the process has this
 // requested size, and above 1 MiB: the large pool.
@@ -138,10 +132,6 @@ for s in d["segments"]:
 TEST(CudaHistoryTest, AllocatorTraceOutlivesStopRecordingUntilClearHistory) {
   if (!HasCuda()) GTEST_SKIP() << kNeedsCuda;
 #ifdef MEMPROFD_WITH_CUDA
-  if (!kAllocatorKeepsHistory) {
-    GTEST_SKIP() << "LibTorch " << TORCH_VERSION
-                 << " keeps no allocator history (2.1+ do)";
-  }
   HistoryCleanup cleanup;
   MemoryRecorder& r = MemoryRecorder::Global();
   // First in this file, so that in a whole memory_test run nothing has used
@@ -204,24 +194,15 @@ TEST(CudaStatsTest, DeviceStatsFollowAnAllocationAndResetPeaksToCurrent) {
 #endif
 }
 
-TEST(CudaHistoryTest, SetCudaHistoryIsOkFrom21AndUnimplementedBefore) {
+TEST(CudaHistoryTest, SetCudaHistoryFindsThisLibTorchsRecordHistory) {
   if (!HasCuda()) GTEST_SKIP() << kNeedsCuda;
 #ifdef MEMPROFD_WITH_CUDA
   HistoryCleanup cleanup;
   const absl::Status on = SetCudaHistory(true, kMaxEntries);
   const absl::Status off = SetCudaHistory(false, 0);
-  if (kAllocatorKeepsHistory) {
-    // OK means overload ranking found this LibTorch's recordHistory.
-    EXPECT_TRUE(on.ok()) << "LibTorch " << TORCH_VERSION << ": " << on;
-    EXPECT_TRUE(off.ok()) << off;
-  } else {
-    EXPECT_EQ(on.code(), absl::StatusCode::kUnimplemented) << on;
-    // The recorder goes on without the allocator's history.
-    EXPECT_TRUE(MemoryRecorder::Global().StartRecording(kMaxEntries).ok());
-    for (const auto& trace : CaptureCudaSnapshot().device_traces) {
-      EXPECT_TRUE(trace.empty());
-    }
-  }
+  // OK means overload ranking found this LibTorch's recordHistory.
+  EXPECT_TRUE(on.ok()) << "LibTorch " << TORCH_VERSION << ": " << on;
+  EXPECT_TRUE(off.ok()) << off;
 #endif
 }
 
@@ -243,7 +224,7 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
   const std::string path = WriteFile("cuda.pkl", pickle);
   const std::string script = WriteFile("device0.py", kDevice0Script);
   std::string summary;
-  EXPECT_EQ(RunCommand(absl::StrCat("/usr/bin/python3 ", MEMPROFD_SOURCE_DIR,
+  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", MEMPROFD_SOURCE_DIR,
                                     "/tests/memory/check_memory_viz.py ", path),
                        &summary),
             0)
@@ -253,18 +234,15 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
             std::string::npos)
       << summary;
   std::string device0;
-  EXPECT_EQ(RunCommand(absl::StrCat("/usr/bin/python3 ", script, " ", path, " ",
+  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", script, " ", path, " ",
                                     Address(live), " ", freed_addr),
                        &device0),
             0)
       << device0;
-  std::string expected;
-  if (kAllocatorKeepsHistory) {
-    expected = absl::StrCat("live alloc ", kLiveBytes, "\nfreed alloc ", kTracedBytes,
-                            "\nfreed free_requested ", kTracedBytes,
-                            "\nfreed free_completed ", kTracedBytes, "\n");
-  }
-  absl::StrAppend(&expected, "live block active_allocated ", kLiveBytes, "\n");
+  const std::string expected = absl::StrCat(
+      "live alloc ", kLiveBytes, "\nfreed alloc ", kTracedBytes, "\nfreed free_requested ",
+      kTracedBytes, "\nfreed free_completed ", kTracedBytes, "\nlive block active_allocated ",
+      kLiveBytes, "\n");
   EXPECT_EQ(device0, expected);
   std::remove(path.c_str());
   std::remove(script.c_str());

@@ -197,7 +197,7 @@ TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
 class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) override {
     c10::DataPtr inner = base_->allocate(bytes);
     void* data = inner.get();
     {
@@ -208,7 +208,7 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &Release, c10::Device(c10::kCPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Release; }
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
   int64_t live() const {

@@ -166,7 +166,7 @@ TEST(OffloadParityTest, WrappedNumbersAndTinyTensorsAreNeverOffloaded) {
   auto offloader = MakeOffloader(Target::kDisk, /*min_offload_bytes=*/1024);
   at::Tensor a = torch::randn({64, 64}, torch::requires_grad());
   at::Tensor tiny_leaf = torch::randn({2, 2}, torch::requires_grad());
-  // What the Python arg parser makes of `x * 2.5`; LibTorch 1.13 saves it.
+  // What the Python arg parser makes of `x * 2.5`, saved by MulBackward0.
   at::Tensor scalar = at::scalar_to_tensor(2.5);
   scalar.unsafeGetTensorImpl()->set_wrapped_number(true);
   offloader->BeginStep({a, tiny_leaf});

@@ -287,7 +287,7 @@ struct SaveOnly : public torch::autograd::Function<SaveOnly> {
 // system; the allocator lives for the whole process.
 class ReusingAllocator final : public c10::Allocator {
  public:
-  c10::DataPtr allocate(size_t bytes) const override {
+  c10::DataPtr allocate(size_t bytes) override {
     void* data = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -306,8 +306,7 @@ class ReusingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, data, &Release, c10::Device(c10::kCPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &Release; }
-  // LibTorch 2.x's Allocator also requires this (no `override`: 1.13 lacks it).
-  void copy_data(void* dest, const void* src, std::size_t count) const {
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
   static ReusingAllocator& Instance() {

@@ -4,6 +4,7 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <atomic>
+#include <cstring>
 
 #include "core/snapshot/loader.h"
 #include "core/snapshot/writer.h"
@@ -21,7 +22,7 @@ class CountingAllocator final : public c10::Allocator {
  public:
   explicit CountingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const override {
+  c10::DataPtr allocate(size_t n) override {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     auto* ctx = new Context{std::move(inner), n, this};
@@ -33,6 +34,9 @@ class CountingAllocator final : public c10::Allocator {
     return c10::DataPtr(data, ctx, &Delete, c10::Device(c10::kCPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
 
   int64_t current() const { return current_.load(); }
   int64_t peak() const { return peak_.load(); }

@@ -4,7 +4,7 @@
 // Copies between a CUDA compute device and host memory. Compiled for real only
 // with MEMPROFD_WITH_CUDA; otherwise every function throws (the offloader
 // never calls them: Create rejects CUDA devices in such builds). Written
-// against APIs present in LibTorch 1.13 and 2.x.
+// against the APIs of LibTorch 2.6 and later.
 
 #include <ATen/core/Tensor.h>
 
