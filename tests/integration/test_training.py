@@ -228,12 +228,16 @@ class TrainingTest(unittest.TestCase):
 
 class OutOfMemoryTest(unittest.TestCase):
     def test_oom_fails_the_operation_and_the_model_stays_usable(self):
-        # A 1 GiB address-space cap makes the CPU allocator fail inside a step.
+        # An address-space cap 1 GiB above what the idle daemon maps makes the
+        # CPU allocator fail inside a step. Relative, because LibTorch's
+        # libraries alone (CUDA ones included) map gigabytes of address space.
         d = Daemon("--model=tiny")
         try:
             import resource
             pid = d.proc.pid
-            limit = 3 * 1024 ** 3
+            with open("/proc/%d/status" % pid) as f:
+                vm_kib = next(int(line.split()[1]) for line in f if line.startswith("VmSize:"))
+            limit = vm_kib * 1024 + 1024 ** 3
             resource.prlimit(pid, resource.RLIMIT_AS, (limit, limit))
             op = d.call("Train", pb.TrainRequest(steps=1, batch_size=256, seq_len=512))
             final = wait_done(d, op.id)

@@ -136,16 +136,19 @@ def check(d):
 
 
 def check_with_torch(d):
+    """The helpers behind `python -m torch.cuda._memory_viz` (torch >= 2.6)."""
     import torch.cuda._memory_viz as mv
-    st = mv.stats(d["segments"])  # asserts blocks sum to total_size
-    need(st["total_size"].value == sum(s["total_size"] for s in d["segments"]),
-         "torch stats total differs")
+    # segsum walks every segment's blocks; its first total is the reserved bytes.
+    summary = mv.segsum(d)
+    need(("total_reserved: %s" % mv.Bytes(sum(s["total_size"] for s in d["segments"])))
+         in summary, "torch segsum's total_reserved differs:\n" + summary)
+    need(isinstance(mv.trace(d), str), "torch trace")
     for fn in (mv.segments, mv.memory):
-        out = fn(d["segments"], format_flamegraph=lambda lines: lines)
+        out = fn(d, format_flamegraph=lambda lines: lines)
         need(all(s["blocks"] == [] for s in d["segments"]) or out, fn.__name__ + " empty")
-    for name in ("trace_plot", "segment_plot"):  # PyTorch >= 2.1 only
-        if hasattr(mv, name):
-            need(isinstance(getattr(mv, name)(d), str), name)
+    for fn in (mv.trace_plot, mv.segment_plot):
+        html = fn(d)
+        need(isinstance(html, str) and "<html" in html.lower(), fn.__name__ + " gave no HTML")
 
 
 def main():

@@ -162,7 +162,7 @@ TEST(OffloadParityTest, RetainGraphUnpacksTwiceWithSameGradients) {
   EXPECT_EQ(stats.bytes_in, stats.bytes_out);
 }
 
-TEST(OffloadParityTest, WrappedNumbersAndTinyTensorsAreNeverOffloaded) {
+TEST(OffloadParityTest, TinyTensorsStayAndWrappedNumbersNeverReachTheHooks) {
   auto offloader = MakeOffloader(Target::kDisk, /*min_offload_bytes=*/1024);
   at::Tensor a = torch::randn({64, 64}, torch::requires_grad());
   at::Tensor tiny_leaf = torch::randn({2, 2}, torch::requires_grad());
@@ -180,7 +180,11 @@ TEST(OffloadParityTest, WrappedNumbersAndTinyTensorsAreNeverOffloaded) {
   }
   loss.backward();
   const OffloadStats stats = offloader->EndStep();
-  EXPECT_GE(stats.skipped_wrapped_number, 1);
+  // LibTorch 2.6+ saves a wrapped number without calling the saved-tensor
+  // hooks (1.13 passed it to pack); the offloader's filter for them is a
+  // guard that no longer fires. If this changes, the filter is what keeps
+  // them in place.
+  EXPECT_EQ(stats.skipped_wrapped_number, 0);
   EXPECT_GE(stats.skipped_small, 1);
   EXPECT_GT(stats.tensors_offloaded, 0);  // `scaled` (16 KiB) moved
   EXPECT_EQ(stats.bytes_out, 64 * 64 * 4);
