@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, prefetch_depth, "",
           "train: offloaded storages backward reads ahead: auto, 0 (off) or N "
           "(default: the daemon's)");
 
-ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small)");
+ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small, llama-1b)");
 ABSL_FLAG(std::string, hf_dir, "",
           "load: a Hugging Face model directory on the daemon's host");
 ABSL_FLAG(

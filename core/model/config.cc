@@ -146,6 +146,23 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   if (scaling != nullptr && !scaling->is_null()) {
     return FieldError("rope_scaling", "is set, which is not supported; use null");
   }
+  // transformers 5 writes the rotary settings as "rope_parameters":
+  // {"rope_theta": ..., "rope_type": "default"} instead of a top-level
+  // rope_theta; it still reads the older form, which ToJson writes.
+  const JsonValue* rope = root.Find("rope_parameters");
+  if (rope != nullptr && !rope->is_null()) {
+    if (!rope->is_object()) {
+      return FieldError("rope_parameters",
+                        absl::StrCat("must be an object, got ", rope->Serialize()));
+    }
+    const JsonValue* type = rope->Find("rope_type");
+    if (type != nullptr && !(type->is_string() && type->string_value() == "default")) {
+      return FieldError("rope_parameters.rope_type",
+                        absl::StrCat("is ", type->Serialize(),
+                                     "; only \"default\" (no scaling) is supported"));
+    }
+    RETURN_IF_ERROR(ReadDouble(*rope, "rope_theta", &c.rope_theta));
+  }
   RETURN_IF_ERROR(RequireFalse(root, "attention_bias"));
   RETURN_IF_ERROR(RequireFalse(root, "mlp_bias"));
   const JsonValue* head_dim = root.Find("head_dim");
@@ -250,7 +267,9 @@ int64_t LlamaConfig::NumParameters() const {
          num_hidden_layers * per_layer + hidden_size;
 }
 
-std::vector<std::string> LlamaConfig::PresetNames() { return {"tiny", "small"}; }
+std::vector<std::string> LlamaConfig::PresetNames() {
+  return {"tiny", "small", "llama-1b"};
+}
 
 absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
   LlamaConfig c;
@@ -274,6 +293,25 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
     c.num_attention_heads = 8;
     c.num_key_value_heads = 8;
     c.max_position_embeddings = 1024;
+    return c;
+  }
+  if (name == "llama-1b") {
+    // The shape of Llama-3.2-1B (its config.json): 1,235,814,400 parameters,
+    // 4.9 GB in float32, about 20 GB with gradients and AdamW state; meant
+    // for a GPU. It omits Llama 3's rope_scaling ("rope_type": "llama3"),
+    // which this implementation does not support: the rotary embedding is
+    // the plain one with theta 500000, as config.json says with
+    // "rope_scaling": null. The daemon's byte-level data use ids < 256 of
+    // the 128256; a token file can use them all. The rotary tables for all
+    // 131072 positions take 64 MiB on the device.
+    c.vocab_size = 128256;
+    c.hidden_size = 2048;
+    c.intermediate_size = 8192;
+    c.num_hidden_layers = 16;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 8;
+    c.max_position_embeddings = 131072;
+    c.rope_theta = 500000.0;
     return c;
   }
   return absl::InvalidArgumentError(

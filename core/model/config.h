@@ -74,6 +74,10 @@ struct LlamaConfig {
   //   "small": vocabulary 256, hidden 512, intermediate 1792, 8 layers,
   //            8 heads, 8 key/value heads, 1024 positions, tied head;
   //            about 30.5M parameters.
+  //   "llama-1b": Llama-3.2-1B's shape (vocabulary 128256, hidden 2048,
+  //            intermediate 8192, 16 layers, 32 heads, 8 key/value heads,
+  //            rope_theta 500000 without its llama3 scaling, tied head);
+  //            1,235,814,400 parameters, for GPUs.
   // INVALID_ARGUMENT listing the known names otherwise.
   static absl::StatusOr<LlamaConfig> Preset(absl::string_view name);
   static std::vector<std::string> PresetNames();

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -82,8 +83,9 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
 absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpec& spec) {
   if (spec.preset.empty() == spec.hf_directory.empty()) {
     return absl::InvalidArgumentError(
-        "give exactly one model source: a preset (tiny, small) or a Hugging Face "
-        "directory");
+        absl::StrCat("give exactly one model source: a preset (",
+                     absl::StrJoin(LlamaConfig::PresetNames(), ", "),
+                     ") or a Hugging Face directory"));
   }
   RETURN_IF_ERROR(CheckPlacement(spec));
   if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());

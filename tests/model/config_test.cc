@@ -131,6 +131,24 @@ TEST(LlamaConfigTest, RejectsUnsupportedOptions) {
               HasSubstr("head_dim"));
 }
 
+TEST(LlamaConfigTest, ReadsTransformers5RopeParameters) {
+  // transformers 5's save_pretrained writes no top-level rope_theta.
+  absl::StatusOr<LlamaConfig> c = ParseWith(
+      "\"rope_theta\": 10000.0,",
+      "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"},");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  // A scaled rotary embedding would be a different model: refused.
+  absl::StatusOr<LlamaConfig> scaled = ParseWith(
+      "\"rope_theta\": 10000.0,",
+      "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"llama3\"},");
+  EXPECT_EQ(scaled.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(scaled.status().message(), HasSubstr("rope_parameters.rope_type"));
+  EXPECT_EQ(
+      ParseWith("\"rope_theta\": 10000.0,", "\"rope_parameters\": 3,").status().code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LlamaConfigTest, ToJsonRoundTripsAndLooksLikeTransformers) {
   for (const std::string& name : LlamaConfig::PresetNames()) {
     absl::StatusOr<LlamaConfig> preset = LlamaConfig::Preset(name);
@@ -164,9 +182,19 @@ TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_TRUE(small->Validate().ok());
   EXPECT_GT(small->NumParameters(), 25000000);
   EXPECT_LT(small->NumParameters(), 35000000);
+  // Llama-3.2-1B's shape, and its parameter count as transformers reports it.
+  absl::StatusOr<LlamaConfig> llama1b = LlamaConfig::Preset("llama-1b");
+  ASSERT_TRUE(llama1b.ok());
+  EXPECT_TRUE(llama1b->Validate().ok());
+  EXPECT_EQ(llama1b->vocab_size, 128256);
+  EXPECT_EQ(llama1b->head_dim(), 64);
+  EXPECT_EQ(llama1b->num_key_value_heads, 8);
+  EXPECT_EQ(llama1b->rope_theta, 500000.0);
+  EXPECT_TRUE(llama1b->tie_word_embeddings);
+  EXPECT_EQ(llama1b->NumParameters(), 1235814400);
   absl::StatusOr<LlamaConfig> none = LlamaConfig::Preset("huge");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small"));
+  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small, llama-1b"));
 }
 
 }  // namespace
