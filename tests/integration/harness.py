@@ -1,6 +1,6 @@
 """Starts the real memprofd binary for integration tests and talks to it.
 
-Used under Debian's /usr/bin/python3 (python3-grpcio, python3-protobuf). The
+Run by the venv's Python (MEMPROFD_PYTHON: grpcio, protobuf, torch). The
 client stubs are generated at build time from the project's .proto files
 alone (build/python), so this client is independent of the C++ code.
 """
