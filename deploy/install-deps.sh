@@ -7,8 +7,9 @@
 #     every checkout, from deploy/requirements.txt: the torch wheel whose
 #     LibTorch the C++ build links, and the tests' real consumers (transformers,
 #     safetensors, accelerate, PyTorch's memory tools) and gRPC client.
-# The venv is built by Debian's /usr/bin/python3 (3.11). It is reused while
-# its stamp matches requirements.txt; a changed requirements file rebuilds it.
+# The venv is made by Debian's /usr/bin/python3 (3.11). While its stamp
+# matches requirements.txt nothing runs; after a change, pip installs what is
+# missing or different into it and downloads only that.
 # Run as root (or with sudo available).
 set -euo pipefail
 
@@ -51,14 +52,20 @@ if [ -x "$venv/bin/python" ] && cmp -s "$requirements" "$stamp"; then
   echo "install-deps: venv $venv is up to date"
   exit 0
 fi
-echo "install-deps: building the venv $venv from $requirements (torch with its CUDA libraries: ~6 GB, once)"
-$SUDO mkdir -p "$(dirname "$venv")"
-$SUDO /usr/bin/python3 -m venv --clear "$venv"
+if [ ! -x "$venv/bin/python" ]; then
+  echo "install-deps: creating the venv $venv (torch with its CUDA libraries: ~5 GB, once)"
+  $SUDO mkdir -p "$(dirname "$venv")"
+  $SUDO /usr/bin/python3 -m venv "$venv"
+fi
+echo "install-deps: installing $requirements into $venv"
 pip_args=(--disable-pip-version-check --no-input -q)
 # A local wheelhouse (MEMPROFD_WHEELHOUSE) saves the download where one exists.
 if [ -n "${MEMPROFD_WHEELHOUSE:-}" ] && [ -d "$MEMPROFD_WHEELHOUSE" ]; then
   pip_args+=(--find-links "$MEMPROFD_WHEELHOUSE")
 fi
 $SUDO "$venv/bin/pip" install "${pip_args[@]}" -r "$requirements"
+# TRL's wheel itself, for the GPU run kit (deploy/gpu-kit-pack.sh).
+trl_pin=$(grep -E '^trl==' "$requirements")
+$SUDO "$venv/bin/pip" download "${pip_args[@]}" --no-deps -d "$venv/wheels" "$trl_pin"
 $SUDO cp "$requirements" "$stamp"
 "$venv/bin/python" -c 'import torch; print("install-deps: torch", torch.__version__, "CUDA", torch.version.cuda, "C++11 ABI", torch._C._GLIBCXX_USE_CXX11_ABI)'

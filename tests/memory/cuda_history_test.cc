@@ -1,7 +1,7 @@
 // CUDA caching allocator statistics and history (cuda_stats.h) as the
 // recorder and the memory_viz dump use them. They need a CUDA device and a
 // build with MEMPROFD_WITH_CUDA (cuda_stats.cc is compiled only there), so
-// each test skips, saying why, elsewhere; deploy/gpu-check.sh runs them.
+// each test skips, saying why, elsewhere; deploy/gpu-run.sh runs them.
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -239,10 +239,10 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
                        &device0),
             0)
       << device0;
-  const std::string expected = absl::StrCat(
-      "live alloc ", kLiveBytes, "\nfreed alloc ", kTracedBytes, "\nfreed free_requested ",
-      kTracedBytes, "\nfreed free_completed ", kTracedBytes, "\nlive block active_allocated ",
-      kLiveBytes, "\n");
+  const std::string expected =
+      absl::StrCat("live alloc ", kLiveBytes, "\nfreed alloc ", kTracedBytes,
+                   "\nfreed free_requested ", kTracedBytes, "\nfreed free_completed ",
+                   kTracedBytes, "\nlive block active_allocated ", kLiveBytes, "\n");
   EXPECT_EQ(device0, expected);
   std::remove(path.c_str());
   std::remove(script.c_str());

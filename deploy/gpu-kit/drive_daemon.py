@@ -1,0 +1,254 @@
+"""The GPU run kit's daemon part: the real memprofd, driven by the real memprofctl.
+
+Starts memprofd on --device with the --preset model, then with memprofctl:
+  - trains a few steps per run in --runs (NAME = ckpt-off, ckpt-host, nockpt-disk,
+    ...: gradient checkpointing on/off, offloading off/host/disk);
+  - during the --snapshot_run, asks for a snapshot from a second memprofctl while
+    the first one is still training (it lands at the next step boundary);
+  - around the --record_run, records the memory history and dumps it as a
+    memory_viz pickle;
+  - scrapes /metrics, checks the counters against the step reports;
+  - stops the daemon with SIGTERM (it must exit 0).
+Every run trains on one token file of exactly seq_len + 1 ids, so that every batch
+is the same window: the snapshot's loss on it (check_snapshot_hf.py) must equal the
+loss the daemon reports for the step after the snapshot, and the TRL baseline
+(trl_baseline.py) trains on the same batch.
+
+Writes --out (JSON): the runs' step reports and summaries, the snapshot, the
+metrics checked, and "checks": [{"name", "ok", "detail"}]. Needs only the Python
+standard library and numpy (no grpcio: memprofctl is the client).
+"""
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+
+p = argparse.ArgumentParser()
+p.add_argument("--memprofd", required=True)
+p.add_argument("--memprofctl", required=True)
+p.add_argument("--device", required=True)  # cuda:0 or cpu
+p.add_argument("--preset", required=True)
+p.add_argument("--work", required=True)  # snapshots, spill file, token file, logs
+p.add_argument("--runs", required=True)  # comma-separated run names
+p.add_argument("--snapshot_run", required=True)
+p.add_argument("--record_run", required=True)
+p.add_argument("--steps", type=int, default=5)
+p.add_argument("--batch_size", type=int, default=4)
+p.add_argument("--seq_len", type=int, default=512)
+p.add_argument("--lr", type=float, default=1e-4)
+p.add_argument("--out", required=True)
+args = p.parse_args()
+
+os.makedirs(args.work, exist_ok=True)
+checks = []
+
+
+def check(name, ok, detail=""):
+    checks.append({"name": name, "ok": bool(ok), "detail": str(detail)})
+    print("%-5s %s %s" % ("ok" if ok else "FAIL", name, detail), flush=True)
+    return ok
+
+
+# ---- start the daemon, on free ports, and wait for its model ----
+port_file = os.path.join(args.work, "ports.json")
+if os.path.exists(port_file):
+    os.remove(port_file)
+log = open(os.path.join(args.work, "memprofd.log"), "wb")
+t0 = time.time()  # it creates the preset's model (on the CPU, then moved) before serving
+daemon = subprocess.Popen(
+    [args.memprofd, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+     "--port_file=" + port_file, "--device=" + args.device, "--model=" + args.preset,
+     "--model_seed=1", "--snapshot_root=" + os.path.join(args.work, "snapshots"),
+     "--spill_dir=" + args.work],
+    stdout=log, stderr=subprocess.STDOUT)
+deadline = time.time() + 240
+while not os.path.exists(port_file):
+    if daemon.poll() is not None or time.time() > deadline:
+        daemon.kill()
+        sys.exit("memprofd did not start (exit %s); see %s/memprofd.log" % (daemon.poll(), args.work))
+    time.sleep(0.1)
+time.sleep(0.1)  # the file is written whole, but give its writer the moment
+ports = json.load(open(port_file))
+addr = "127.0.0.1:%d" % ports["grpc_port"]
+
+
+def ctl(*cmd, timeout=120, check_rc=True):
+    """memprofctl --json CMD...; returns the JSON objects it printed."""
+    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000"] + list(cmd),
+                       capture_output=True, text=True, timeout=timeout)
+    if check_rc and r.returncode != 0:
+        raise RuntimeError("memprofctl %s: exit %d: %s" % (" ".join(cmd), r.returncode, r.stderr.strip()))
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+# `model` answers FAILED_PRECONDITION while no model is loaded.
+while True:
+    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "model"],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode == 0:
+        model = json.loads(r.stdout.splitlines()[0])
+        break
+    if daemon.poll() is not None or time.time() - t0 > 300:
+        sys.exit("memprofd has no model after %.0f s: %s" % (time.time() - t0, r.stderr.strip()))
+    time.sleep(0.5)
+load_seconds = time.time() - t0
+status = ctl("status")[0]
+config = model["config"]
+num_params = int(model["num_parameters"])
+check("daemon serves on " + args.device, status["device"] == args.device or
+      (args.device == "cpu" and status["device"].startswith("cpu")),
+      "device %s, model %s, %s parameters, ready in %.1f s" % (status["device"], args.preset, num_params, load_seconds))
+
+# ---- one window of seq_len + 1 random ids over the whole vocabulary (uint32) ----
+vocab = int(config["vocab_size"])
+tokens_path = os.path.join(args.work, "tokens.bin")
+ids = np.random.RandomState(0).randint(0, vocab, size=args.seq_len + 1).astype("<u4")
+ids.tofile(tokens_path)
+
+
+def num(v):
+    """proto3 JSON writes int64 as strings."""
+    return float(v) if isinstance(v, str) else v
+
+
+def train_run(name):
+    ckpt, target = name.split("-")  # ckpt|nockpt, off|host|disk
+    cmd = [args.memprofctl, "--addr=" + addr, "--json", "train", "--steps", str(args.steps),
+           "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len),
+           "--lr", str(args.lr), "--token_data", tokens_path, "--bytes_per_token", "4"]
+    if ckpt == "ckpt":
+        cmd.append("--checkpointing")
+    if target != "off":
+        cmd += ["--offload", "--offload_target", target]
+    if name == args.record_run:
+        ctl("memory", "record", "start", "--max_entries", "200000")
+    start = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reports, snap_proc = [], None
+    for line in proc.stdout:
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        reports.append(r)
+        print("  %s step %s loss %.4f %.3f s peak %.0f MiB resident %.0f MiB out %.0f MiB" % (
+            name, r["step"], r["loss"], r["step_seconds"], num(r["peak_allocated_bytes"]) / 2**20,
+            num(r["offload"]["peak_resident_saved_bytes"]) / 2**20, num(r["offload"]["bytes_out"]) / 2**20),
+            flush=True)
+        # A snapshot requested while this training runs: at the next step boundary.
+        if name == args.snapshot_run and snap_proc is None and int(r["step"]) >= 2:
+            snap_proc = subprocess.Popen(
+                [args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000", "snapshot", "mid-training"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rc = proc.wait()
+    err = proc.stderr.read().strip()
+    result = {"name": name, "reports": reports, "seconds": time.time() - start}
+    check("train %s: %d steps" % (name, args.steps), rc == 0 and len(reports) == args.steps,
+          "exit %d %s" % (rc, err))
+    if snap_proc is not None:
+        out, serr = snap_proc.communicate(timeout=600)
+        manifests = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+        if check("snapshot during %s" % name, snap_proc.returncode == 0 and manifests,
+                 "exit %d %s" % (snap_proc.returncode, serr.strip())):
+            result["snapshot"] = manifests[0]
+    if name == args.record_run:
+        dump = os.path.join(args.work, "memory-history.pickle")
+        ctl("memory", "dump", "-o", dump, timeout=300)
+        ctl("memory", "record", "stop")
+        result["memory_dump"] = dump
+        check("memory history dump", os.path.getsize(dump) > 0, "%d bytes" % os.path.getsize(dump))
+    # Summary: the median step time leaves out step 1 (warm-up) when there are more.
+    timed = reports[1:] if len(reports) > 2 else reports
+    if reports:
+        result["summary"] = {
+            "step_seconds": statistics.median(r["step_seconds"] for r in timed),
+            "peak_allocated_bytes": max(num(r["peak_allocated_bytes"]) for r in reports),
+            "peak_resident_saved_bytes": max(num(r["offload"]["peak_resident_saved_bytes"]) for r in reports),
+            "bytes_out": statistics.median(num(r["offload"]["bytes_out"]) for r in timed),
+            "anchor_bytes_out": statistics.median(num(r["offload"]["anchor_bytes_out"]) for r in timed),
+            "first_loss": reports[0]["loss"], "last_loss": reports[-1]["loss"],
+        }
+    return result
+
+
+runs, snapshot, memory = {}, None, None
+try:
+    for name in args.runs.split(","):
+        runs[name] = train_run(name)
+
+    # ---- the snapshot and the step after it ----
+    for r in runs.values():
+        snapshot = r.get("snapshot", snapshot)
+    all_reports = [rep for r in runs.values() for rep in r["reports"]]
+    if snapshot is not None:
+        step = int(snapshot["global_step"])
+        after = [rep for rep in all_reports if int(rep["global_step"]) == step + 1]
+        snapshot = {"directory": snapshot["directory"], "global_step": step,
+                    "total_size": int(snapshot["total_size"]),
+                    "duration_seconds": snapshot["duration_seconds"],
+                    "peak_extra_device_bytes": int(snapshot["peak_extra_device_bytes"]),
+                    "peak_extra_host_bytes": int(snapshot["peak_extra_host_bytes"]),
+                    "next_step_loss": after[0]["loss"] if after else None}
+        check("a training step after the snapshot", after, "snapshot at global step %d" % step)
+    finite = all(np.isfinite(rep["loss"]) for rep in all_reports)
+    check("every loss finite", finite and all_reports, "%d step reports" % len(all_reports))
+
+    # ---- /metrics against what the step reports say ----
+    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % ports["metrics_port"], timeout=30) as resp:
+        text = resp.read().decode()
+    open(os.path.join(args.work, "metrics.txt"), "w").write(text)
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            samples[key] = float(value)
+
+    def metric(prefix):
+        return [v for k, v in samples.items() if k == prefix or k.startswith(prefix + "{")]
+
+    def labelled(prefix, label):
+        return [v for k, v in samples.items() if k.startswith(prefix + "{") and label in k]
+
+    steps_total = metric("memprofd_train_steps_total")
+    check("metrics: train steps", steps_total == [len(all_reports)], "%s vs %d" % (steps_total, len(all_reports)))
+    moved = sum(num(rep["offload"]["bytes_out"]) for rep in all_reports)
+    out_total = labelled("memprofd_offload_moved_bytes_total", 'direction="out"')
+    check("metrics: offloaded bytes out", out_total and abs(out_total[0] - moved) <= 0.001 * max(moved, 1),
+          "%s vs %d" % (out_total, moved))
+    dev_label = 'device="%s"' % status["device"]
+    peak = labelled("memprofd_memory_peak_allocated_bytes", dev_label)
+    check("metrics: peak allocated on " + status["device"], peak and peak[0] > 0, peak)
+    check("metrics: build info", labelled("memprofd_build_info", dev_label), "")
+    check("metrics: snapshots", sum(metric("memprofd_snapshots_total")) >= (1 if snapshot else 0), "")
+    if args.device.startswith("cuda"):
+        reserved = metric("memprofd_cuda_reserved_bytes")
+        check("metrics: CUDA reserved bytes", reserved and reserved[0] > 0, reserved)
+    memory = ctl("memory")[0]
+except Exception as e:  # a failed command: recorded, and the daemon still stopped
+    check("daemon part ran through", False, repr(e))
+finally:
+    # ---- SIGTERM: drain, exit 0 ----
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        rc = daemon.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        rc = "killed after 60 s"
+    log.close()
+check("memprofd exits 0 on SIGTERM", rc == 0, "exit %s" % rc)
+
+record = [r for r in runs.values() if "memory_dump" in r]
+json.dump({"device": status["device"], "build": status.get("build"), "preset": args.preset,
+           "config": config, "num_parameters": num_params, "load_seconds": load_seconds,
+           "batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "lr": args.lr,
+           "tokens": tokens_path, "runs": runs, "snapshot": snapshot,
+           "memory_dump": record[0]["memory_dump"] if record else None,
+           "memory": memory, "checks": checks},
+          open(args.out, "w"), indent=1)
+sys.exit(0 if all(c["ok"] for c in checks) else 1)
