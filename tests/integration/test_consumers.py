@@ -149,8 +149,8 @@ UNTIED_TINY = dict(vocab_size=256, hidden_size=256, intermediate_size=1024, num_
                    rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False)
 
 
-class TransformersReadsSnapshotsTest(unittest.TestCase):
-    """Every kind of daemon snapshot loads into transformers unchanged, with the daemon's loss."""
+class DaemonWithSnapshotsTest(unittest.TestCase):
+    """One daemon per class with a snapshot root, and a scratch folder for inputs."""
 
     @classmethod
     def setUpClass(cls):
@@ -163,6 +163,10 @@ class TransformersReadsSnapshotsTest(unittest.TestCase):
         cls.d.close()
         shutil.rmtree(cls.root, ignore_errors=True)
         shutil.rmtree(cls.scratch, ignore_errors=True)
+
+
+class TransformersReadsSnapshotsTest(DaemonWithSnapshotsTest):
+    """Every kind of daemon snapshot loads into transformers unchanged, with the daemon's loss."""
 
     def assert_same_loss(self, directory, expected):
         """transformers' loss of the float32 model in `directory` is the daemon's `expected`."""
@@ -273,20 +277,8 @@ class TransformersReadsSnapshotsTest(unittest.TestCase):
         load_model(self, preset="tiny")  # nothing mapped any more
 
 
-class SafetensorsReadsSnapshotsTest(unittest.TestCase):
+class SafetensorsReadsSnapshotsTest(DaemonWithSnapshotsTest):
     """The safetensors library opens every file the daemon writes, as its index says."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="memprofd-consumers-")
-        cls.scratch = tempfile.mkdtemp(prefix="memprofd-consumers-in-")
-        cls.d = Daemon("--snapshot_root=" + cls.root)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-        shutil.rmtree(cls.root, ignore_errors=True)
-        shutil.rmtree(cls.scratch, ignore_errors=True)
 
     def test_safe_open_reads_every_file_with_the_index_names_and_shapes(self):
         # Every layout and dtype, tied and untied.
