@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -47,9 +48,17 @@ int TrainCommand(const Context& c, const Args& args) {
     req.mutable_data()->mutable_token_file()->set_bytes_per_token(
         absl::GetFlag(FLAGS_bytes_per_token));
   }
-  if (absl::GetFlag(FLAGS_offload)) {
+  // Offload options: only what the user gave, so that every other field keeps
+  // the daemon's default (its own flags). The boolean flags can only say
+  // "yes": without them the daemon's setting holds.
+  const std::optional<int64_t> min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
+  if (absl::GetFlag(FLAGS_offload) || absl::GetFlag(FLAGS_offload_head) ||
+      !absl::GetFlag(FLAGS_offload_target).empty() || min_offload_bytes.has_value() ||
+      !absl::GetFlag(FLAGS_prefetch_depth).empty()) {
     v1::OffloadOptions* o = req.mutable_offload();
-    o->set_enabled(true);
+    if (absl::GetFlag(FLAGS_offload)) o->set_enabled(true);
+    if (absl::GetFlag(FLAGS_offload_head)) o->set_offload_head(true);
+    if (min_offload_bytes.has_value()) o->set_min_offload_bytes(*min_offload_bytes);
     const std::string target = absl::GetFlag(FLAGS_offload_target);
     if (target == "disk") {
       o->set_target(v1::OFFLOAD_TARGET_DISK);
@@ -59,9 +68,7 @@ int TrainCommand(const Context& c, const Args& args) {
       return Usage(
           absl::StrCat("--offload_target must be disk or host, not '", target, "'"));
     }
-    o->set_min_offload_bytes(absl::GetFlag(FLAGS_min_offload_bytes));
-    o->set_offload_head(absl::GetFlag(FLAGS_offload_head));
-    // Unset: the daemon's default. "auto" is -1 on the wire.
+    // "auto" is -1 on the wire.
     const std::string prefetch = absl::GetFlag(FLAGS_prefetch_depth);
     if (!prefetch.empty()) {
       int32_t depth = -1;

@@ -27,11 +27,14 @@ ABSL_FLAG(bool, checkpointing, false, "train: gradient checkpointing per decoder
 ABSL_FLAG(double, weight_decay, 0.0, "train: AdamW weight decay");
 ABSL_FLAG(double, max_grad_norm, 0.0, "train: clip the gradient norm (0: off)");
 ABSL_FLAG(int64_t, grad_accum, 1, "train: micro-batches per optimizer step");
-ABSL_FLAG(bool, offload, false, "train: offload saved activations");
+ABSL_FLAG(bool, offload, false,
+          "train: offload saved activations (without it: the daemon's --offload)");
 ABSL_FLAG(std::string, offload_target, "",
           "train: disk or host (default: the daemon's, disk on CPU hosts)");
-ABSL_FLAG(int64_t, min_offload_bytes, 0, "train: smallest span moved (0: the daemon's)");
-ABSL_FLAG(bool, offload_head, false, "train: offload the LM head's activations too");
+ABSL_FLAG(std::optional<int64_t>, min_offload_bytes, std::nullopt,
+          "train: smallest span moved (default: the daemon's; 0 moves every tensor)");
+ABSL_FLAG(bool, offload_head, false,
+          "train: offload the LM head's activations too (default: the daemon's)");
 ABSL_FLAG(std::string, prefetch_depth, "",
           "train: offloaded storages backward reads ahead: auto, 0 (off) or N "
           "(default: the daemon's)");

@@ -5,6 +5,7 @@
 // each command reads the ones it documents.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/flags/declare.h"
@@ -30,7 +31,7 @@ ABSL_DECLARE_FLAG(double, max_grad_norm);
 ABSL_DECLARE_FLAG(int64_t, grad_accum);
 ABSL_DECLARE_FLAG(bool, offload);
 ABSL_DECLARE_FLAG(std::string, offload_target);
-ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
+ABSL_DECLARE_FLAG(std::optional<int64_t>, min_offload_bytes);
 ABSL_DECLARE_FLAG(bool, offload_head);
 ABSL_DECLARE_FLAG(std::string, prefetch_depth);
 // load

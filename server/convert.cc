@@ -69,8 +69,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r,
-                                    const offload::OffloadOptions& defaults) {
+absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   TrainSpec spec;
   TrainOptions& t = spec.train;
   // Zero means "the default" for every numeric field, as the proto says.
@@ -121,28 +120,21 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r,
       break;
   }
   if (r.has_offload()) {
+    // Only what the request sets; the session merges it over the daemon's
+    // defaults and validates the result.
     const v1::OffloadOptions& o = r.offload();
-    offload::OffloadOptions opts = defaults;
-    opts.enabled = o.enabled();
-    if (o.target() == v1::OFFLOAD_TARGET_HOST) opts.target = offload::Target::kHost;
-    if (o.target() == v1::OFFLOAD_TARGET_DISK) opts.target = offload::Target::kDisk;
-    if (o.min_offload_bytes() < 0) {
-      return Invalid("offload.min_offload_bytes",
-                     "must be >= 0 (0 offloads every tensor)");
+    offload::OffloadRequest& req = spec.offload;
+    if (o.has_enabled()) req.enabled = o.enabled();
+    if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_HOST) {
+      req.target = offload::Target::kHost;
     }
-    if (o.min_offload_bytes() > 0) opts.min_offload_bytes = o.min_offload_bytes();
-    if (o.max_fwd_stash() < 0)
-      return Invalid("offload.max_fwd_stash", "must be >= 1 (0 means 5)");
-    if (o.max_fwd_stash() > 0) opts.max_fwd_stash = o.max_fwd_stash();
-    if (o.has_prefetch_depth()) {
-      if (o.prefetch_depth() < 0 && o.prefetch_depth() != offload::kPrefetchAuto) {
-        return Invalid("offload.prefetch_depth",
-                       "must be >= 0 (0 turns the backward read-ahead off) or -1 (auto)");
-      }
-      opts.prefetch_depth = o.prefetch_depth();
+    if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_DISK) {
+      req.target = offload::Target::kDisk;
     }
-    opts.offload_head = o.offload_head();
-    spec.offload = opts;
+    if (o.has_min_offload_bytes()) req.min_offload_bytes = o.min_offload_bytes();
+    if (o.has_max_fwd_stash()) req.max_fwd_stash = o.max_fwd_stash();
+    if (o.has_prefetch_depth()) req.prefetch_depth = o.prefetch_depth();
+    if (o.has_offload_head()) req.offload_head = o.offload_head();
   }
   return spec;
 }

@@ -22,9 +22,9 @@ v1::Operation ToProto(const OperationView& view);
 int64_t UnixMicros(absl::Time t);
 
 // Requests to core specs: INVALID_ARGUMENT naming the field when malformed.
-// `defaults` are the daemon's offload options (flags).
-absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& request,
-                                    const offload::OffloadOptions& defaults);
+// Offload options carry only the fields the request sets (the session
+// merges them over the daemon's defaults and validates them).
+absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& request);
 absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& request);
 absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& request);
 

@@ -152,10 +152,9 @@ int main(int argc, char** argv) {
   offload.offload_head = absl::GetFlag(FLAGS_offload_head);
   offload.spill_dir = absl::GetFlag(FLAGS_spill_dir);
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
-  if (offload.min_offload_bytes < 0 || offload.max_fwd_stash < 1 ||
-      offload.host_limit_bytes < 0) {
-    return Fail(
-        "--min_offload_bytes and --host_limit_bytes must be >= 0, --max_fwd_stash >= 1");
+  if (absl::Status s = memprofd::offload::ValidateOffloadOptions(offload, "--");
+      !s.ok()) {
+    return Fail(std::string(s.message()));
   }
 
   InstallSignalHandlers();

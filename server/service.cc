@@ -215,7 +215,7 @@ ServerUnaryReactor* MemprofdService::Train(CallbackServerContext* ctx,
                                            const v1::TrainRequest* req,
                                            v1::Operation* resp) {
   return Unary(ctx, "Train", [&] {
-    absl::StatusOr<TrainSpec> spec = FromProto(*req, session_->options().offload);
+    absl::StatusOr<TrainSpec> spec = FromProto(*req);
     if (!spec.ok()) return ToGrpcStatus(spec.status());
     absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartTraining(*spec);
     if (!op.ok()) return ToGrpcStatus(op.status());

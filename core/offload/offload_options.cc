@@ -37,6 +37,49 @@ absl::StatusOr<int> ParsePrefetchDepth(absl::string_view text) {
   return depth;
 }
 
+absl::Status ValidateOffloadOptions(const OffloadOptions& options,
+                                    absl::string_view field_prefix) {
+  auto bad = [field_prefix](absl::string_view field, absl::string_view rule, auto value) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field_prefix, field, ": ", rule, ", got ", value));
+  };
+  if (options.min_offload_bytes < 0) {
+    return bad("min_offload_bytes", "must be >= 0 (0 offloads every tensor)",
+               options.min_offload_bytes);
+  }
+  if (options.max_fwd_stash < 1) {
+    return bad("max_fwd_stash", "must be >= 1 (copies in flight during forward)",
+               options.max_fwd_stash);
+  }
+  if (options.prefetch_depth < 0 && options.prefetch_depth != kPrefetchAuto) {
+    return bad("prefetch_depth",
+               absl::StrCat("must be >= 0 (0 turns the backward read-ahead off) or ",
+                            kPrefetchAuto, " (auto)"),
+               options.prefetch_depth);
+  }
+  if (options.host_limit_bytes < 0) {
+    return bad("host_limit_bytes", "must be >= 0 (0: no limit)",
+               options.host_limit_bytes);
+  }
+  if (options.spill_dir.empty()) {
+    return bad("spill_dir", "must name a directory", "\"\"");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& defaults,
+                                                   const OffloadRequest& request) {
+  OffloadOptions merged = defaults;
+  merged.enabled = request.enabled.value_or(merged.enabled);
+  merged.target = request.target.value_or(merged.target);
+  merged.min_offload_bytes = request.min_offload_bytes.value_or(merged.min_offload_bytes);
+  merged.max_fwd_stash = request.max_fwd_stash.value_or(merged.max_fwd_stash);
+  merged.prefetch_depth = request.prefetch_depth.value_or(merged.prefetch_depth);
+  merged.offload_head = request.offload_head.value_or(merged.offload_head);
+  if (absl::Status s = ValidateOffloadOptions(merged); !s.ok()) return s;
+  return merged;
+}
+
 void OffloadStats::Add(const OffloadStats& other) {
   tensors_seen += other.tensors_seen;
   tensors_offloaded += other.tensors_offloaded;

@@ -6,6 +6,7 @@
 // and the server can use it cheaply.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -71,6 +72,30 @@ struct OffloadOptions {
   // host memory, further blocks go to the spill file. 0 = no limit.
   int64_t host_limit_bytes = 0;
 };
+
+// INVALID_ARGUMENT naming the first field out of range, as
+// `<field_prefix><name>` ("offload." for a request's fields, "--" for the
+// daemon's flags): min_offload_bytes or host_limit_bytes < 0, max_fwd_stash
+// < 1, prefetch_depth < 0 other than kPrefetchAuto, an empty spill_dir. The
+// one check of these options: flags, requests and Offloader::Create use it.
+absl::Status ValidateOffloadOptions(const OffloadOptions& options,
+                                    absl::string_view field_prefix = "offload.");
+
+// The offload options a request may give: every field left unset means "the
+// daemon's" (its flags). Where it goes, paths and limits stay the daemon's.
+struct OffloadRequest {
+  std::optional<bool> enabled;
+  std::optional<Target> target;
+  std::optional<int64_t> min_offload_bytes;
+  std::optional<int> max_fwd_stash;
+  std::optional<int> prefetch_depth;
+  std::optional<bool> offload_head;
+};
+
+// `defaults` with each field `request` gives in its place; then validated
+// (ValidateOffloadOptions): INVALID_ARGUMENT names the request's field.
+absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& defaults,
+                                                   const OffloadRequest& request);
 
 // What the offloader did, per step (Offloader::EndStep) or in total
 // (Offloader::Totals). Every saved tensor is counted exactly once:

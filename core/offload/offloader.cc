@@ -16,19 +16,7 @@ absl::Status InstallOffloadEngine() { return internal::InstallEngine(); }
 
 absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
     const OffloadOptions& options, c10::Device compute) {
-  if (options.min_offload_bytes < 0 || options.host_limit_bytes < 0) {
-    return absl::InvalidArgumentError(
-        "offload: min_offload_bytes and host_limit_bytes must be >= 0");
-  }
-  if (options.max_fwd_stash < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("offload: max_fwd_stash must be >= 1, got ", options.max_fwd_stash));
-  }
-  if (options.prefetch_depth < 0 && options.prefetch_depth != kPrefetchAuto) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "offload: prefetch_depth must be >= 0 (0 turns the backward read-ahead off) or ",
-        kPrefetchAuto, " (auto), got ", options.prefetch_depth));
-  }
+  RETURN_IF_ERROR(ValidateOffloadOptions(options));
   if (compute.is_cuda()) {
     if (!internal::DeviceCopyHasCuda()) {
       return absl::InvalidArgumentError(

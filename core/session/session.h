@@ -101,8 +101,9 @@ struct ModelSummary {
 
 struct TrainSpec {
   TrainOptions train;
-  // Unset: the session's default options (enabled or not).
-  std::optional<offload::OffloadOptions> offload;
+  // Each field unset takes the session's default (SessionOptions::offload,
+  // the daemon's flags); StartTraining merges and validates them.
+  offload::OffloadRequest offload;
 };
 
 // One training step as the session reports it (the event type of TRAIN
@@ -217,6 +218,7 @@ class Session {
   // Owner thread only.
   absl::Status LoadOnOwner(const LoadModelSpec& spec);
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
+                   const offload::OffloadOptions& offload_options,
                    const TokenDataset& data);
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
   void RunBoundaryWork();

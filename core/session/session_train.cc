@@ -46,6 +46,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   }
   RETURN_IF_ERROR(
       ValidateTrainOptions(spec.train, model->config.max_position_embeddings));
+  ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
+                   offload::MergeOffloadRequest(options_.offload, spec.offload));
   // The data is read and checked here so that the caller hears of a missing
   // file or an out-of-range id at once, not from a failed operation.
   ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
@@ -65,12 +67,15 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back([this, op, spec, data] { RunTraining(op, spec, *data); });
+    queue_.push_back([this, op, spec, offload_options, data] {
+      RunTraining(op, spec, offload_options, *data);
+    });
   }
   return op;
 }
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
+                          const offload::OffloadOptions& offload_options,
                           const TokenDataset& data) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
@@ -86,7 +91,6 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
     return;
   }
   op->MarkRunning();
-  const offload::OffloadOptions offload_options = spec.offload.value_or(options_.offload);
   if (!offloader_ || !SameOffloadOptions(offloader_->options(), offload_options)) {
     offloader_.reset();
     absl::StatusOr<std::unique_ptr<offload::Offloader>> created =

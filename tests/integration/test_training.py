@@ -226,6 +226,38 @@ class TrainingTest(unittest.TestCase):
         self.assertRegex(self.d.metrics_text(), r"memprofd_offload_prefetched_bytes_total [0-9]")
 
 
+class OffloadDefaultsTest(unittest.TestCase):
+    """A request's offload options replace only the fields it sets; every other
+    field keeps the daemon's flag (proto3 optional says "not given")."""
+
+    def test_daemon_offload_head_holds_unless_a_request_sets_it(self):
+        d = Daemon("--model=tiny", "--offload_head")
+        try:
+            def last_step_offload(**offload):
+                op = d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=32,
+                                                     offload=pb.OffloadOptions(**offload)))
+                final = wait_done(d, op.id)
+                self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+                return d.call("GetStatus", pb.GetStatusRequest()).last_step.offload
+
+            # The head's saved tensors are exempt (skipped_exempt) unless the
+            # head is offloaded too, as --offload_head says.
+            step = last_step_offload(enabled=True)
+            self.assertGreater(step.tensors_offloaded, 0)
+            self.assertEqual(step.skipped_exempt, 0)
+            step = last_step_offload(enabled=True, offload_head=False)
+            self.assertGreater(step.skipped_exempt, 0)
+            # memprofctl sends only the flags given: --offload alone keeps the
+            # daemon's --offload_head.
+            r = d.ctl("train", "--steps", "1", "--batch_size", "2", "--seq_len", "32", "--offload")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            step = d.call("GetStatus", pb.GetStatusRequest()).last_step.offload
+            self.assertGreater(step.tensors_offloaded, 0)
+            self.assertEqual(step.skipped_exempt, 0)
+        finally:
+            d.close()
+
+
 class OutOfMemoryTest(unittest.TestCase):
     def test_oom_fails_the_operation_and_the_model_stays_usable(self):
         # An address-space cap 1 GiB above what the idle daemon maps makes the
