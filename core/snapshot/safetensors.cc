@@ -45,8 +45,8 @@ absl::StatusOr<at::ScalarType> ScalarTypeOfSafetensorsDtype(absl::string_view dt
   for (const auto& p : kPairs) {
     if (dtype == p.name) return p.type;
   }
-  return absl::InvalidArgumentError(absl::StrCat("safetensors dtype \"", dtype,
-                                                 "\" is not supported by memprofd"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("safetensors dtype \"", dtype, "\" is not supported by memprofd"));
 }
 
 const std::map<std::string, std::string>& PtMetadata() {

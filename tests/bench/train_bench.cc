@@ -98,7 +98,7 @@ absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
                                     int64_t steps, std::string* header) {
   std::string cmd =
       absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                   "/tests/bench/train_bench_eager.py --preset ",
+                                   "/tests/bench/train_bench_eager.py --preset ",
                    preset, " --batch ", args.batch, " --seq ", args.seq, " --warmup ",
                    args.warmup, " --steps ", steps, " --threads ", at::get_num_threads());
   FILE* pipe = popen(cmd.c_str(), "r");

@@ -203,7 +203,8 @@ TEST(MemoryVizTest, TorchsMemoryVizHelpersAcceptTheDump) {
   r.ClearHistory();
   std::string out;
   ASSERT_EQ(RunCommand(MEMPROFD_PYTHON " -c 'import torch.cuda._memory_viz'", &out), 0)
-      << "the venv's torch has no torch.cuda._memory_viz (run deploy/install-deps.sh): " << out;
+      << "the venv's torch has no torch.cuda._memory_viz (run deploy/install-deps.sh): "
+      << out;
   const std::string summary = CheckViz(pickle, "torch.pkl", "--torch");
   EXPECT_NE(summary.find("\"torch_ok\": true"), std::string::npos) << summary;
 }

@@ -234,7 +234,7 @@ double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
   std::ofstream(dir / "config.json") << model.config().ToJson();
 
   std::string cmd = absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                                 "/tests/model/llama_reference.py ",
+                                                 "/tests/model/llama_reference.py ",
                                  dir.string());
   EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
 

@@ -65,10 +65,11 @@ void ExpectPythonAgrees(const std::string& snapshot_dir, const TensorList& writt
   TempDir expected;
   WriteExpected(expected.path(), written, d, torch_dtype);
   std::string output;
-  const int rc = testing::RunCommand(absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                                                  "/tests/snapshot/check_snapshot.py ",
-                                                  snapshot_dir, " ", expected.path()),
-                                     &output);
+  const int rc = testing::RunCommand(
+      absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
+                                   "/tests/snapshot/check_snapshot.py ",
+                   snapshot_dir, " ", expected.path()),
+      &output);
   EXPECT_EQ(rc, 0) << output;
   EXPECT_THAT(output, HasSubstr(absl::StrCat("OK ", written.size(), " tensors")));
 }
