@@ -1,11 +1,11 @@
 #include "server/service.h"
 
 #include <chrono>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/memory/memory_viz.h"
-#include "core/memory/recorder.h"
 #include "server/convert.h"
 #include "server/grpc_status.h"
 #include "server/reactors.h"
@@ -117,8 +117,6 @@ class ChunkStream : public grpc::ServerWriteReactor<v1::DumpChunk> {
   Status final_;
 };
 
-constexpr int64_t kDefaultHistoryEntries = 100000;
-
 }  // namespace
 
 MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
@@ -173,7 +171,7 @@ ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
     resp->set_device(session_->device());
     resp->set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - session_->start_time()));
     resp->set_serving_state(session_->draining() ? "DRAINING" : "SERVING");
-    resp->set_active_operations(session_->operations().ActiveCount());
+    resp->set_active_operations(session_->ActiveOperationCount());
     if (std::optional<ModelSummary> model = session_->Model()) {
       *resp->mutable_model() = ToProto(*model, /*with_parameters=*/false);
     }
@@ -229,7 +227,7 @@ ServerWriteReactor<v1::StepReport>* MemprofdService::StreamStepReports(
   const char* kMethod = "StreamStepReports";
   Status auth = auth_->Check(*ctx);
   if (!auth.ok()) return RejectStream<v1::StepReport>(kMethod, auth);
-  auto op = session_->operations().Get(req->operation_id());
+  auto op = session_->GetOperation(req->operation_id());
   if (!op.ok()) return RejectStream<v1::StepReport>(kMethod, ToGrpcStatus(op.status()));
   if ((*op)->kind() != OperationKind::kTrain) {
     return RejectStream<v1::StepReport>(
@@ -294,7 +292,7 @@ ServerUnaryReactor* MemprofdService::GetOperation(CallbackServerContext* ctx,
                                                   const v1::GetOperationRequest* req,
                                                   v1::Operation* resp) {
   return Unary(ctx, "GetOperation", [&] {
-    auto op = session_->operations().Get(req->id());
+    auto op = session_->GetOperation(req->id());
     if (!op.ok()) return ToGrpcStatus(op.status());
     *resp = ToProto((*op)->View());
     return Status::OK;
@@ -309,10 +307,11 @@ ServerUnaryReactor* MemprofdService::ListOperations(CallbackServerContext* ctx,
       return Status(StatusCode::INVALID_ARGUMENT,
                     absl::StrCat("unknown operation kind ", req->kind()));
     }
-    OperationKind kind = static_cast<OperationKind>(req->kind());
-    const OperationKind* filter =
-        req->kind() == v1::OPERATION_KIND_UNSPECIFIED ? nullptr : &kind;
-    for (const auto& op : session_->operations().List(filter, req->active_only())) {
+    std::optional<OperationKind> kind;
+    if (req->kind() != v1::OPERATION_KIND_UNSPECIFIED) {
+      kind = static_cast<OperationKind>(req->kind());
+    }
+    for (const auto& op : session_->ListOperations(kind, req->active_only())) {
       *resp->add_operations() = ToProto(op->View());
     }
     return Status::OK;
@@ -323,13 +322,8 @@ ServerUnaryReactor* MemprofdService::CancelOperation(
     CallbackServerContext* ctx, const v1::CancelOperationRequest* req,
     v1::Operation* resp) {
   return Unary(ctx, "CancelOperation", [&] {
-    auto op = session_->operations().Get(req->id());
+    auto op = session_->CancelOperation(req->id());
     if (!op.ok()) return ToGrpcStatus(op.status());
-    if ((*op)->done()) {
-      return Status(StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("operation ", req->id(), " is already done"));
-    }
-    (*op)->RequestCancel();
     *resp = ToProto((*op)->View());
     return Status::OK;
   });
@@ -346,7 +340,7 @@ ServerUnaryReactor* MemprofdService::WaitOperation(CallbackServerContext* ctx,
                   Status(StatusCode::INVALID_ARGUMENT,
                          "timeout_ms must be >= 0 (0 means the maximum, 60000)"));
   }
-  auto op = session_->operations().Get(req->id());
+  auto op = session_->GetOperation(req->id());
   if (!op.ok()) return Reject(ctx, kMethod, ToGrpcStatus(op.status()));
   int64_t ms =
       req->timeout_ms() == 0 ? kMaxWaitMs : std::min(req->timeout_ms(), kMaxWaitMs);
@@ -366,7 +360,7 @@ ServerWriteReactor<v1::Operation>* MemprofdService::WatchOperation(
   const char* kMethod = "WatchOperation";
   Status auth = auth_->Check(*ctx);
   if (!auth.ok()) return RejectStream<v1::Operation>(kMethod, auth);
-  auto op = session_->operations().Get(req->id());
+  auto op = session_->GetOperation(req->id());
   if (!op.ok()) return RejectStream<v1::Operation>(kMethod, ToGrpcStatus(op.status()));
   const Clock::time_point start = Clock::now();
   auto* stream = new WatchOperationStream(*op, [this, start, kMethod](const Status& s) {
@@ -380,8 +374,7 @@ ServerUnaryReactor* MemprofdService::GetMemoryStats(CallbackServerContext* ctx,
                                                     const v1::GetMemoryStatsRequest*,
                                                     v1::MemoryStats* resp) {
   return Unary(ctx, "GetMemoryStats", [&] {
-    *resp = ToProto(memory::MemoryRecorder::Global().Stats(),
-                    session_->Counters().categories);
+    *resp = ToProto(session_->MemoryStats(), session_->Counters().categories);
     return Status::OK;
   });
 }
@@ -390,7 +383,7 @@ ServerUnaryReactor* MemprofdService::ResetPeakMemory(CallbackServerContext* ctx,
                                                      const v1::ResetPeakMemoryRequest*,
                                                      v1::ResetPeakMemoryResponse*) {
   return Unary(ctx, "ResetPeakMemory", [&] {
-    memory::MemoryRecorder::Global().ResetPeak();
+    session_->ResetPeakMemory();
     return Status::OK;
   });
 }
@@ -399,9 +392,10 @@ ServerUnaryReactor* MemprofdService::StartMemoryRecording(
     CallbackServerContext* ctx, const v1::StartMemoryRecordingRequest* req,
     v1::StartMemoryRecordingResponse*) {
   return Unary(ctx, "StartMemoryRecording", [&] {
-    const int64_t n =
-        req->max_entries() == 0 ? kDefaultHistoryEntries : req->max_entries();
-    return ToGrpcStatus(memory::MemoryRecorder::Global().StartRecording(n));
+    // 0 on the wire means "the default" (memory.proto).
+    std::optional<int64_t> max_entries;
+    if (req->max_entries() != 0) max_entries = req->max_entries();
+    return ToGrpcStatus(session_->StartMemoryRecording(max_entries));
   });
 }
 
@@ -409,8 +403,7 @@ ServerUnaryReactor* MemprofdService::StopMemoryRecording(
     CallbackServerContext* ctx, const v1::StopMemoryRecordingRequest* req,
     v1::StopMemoryRecordingResponse*) {
   return Unary(ctx, "StopMemoryRecording", [&] {
-    memory::MemoryRecorder::Global().StopRecording();
-    if (req->clear()) memory::MemoryRecorder::Global().ClearHistory();
+    session_->StopMemoryRecording(req->clear());
     return Status::OK;
   });
 }
@@ -420,18 +413,13 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
   const char* kMethod = "DumpMemoryHistory";
   Status auth = auth_->Check(*ctx);
   if (!auth.ok()) return RejectStream<v1::DumpChunk>(kMethod, auth);
-  memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
-  if (!stats.recording && stats.history_entries == 0) {
-    return RejectStream<v1::DumpChunk>(
-        kMethod, Status(StatusCode::FAILED_PRECONDITION,
-                        "nothing was recorded; StartMemoryRecording first "
-                        "(memprofctl memory record start)"));
-  }
+  absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
+  if (!pickle.ok())
+    return RejectStream<v1::DumpChunk>(kMethod, ToGrpcStatus(pickle.status()));
   const Clock::time_point start = Clock::now();
-  return new ChunkStream(
-      memory::CaptureMemoryVizPickle(), [this, start, kMethod](const Status& s) {
-        metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
-      });
+  return new ChunkStream(*std::move(pickle), [this, start, kMethod](const Status& s) {
+    metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
+  });
 }
 
 }  // namespace memprofd

@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "core/common/phase.h"
-#include "core/memory/recorder.h"
 
 namespace memprofd {
 namespace {
@@ -67,7 +66,7 @@ SessionMetrics::SessionMetrics(Session* session) : session_(session) {
 std::vector<MetricFamily> SessionMetrics::Collect() const {
   Families out;
   const SessionCounters c = session_->Counters();
-  const memory::MemoryStatsView mem = memory::MemoryRecorder::Global().Stats();
+  const memory::MemoryStatsView mem = session_->MemoryStats();
 
   // Training.
   Families::Sample(out.Add("memprofd_train_steps_total", "Optimizer steps completed.",
@@ -113,7 +112,7 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   }
   Families::Sample(out.Add("memprofd_operations_active", "Operations queued or running.",
                            MetricType::Gauge),
-                   static_cast<double>(session_->operations().ActiveCount()));
+                   static_cast<double>(session_->ActiveOperationCount()));
 
   // Memory per device.
   MetricFamily& current = out.Add("memprofd_memory_allocated_bytes",

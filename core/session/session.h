@@ -27,6 +27,7 @@
 #include "absl/time/time.h"
 #include "core/common/operation.h"
 #include "core/memory/category_bytes.h"
+#include "core/memory/memory_stats.h"
 #include "core/model/config.h"
 #include "core/model/placement.h"
 #include "core/offload/offload_options.h"
@@ -187,6 +188,31 @@ class Session {
   absl::StatusOr<snapshot::SnapshotManifest> DescribeSnapshot(
       const std::string& name) const;
   absl::Status DeleteSnapshot(const std::string& name);
+
+  // Operations (LOAD_MODEL, TRAIN, SNAPSHOT). NOT_FOUND for an unknown id.
+  absl::StatusOr<std::shared_ptr<Operation>> GetOperation(const std::string& id) const;
+  // Newest first; `kind` unset lists every kind.
+  std::vector<std::shared_ptr<Operation>> ListOperations(
+      std::optional<OperationKind> kind, bool active_only) const;
+  // Asks operation `id` to stop (training stops at its next step boundary).
+  // NOT_FOUND for an unknown id, FAILED_PRECONDITION when it is already done.
+  absl::StatusOr<std::shared_ptr<Operation>> CancelOperation(const std::string& id);
+  int64_t ActiveOperationCount() const;
+
+  // Memory, through the process's recorder (every allocation and free the
+  // accounting sees). Thread-safe.
+  memory::MemoryStatsView MemoryStats() const;
+  void ResetPeakMemory();
+  // Starts recording the history of allocations and frees, keeping the newest
+  // `max_entries` (unset: kDefaultHistoryEntries). INVALID_ARGUMENT for
+  // max_entries < 1.
+  absl::Status StartMemoryRecording(std::optional<int64_t> max_entries);
+  // Stops recording; the history is kept for DumpMemoryHistory until `clear`.
+  void StopMemoryRecording(bool clear);
+  // The history (and on CUDA the allocator's segments and trace) as a
+  // memory_viz pickle. FAILED_PRECONDITION when nothing was recorded.
+  absl::StatusOr<std::string> DumpMemoryHistory() const;
+  static constexpr int64_t kDefaultHistoryEntries = 100000;
 
   // Published copies.
   std::optional<ModelSummary> Model() const;

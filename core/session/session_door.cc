@@ -1,0 +1,68 @@
+// Session: the operations and memory calls of the one door into core. The
+// rules the server used to hold (what may be cancelled, the default history
+// size, what a dump needs) live here.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/memory/memory_viz.h"
+#include "core/memory/recorder.h"
+#include "core/session/session.h"
+
+namespace memprofd {
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::GetOperation(
+    const std::string& id) const {
+  return operations_.Get(id);
+}
+
+std::vector<std::shared_ptr<Operation>> Session::ListOperations(
+    std::optional<OperationKind> kind, bool active_only) const {
+  return operations_.List(kind ? &*kind : nullptr, active_only);
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::CancelOperation(
+    const std::string& id) {
+  absl::StatusOr<std::shared_ptr<Operation>> op = operations_.Get(id);
+  if (!op.ok()) return op.status();
+  if ((*op)->done()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("operation ", id, " is already done"));
+  }
+  (*op)->RequestCancel();
+  return op;
+}
+
+int64_t Session::ActiveOperationCount() const { return operations_.ActiveCount(); }
+
+memory::MemoryStatsView Session::MemoryStats() const {
+  return memory::MemoryRecorder::Global().Stats();
+}
+
+void Session::ResetPeakMemory() { memory::MemoryRecorder::Global().ResetPeak(); }
+
+absl::Status Session::StartMemoryRecording(std::optional<int64_t> max_entries) {
+  return memory::MemoryRecorder::Global().StartRecording(
+      max_entries.value_or(kDefaultHistoryEntries));
+}
+
+void Session::StopMemoryRecording(bool clear) {
+  memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
+  recorder.StopRecording();
+  if (clear) recorder.ClearHistory();
+}
+
+absl::StatusOr<std::string> Session::DumpMemoryHistory() const {
+  const memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+  if (!stats.recording && stats.history_entries == 0) {
+    return absl::FailedPreconditionError(
+        "nothing was recorded; StartMemoryRecording first (memprofctl memory record "
+        "start)");
+  }
+  return memory::CaptureMemoryVizPickle();
+}
+
+}  // namespace memprofd
