@@ -214,18 +214,21 @@ v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
   return info;
 }
 
+const google::protobuf::FieldDescriptor* SkippedField(offload::SkipReason reason) {
+  return v1::OffloadStats::descriptor()->FindFieldByName(
+      absl::StrCat("skipped_", offload::SkipReasonName(reason)));
+}
+
 v1::OffloadStats ToProto(const offload::OffloadStats& s) {
   v1::OffloadStats o;
   o.set_tensors_seen(s.tensors_seen);
   o.set_tensors_offloaded(s.tensors_offloaded);
-  o.set_skipped_parameter(s.skipped_parameter);
-  o.set_skipped_small(s.skipped_small);
-  o.set_skipped_wrapped_number(s.skipped_wrapped_number);
-  o.set_skipped_no_storage(s.skipped_no_storage);
-  o.set_skipped_on_target(s.skipped_on_target);
-  o.set_skipped_exempt(s.skipped_exempt);
-  o.set_skipped_other_device(s.skipped_other_device);
-  o.set_skipped_disabled(s.skipped_disabled);
+  // The skipped_<name> field of each reason in core's one table
+  // (convert_test checks that every reason has its field).
+  const google::protobuf::Reflection* reflection = o.GetReflection();
+  for (const offload::SkipReason reason : offload::kSkipReasons) {
+    reflection->SetInt64(&o, SkippedField(reason), s.skipped_of(reason));
+  }
   o.set_dedup_hits(s.dedup_hits);
   o.set_dedup_bytes_saved(s.dedup_bytes_saved);
   o.set_bytes_out(s.bytes_out);

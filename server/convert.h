@@ -30,6 +30,9 @@ absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& request);
 
 v1::ModelInfo ToProto(const ModelSummary& model, bool with_parameters);
 v1::StepReport ToProto(const SessionStepReport& report);
+// The int64 field v1::OffloadStats has for `reason` (skipped_<name>); null if
+// the proto lacks one.
+const google::protobuf::FieldDescriptor* SkippedField(offload::SkipReason reason);
 v1::OffloadStats ToProto(const offload::OffloadStats& stats);
 v1::TrainResult ToProto(const TrainResult& result);
 v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& manifest,

@@ -173,14 +173,11 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   MetricFamily& saved = out.Add("memprofd_offload_saved_tensors_total",
                                 "Saved tensors seen by the offloader, by what it did.",
                                 MetricType::Counter);
-  const std::pair<const char*, int64_t> outcomes[] = {
-      {"offloaded", o.tensors_offloaded},   {"parameter", o.skipped_parameter},
-      {"small", o.skipped_small},           {"wrapped_number", o.skipped_wrapped_number},
-      {"no_storage", o.skipped_no_storage}, {"on_target", o.skipped_on_target},
-      {"exempt", o.skipped_exempt},         {"other_device", o.skipped_other_device},
-      {"disabled", o.skipped_disabled}};
-  for (const auto& [name, n] : outcomes) {
-    Families::Sample(saved, static_cast<double>(n), {{"outcome", name}});
+  Families::Sample(saved, static_cast<double>(o.tensors_offloaded),
+                   {{"outcome", "offloaded"}});
+  for (const offload::SkipReason reason : offload::kSkipReasons) {
+    Families::Sample(saved, static_cast<double>(o.skipped_of(reason)),
+                     {{"outcome", std::string(offload::SkipReasonName(reason))}});
   }
   Families::Sample(out.Add("memprofd_offload_dedup_hits_total",
                            "Saved tensors whose storage was already offloaded that step.",

@@ -18,6 +18,28 @@ absl::string_view TargetName(Target target) {
   return "unknown";
 }
 
+absl::string_view SkipReasonName(SkipReason reason) {
+  switch (reason) {
+    case SkipReason::kParameter:
+      return "parameter";
+    case SkipReason::kSmall:
+      return "small";
+    case SkipReason::kWrappedNumber:
+      return "wrapped_number";
+    case SkipReason::kNoStorage:
+      return "no_storage";
+    case SkipReason::kOnTarget:
+      return "on_target";
+    case SkipReason::kExempt:
+      return "exempt";
+    case SkipReason::kOtherDevice:
+      return "other_device";
+    case SkipReason::kDisabled:
+      return "disabled";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<Target> ParseTarget(absl::string_view name) {
   if (name == "host") return Target::kHost;
   if (name == "disk") return Target::kDisk;
@@ -83,14 +105,7 @@ absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& default
 void OffloadStats::Add(const OffloadStats& other) {
   tensors_seen += other.tensors_seen;
   tensors_offloaded += other.tensors_offloaded;
-  skipped_parameter += other.skipped_parameter;
-  skipped_small += other.skipped_small;
-  skipped_wrapped_number += other.skipped_wrapped_number;
-  skipped_no_storage += other.skipped_no_storage;
-  skipped_on_target += other.skipped_on_target;
-  skipped_exempt += other.skipped_exempt;
-  skipped_other_device += other.skipped_other_device;
-  skipped_disabled += other.skipped_disabled;
+  for (size_t i = 0; i < kNumSkipReasons; ++i) skipped[i] += other.skipped[i];
   dedup_hits += other.dedup_hits;
   dedup_bytes_saved += other.dedup_bytes_saved;
   bytes_out += other.bytes_out;
@@ -106,8 +121,9 @@ void OffloadStats::Add(const OffloadStats& other) {
 }
 
 int64_t OffloadStats::skipped_total() const {
-  return skipped_parameter + skipped_small + skipped_wrapped_number + skipped_no_storage +
-         skipped_on_target + skipped_exempt + skipped_other_device + skipped_disabled;
+  int64_t total = 0;
+  for (const int64_t n : skipped) total += n;
+  return total;
 }
 
 }  // namespace memprofd::offload

@@ -5,6 +5,8 @@
 // this header must stay free of LibTorch so that flag parsing, step reports
 // and the server can use it cheaply.
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -18,7 +20,7 @@ namespace memprofd::offload {
 enum class Target : int {
   // Host memory. With a CUDA compute device: pinned buffers filled on a side
   // stream. With a CPU compute device the activations already are in host
-  // memory: nothing moves, every tensor is counted as `skipped_on_target`.
+  // memory: nothing moves, every tensor is counted as SkipReason::kOnTarget.
   kHost = 0,
   // A spill file written by a background thread. The choice on CPU-only hosts.
   kDisk = 1,
@@ -41,7 +43,7 @@ inline constexpr int kCudaPrefetchDepth = 2;
 struct OffloadOptions {
   // false: the hooks still run and account saved-activation bytes (so step
   // reports can show what offloading would save), but nothing moves; every
-  // tensor is counted as `skipped_disabled`.
+  // tensor is counted as SkipReason::kDisabled.
   bool enabled = false;
   Target target = Target::kDisk;
   // A storage whose first saved view covers fewer bytes than this stays on
@@ -97,32 +99,55 @@ struct OffloadRequest {
 absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& defaults,
                                                    const OffloadRequest& request);
 
+// Why the offloader left a saved tensor where it was. The one list of
+// reasons: step reports (the proto's skipped_<name> fields) and metrics (the
+// outcome label) take their names from SkipReasonName.
+enum class SkipReason : int {
+  // Parameters, buffers and their views (by storage), and leaves that
+  // require grad.
+  kParameter,
+  // First view of a storage covering fewer than min_offload_bytes.
+  kSmall,
+  // Scalars wrapped into tensors (what Python's arg parser makes of
+  // `x * 2.5`). LibTorch 2.6+ never passes them to saved-tensor hooks, so
+  // this stays 0 there; the check guards the offloader if that changes.
+  kWrappedNumber,
+  // Sparse, quantized, nested, MKL-DNN or meta tensors, lazy conj/neg views.
+  kNoStorage,
+  // Already on the target (host target with a CPU compute device).
+  kOnTarget,
+  // Saved inside a NoOffloadScope.
+  kExempt,
+  // On a device that is neither the compute device nor the CPU.
+  kOtherDevice,
+  // Offloading disabled in the options (accounting only).
+  kDisabled,
+};
+inline constexpr SkipReason kSkipReasons[] = {
+    SkipReason::kParameter,   SkipReason::kSmall,    SkipReason::kWrappedNumber,
+    SkipReason::kNoStorage,   SkipReason::kOnTarget, SkipReason::kExempt,
+    SkipReason::kOtherDevice, SkipReason::kDisabled};
+inline constexpr size_t kNumSkipReasons = std::size(kSkipReasons);
+
+// "parameter", "small", "wrapped_number", "no_storage", "on_target",
+// "exempt", "other_device", "disabled".
+absl::string_view SkipReasonName(SkipReason reason);
+
 // What the offloader did, per step (Offloader::EndStep) or in total
 // (Offloader::Totals). Every saved tensor is counted exactly once:
-//   tensors_seen = tensors_offloaded + skipped_* (all reasons).
+//   tensors_seen = tensors_offloaded + skipped_total().
 // Counters are cumulative over the period; the *_held and resident_* fields
 // are gauges read when the stats were taken.
 struct OffloadStats {
   int64_t tensors_seen = 0;
   // Saved tensors whose data left the compute device (dedup hits included).
   int64_t tensors_offloaded = 0;
-  // Parameters, buffers and their views (by storage), and leaves that
-  // require grad.
-  int64_t skipped_parameter = 0;
-  // First view of a storage covering fewer than min_offload_bytes.
-  int64_t skipped_small = 0;
-  // Scalars wrapped into tensors (what Python's arg parser makes of `x * 2.5`).
-  int64_t skipped_wrapped_number = 0;
-  // Sparse, quantized, nested, MKL-DNN or meta tensors, lazy conj/neg views.
-  int64_t skipped_no_storage = 0;
-  // Already on the target (host target with a CPU compute device).
-  int64_t skipped_on_target = 0;
-  // Saved inside a NoOffloadScope.
-  int64_t skipped_exempt = 0;
-  // On a device that is neither the compute device nor the CPU.
-  int64_t skipped_other_device = 0;
-  // Offloading disabled in the options (accounting only).
-  int64_t skipped_disabled = 0;
+  // Saved tensors left where they were, by reason (index: SkipReason).
+  std::array<int64_t, kNumSkipReasons> skipped = {};
+  int64_t& skipped_of(SkipReason reason) { return skipped[static_cast<size_t>(reason)]; }
+  int64_t skipped_of(SkipReason reason) const {
+    return skipped[static_cast<size_t>(reason)];
+  }
   // Offloaded tensors whose storage was already (partly) offloaded this step,
   // and the bytes of their spans that therefore did not move again.
   int64_t dedup_hits = 0;
@@ -154,7 +179,7 @@ struct OffloadStats {
   // Adds `other`'s counters, keeps the larger peak and takes `other`'s gauges
   // (`other` is the later period).
   void Add(const OffloadStats& other);
-  // Sum of the skipped_* counters.
+  // Sum of `skipped` over every reason.
   int64_t skipped_total() const;
 };
 

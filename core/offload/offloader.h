@@ -121,7 +121,7 @@ class OffloadScope {
 };
 
 // Keeps the tensors saved on this thread during its lifetime on the compute
-// device. Inside an OffloadScope they are still counted (skipped_exempt) and
+// device. Inside an OffloadScope they are still counted (SkipReason::kExempt) and
 // accounted as resident by that scope's offloader; outside any, the default
 // constructor does nothing, while the Offloader* one reports them to
 // `offloader` the same way (for a head that runs after the body's scope

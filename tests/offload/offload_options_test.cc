@@ -86,8 +86,8 @@ TEST(OffloadOptionsTest, AddSumsCountersKeepsPeakTakesGauges) {
   OffloadStats b;
   b.tensors_seen = 2;
   b.bytes_out = 10;
-  b.skipped_small = 1;
-  b.skipped_exempt = 2;
+  b.skipped_of(SkipReason::kSmall) = 1;
+  b.skipped_of(SkipReason::kExempt) = 2;
   b.peak_resident_saved_bytes = 20;
   b.disk_bytes_held = 0;
   a.Add(b);

@@ -78,7 +78,7 @@ TEST(OffloadLifecycleTest, UnusedBranchFreesEverything) {
       if (target == Target::kDisk) {
         EXPECT_GT(stats.tensors_offloaded, 0);
       } else {
-        EXPECT_GT(stats.skipped_on_target, 0);
+        EXPECT_GT(stats.skipped_of(SkipReason::kOnTarget), 0);
       }
     }
   }
@@ -143,7 +143,7 @@ TEST(OffloadLifecycleTest, HeadScopeAfterTheBodyScopeIsAccountedNotMoved) {
   loss.backward();
   const OffloadStats stats = offloader->EndStep();
   EXPECT_EQ(stats.tensors_offloaded, 2);  // mm's input, tanh's result
-  EXPECT_EQ(stats.skipped_exempt, 1);
+  EXPECT_EQ(stats.skipped_of(SkipReason::kExempt), 1);
   {
     NoOffloadScope unrelated;  // no offloader, no enclosing scope: nothing seen
     torch::exp(w).sum().backward();
@@ -187,7 +187,7 @@ TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
   loss.backward();
   const OffloadStats stats = offloader->EndStep();
   EXPECT_EQ(stats.bytes_out, 0);
-  EXPECT_EQ(stats.skipped_disabled, 1);
+  EXPECT_EQ(stats.skipped_of(SkipReason::kDisabled), 1);
   EXPECT_EQ(stats.peak_resident_saved_bytes, 16 * 16 * 4);
   EXPECT_EQ(stats.anchor_bytes_out, 16 * 16 * 4);
 }

@@ -84,7 +84,7 @@ TEST(OffloadParityTest, MlpDiskThresholdZeroIsBitIdentical) {
   ExpectBitIdentical(reference, offloaded);
   // Every activation moved; every weight view stayed.
   EXPECT_GT(offloaded.stats.tensors_offloaded, 0);
-  EXPECT_GT(offloaded.stats.skipped_parameter, 0);
+  EXPECT_GT(offloaded.stats.skipped_of(SkipReason::kParameter), 0);
   EXPECT_GT(offloaded.stats.bytes_out, 0);
   EXPECT_EQ(offloaded.stats.bytes_in, offloaded.stats.bytes_out);
   EXPECT_EQ(offloaded.stats.tensors_seen,
@@ -110,7 +110,7 @@ TEST(OffloadParityTest, MlpHostOnCpuMovesNothingAndIsBitIdentical) {
   ExpectBitIdentical(reference, offloaded);
   EXPECT_EQ(offloaded.stats.tensors_offloaded, 0);
   EXPECT_EQ(offloaded.stats.bytes_out, 0);
-  EXPECT_GT(offloaded.stats.skipped_on_target, 0);
+  EXPECT_GT(offloaded.stats.skipped_of(SkipReason::kOnTarget), 0);
 }
 
 TEST(OffloadParityTest, ThresholdAboveEverySpanOffloadsNothing) {
@@ -123,7 +123,7 @@ TEST(OffloadParityTest, ThresholdAboveEverySpanOffloadsNothing) {
   ExpectBitIdentical(reference, kept);
   EXPECT_EQ(kept.stats.tensors_offloaded, 0);
   EXPECT_EQ(kept.stats.bytes_out, 0);
-  EXPECT_GT(kept.stats.skipped_small, 0);
+  EXPECT_GT(kept.stats.skipped_of(SkipReason::kSmall), 0);
 }
 
 TEST(OffloadParityTest, NoOffloadScopeNestedGivesIdenticalGradients) {
@@ -133,7 +133,7 @@ TEST(OffloadParityTest, NoOffloadScopeNestedGivesIdenticalGradients) {
   auto offloader = MakeOffloader(Target::kDisk, /*min_offload_bytes=*/0);
   const Grads mixed = Step(mlp, x, offloader.get(), /*exempt_middle=*/true);
   ExpectBitIdentical(reference, mixed);
-  EXPECT_GT(mixed.stats.skipped_exempt, 0);
+  EXPECT_GT(mixed.stats.skipped_of(SkipReason::kExempt), 0);
   EXPECT_GT(mixed.stats.tensors_offloaded, 0);
 }
 
@@ -184,8 +184,8 @@ TEST(OffloadParityTest, TinyTensorsStayAndWrappedNumbersNeverReachTheHooks) {
   // hooks (1.13 passed it to pack); the offloader's filter for them is a
   // guard that no longer fires. If this changes, the filter is what keeps
   // them in place.
-  EXPECT_EQ(stats.skipped_wrapped_number, 0);
-  EXPECT_GE(stats.skipped_small, 1);
+  EXPECT_EQ(stats.skipped_of(SkipReason::kWrappedNumber), 0);
+  EXPECT_GE(stats.skipped_of(SkipReason::kSmall), 1);
   EXPECT_GT(stats.tensors_offloaded, 0);  // `scaled` (16 KiB) moved
   EXPECT_EQ(stats.bytes_out, 64 * 64 * 4);
 

@@ -93,7 +93,7 @@ TEST(OffloadViewsTest, WeightTransposeAndFrozenWeightsAreNeverCopied) {
   const OffloadStats filtered = run(true);
   // Without the filter both weight.t() views (the frozen one included) move.
   EXPECT_EQ(unfiltered.bytes_out - filtered.bytes_out, 2 * 64 * 64 * 4);
-  EXPECT_GE(filtered.skipped_parameter, 2);
+  EXPECT_GE(filtered.skipped_of(SkipReason::kParameter), 2);
   EXPECT_GT(filtered.tensors_offloaded, 0);
 }
 
@@ -231,7 +231,7 @@ TEST(OffloadViewsTest, EmptyViewIsKeptEvenWithThresholdZero) {
     at::Tensor out = x * 2;
     return SaveTwo::apply(out.slice(0, 3, 3), out);
   });
-  EXPECT_EQ(stats.skipped_small, 1);
+  EXPECT_EQ(stats.skipped_of(SkipReason::kSmall), 1);
   EXPECT_EQ(stats.tensors_offloaded, 1);
   EXPECT_EQ(stats.bytes_out, 8 * 8 * 4);
 }

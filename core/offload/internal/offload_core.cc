@@ -59,55 +59,24 @@ void OffloadCore::Shutdown() {
   }
 }
 
-OffloadCore::Reason OffloadCore::Classify(const at::Tensor& t, bool exempt) {
-  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return Reason::kWrapped;
+std::optional<SkipReason> OffloadCore::Classify(const at::Tensor& t, bool exempt) {
+  if (t.unsafeGetTensorImpl()->is_wrapped_number()) return SkipReason::kWrappedNumber;
   // Never trust data_ptr() != nullptr: the layout and flags decide whether a
   // plain strided storage can be copied and restored with set_().
   if (t.is_nested() || t.layout() != c10::kStrided || !t.has_storage() ||
       t.is_quantized() || t.is_meta() || t.is_conj() || t.is_neg()) {
-    return Reason::kNoStorage;
+    return SkipReason::kNoStorage;
   }
   if (params_.contains(t.storage().unsafeGetStorageImpl()) ||
       (t.is_leaf() && t.requires_grad())) {
-    return Reason::kParameter;
+    return SkipReason::kParameter;
   }
-  if (exempt) return Reason::kExempt;
-  if (!options_.enabled) return Reason::kDisabled;
+  if (exempt) return SkipReason::kExempt;
+  if (!options_.enabled) return SkipReason::kDisabled;
   const c10::Device device = t.device();
-  if (options_.target == Target::kHost && device.is_cpu()) return Reason::kOnTarget;
-  if (device != compute_ && !device.is_cpu()) return Reason::kOtherDevice;
-  return Reason::kOffload;
-}
-
-void OffloadCore::CountSkip(Reason reason) {
-  switch (reason) {
-    case Reason::kOffload:
-      break;
-    case Reason::kParameter:
-      ++step_.skipped_parameter;
-      break;
-    case Reason::kSmall:
-      ++step_.skipped_small;
-      break;
-    case Reason::kWrapped:
-      ++step_.skipped_wrapped_number;
-      break;
-    case Reason::kNoStorage:
-      ++step_.skipped_no_storage;
-      break;
-    case Reason::kOnTarget:
-      ++step_.skipped_on_target;
-      break;
-    case Reason::kExempt:
-      ++step_.skipped_exempt;
-      break;
-    case Reason::kOtherDevice:
-      ++step_.skipped_other_device;
-      break;
-    case Reason::kDisabled:
-      ++step_.skipped_disabled;
-      break;
-  }
+  if (options_.target == Target::kHost && device.is_cpu()) return SkipReason::kOnTarget;
+  if (device != compute_ && !device.is_cpu()) return SkipReason::kOtherDevice;
+  return std::nullopt;
 }
 
 void OffloadCore::AccountAnchor(const at::Tensor& t) {
@@ -173,23 +142,22 @@ void OffloadCore::Pack(const at::Tensor& t, bool exempt, PackedTensor* packed) {
   absl::MutexLock lock(&mu_);
   ++step_.tensors_seen;
   DrainStash(/*all=*/false, &graveyard);
-  const Reason reason = Classify(t, exempt);
-  if (reason == Reason::kOffload || reason == Reason::kDisabled ||
-      reason == Reason::kOnTarget) {
+  const std::optional<SkipReason> skip = Classify(t, exempt);
+  if (!skip || *skip == SkipReason::kDisabled || *skip == SkipReason::kOnTarget) {
     AccountAnchor(t);
   }
-  if (reason != Reason::kOffload) {
-    CountSkip(reason);
+  if (skip) {
+    ++step_.skipped_of(*skip);
     Keep(t,
-         reason == Reason::kDisabled || reason == Reason::kOnTarget ||
-             reason == Reason::kExempt,
+         *skip == SkipReason::kDisabled || *skip == SkipReason::kOnTarget ||
+             *skip == SkipReason::kExempt,
          packed);
     return;
   }
   const c10::Storage storage = t.storage();
   const ByteSpan span = CoveredSpan(t);
   if (span.size() == 0) {  // nothing to move (numel() == 0)
-    CountSkip(Reason::kSmall);
+    ++step_.skipped_of(SkipReason::kSmall);
     Keep(t, /*account=*/false, packed);
     return;
   }
@@ -207,7 +175,7 @@ void OffloadCore::Pack(const at::Tensor& t, bool exempt, PackedTensor* packed) {
     step_.dedup_bytes_saved += span.size() - moved;
   } else {
     if (span.size() < options_.min_offload_bytes) {
-      CountSkip(Reason::kSmall);
+      ++step_.skipped_of(SkipReason::kSmall);
       Keep(t, /*account=*/true, packed);
       return;
     }

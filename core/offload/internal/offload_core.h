@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -152,17 +153,6 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
   // Records released under mu_ go here, to be freed after it is released
   // (their destructor takes mu_).
   using Graveyard = std::vector<std::shared_ptr<StorageRecord>>;
-  enum class Reason {
-    kOffload,
-    kParameter,
-    kSmall,
-    kWrapped,
-    kNoStorage,
-    kOnTarget,
-    kExempt,
-    kOtherDevice,
-    kDisabled
-  };
   struct WriteJob {
     std::shared_ptr<StorageRecord> record;
     size_t segment = 0;
@@ -174,8 +164,9 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
     int64_t file_offset = 0;
   };
 
-  Reason Classify(const at::Tensor& t, bool exempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void CountSkip(Reason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why `t` stays where it is; nullopt when it is to be offloaded.
+  std::optional<SkipReason> Classify(const at::Tensor& t, bool exempt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AccountAnchor(const at::Tensor& t) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Keep(const at::Tensor& t, bool account, PackedTensor* packed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
