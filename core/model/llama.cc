@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <map>
 #include <set>
 
@@ -51,16 +52,9 @@ std::vector<std::pair<std::string, at::Tensor*>> LlamaModel::ModuleSlots(
       return slots;
     }
     LlamaLayerWeights& w = layers_[static_cast<size_t>(i)];
-    const std::string p = module + ".";
-    slots = {{p + "self_attn.q_proj.weight", &w.q_proj},
-             {p + "self_attn.k_proj.weight", &w.k_proj},
-             {p + "self_attn.v_proj.weight", &w.v_proj},
-             {p + "self_attn.o_proj.weight", &w.o_proj},
-             {p + "mlp.gate_proj.weight", &w.gate_proj},
-             {p + "mlp.up_proj.weight", &w.up_proj},
-             {p + "mlp.down_proj.weight", &w.down_proj},
-             {p + "input_layernorm.weight", &w.input_layernorm},
-             {p + "post_attention_layernorm.weight", &w.post_attention_layernorm}};
+    for (const LayerParameter& param : kLayerParameters) {
+      slots.emplace_back(absl::StrCat(module, ".", param.name), &(w.*param.member));
+    }
   }
   return slots;
 }
@@ -226,15 +220,10 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   const LlamaLayerWeights& home = layers_.at(index);
-  const LlamaLayerWeights w{Fetch(home.q_proj),
-                            Fetch(home.k_proj),
-                            Fetch(home.v_proj),
-                            Fetch(home.o_proj),
-                            Fetch(home.gate_proj),
-                            Fetch(home.up_proj),
-                            Fetch(home.down_proj),
-                            Fetch(home.input_layernorm),
-                            Fetch(home.post_attention_layernorm)};
+  LlamaLayerWeights w;
+  for (const LayerParameter& param : kLayerParameters) {
+    w.*param.member = Fetch(home.*param.member);
+  }
   // Residual adds in place into the projection outputs, which linear's
   // backward does not save; a + b == b + a exactly, so the result is that of
   // hidden + attention.
@@ -272,27 +261,22 @@ at::Tensor LlamaModel::Forward(const at::Tensor& input_ids) const {
 
 std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
   const LlamaLayerWeights& w = layers_.at(index);
-  return {w.q_proj,    w.k_proj,          w.v_proj,
-          w.o_proj,    w.gate_proj,       w.up_proj,
-          w.down_proj, w.input_layernorm, w.post_attention_layernorm};
+  std::vector<at::Tensor> out;
+  out.reserve(std::size(kLayerParameters));
+  for (const LayerParameter& param : kLayerParameters) out.push_back(w.*param.member);
+  return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  out.reserve(3 + 9 * layers_.size());
+  out.reserve(3 + std::size(kLayerParameters) * layers_.size());
   out.emplace_back("model.embed_tokens.weight", embed_tokens_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayerWeights& w = layers_[i];
-    const std::string p = absl::StrCat("model.layers.", i, ".");
-    out.emplace_back(p + "self_attn.q_proj.weight", w.q_proj);
-    out.emplace_back(p + "self_attn.k_proj.weight", w.k_proj);
-    out.emplace_back(p + "self_attn.v_proj.weight", w.v_proj);
-    out.emplace_back(p + "self_attn.o_proj.weight", w.o_proj);
-    out.emplace_back(p + "mlp.gate_proj.weight", w.gate_proj);
-    out.emplace_back(p + "mlp.up_proj.weight", w.up_proj);
-    out.emplace_back(p + "mlp.down_proj.weight", w.down_proj);
-    out.emplace_back(p + "input_layernorm.weight", w.input_layernorm);
-    out.emplace_back(p + "post_attention_layernorm.weight", w.post_attention_layernorm);
+    for (const LayerParameter& param : kLayerParameters) {
+      out.emplace_back(absl::StrCat("model.layers.", i, ".", param.name),
+                       w.*param.member);
+    }
   }
   out.emplace_back("model.norm.weight", norm_);
   out.emplace_back("lm_head.weight", lm_head_);

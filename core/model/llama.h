@@ -37,6 +37,26 @@ struct LlamaLayerWeights {
   at::Tensor post_attention_layernorm;  // [hidden]
 };
 
+// A decoder layer's parameters in transformers' state_dict order: the name
+// under "model.layers.N." and the member that holds it. The one list of
+// them: names, the state dict, loading, placement and the forward's fetches
+// all walk it.
+struct LayerParameter {
+  const char* name;
+  at::Tensor LlamaLayerWeights::*member;
+};
+inline constexpr LayerParameter kLayerParameters[] = {
+    {"self_attn.q_proj.weight", &LlamaLayerWeights::q_proj},
+    {"self_attn.k_proj.weight", &LlamaLayerWeights::k_proj},
+    {"self_attn.v_proj.weight", &LlamaLayerWeights::v_proj},
+    {"self_attn.o_proj.weight", &LlamaLayerWeights::o_proj},
+    {"mlp.gate_proj.weight", &LlamaLayerWeights::gate_proj},
+    {"mlp.up_proj.weight", &LlamaLayerWeights::up_proj},
+    {"mlp.down_proj.weight", &LlamaLayerWeights::down_proj},
+    {"input_layernorm.weight", &LlamaLayerWeights::input_layernorm},
+    {"post_attention_layernorm.weight", &LlamaLayerWeights::post_attention_layernorm},
+};
+
 // The model: float32 parameters on one device, named exactly as in
 // transformers' LlamaForCausalLM.state_dict().
 //
