@@ -165,7 +165,6 @@ class Session {
   const std::string& device() const { return device_; }
   absl::Time start_time() const { return start_time_; }
   OperationRegistry& operations() { return operations_; }
-  const SessionOptions& options() const { return options_; }
 
   // Queues a model load (LOAD_MODEL operation). INVALID_ARGUMENT for a spec
   // without exactly one source, FAILED_PRECONDITION while training runs,
