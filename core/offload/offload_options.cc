@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd::offload {
 
@@ -98,7 +99,7 @@ absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& default
   merged.max_fwd_stash = request.max_fwd_stash.value_or(merged.max_fwd_stash);
   merged.prefetch_depth = request.prefetch_depth.value_or(merged.prefetch_depth);
   merged.offload_head = request.offload_head.value_or(merged.offload_head);
-  if (absl::Status s = ValidateOffloadOptions(merged); !s.ok()) return s;
+  RETURN_IF_ERROR(ValidateOffloadOptions(merged));
   return merged;
 }
 
