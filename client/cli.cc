@@ -4,39 +4,18 @@
 
 #include <cstdio>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace memprofd::cli {
 
-namespace {
-const char* CodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK",
-                                 "CANCELLED",
-                                 "UNKNOWN",
-                                 "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED",
-                                 "NOT_FOUND",
-                                 "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED",
-                                 "RESOURCE_EXHAUSTED",
-                                 "FAILED_PRECONDITION",
-                                 "ABORTED",
-                                 "OUT_OF_RANGE",
-                                 "UNIMPLEMENTED",
-                                 "INTERNAL",
-                                 "UNAVAILABLE",
-                                 "DATA_LOSS",
-                                 "UNAUTHENTICATED"};
-  int i = static_cast<int>(code);
-  return i >= 0 && i <= 16 ? kNames[i] : "UNKNOWN";
-}
-}  // namespace
-
 int ReportRpcError(absl::string_view what, const grpc::Status& status) {
-  std::fprintf(stderr, "memprofctl: %.*s: %s: %s\n", static_cast<int>(what.size()),
-               what.data(), CodeName(status.error_code()),
-               status.error_message().c_str());
+  std::fprintf(
+      stderr, "memprofctl: %.*s: %s: %s\n", static_cast<int>(what.size()), what.data(),
+      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()))
+          .c_str(),
+      status.error_message().c_str());
   if (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return kExitUnreachable;
@@ -77,9 +56,15 @@ int Usage(const std::string& message) {
       "  operations get|wait|watch|cancel ID\n"
       "  load --preset=NAME | --hf_dir=DIR [--seed=S] [--placement=m=device,...]\n"
       "  model                         the loaded model and its parameters\n"
-      "  train [--steps N] [--batch_size B] [--seq_len T] [--lr X] [--seed S]\n"
-      "        [--data PATH | --token_data PATH] [--checkpointing]\n"
-      "        [--offload [--offload_target disk|host] [--prefetch_depth auto|N]]\n"
+      "  train [--steps N] [--batch_size B] [--seq_len T] [--learning_rate X] [--seed "
+      "S]\n"
+      "        [--data PATH | --token_data PATH] [--gradient_checkpointing]\n"
+      "        [--weight_decay W] [--beta1 B] [--beta2 B] [--adam_eps E]\n"
+      "        [--max_grad_norm N] [--grad_accumulation_steps K]\n"
+      "        [--[no]offload [--offload_target disk|host] [--prefetch_depth auto|N]\n"
+      "         [--min_offload_bytes N] [--[no]offload_head]]\n"
+      "        flags not given keep the daemon's defaults; --lr, --checkpointing and\n"
+      "        --grad_accum are short for the long names\n"
       "  snapshot NAME [--max_shard_size 2GB] [--dtype bf16] [--mode blocking|async]\n"
       "  snapshots [list] | snapshots describe|delete NAME\n"
       "  memory [reset-peak | record start [--max_entries N] | record stop [--clear]\n"

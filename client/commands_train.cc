@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -24,20 +25,51 @@ std::string Eta(double seconds) {
                    : absl::StrFormat("%dm%02ds", s / 60, s % 60);
 }
 
+// A flag and its short alias: *value is the one given (if any); false when
+// both were.
+template <typename T>
+bool Either(const absl::Flag<T>& flag, const absl::Flag<T>& alias,
+            std::optional<T>* value) {
+  std::optional<T> a = GivenFlag(flag);
+  std::optional<T> b = GivenFlag(alias);
+  if (a && b) return false;
+  *value = a ? a : b;
+  return true;
+}
+
 }  // namespace
 
 int TrainCommand(const Context& c, const Args& args) {
   if (!args.empty()) return Usage("train takes flags only (see usage)");
+  // Only what the user gave, so that every other field keeps the daemon's
+  // default; steps has no default there, so memprofctl always sends its own.
   v1::TrainRequest req;
   req.set_steps(absl::GetFlag(FLAGS_steps));
-  req.set_batch_size(absl::GetFlag(FLAGS_batch_size));
-  req.set_seq_len(absl::GetFlag(FLAGS_seq_len));
-  req.set_learning_rate(absl::GetFlag(FLAGS_lr));
-  req.set_seed(absl::GetFlag(FLAGS_seed));
-  req.set_gradient_checkpointing(absl::GetFlag(FLAGS_checkpointing));
-  req.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-  req.set_max_grad_norm(absl::GetFlag(FLAGS_max_grad_norm));
-  req.set_grad_accumulation_steps(absl::GetFlag(FLAGS_grad_accum));
+  std::optional<double> learning_rate;
+  std::optional<bool> gradient_checkpointing;
+  std::optional<int64_t> grad_accumulation_steps;
+  for (const auto& [given, name] :
+       {std::pair{Either(FLAGS_learning_rate, FLAGS_lr, &learning_rate),
+                  "--learning_rate or --lr"},
+        std::pair{Either(FLAGS_gradient_checkpointing, FLAGS_checkpointing,
+                         &gradient_checkpointing),
+                  "--gradient_checkpointing or --checkpointing"},
+        std::pair{Either(FLAGS_grad_accumulation_steps, FLAGS_grad_accum,
+                         &grad_accumulation_steps),
+                  "--grad_accumulation_steps or --grad_accum"}}) {
+    if (!given) return Usage(absl::StrCat("give ", name, ", not both"));
+  }
+  if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
+  if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
+  if (learning_rate) req.set_learning_rate(*learning_rate);
+  if (auto v = GivenFlag(FLAGS_seed)) req.set_seed(*v);
+  if (gradient_checkpointing) req.set_gradient_checkpointing(*gradient_checkpointing);
+  if (auto v = GivenFlag(FLAGS_weight_decay)) req.set_weight_decay(*v);
+  if (auto v = GivenFlag(FLAGS_beta1)) req.set_beta1(*v);
+  if (auto v = GivenFlag(FLAGS_beta2)) req.set_beta2(*v);
+  if (auto v = GivenFlag(FLAGS_adam_eps)) req.set_adam_eps(*v);
+  if (auto v = GivenFlag(FLAGS_max_grad_norm)) req.set_max_grad_norm(*v);
+  if (grad_accumulation_steps) req.set_grad_accumulation_steps(*grad_accumulation_steps);
   const std::string data = absl::GetFlag(FLAGS_data);
   const std::string token_data = absl::GetFlag(FLAGS_token_data);
   if (!data.empty() && !token_data.empty())
@@ -45,36 +77,34 @@ int TrainCommand(const Context& c, const Args& args) {
   if (!data.empty()) req.mutable_data()->set_text_file(data);
   if (!token_data.empty()) {
     req.mutable_data()->mutable_token_file()->set_path(token_data);
-    req.mutable_data()->mutable_token_file()->set_bytes_per_token(
-        absl::GetFlag(FLAGS_bytes_per_token));
+    if (auto v = GivenFlag(FLAGS_bytes_per_token)) {
+      req.mutable_data()->mutable_token_file()->set_bytes_per_token(*v);
+    }
   }
-  // Offload options: only what the user gave, so that every other field keeps
-  // the daemon's default (its own flags). The boolean flags can only say
-  // "yes": without them the daemon's setting holds.
-  const std::optional<int64_t> min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
-  if (absl::GetFlag(FLAGS_offload) || absl::GetFlag(FLAGS_offload_head) ||
-      !absl::GetFlag(FLAGS_offload_target).empty() || min_offload_bytes.has_value() ||
-      !absl::GetFlag(FLAGS_prefetch_depth).empty()) {
+  const std::optional<bool> offload = GivenFlag(FLAGS_offload);
+  const std::optional<bool> offload_head = GivenFlag(FLAGS_offload_head);
+  const std::optional<int64_t> min_offload_bytes = GivenFlag(FLAGS_min_offload_bytes);
+  const std::optional<std::string> target = GivenFlag(FLAGS_offload_target);
+  const std::optional<std::string> prefetch = GivenFlag(FLAGS_prefetch_depth);
+  if (offload || offload_head || min_offload_bytes || target || prefetch) {
     v1::OffloadOptions* o = req.mutable_offload();
-    if (absl::GetFlag(FLAGS_offload)) o->set_enabled(true);
-    if (absl::GetFlag(FLAGS_offload_head)) o->set_offload_head(true);
-    if (min_offload_bytes.has_value()) o->set_min_offload_bytes(*min_offload_bytes);
-    const std::string target = absl::GetFlag(FLAGS_offload_target);
+    if (offload) o->set_enabled(*offload);
+    if (offload_head) o->set_offload_head(*offload_head);
+    if (min_offload_bytes) o->set_min_offload_bytes(*min_offload_bytes);
     if (target == "disk") {
       o->set_target(v1::OFFLOAD_TARGET_DISK);
     } else if (target == "host") {
       o->set_target(v1::OFFLOAD_TARGET_HOST);
-    } else if (!target.empty()) {
+    } else if (target) {
       return Usage(
-          absl::StrCat("--offload_target must be disk or host, not '", target, "'"));
+          absl::StrCat("--offload_target must be disk or host, not '", *target, "'"));
     }
     // "auto" is -1 on the wire.
-    const std::string prefetch = absl::GetFlag(FLAGS_prefetch_depth);
-    if (!prefetch.empty()) {
+    if (prefetch) {
       int32_t depth = -1;
-      if (prefetch != "auto" && (!absl::SimpleAtoi(prefetch, &depth) || depth < 0)) {
+      if (*prefetch != "auto" && (!absl::SimpleAtoi(*prefetch, &depth) || depth < 0)) {
         return Usage(absl::StrCat("--prefetch_depth must be auto or a number >= 0, not '",
-                                  prefetch, "'"));
+                                  *prefetch, "'"));
       }
       o->set_prefetch_depth(depth);
     }

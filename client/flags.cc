@@ -1,6 +1,11 @@
 #include "client/flags.h"
 
+#include <string>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
 
 ABSL_FLAG(std::string, addr, "127.0.0.1:50051", "memprofd's gRPC address");
 ABSL_FLAG(std::string, token_file, "", "file whose first line is the bearer token");
@@ -10,11 +15,14 @@ ABSL_FLAG(int64_t, timeout_ms, 10000, "deadline of each unary call, in milliseco
 ABSL_FLAG(std::string, service, "",
           "health: the service to ask about (\"\" = the server)");
 
+// train. Named as memprofd.v1.TrainRequest's fields; a flag not given is not
+// sent, so the daemon's default holds (shown in brackets).
 ABSL_FLAG(int64_t, steps, 100, "train: optimizer steps");
-ABSL_FLAG(int64_t, batch_size, 8, "train: sequences per micro-batch");
-ABSL_FLAG(int64_t, seq_len, 128, "train: tokens per sequence");
-ABSL_FLAG(double, lr, 1e-3, "train: learning rate");
-ABSL_FLAG(uint64_t, seed, 0, "train: data order seed; load: initialisation seed");
+ABSL_FLAG(int64_t, batch_size, 8, "train: sequences per micro-batch [8]");
+ABSL_FLAG(int64_t, seq_len, 128, "train: tokens per sequence [128]");
+ABSL_FLAG(double, learning_rate, 1e-3, "train: AdamW's learning rate [1e-3]");
+ABSL_FLAG(double, lr, 1e-3, "train: short for --learning_rate");
+ABSL_FLAG(uint64_t, seed, 0, "train: data order seed [0]; load: initialisation seed");
 ABSL_FLAG(std::string, data, "",
           "train: a text file on the daemon's host, read as bytes (default: the embedded "
           "corpus)");
@@ -22,19 +30,28 @@ ABSL_FLAG(std::string, token_data, "",
           "train: a binary file of little-endian token ids on the daemon's host (nanoGPT "
           ".bin)");
 ABSL_FLAG(int32_t, bytes_per_token, 2,
-          "train: 2 (uint16) or 4 (uint32) for --token_data");
-ABSL_FLAG(bool, checkpointing, false, "train: gradient checkpointing per decoder layer");
-ABSL_FLAG(double, weight_decay, 0.0, "train: AdamW weight decay");
-ABSL_FLAG(double, max_grad_norm, 0.0, "train: clip the gradient norm (0: off)");
-ABSL_FLAG(int64_t, grad_accum, 1, "train: micro-batches per optimizer step");
+          "train: 2 (uint16) or 4 (uint32) for --token_data [2]");
+ABSL_FLAG(bool, gradient_checkpointing, false,
+          "train: recompute each decoder layer in backward [false]");
+ABSL_FLAG(bool, checkpointing, false, "train: short for --gradient_checkpointing");
+ABSL_FLAG(double, weight_decay, 0.0, "train: AdamW weight decay [0]");
+ABSL_FLAG(double, beta1, 0.9, "train: AdamW beta1 [0.9]");
+ABSL_FLAG(double, beta2, 0.999, "train: AdamW beta2 [0.999]");
+ABSL_FLAG(double, adam_eps, 1e-8, "train: AdamW epsilon [1e-8]");
+ABSL_FLAG(double, max_grad_norm, 0.0, "train: clip the gradient norm (0: off) [0]");
+ABSL_FLAG(int64_t, grad_accumulation_steps, 1,
+          "train: micro-batches per optimizer step [1]");
+ABSL_FLAG(int64_t, grad_accum, 1, "train: short for --grad_accumulation_steps");
 ABSL_FLAG(bool, offload, false,
-          "train: offload saved activations (without it: the daemon's --offload)");
+          "train: offload saved activations; --nooffload turns it off (default: the "
+          "daemon's --offload)");
 ABSL_FLAG(std::string, offload_target, "",
           "train: disk or host (default: the daemon's, disk on CPU hosts)");
-ABSL_FLAG(std::optional<int64_t>, min_offload_bytes, std::nullopt,
+ABSL_FLAG(int64_t, min_offload_bytes, 1024,
           "train: smallest span moved (default: the daemon's; 0 moves every tensor)");
 ABSL_FLAG(bool, offload_head, false,
-          "train: offload the LM head's activations too (default: the daemon's)");
+          "train: offload the LM head's activations too; --nooffload_head keeps them "
+          "(default: the daemon's)");
 ABSL_FLAG(std::string, prefetch_depth, "",
           "train: offloaded storages backward reads ahead: auto, 0 (off) or N "
           "(default: the daemon's)");
@@ -55,3 +72,28 @@ ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
 ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
 ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");
 ABSL_FLAG(std::string, o, "", "memory dump: output file");
+
+namespace memprofd::cli {
+namespace {
+std::set<std::string>& Names() {
+  static std::set<std::string> names;
+  return names;
+}
+}  // namespace
+
+void NoteGivenFlags(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;  // the rest are positional
+    if (!absl::ConsumePrefix(&arg, "-")) continue;
+    absl::ConsumePrefix(&arg, "-");
+    const std::string name(arg.substr(0, arg.find('=')));
+    if (name.empty()) continue;
+    Names().insert(name);
+    if (absl::StartsWith(name, "no")) Names().insert(name.substr(2));
+  }
+}
+
+const std::set<std::string>& GivenFlagNames() { return Names(); }
+
+}  // namespace memprofd::cli

@@ -6,9 +6,31 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+
+namespace memprofd::cli {
+
+// Notes which flags argv names (--name, --name=value, --noname, -name), for
+// GivenFlag. Call with main's arguments, before or after parsing them.
+void NoteGivenFlags(int argc, char** argv);
+// The names noted; a "noX" spelling is noted as both "noX" and "X".
+const std::set<std::string>& GivenFlagNames();
+
+// The flag's value when it was given on the command line, else nothing: what
+// lets a command send only what the user asked for. (absl's own
+// IsSpecifiedOnCommandLine is private in the Debian 12 version.)
+template <typename T>
+std::optional<T> GivenFlag(const absl::Flag<T>& flag) {
+  const std::string name(absl::GetFlagReflectionHandle(flag).Name());
+  if (GivenFlagNames().count(name) == 0) return std::nullopt;
+  return absl::GetFlag(flag);
+}
+
+}  // namespace memprofd::cli
 
 ABSL_DECLARE_FLAG(std::string, addr);
 ABSL_DECLARE_FLAG(std::string, token_file);
@@ -20,18 +42,24 @@ ABSL_DECLARE_FLAG(std::string, service);
 ABSL_DECLARE_FLAG(int64_t, steps);
 ABSL_DECLARE_FLAG(int64_t, batch_size);
 ABSL_DECLARE_FLAG(int64_t, seq_len);
+ABSL_DECLARE_FLAG(double, learning_rate);
 ABSL_DECLARE_FLAG(double, lr);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, data);
 ABSL_DECLARE_FLAG(std::string, token_data);
 ABSL_DECLARE_FLAG(int32_t, bytes_per_token);
+ABSL_DECLARE_FLAG(bool, gradient_checkpointing);
 ABSL_DECLARE_FLAG(bool, checkpointing);
 ABSL_DECLARE_FLAG(double, weight_decay);
+ABSL_DECLARE_FLAG(double, beta1);
+ABSL_DECLARE_FLAG(double, beta2);
+ABSL_DECLARE_FLAG(double, adam_eps);
 ABSL_DECLARE_FLAG(double, max_grad_norm);
+ABSL_DECLARE_FLAG(int64_t, grad_accumulation_steps);
 ABSL_DECLARE_FLAG(int64_t, grad_accum);
 ABSL_DECLARE_FLAG(bool, offload);
 ABSL_DECLARE_FLAG(std::string, offload_target);
-ABSL_DECLARE_FLAG(std::optional<int64_t>, min_offload_bytes);
+ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
 ABSL_DECLARE_FLAG(bool, offload_head);
 ABSL_DECLARE_FLAG(std::string, prefetch_depth);
 // load

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   using namespace memprofd::cli;
   absl::SetProgramUsageMessage("memprofctl: the command-line client of memprofd");
   std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  NoteGivenFlags(argc, argv);
   if (positional.size() < 2) return Usage("no command given");
   const std::string command = positional[1];
   Args args(positional.begin() + 2, positional.end());

@@ -38,23 +38,22 @@ absl::StatusOr<std::unique_ptr<TokenAuth>> TokenAuth::Create(
   return std::unique_ptr<TokenAuth>(new TokenAuth(std::move(token)));
 }
 
-grpc::Status TokenAuth::Check(const grpc::ServerContextBase& context) const {
-  if (!enabled()) return grpc::Status::OK;
+absl::Status TokenAuth::Check(const grpc::ServerContextBase& context) const {
+  if (!enabled()) return absl::OkStatus();
   const auto& md = context.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "missing 'authorization: Bearer <token>' metadata; this "
-                        "memprofd was started with --auth_token_file");
+    return absl::UnauthenticatedError(
+        "missing 'authorization: Bearer <token>' metadata; this memprofd was started "
+        "with --auth_token_file");
   }
   std::string value(it->second.data(), it->second.size());
   constexpr char kPrefix[] = "Bearer ";
   if (value.rfind(kPrefix, 0) != 0 ||
       !ConstantTimeEquals(value.substr(sizeof(kPrefix) - 1), token_)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "the bearer token in 'authorization' is wrong");
+    return absl::UnauthenticatedError("the bearer token in 'authorization' is wrong");
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
 }
 
 }  // namespace memprofd

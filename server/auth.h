@@ -23,7 +23,7 @@ class TokenAuth {
   bool enabled() const { return !token_.empty(); }
 
   // OK, or UNAUTHENTICATED saying what is missing.
-  grpc::Status Check(const grpc::ServerContextBase& context) const;
+  absl::Status Check(const grpc::ServerContextBase& context) const;
 
  private:
   explicit TokenAuth(std::string token) : token_(std::move(token)) {}

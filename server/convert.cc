@@ -50,53 +50,36 @@ v1::Operation ToProto(const OperationView& view) {
     op.mutable_error()->set_code(static_cast<int>(view.error.code()));
     op.mutable_error()->set_message(std::string(view.error.message()));
   }
-  if (!view.result.has_value()) return op;
-  if (const auto* r = std::any_cast<TrainResult>(&view.result)) {
+  if (const auto* r = std::get_if<TrainResult>(&view.result)) {
     *op.mutable_train() = ToProto(*r);
-  } else if (const auto* m = std::any_cast<ModelSummary>(&view.result)) {
+  } else if (const auto* m = std::get_if<ModelSummary>(&view.result)) {
     *op.mutable_model() = ToProto(*m, /*with_parameters=*/false);
-  } else if (const auto* sr = std::any_cast<SnapshotResult>(&view.result)) {
+  } else if (const auto* sr = std::get_if<SnapshotResult>(&view.result)) {
     *op.mutable_snapshot() = ToProto(sr->manifest, sr->mode);
   }
   return op;
 }
 
-namespace {
-
-absl::Status Invalid(absl::string_view field, absl::string_view what) {
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
-}
-
-}  // namespace
-
 absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
+  // Only what the request sets; the session merges it over the defaults and
+  // validates the result.
   TrainSpec spec;
-  TrainOptions& t = spec.train;
-  // Zero means "the default" for every numeric field, as the proto says.
-  if (r.steps() <= 0)
-    return Invalid("steps", "must be >= 1 (how many optimizer steps to run)");
-  t.steps = r.steps();
-  if (r.batch_size() < 0) return Invalid("batch_size", "must be >= 1 (0 means 8)");
-  if (r.batch_size() > 0) t.batch_size = r.batch_size();
-  if (r.seq_len() < 0) return Invalid("seq_len", "must be >= 1 (0 means 128)");
-  if (r.seq_len() > 0) t.seq_len = r.seq_len();
-  if (r.learning_rate() < 0)
-    return Invalid("learning_rate", "must be > 0 (0 means 1e-3)");
-  if (r.learning_rate() > 0) t.learning_rate = r.learning_rate();
-  t.seed = r.seed();
-  t.gradient_checkpointing = r.gradient_checkpointing();
-  if (r.weight_decay() < 0) return Invalid("weight_decay", "must be >= 0");
-  t.weight_decay = r.weight_decay();
-  if (r.beta1() != 0) t.beta1 = r.beta1();
-  if (r.beta2() != 0) t.beta2 = r.beta2();
-  if (r.adam_eps() != 0) t.eps = r.adam_eps();
-  if (r.max_grad_norm() < 0)
-    return Invalid("max_grad_norm", "must be >= 0 (0 disables clipping)");
-  t.max_grad_norm = r.max_grad_norm();
-  if (r.grad_accumulation_steps() < 0) {
-    return Invalid("grad_accumulation_steps", "must be >= 1 (0 means 1)");
+  TrainRequest& t = spec.train;
+  if (r.has_steps()) t.steps = r.steps();
+  if (r.has_batch_size()) t.batch_size = r.batch_size();
+  if (r.has_seq_len()) t.seq_len = r.seq_len();
+  if (r.has_learning_rate()) t.learning_rate = r.learning_rate();
+  if (r.has_seed()) t.seed = r.seed();
+  if (r.has_gradient_checkpointing())
+    t.gradient_checkpointing = r.gradient_checkpointing();
+  if (r.has_weight_decay()) t.weight_decay = r.weight_decay();
+  if (r.has_beta1()) t.beta1 = r.beta1();
+  if (r.has_beta2()) t.beta2 = r.beta2();
+  if (r.has_adam_eps()) t.adam_eps = r.adam_eps();
+  if (r.has_max_grad_norm()) t.max_grad_norm = r.max_grad_norm();
+  if (r.has_grad_accumulation_steps()) {
+    t.grad_accumulation_steps = r.grad_accumulation_steps();
   }
-  if (r.grad_accumulation_steps() > 0) t.grad_accum = r.grad_accumulation_steps();
   const v1::DataSource& d = r.data();
   switch (d.source_case()) {
     case v1::DataSource::SOURCE_NOT_SET:
@@ -110,8 +93,9 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
     case v1::DataSource::kTokenFile:
       t.data.kind = DataSpec::Kind::kTokenFile;
       t.data.path = d.token_file().path();
-      t.data.bytes_per_token =
-          d.token_file().bytes_per_token() == 0 ? 2 : d.token_file().bytes_per_token();
+      if (d.token_file().has_bytes_per_token()) {
+        t.data.bytes_per_token = d.token_file().bytes_per_token();
+      }
       break;
     case v1::DataSource::kInlineTokens:
       t.data.kind = DataSpec::Kind::kInlineTokens;
@@ -120,8 +104,6 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
       break;
   }
   if (r.has_offload()) {
-    // Only what the request sets; the session merges it over the daemon's
-    // defaults and validates the result.
     const v1::OffloadOptions& o = r.offload();
     offload::OffloadRequest& req = spec.offload;
     if (o.has_enabled()) req.enabled = o.enabled();

@@ -5,8 +5,8 @@
 // functions; thread-safe.
 
 #include "absl/status/statusor.h"
-#include "core/common/operation.h"
 #include "core/memory/memory_stats.h"
+#include "core/session/operation.h"
 #include "core/session/session.h"
 #include "memprofd/v1/memory.pb.h"
 #include "memprofd/v1/model.pb.h"
@@ -16,14 +16,15 @@
 
 namespace memprofd {
 
-// Fills the typed result from the view's std::any by the operation's kind.
+// The view with its typed result (train, model or snapshot).
 v1::Operation ToProto(const OperationView& view);
 
 int64_t UnixMicros(absl::Time t);
 
-// Requests to core specs: INVALID_ARGUMENT naming the field when malformed.
-// Offload options carry only the fields the request sets (the session
-// merges them over the daemon's defaults and validates them).
+// Requests to core specs. Optional fields carry only what the request sets;
+// the session merges them over the defaults and validates the result, so
+// these check only what the wire format itself can get wrong (a shard size
+// that does not parse: INVALID_ARGUMENT naming the field).
 absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& request);
 absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& request);
 absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& request);

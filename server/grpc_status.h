@@ -2,9 +2,11 @@
 #define MEMPROFD_SERVER_GRPC_STATUS_H_
 
 // The one translation point from absl::Status to grpc::Status. absl's codes
-// equal gRPC's numerically.
+// equal gRPC's numerically, so names come from absl::StatusCodeToString.
 
 #include <grpcpp/support/status.h>
+
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -12,8 +14,8 @@ namespace memprofd {
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// "OK", "INVALID_ARGUMENT", ... for a gRPC code (metrics labels, CLI output).
-const char* GrpcCodeName(grpc::StatusCode code);
+// "OK", "INVALID_ARGUMENT", ... for a gRPC code (metrics labels).
+std::string GrpcCodeName(grpc::StatusCode code);
 
 }  // namespace memprofd
 

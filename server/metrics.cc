@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "core/common/log.h"
+#include "server/grpc_status.h"
 
 namespace memprofd {
 namespace {
@@ -127,9 +128,9 @@ absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
   return ports.front();
 }
 
-void ServerMetrics::RecordRpc(const std::string& method, const char* code,
+void ServerMetrics::RecordRpc(const std::string& method, grpc::StatusCode code,
                               double seconds) {
-  rpc_requests_.Add({{"method", method}, {"code", code}}).Increment();
+  rpc_requests_.Add({{"method", method}, {"code", GrpcCodeName(code)}}).Increment();
   static const prometheus::Histogram::BucketBoundaries kBuckets = {
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60};
   rpc_duration_.Add({{"method", method}}, kBuckets).Observe(seconds);

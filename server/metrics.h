@@ -7,6 +7,7 @@
 // thread. Names are in base units; counters end in _total.
 // Thread-safe: RecordRpc may be called from any thread.
 
+#include <grpcpp/support/status.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
@@ -38,7 +39,7 @@ class ServerMetrics {
   absl::StatusOr<int> Serve(const std::string& listen);
 
   // One finished RPC: counted by method and status code, timed by method.
-  void RecordRpc(const std::string& method, const char* code, double seconds);
+  void RecordRpc(const std::string& method, grpc::StatusCode code, double seconds);
 
   // Adds a scrape-time collectable; the ServerMetrics keeps it alive.
   void AddCollectable(std::shared_ptr<prometheus::Collectable> collectable);

@@ -1,6 +1,10 @@
 #include "server/reactors.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
+
+#include "server/convert.h"
 
 namespace memprofd {
 
@@ -47,7 +51,7 @@ void WaitOperationReactor::FinishLocked(const grpc::Status& status) {
 
 void WaitOperationReactor::OnCancel() {
   absl::MutexLock lock(&link_->mu);
-  FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "wait cancelled"));
+  FinishLocked(ToGrpcStatus(absl::CancelledError("wait cancelled")));
 }
 
 void WaitOperationReactor::OnDone() {
@@ -59,6 +63,64 @@ void WaitOperationReactor::OnDone() {
   alarm_.Cancel();
   if (on_done_) on_done_(final_status_);
   delete this;
+}
+
+bool WatchOperationStream::Next(v1::Operation* msg) {
+  OperationView view = op_->View();
+  if (sent_any_ && view.version == last_version_) return false;
+  if (sent_done_) return false;
+  sent_any_ = true;
+  last_version_ = view.version;
+  sent_done_ = view.done;
+  *msg = ToProto(view);
+  return true;
+}
+
+StepReportStream::StepReportStream(std::shared_ptr<Operation> op, int64_t from_step,
+                                   StreamDoneFn on_done)
+    : OperationStream(std::move(op), std::move(on_done)),
+      next_(std::max<int64_t>(1, from_step)) {}
+
+bool StepReportStream::Next(v1::StepReport* msg) {
+  // done is read before the events: events are appended before Finish, so
+  // when done is seen every event is there.
+  done_ = op_->done();
+  int64_t first = 0;
+  std::vector<SessionStepReport> events = op_->EventsFrom(next_, 1, &first);
+  if (events.empty()) return false;
+  next_ = first + 1;
+  *msg = ToProto(events.front());
+  return true;
+}
+
+ChunkStream::ChunkStream(std::string data, StreamDoneFn on_done)
+    : data_(std::move(data)), on_done_(std::move(on_done)) {
+  Next();
+}
+
+void ChunkStream::OnWriteDone(bool ok) {
+  if (!ok) {
+    final_ = ToGrpcStatus(absl::CancelledError("client went away"));
+    Finish(final_);
+    return;
+  }
+  Next();
+}
+
+void ChunkStream::OnDone() {
+  if (on_done_) on_done_(final_);
+  delete this;
+}
+
+void ChunkStream::Next() {
+  if (offset_ >= data_.size()) {
+    Finish(grpc::Status::OK);
+    return;
+  }
+  const size_t n = std::min(kChunk, data_.size() - offset_);
+  chunk_.set_data(data_.substr(offset_, n));
+  offset_ += n;
+  StartWrite(&chunk_);
 }
 
 }  // namespace memprofd

@@ -1,9 +1,9 @@
 #ifndef MEMPROFD_SERVER_REACTORS_H_
 #define MEMPROFD_SERVER_REACTORS_H_
 
-// Callback-API reactors that follow an Operation without blocking a gRPC
-// thread: they subscribe to the operation and write (or finish) when it
-// changes. Each deletes itself in OnDone.
+// The service's callback-API reactors. Those that follow an Operation do so
+// without blocking a gRPC thread: they subscribe to the operation and write
+// (or finish) when it changes. Each deletes itself in OnDone.
 //
 // Lifetime: the operation's change callback may run on the owner thread at
 // any moment, so it reaches the reactor through a shared Link whose mutex
@@ -17,9 +17,14 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "absl/synchronization/mutex.h"
-#include "core/common/operation.h"
+#include "core/session/operation.h"
+#include "memprofd/v1/memory.pb.h"
+#include "memprofd/v1/operation.pb.h"
+#include "memprofd/v1/train.pb.h"
+#include "server/grpc_status.h"
 
 namespace memprofd {
 
@@ -52,7 +57,7 @@ class OperationStream : public grpc::ServerWriteReactor<Msg> {
     absl::MutexLock lock(&link_->mu);
     writing_ = false;
     if (!ok) {
-      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "client went away"));
+      FinishLocked(ToGrpcStatus(absl::CancelledError("client went away")));
       return;
     }
     PumpLocked();
@@ -60,7 +65,7 @@ class OperationStream : public grpc::ServerWriteReactor<Msg> {
 
   void OnCancel() override {
     absl::MutexLock lock(&link_->mu);
-    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "stream cancelled"));
+    FinishLocked(ToGrpcStatus(absl::CancelledError("stream cancelled")));
   }
 
   void OnDone() override {
@@ -142,6 +147,56 @@ class WaitOperationReactor : public grpc::ServerUnaryReactor {
   int token_ = 0;
   bool finished_ = false;
   grpc::Status final_status_;
+};
+
+// WatchOperation: the operation's state now, then on every change, until
+// done.
+class WatchOperationStream : public OperationStream<v1::Operation> {
+ public:
+  using OperationStream::OperationStream;
+
+ protected:
+  bool Next(v1::Operation* msg) override;
+  bool Complete() override { return sent_done_; }
+
+ private:
+  bool sent_any_ = false;
+  bool sent_done_ = false;
+  uint64_t last_version_ = 0;
+};
+
+// StreamStepReports: a TRAIN operation's step reports from `from_step`, live
+// until it is done.
+class StepReportStream : public OperationStream<v1::StepReport> {
+ public:
+  StepReportStream(std::shared_ptr<Operation> op, int64_t from_step,
+                   StreamDoneFn on_done);
+
+ protected:
+  bool Next(v1::StepReport* msg) override;
+  bool Complete() override { return done_; }
+
+ private:
+  int64_t next_;
+  bool done_ = false;
+};
+
+// DumpMemoryHistory: a byte string in chunks of 1 MiB.
+class ChunkStream : public grpc::ServerWriteReactor<v1::DumpChunk> {
+ public:
+  ChunkStream(std::string data, StreamDoneFn on_done);
+  void OnWriteDone(bool ok) override;
+  void OnDone() override;
+
+ private:
+  static constexpr size_t kChunk = 1 << 20;
+  void Next();
+
+  const std::string data_;
+  StreamDoneFn on_done_;
+  size_t offset_ = 0;
+  v1::DumpChunk chunk_;
+  grpc::Status final_;
 };
 
 }  // namespace memprofd

@@ -67,7 +67,7 @@ absl::Status Server::Start() {
 
   metrics_ = std::make_unique<ServerMetrics>(
       BuildLabels{MEMPROFD_VERSION, TORCH_VERSION, session_->device()});
-  metrics_->AddCollectable(std::make_shared<SessionMetrics>(session_.get()));
+  metrics_->AddCollectable(SessionMetrics::Attach(session_.get()));
   ASSIGN_OR_RETURN(metrics_port_, metrics_->Serve(options_.metrics_listen));
 
   ServiceInfo info;

@@ -16,7 +16,6 @@ using grpc::CallbackServerContext;
 using grpc::ServerUnaryReactor;
 using grpc::ServerWriteReactor;
 using grpc::Status;
-using grpc::StatusCode;
 
 namespace {
 
@@ -25,97 +24,6 @@ using Clock = std::chrono::steady_clock;
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
-
-constexpr int64_t kMaxWaitMs = 60000;
-
-// Watches an operation: its state now, then on every change, until done.
-class WatchOperationStream : public OperationStream<v1::Operation> {
- public:
-  using OperationStream::OperationStream;
-
- protected:
-  bool Next(v1::Operation* msg) override {
-    OperationView view = op_->View();
-    if (sent_any_ && view.version == last_version_) return false;
-    if (sent_done_) return false;
-    sent_any_ = true;
-    last_version_ = view.version;
-    sent_done_ = view.done;
-    *msg = ToProto(view);
-    return true;
-  }
-  bool Complete() override { return sent_done_; }
-
- private:
-  bool sent_any_ = false;
-  bool sent_done_ = false;
-  uint64_t last_version_ = 0;
-};
-
-// The step reports of a TRAIN operation from a given step, live until done.
-class StepReportStream : public OperationStream<v1::StepReport> {
- public:
-  StepReportStream(std::shared_ptr<Operation> op, int64_t from_step, StreamDoneFn on_done)
-      : OperationStream(std::move(op), std::move(on_done)),
-        next_(std::max<int64_t>(1, from_step)) {}
-
- protected:
-  bool Next(v1::StepReport* msg) override {
-    // done is read before the events: events are appended before Finish, so
-    // when done is seen every event is there.
-    done_ = op_->done();
-    int64_t first = 0;
-    std::vector<std::any> events = op_->EventsFrom(next_, 1, &first);
-    if (events.empty()) return false;
-    next_ = first + 1;
-    *msg = ToProto(std::any_cast<const SessionStepReport&>(events.front()));
-    return true;
-  }
-  bool Complete() override { return done_; }
-
- private:
-  int64_t next_;
-  bool done_ = false;
-};
-
-// Streams a byte string in chunks.
-class ChunkStream : public grpc::ServerWriteReactor<v1::DumpChunk> {
- public:
-  ChunkStream(std::string data, StreamDoneFn on_done)
-      : data_(std::move(data)), on_done_(std::move(on_done)) {
-    Next();
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      final_ = Status(StatusCode::CANCELLED, "client went away");
-      Finish(final_);
-      return;
-    }
-    Next();
-  }
-  void OnDone() override {
-    if (on_done_) on_done_(final_);
-    delete this;
-  }
-
- private:
-  static constexpr size_t kChunk = 1 << 20;
-  void Next() {
-    if (offset_ >= data_.size()) {
-      Finish(Status::OK);
-      return;
-    }
-    const size_t n = std::min(kChunk, data_.size() - offset_);
-    chunk_.set_data(data_.substr(offset_, n));
-    offset_ += n;
-    StartWrite(&chunk_);
-  }
-  const std::string data_;
-  StreamDoneFn on_done_;
-  size_t offset_ = 0;
-  v1::DumpChunk chunk_;
-  Status final_;
-};
 
 }  // namespace
 
@@ -132,29 +40,39 @@ template <typename Fn>
 ServerUnaryReactor* MemprofdService::Unary(CallbackServerContext* ctx, const char* method,
                                            Fn fn) {
   const Clock::time_point start = Clock::now();
-  Status status = auth_->Check(*ctx);
+  absl::Status status = auth_->Check(*ctx);
   if (status.ok()) status = fn();
-  metrics_->RecordRpc(method, GrpcCodeName(status.error_code()), SecondsSince(start));
+  const Status reply = ToGrpcStatus(status);
+  metrics_->RecordRpc(method, reply.error_code(), SecondsSince(start));
   ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  reactor->Finish(status);
+  reactor->Finish(reply);
   return reactor;
 }
 
 ServerUnaryReactor* MemprofdService::Reject(CallbackServerContext* ctx,
-                                            const char* method, const Status& status) {
+                                            const char* method,
+                                            const absl::Status& status) {
   return Unary(ctx, method, [&] { return status; });
 }
 
 template <typename Msg>
 ServerWriteReactor<Msg>* MemprofdService::RejectStream(const char* method,
-                                                       const Status& status) {
+                                                       const absl::Status& status) {
   class Rejected : public ServerWriteReactor<Msg> {
    public:
     explicit Rejected(const Status& s) { this->Finish(s); }
     void OnDone() override { delete this; }
   };
-  metrics_->RecordRpc(method, GrpcCodeName(status.error_code()), 0);
-  return new Rejected(status);
+  const Status reply = ToGrpcStatus(status);
+  metrics_->RecordRpc(method, reply.error_code(), 0);
+  return new Rejected(reply);
+}
+
+StreamDoneFn MemprofdService::CountWhenDone(const char* method) {
+  const Clock::time_point start = Clock::now();
+  return [this, start, method](const Status& s) {
+    metrics_->RecordRpc(method, s.error_code(), SecondsSince(start));
+  };
 }
 
 ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
@@ -178,7 +96,7 @@ ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
     SessionCounters counters = session_->Counters();
     if (counters.last_step) *resp->mutable_last_step() = ToProto(*counters.last_step);
     *resp->mutable_offload_totals() = ToProto(counters.offload_totals);
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -187,11 +105,11 @@ ServerUnaryReactor* MemprofdService::LoadModel(CallbackServerContext* ctx,
                                                v1::Operation* resp) {
   return Unary(ctx, "LoadModel", [&] {
     absl::StatusOr<LoadModelSpec> spec = FromProto(*req);
-    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    if (!spec.ok()) return spec.status();
     absl::StatusOr<std::shared_ptr<Operation>> op = session_->LoadModel(*spec);
-    if (!op.ok()) return ToGrpcStatus(op.status());
+    if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -199,13 +117,10 @@ ServerUnaryReactor* MemprofdService::DescribeModel(CallbackServerContext* ctx,
                                                    const v1::DescribeModelRequest*,
                                                    v1::ModelInfo* resp) {
   return Unary(ctx, "DescribeModel", [&] {
-    std::optional<ModelSummary> model = session_->Model();
-    if (!model) {
-      return Status(StatusCode::FAILED_PRECONDITION,
-                    "no model is loaded; LoadModel first");
-    }
+    absl::StatusOr<ModelSummary> model = session_->DescribeModel();
+    if (!model.ok()) return model.status();
     *resp = ToProto(*model, /*with_parameters=*/true);
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -214,33 +129,23 @@ ServerUnaryReactor* MemprofdService::Train(CallbackServerContext* ctx,
                                            v1::Operation* resp) {
   return Unary(ctx, "Train", [&] {
     absl::StatusOr<TrainSpec> spec = FromProto(*req);
-    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    if (!spec.ok()) return spec.status();
     absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartTraining(*spec);
-    if (!op.ok()) return ToGrpcStatus(op.status());
+    if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
 ServerWriteReactor<v1::StepReport>* MemprofdService::StreamStepReports(
     CallbackServerContext* ctx, const v1::StreamStepReportsRequest* req) {
   const char* kMethod = "StreamStepReports";
-  Status auth = auth_->Check(*ctx);
-  if (!auth.ok()) return RejectStream<v1::StepReport>(kMethod, auth);
-  auto op = session_->GetOperation(req->operation_id());
-  if (!op.ok()) return RejectStream<v1::StepReport>(kMethod, ToGrpcStatus(op.status()));
-  if ((*op)->kind() != OperationKind::kTrain) {
-    return RejectStream<v1::StepReport>(
-        kMethod,
-        Status(StatusCode::INVALID_ARGUMENT,
-               absl::StrCat("operation ", req->operation_id(),
-                            " is not a training operation; it has no step reports")));
+  if (absl::Status auth = auth_->Check(*ctx); !auth.ok()) {
+    return RejectStream<v1::StepReport>(kMethod, auth);
   }
-  const Clock::time_point start = Clock::now();
-  auto* stream = new StepReportStream(
-      *op, req->from_step(), [this, start, kMethod](const Status& s) {
-        metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
-      });
+  auto op = session_->GetTrainingOperation(req->operation_id());
+  if (!op.ok()) return RejectStream<v1::StepReport>(kMethod, op.status());
+  auto* stream = new StepReportStream(*op, req->from_step(), CountWhenDone(kMethod));
   stream->Start();
   return stream;
 }
@@ -250,11 +155,11 @@ ServerUnaryReactor* MemprofdService::Snapshot(CallbackServerContext* ctx,
                                               v1::Operation* resp) {
   return Unary(ctx, "Snapshot", [&] {
     absl::StatusOr<SnapshotSpec> spec = FromProto(*req);
-    if (!spec.ok()) return ToGrpcStatus(spec.status());
+    if (!spec.ok()) return spec.status();
     absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartSnapshot(*spec);
-    if (!op.ok()) return ToGrpcStatus(op.status());
+    if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -263,10 +168,10 @@ ServerUnaryReactor* MemprofdService::ListSnapshots(CallbackServerContext* ctx,
                                                    v1::ListSnapshotsResponse* resp) {
   return Unary(ctx, "ListSnapshots", [&] {
     auto list = session_->ListSnapshots();
-    if (!list.ok()) return ToGrpcStatus(list.status());
+    if (!list.ok()) return list.status();
     for (const auto& m : *list)
       *resp->add_snapshots() = ToProto(m, SnapshotMode::kBlocking);
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -275,9 +180,9 @@ ServerUnaryReactor* MemprofdService::DescribeSnapshot(
     v1::SnapshotManifest* resp) {
   return Unary(ctx, "DescribeSnapshot", [&] {
     auto m = session_->DescribeSnapshot(req->name());
-    if (!m.ok()) return ToGrpcStatus(m.status());
+    if (!m.ok()) return m.status();
     *resp = ToProto(*m, SnapshotMode::kBlocking);
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -285,7 +190,7 @@ ServerUnaryReactor* MemprofdService::DeleteSnapshot(CallbackServerContext* ctx,
                                                     const v1::DeleteSnapshotRequest* req,
                                                     v1::DeleteSnapshotResponse*) {
   return Unary(ctx, "DeleteSnapshot",
-               [&] { return ToGrpcStatus(session_->DeleteSnapshot(req->name())); });
+               [&] { return session_->DeleteSnapshot(req->name()); });
 }
 
 ServerUnaryReactor* MemprofdService::GetOperation(CallbackServerContext* ctx,
@@ -293,9 +198,9 @@ ServerUnaryReactor* MemprofdService::GetOperation(CallbackServerContext* ctx,
                                                   v1::Operation* resp) {
   return Unary(ctx, "GetOperation", [&] {
     auto op = session_->GetOperation(req->id());
-    if (!op.ok()) return ToGrpcStatus(op.status());
+    if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -304,8 +209,8 @@ ServerUnaryReactor* MemprofdService::ListOperations(CallbackServerContext* ctx,
                                                     v1::ListOperationsResponse* resp) {
   return Unary(ctx, "ListOperations", [&] {
     if (!v1::OperationKind_IsValid(req->kind())) {
-      return Status(StatusCode::INVALID_ARGUMENT,
-                    absl::StrCat("unknown operation kind ", req->kind()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("kind: unknown operation kind ", req->kind()));
     }
     std::optional<OperationKind> kind;
     if (req->kind() != v1::OPERATION_KIND_UNSPECIFIED) {
@@ -314,7 +219,7 @@ ServerUnaryReactor* MemprofdService::ListOperations(CallbackServerContext* ctx,
     for (const auto& op : session_->ListOperations(kind, req->active_only())) {
       *resp->add_operations() = ToProto(op->View());
     }
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -323,9 +228,9 @@ ServerUnaryReactor* MemprofdService::CancelOperation(
     v1::Operation* resp) {
   return Unary(ctx, "CancelOperation", [&] {
     auto op = session_->CancelOperation(req->id());
-    if (!op.ok()) return ToGrpcStatus(op.status());
+    if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -333,24 +238,20 @@ ServerUnaryReactor* MemprofdService::WaitOperation(CallbackServerContext* ctx,
                                                    const v1::WaitOperationRequest* req,
                                                    v1::Operation* resp) {
   const char* kMethod = "WaitOperation";
-  Status auth = auth_->Check(*ctx);
-  if (!auth.ok()) return Reject(ctx, kMethod, auth);
-  if (req->timeout_ms() < 0) {
-    return Reject(ctx, kMethod,
-                  Status(StatusCode::INVALID_ARGUMENT,
-                         "timeout_ms must be >= 0 (0 means the maximum, 60000)"));
+  if (absl::Status auth = auth_->Check(*ctx); !auth.ok()) {
+    return Reject(ctx, kMethod, auth);
   }
+  // 0 on the wire means "the longest" (operation.proto).
+  std::optional<absl::Duration> timeout;
+  if (req->timeout_ms() != 0) timeout = absl::Milliseconds(req->timeout_ms());
+  absl::StatusOr<absl::Duration> wait = Session::OperationWaitTimeout(timeout);
+  if (!wait.ok()) return Reject(ctx, kMethod, wait.status());
   auto op = session_->GetOperation(req->id());
-  if (!op.ok()) return Reject(ctx, kMethod, ToGrpcStatus(op.status()));
-  int64_t ms =
-      req->timeout_ms() == 0 ? kMaxWaitMs : std::min(req->timeout_ms(), kMaxWaitMs);
-  const Clock::time_point start = Clock::now();
+  if (!op.ok()) return Reject(ctx, kMethod, op.status());
   auto* reactor = new WaitOperationReactor(
-      *op, absl::Now() + absl::Milliseconds(ms),
+      *op, absl::Now() + *wait,
       [resp](const OperationView& view) { *resp = ToProto(view); },
-      [this, start, kMethod](const Status& s) {
-        metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
-      });
+      CountWhenDone(kMethod));
   reactor->Start();
   return reactor;
 }
@@ -358,14 +259,12 @@ ServerUnaryReactor* MemprofdService::WaitOperation(CallbackServerContext* ctx,
 ServerWriteReactor<v1::Operation>* MemprofdService::WatchOperation(
     CallbackServerContext* ctx, const v1::WatchOperationRequest* req) {
   const char* kMethod = "WatchOperation";
-  Status auth = auth_->Check(*ctx);
-  if (!auth.ok()) return RejectStream<v1::Operation>(kMethod, auth);
+  if (absl::Status auth = auth_->Check(*ctx); !auth.ok()) {
+    return RejectStream<v1::Operation>(kMethod, auth);
+  }
   auto op = session_->GetOperation(req->id());
-  if (!op.ok()) return RejectStream<v1::Operation>(kMethod, ToGrpcStatus(op.status()));
-  const Clock::time_point start = Clock::now();
-  auto* stream = new WatchOperationStream(*op, [this, start, kMethod](const Status& s) {
-    metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
-  });
+  if (!op.ok()) return RejectStream<v1::Operation>(kMethod, op.status());
+  auto* stream = new WatchOperationStream(*op, CountWhenDone(kMethod));
   stream->Start();
   return stream;
 }
@@ -375,7 +274,7 @@ ServerUnaryReactor* MemprofdService::GetMemoryStats(CallbackServerContext* ctx,
                                                     v1::MemoryStats* resp) {
   return Unary(ctx, "GetMemoryStats", [&] {
     *resp = ToProto(session_->MemoryStats(), session_->Counters().categories);
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -384,7 +283,7 @@ ServerUnaryReactor* MemprofdService::ResetPeakMemory(CallbackServerContext* ctx,
                                                      v1::ResetPeakMemoryResponse*) {
   return Unary(ctx, "ResetPeakMemory", [&] {
     session_->ResetPeakMemory();
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
@@ -395,7 +294,7 @@ ServerUnaryReactor* MemprofdService::StartMemoryRecording(
     // 0 on the wire means "the default" (memory.proto).
     std::optional<int64_t> max_entries;
     if (req->max_entries() != 0) max_entries = req->max_entries();
-    return ToGrpcStatus(session_->StartMemoryRecording(max_entries));
+    return session_->StartMemoryRecording(max_entries);
   });
 }
 
@@ -404,22 +303,19 @@ ServerUnaryReactor* MemprofdService::StopMemoryRecording(
     v1::StopMemoryRecordingResponse*) {
   return Unary(ctx, "StopMemoryRecording", [&] {
     session_->StopMemoryRecording(req->clear());
-    return Status::OK;
+    return absl::OkStatus();
   });
 }
 
 ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
     CallbackServerContext* ctx, const v1::DumpMemoryHistoryRequest*) {
   const char* kMethod = "DumpMemoryHistory";
-  Status auth = auth_->Check(*ctx);
-  if (!auth.ok()) return RejectStream<v1::DumpChunk>(kMethod, auth);
+  if (absl::Status auth = auth_->Check(*ctx); !auth.ok()) {
+    return RejectStream<v1::DumpChunk>(kMethod, auth);
+  }
   absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
-  if (!pickle.ok())
-    return RejectStream<v1::DumpChunk>(kMethod, ToGrpcStatus(pickle.status()));
-  const Clock::time_point start = Clock::now();
-  return new ChunkStream(*std::move(pickle), [this, start, kMethod](const Status& s) {
-    metrics_->RecordRpc(kMethod, GrpcCodeName(s.error_code()), SecondsSince(start));
-  });
+  if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
+  return new ChunkStream(*std::move(pickle), CountWhenDone(kMethod));
 }
 
 }  // namespace memprofd

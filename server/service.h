@@ -2,9 +2,11 @@
 #define MEMPROFD_SERVER_SERVICE_H_
 
 // memprofd.v1.Memprofd over the callback API. It only translates: requests
-// become core::Session calls, absl::Status becomes grpc::Status (one place:
-// grpc_status.h), and every call is authenticated and counted. Handlers never
-// block: long work returns an Operation, waits and streams are reactors.
+// become core::Session calls (convert.h), and the absl::Status that core and
+// the handlers return becomes grpc::Status in one place (Unary and
+// RejectStream, through grpc_status.h); every call is authenticated and
+// counted. Handlers never block: long work returns an Operation, waits and
+// streams are reactors (reactors.h).
 // Thread-safe: gRPC calls it from many threads.
 
 #include <string>
@@ -14,6 +16,7 @@
 #include "memprofd/v1/memprofd.grpc.pb.h"
 #include "server/auth.h"
 #include "server/metrics.h"
+#include "server/reactors.h"
 
 namespace memprofd {
 
@@ -95,11 +98,13 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
                                   Fn fn);
   // A finished unary reactor with `status`, counted.
   grpc::ServerUnaryReactor* Reject(grpc::CallbackServerContext* ctx, const char* method,
-                                   const grpc::Status& status);
+                                   const absl::Status& status);
   // For streams that fail before they start.
   template <typename Msg>
   grpc::ServerWriteReactor<Msg>* RejectStream(const char* method,
-                                              const grpc::Status& status);
+                                              const absl::Status& status);
+  // For a stream or wait starting now: counts and times it when it ends.
+  StreamDoneFn CountWhenDone(const char* method);
 
   Session* const session_;
   const TokenAuth* const auth_;

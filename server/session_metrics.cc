@@ -3,7 +3,6 @@
 #include <prometheus/metric_family.h>
 
 #include <deque>
-#include <limits>
 #include <string>
 #include <utility>
 
@@ -45,22 +44,37 @@ class Families {
 
 }  // namespace
 
-void SessionMetrics::Buckets::Observe(double v) {
-  for (size_t i = 0; i < bounds.size(); ++i) {
-    if (v <= bounds[i]) {
-      ++counts[i];
-      break;
-    }
-  }
-  ++count;
-  sum += v;
+SessionMetrics::SessionMetrics(Session* session)
+    : session_(session),
+      histograms_(std::make_shared<prometheus::Registry>()),
+      step_seconds_(
+          prometheus::BuildHistogram()
+              .Name("memprofd_train_step_seconds")
+              .Help("Wall time of training steps.")
+              .Register(*histograms_)
+              .Add({},
+                   prometheus::Histogram::BucketBoundaries{0.01, 0.025, 0.05, 0.1, 0.25,
+                                                           0.5, 1, 2.5, 5, 10, 30, 60})),
+      snapshot_seconds_(
+          prometheus::BuildHistogram()
+              .Name("memprofd_snapshot_duration_seconds")
+              .Help("Wall time of published snapshots.")
+              .Register(*histograms_)
+              .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.5, 1, 5,
+                                                               10, 30, 60, 300, 1800})) {}
+
+std::shared_ptr<SessionMetrics> SessionMetrics::Attach(Session* session) {
+  auto metrics = std::make_shared<SessionMetrics>(session);
+  session->AddObserver(metrics);
+  return metrics;
 }
 
-SessionMetrics::SessionMetrics(Session* session) : session_(session) {
-  step_seconds_.bounds = {0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
-  step_seconds_.counts.assign(step_seconds_.bounds.size(), 0);
-  snapshot_seconds_.bounds = {0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 1800};
-  snapshot_seconds_.counts.assign(snapshot_seconds_.bounds.size(), 0);
+void SessionMetrics::OnStep(const SessionStepReport& report) {
+  step_seconds_.Observe(report.step.step_seconds);
+}
+
+void SessionMetrics::OnSnapshotPublished(const snapshot::SnapshotManifest& manifest) {
+  snapshot_seconds_.Observe(manifest.duration_seconds);
 }
 
 std::vector<MetricFamily> SessionMetrics::Collect() const {
@@ -85,30 +99,6 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
         out.Add("memprofd_train_tokens_per_second",
                 "Throughput of the last step, in tokens per second.", MetricType::Gauge),
         c.last_step->step.tokens_per_second);
-  }
-  {
-    std::vector<double> steps, snaps;
-    session_->TakeDurations(&steps, &snaps);
-    absl::MutexLock lock(&mu_);
-    for (double v : steps) step_seconds_.Observe(v);
-    for (double v : snaps) snapshot_seconds_.Observe(v);
-    auto histogram = [&out](const char* name, const char* help, const Buckets& b) {
-      MetricFamily& f = out.Add(name, help, MetricType::Histogram);
-      ClientMetric m;
-      uint64_t cumulative = 0;
-      for (size_t i = 0; i < b.bounds.size(); ++i) {
-        cumulative += b.counts[i];
-        m.histogram.bucket.push_back({cumulative, b.bounds[i]});
-      }
-      m.histogram.bucket.push_back({b.count, std::numeric_limits<double>::infinity()});
-      m.histogram.sample_count = b.count;
-      m.histogram.sample_sum = b.sum;
-      f.metric.push_back(std::move(m));
-    };
-    histogram("memprofd_train_step_seconds", "Wall time of training steps.",
-              step_seconds_);
-    histogram("memprofd_snapshot_duration_seconds", "Wall time of published snapshots.",
-              snapshot_seconds_);
   }
   Families::Sample(out.Add("memprofd_operations_active", "Operations queued or running.",
                            MetricType::Gauge),
@@ -222,7 +212,9 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   Families::Sample(out.Add("memprofd_snapshot_written_bytes_total",
                            "Bytes written by published snapshots.", MetricType::Counter),
                    static_cast<double>(c.snapshot_bytes_total));
-  return out.Take();
+  std::vector<MetricFamily> families = out.Take();
+  for (MetricFamily& f : histograms_->Collect()) families.push_back(std::move(f));
+  return families;
 }
 
 }  // namespace memprofd

@@ -1,42 +1,45 @@
 #ifndef MEMPROFD_SERVER_SESSION_METRICS_H_
 #define MEMPROFD_SERVER_SESSION_METRICS_H_
 
-// The engine's metrics, produced at scrape time from what the session and the
-// memory recorder publish (copies and atomics), so a scrape never waits for
-// the owner thread. Names in base units; counters end in _total; labels of
-// low cardinality only (device, phase, category, outcome).
-// Thread-safe: Collect runs on the exposer's threads.
+// The engine's metrics. Gauges and counters are produced at scrape time from
+// what the session and the memory recorder publish (copies and atomics), so
+// a scrape never waits for the owner thread; the step and snapshot duration
+// histograms are fed as the session reports each one (SessionObserver).
+// Names in base units; counters end in _total; labels of low cardinality
+// only (device, phase, category, outcome).
+// Thread-safe: Collect runs on the exposer's threads, the observer calls on
+// the session's.
 
 #include <prometheus/collectable.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
 
 #include <memory>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "core/session/session.h"
 
 namespace memprofd {
 
-class SessionMetrics : public prometheus::Collectable {
+class SessionMetrics : public prometheus::Collectable, public SessionObserver {
  public:
+  // Reads `session`, which must outlive the scrapes; Attach it to be told of
+  // steps and snapshots.
   explicit SessionMetrics(Session* session);
+  // A SessionMetrics registered as `session`'s observer.
+  static std::shared_ptr<SessionMetrics> Attach(Session* session);
+
   std::vector<prometheus::MetricFamily> Collect() const override;
 
- private:
-  // A cumulative histogram fed with the durations drained from the session.
-  struct Buckets {
-    std::vector<double> bounds;
-    std::vector<uint64_t> counts;  // per bound, not cumulative
-    uint64_t count = 0;
-    double sum = 0;
-    void Observe(double v);
-  };
+  void OnStep(const SessionStepReport& report) override;
+  void OnSnapshotPublished(const snapshot::SnapshotManifest& manifest) override;
 
+ private:
   Session* const session_;
-  mutable absl::Mutex mu_;
-  mutable Buckets step_seconds_ ABSL_GUARDED_BY(mu_);
-  mutable Buckets snapshot_seconds_ ABSL_GUARDED_BY(mu_);
+  // The histograms live in a registry of their own, collected with the rest.
+  const std::shared_ptr<prometheus::Registry> histograms_;
+  prometheus::Histogram& step_seconds_;
+  prometheus::Histogram& snapshot_seconds_;
 };
 
 }  // namespace memprofd

@@ -191,6 +191,12 @@ std::optional<ModelSummary> Session::Model() const {
   return model_summary_;
 }
 
+absl::StatusOr<ModelSummary> Session::DescribeModel() const {
+  std::optional<ModelSummary> model = Model();
+  if (!model) return absl::FailedPreconditionError("no model is loaded; LoadModel first");
+  return *std::move(model);
+}
+
 SessionCounters Session::Counters() const {
   absl::MutexLock lock(&mu_);
   SessionCounters c = counters_;
@@ -203,18 +209,17 @@ SessionCounters Session::Counters() const {
   const int64_t total = memory::MemoryRecorder::Global().CurrentBytes(
       device.is_cpu() ? memory::kCpuDevice : device.index());
   c.categories.activations_and_temporaries = std::max<int64_t>(0, total - attributed);
-  c.recent_step_seconds.clear();
-  c.recent_snapshot_seconds.clear();
   return c;
 }
 
-void Session::TakeDurations(std::vector<double>* step_seconds,
-                            std::vector<double>* snapshot_seconds) {
+void Session::AddObserver(std::shared_ptr<SessionObserver> observer) {
   absl::MutexLock lock(&mu_);
-  step_seconds->swap(counters_.recent_step_seconds);
-  counters_.recent_step_seconds.clear();
-  snapshot_seconds->swap(counters_.recent_snapshot_seconds);
-  counters_.recent_snapshot_seconds.clear();
+  observers_.push_back(std::move(observer));
+}
+
+std::vector<std::shared_ptr<SessionObserver>> Session::Observers() const {
+  absl::MutexLock lock(&mu_);
+  return observers_;
 }
 
 }  // namespace memprofd

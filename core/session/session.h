@@ -25,15 +25,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "core/common/operation.h"
-#include "core/memory/category_bytes.h"
 #include "core/memory/memory_stats.h"
-#include "core/model/config.h"
-#include "core/model/placement.h"
-#include "core/offload/offload_options.h"
-#include "core/snapshot/manifest.h"
-#include "core/snapshot/snapshot_options.h"
-#include "core/train/train_options.h"
+#include "core/session/operation.h"
+#include "core/session/session_types.h"
 
 namespace at {
 class Tensor;
@@ -50,102 +44,6 @@ class Offloader;
 namespace snapshot {
 struct LoadedWeights;
 }
-
-struct SessionOptions {
-  // "auto" (cuda:0 when LibTorch sees a GPU, else cpu), "cpu", "cuda:N".
-  std::string device = "auto";
-  // The model loaded at start: a preset name or a Hugging Face directory.
-  // Empty: none.
-  std::string model = "tiny";
-  uint64_t model_seed = 0;
-  // Where snapshots live; empty disables them (FAILED_PRECONDITION).
-  std::string snapshot_root;
-  // Defaults for training requests that leave offloading unset.
-  offload::OffloadOptions offload;
-  // Pick offload.target from the device: disk on a CPU, host on a GPU.
-  bool offload_target_auto = true;
-  // The staging buffer of the snapshot writer.
-  int64_t snapshot_staging_bytes = int64_t{64} << 20;
-  // Keep the newest N snapshots (0 keeps all).
-  int64_t keep_last = 0;
-  // Take a snapshot every N steps of training (0: never).
-  int64_t snapshot_every_steps = 0;
-};
-
-struct LoadModelSpec {
-  // Exactly one of preset / hf_directory.
-  std::string preset;
-  std::string hf_directory;
-  uint64_t seed = 0;
-  // Module name ("model.layers.3") -> placement; unlisted modules: kDevice.
-  std::vector<std::pair<std::string, Placement>> placement;
-};
-
-struct ParameterSummary {
-  std::string name;
-  Placement placement = Placement::kDevice;
-  std::vector<int64_t> shape;
-  std::string dtype;
-  int64_t bytes = 0;
-};
-
-// What is known of the loaded model, published after every change.
-struct ModelSummary {
-  std::string source;  // "preset:tiny" or the directory
-  LlamaConfig config;
-  int64_t num_parameters = 0;
-  int64_t parameter_bytes = 0;
-  std::string device;
-  int64_t steps_trained = 0;
-  std::vector<ParameterSummary> parameters;
-};
-
-struct TrainSpec {
-  TrainOptions train;
-  // Each field unset takes the session's default (SessionOptions::offload,
-  // the daemon's flags); StartTraining merges and validates them.
-  offload::OffloadRequest offload;
-};
-
-// One training step as the session reports it (the event type of TRAIN
-// operations).
-struct SessionStepReport {
-  StepReport step;
-  offload::OffloadStats offload;
-  // Peak bytes allocated on the compute device during the step.
-  int64_t peak_allocated_bytes = 0;
-};
-
-enum class SnapshotMode { kBlocking, kAsync };
-
-struct SnapshotSpec {
-  std::string name;
-  snapshot::SnapshotOptions options;  // staging and tie flags are filled in
-  SnapshotMode mode = SnapshotMode::kBlocking;
-};
-
-// The result of a SNAPSHOT operation.
-struct SnapshotResult {
-  snapshot::SnapshotManifest manifest;
-  SnapshotMode mode = SnapshotMode::kBlocking;
-};
-
-// Counters for /metrics, cumulative since start.
-struct SessionCounters {
-  int64_t steps_total = 0;
-  int64_t tokens_total = 0;
-  double last_loss = 0;
-  bool has_loss = false;
-  // Durations not yet taken by TakeDurations (bounded).
-  std::vector<double> recent_step_seconds;
-  std::vector<double> recent_snapshot_seconds;
-  offload::OffloadStats offload_totals;
-  int64_t snapshots_succeeded = 0;
-  int64_t snapshots_failed = 0;
-  int64_t snapshot_bytes_total = 0;
-  memory::CategoryBytes categories;
-  std::optional<SessionStepReport> last_step;
-};
 
 class Session {
  public:
@@ -164,21 +62,24 @@ class Session {
 
   const std::string& device() const { return device_; }
   absl::Time start_time() const { return start_time_; }
-  OperationRegistry& operations() { return operations_; }
+  // For tests that drive operations by hand (the server's stream tests).
+  OperationRegistry& operations_for_testing() { return operations_; }
 
   // Queues a model load (LOAD_MODEL operation). INVALID_ARGUMENT for a spec
   // without exactly one source, FAILED_PRECONDITION while training runs,
   // UNIMPLEMENTED for placements this build cannot honour.
   absl::StatusOr<std::shared_ptr<Operation>> LoadModel(const LoadModelSpec& spec);
 
-  // Validates and queues training (TRAIN operation; events are
-  // SessionStepReport, result TrainResult). INVALID_ARGUMENT for bad options
-  // or data (read here, so the caller learns at once), FAILED_PRECONDITION
-  // without a model, ABORTED while another training is queued or running.
+  // Merges the request over the defaults (TrainOptions', the daemon's
+  // offload flags), validates, and queues training (TRAIN operation; events
+  // are SessionStepReport, result TrainResult). INVALID_ARGUMENT for bad
+  // options or data (read here, so the caller learns at once),
+  // FAILED_PRECONDITION without a model, ABORTED while another training is
+  // queued or running.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Queues a snapshot at the next step boundary (SNAPSHOT operation; result
-  // snapshot::SnapshotManifest). INVALID_ARGUMENT for a bad name,
+  // SnapshotResult). INVALID_ARGUMENT for a bad name,
   // ALREADY_EXISTS when taken, FAILED_PRECONDITION without a model or a
   // snapshot root.
   absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec);
@@ -190,6 +91,16 @@ class Session {
 
   // Operations (LOAD_MODEL, TRAIN, SNAPSHOT). NOT_FOUND for an unknown id.
   absl::StatusOr<std::shared_ptr<Operation>> GetOperation(const std::string& id) const;
+  // A TRAIN operation, whose events are its step reports: GetOperation's
+  // errors, and INVALID_ARGUMENT for an operation of another kind.
+  absl::StatusOr<std::shared_ptr<Operation>> GetTrainingOperation(
+      const std::string& id) const;
+  // How long a wait for operation changes may block: `timeout` unset (or
+  // zero) is the longest, kMaxOperationWait; longer ones are cut to it.
+  // INVALID_ARGUMENT for a negative timeout.
+  static absl::StatusOr<absl::Duration> OperationWaitTimeout(
+      std::optional<absl::Duration> timeout);
+  static constexpr absl::Duration kMaxOperationWait = absl::Seconds(60);
   // Newest first; `kind` unset lists every kind.
   std::vector<std::shared_ptr<Operation>> ListOperations(
       std::optional<OperationKind> kind, bool active_only) const;
@@ -215,11 +126,13 @@ class Session {
 
   // Published copies.
   std::optional<ModelSummary> Model() const;
+  // The loaded model; FAILED_PRECONDITION when none is.
+  absl::StatusOr<ModelSummary> DescribeModel() const;
   SessionCounters Counters() const;
-  // The step and snapshot durations recorded since the last call, for one
-  // consumer (the metrics histograms).
-  void TakeDurations(std::vector<double>* step_seconds,
-                     std::vector<double>* snapshot_seconds);
+
+  // Tells `observer` of every later step and published snapshot (see
+  // SessionObserver); the session keeps it alive.
+  void AddObserver(std::shared_ptr<SessionObserver> observer);
 
   // Runs `work` on the owner thread, after the work queued before it.
   // UNAVAILABLE once Shutdown has begun.
@@ -242,7 +155,7 @@ class Session {
 
   // Owner thread only.
   absl::Status LoadOnOwner(const LoadModelSpec& spec);
-  void RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
+  void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                    const offload::OffloadOptions& offload_options,
                    const TokenDataset& data);
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
@@ -261,6 +174,8 @@ class Session {
   absl::StatusOr<bool> PlaceModule(LlamaModel& model, const std::string& module,
                                    Placement placement,
                                    const snapshot::LoadedWeights* mapped);
+  // The observers, copied under the lock, to call without it.
+  std::vector<std::shared_ptr<SessionObserver>> Observers() const;
   void PublishModel();
   void PublishCategories();
   void ApplyRetention();
@@ -294,6 +209,7 @@ class Session {
   // be deleted while mapped.
   std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
   std::thread owner_;
 };
 

@@ -2,6 +2,7 @@
 // rules the server used to hold (what may be cancelled, the default history
 // size, what a dump needs) live here.
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -22,6 +23,29 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::GetOperation(
 std::vector<std::shared_ptr<Operation>> Session::ListOperations(
     std::optional<OperationKind> kind, bool active_only) const {
   return operations_.List(kind ? &*kind : nullptr, active_only);
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> Session::GetTrainingOperation(
+    const std::string& id) const {
+  absl::StatusOr<std::shared_ptr<Operation>> op = operations_.Get(id);
+  if (op.ok() && (*op)->kind() != OperationKind::kTrain) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "operation ", id, " is a ", OperationKindName((*op)->kind()),
+        " operation, not a training one; only training operations have step reports"));
+  }
+  return op;
+}
+
+absl::StatusOr<absl::Duration> Session::OperationWaitTimeout(
+    std::optional<absl::Duration> timeout) {
+  if (timeout && *timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a wait's timeout must be >= 0, got ",
+                     absl::FormatDuration(*timeout), " (0 or unset waits the longest, ",
+                     absl::FormatDuration(kMaxOperationWait), ")"));
+  }
+  if (!timeout || *timeout == absl::ZeroDuration()) return kMaxOperationWait;
+  return std::min(*timeout, kMaxOperationWait);
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::CancelOperation(

@@ -138,9 +138,6 @@ void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
     if (manifest.ok()) {
       counters_.snapshots_succeeded += 1;
       counters_.snapshot_bytes_total += manifest->bytes_written;
-      if (counters_.recent_snapshot_seconds.size() < 4096) {
-        counters_.recent_snapshot_seconds.push_back(manifest->duration_seconds);
-      }
     } else {
       counters_.snapshots_failed += 1;
     }
@@ -149,6 +146,7 @@ void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
     op->Finish(manifest.status());
     return;
   }
+  for (const auto& observer : Observers()) observer->OnSnapshotPublished(*manifest);
   SnapshotResult result{*std::move(manifest), mode};
   if (options_.keep_last > 0) {
     absl::StatusOr<std::vector<std::string>> removed =

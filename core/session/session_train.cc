@@ -18,8 +18,6 @@
 namespace memprofd {
 namespace {
 
-constexpr size_t kMaxRecentStepSeconds = 4096;
-
 bool SameOffloadOptions(const offload::OffloadOptions& a,
                         const offload::OffloadOptions& b) {
   return a.enabled == b.enabled && a.target == b.target &&
@@ -44,15 +42,16 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   }
-  RETURN_IF_ERROR(
-      ValidateTrainOptions(spec.train, model->config.max_position_embeddings));
+  ASSIGN_OR_RETURN(const TrainOptions train,
+                   MergeTrainRequest(TrainOptions(), spec.train,
+                                     model->config.max_position_embeddings));
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
                    offload::MergeOffloadRequest(options_.offload, spec.offload));
   // The data is read and checked here so that the caller hears of a missing
   // file or an out-of-range id at once, not from a failed operation.
   ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
-                   TokenDataset::Create(spec.train.data, model->config.vocab_size));
-  RETURN_IF_ERROR(data->Validate(spec.train.seq_len));
+                   TokenDataset::Create(train.data, model->config.vocab_size));
+  RETURN_IF_ERROR(data->Validate(train.seq_len));
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
@@ -67,19 +66,19 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back([this, op, spec, offload_options, data] {
-      RunTraining(op, spec, offload_options, *data);
+    queue_.push_back([this, op, train, offload_options, data] {
+      RunTraining(op, train, offload_options, *data);
     });
   }
   return op;
 }
 
-void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec& spec,
+void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                           const offload::OffloadOptions& offload_options,
                           const TokenDataset& data) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
-  auto finish = [this, &op](absl::Status status, std::any result = {}) {
+  auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
     {
       absl::MutexLock lock(&mu_);
       training_active_ = false;
@@ -137,13 +136,15 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
   };
   trainer_->set_hooks(hooks);
 
-  const int64_t steps = spec.train.steps;
+  const int64_t steps = train.steps;
+  const std::vector<std::shared_ptr<SessionObserver>> observers = Observers();
   auto on_step = [&](const StepReport& report) {
     SessionStepReport r;
     r.step = report;
     r.offload = step_offload;
     r.peak_allocated_bytes = StepPeakBytes(device_);
     op->AppendEvent(r);
+    for (const auto& observer : observers) observer->OnStep(r);
     op->SetProgress(report.step, steps, "steps",
                     absl::StrFormat("step %d/%d, loss %.4f, %.0f tokens/s", report.step,
                                     steps, report.loss, report.tokens_per_second));
@@ -153,9 +154,6 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
       counters_.tokens_total += report.tokens;
       counters_.last_loss = report.loss;
       counters_.has_loss = true;
-      if (counters_.recent_step_seconds.size() < kMaxRecentStepSeconds) {
-        counters_.recent_step_seconds.push_back(report.step_seconds);
-      }
       counters_.offload_totals.Add(step_offload);
       counters_.last_step = r;
       if (model_summary_) model_summary_->steps_trained = report.global_step;
@@ -168,8 +166,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainSpec&
     RunBoundaryWork();
     return op->cancel_requested();
   };
-  absl::StatusOr<TrainResult> result =
-      trainer_->Run(spec.train, data, on_step, cancelled);
+  absl::StatusOr<TrainResult> result = trainer_->Run(train, data, on_step, cancelled);
   trainer_->set_hooks(StepHooks());
   PublishCategories();
   if (!result.ok()) {

@@ -31,7 +31,7 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   RETURN_IF_ERROR(AtLeastOne("steps", o.steps));
   RETURN_IF_ERROR(AtLeastOne("batch_size", o.batch_size));
   RETURN_IF_ERROR(AtLeastOne("seq_len", o.seq_len));
-  RETURN_IF_ERROR(AtLeastOne("grad_accum", o.grad_accum));
+  RETURN_IF_ERROR(AtLeastOne("grad_accumulation_steps", o.grad_accumulation_steps));
   if (o.seq_len > max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "seq_len ", o.seq_len, " exceeds the model's max_position_embeddings (",
@@ -49,8 +49,9 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
           absl::StrCat(name, " must be in [0, 1), got ", beta));
     }
   }
-  if (!(o.eps > 0) || !std::isfinite(o.eps)) {
-    return absl::InvalidArgumentError(absl::StrCat("eps must be > 0, got ", o.eps));
+  if (!(o.adam_eps > 0) || !std::isfinite(o.adam_eps)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adam_eps must be a finite number > 0, got ", o.adam_eps));
   }
   RETURN_IF_ERROR(NonNegativeFinite("weight_decay", o.weight_decay));
   RETURN_IF_ERROR(NonNegativeFinite("max_grad_norm", o.max_grad_norm));
@@ -76,6 +77,33 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
           absl::StrCat("unknown data kind ", static_cast<int>(o.data.kind)));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
+                                               const TrainRequest& request,
+                                               int64_t max_position_embeddings) {
+  if (!request.steps) {
+    return absl::InvalidArgumentError(
+        "steps: required (how many optimizer steps to run, at least 1)");
+  }
+  TrainOptions o = defaults;
+  o.steps = *request.steps;
+  o.batch_size = request.batch_size.value_or(o.batch_size);
+  o.seq_len = request.seq_len.value_or(o.seq_len);
+  o.learning_rate = request.learning_rate.value_or(o.learning_rate);
+  o.seed = request.seed.value_or(o.seed);
+  o.data = request.data;
+  o.gradient_checkpointing =
+      request.gradient_checkpointing.value_or(o.gradient_checkpointing);
+  o.weight_decay = request.weight_decay.value_or(o.weight_decay);
+  o.beta1 = request.beta1.value_or(o.beta1);
+  o.beta2 = request.beta2.value_or(o.beta2);
+  o.adam_eps = request.adam_eps.value_or(o.adam_eps);
+  o.max_grad_norm = request.max_grad_norm.value_or(o.max_grad_norm);
+  o.grad_accumulation_steps =
+      request.grad_accumulation_steps.value_or(o.grad_accumulation_steps);
+  RETURN_IF_ERROR(ValidateTrainOptions(o, max_position_embeddings));
+  return o;
 }
 
 }  // namespace memprofd

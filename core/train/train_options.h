@@ -5,10 +5,12 @@
 // structs, free of LibTorch, so that the server can fill and read them.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace memprofd {
 
@@ -31,7 +33,8 @@ struct DataSpec {
   std::vector<int64_t> tokens;  // kInlineTokens
 };
 
-// One training request. Fields are validated by ValidateTrainOptions().
+// What one training run does, every field given. Fields are validated by
+// ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's.
 struct TrainOptions {
   int64_t steps = 100;  // optimizer steps
   int64_t batch_size = 8;
@@ -49,11 +52,30 @@ struct TrainOptions {
   double weight_decay = 0.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
-  double eps = 1e-8;
+  double adam_eps = 1e-8;
   // Clip the global gradient L2 norm to this; 0 turns clipping off.
   double max_grad_norm = 0.0;
   // Micro-batches of batch_size accumulated per optimizer step.
-  int64_t grad_accum = 1;
+  int64_t grad_accumulation_steps = 1;
+};
+
+// A training request as a client sends it: each field unset takes
+// TrainOptions' default; `steps` has none and must be given.
+// MergeTrainRequest fills the gaps and validates the result.
+struct TrainRequest {
+  std::optional<int64_t> steps;
+  std::optional<int64_t> batch_size;
+  std::optional<int64_t> seq_len;
+  std::optional<double> learning_rate;
+  std::optional<uint64_t> seed;
+  DataSpec data;
+  std::optional<bool> gradient_checkpointing;
+  std::optional<double> weight_decay;
+  std::optional<double> beta1;
+  std::optional<double> beta2;
+  std::optional<double> adam_eps;
+  std::optional<double> max_grad_norm;
+  std::optional<int64_t> grad_accumulation_steps;
 };
 
 // One optimizer step.
@@ -61,7 +83,7 @@ struct StepReport {
   int64_t step = 0;         // 1-based within this Run
   int64_t global_step = 0;  // 1-based over the trainer's life
   double loss = 0.0;        // mean next-token cross-entropy over the step's tokens
-  int64_t tokens = 0;       // batch_size * seq_len * grad_accum
+  int64_t tokens = 0;       // batch_size * seq_len * grad_accumulation_steps
   double tokens_per_second = 0.0;
   double step_seconds = 0.0;
   // Time spent in each phase, summed over micro-batches. The optimizer phase
@@ -89,12 +111,19 @@ struct TrainResult {
 };
 
 // OK, or INVALID_ARGUMENT naming the field and the accepted range: steps,
-// batch_size, seq_len and grad_accum >= 1; seq_len <= max_position_embeddings;
-// learning_rate > 0; betas in [0, 1); eps > 0; weight_decay and
+// batch_size, seq_len and grad_accumulation_steps >= 1; seq_len <=
+// max_position_embeddings; learning_rate > 0; betas in [0, 1); adam_eps > 0;
+// weight_decay and
 // max_grad_norm >= 0 and finite; bytes_per_token 2 or 4 for a token file; a
 // path for file kinds.
 absl::Status ValidateTrainOptions(const TrainOptions& options,
                                   int64_t max_position_embeddings);
+
+// `request` over `defaults`, validated by ValidateTrainOptions; also
+// INVALID_ARGUMENT when `steps` is not given.
+absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
+                                               const TrainRequest& request,
+                                               int64_t max_position_embeddings);
 
 }  // namespace memprofd
 

@@ -57,7 +57,7 @@ void Trainer::ConfigureOptimizer(const TrainOptions& o) {
   auto options_for = [&](bool decay) {
     return torch::optim::AdamWOptions(o.learning_rate)
         .betas({o.beta1, o.beta2})
-        .eps(o.eps)
+        .eps(o.adam_eps)
         .weight_decay(decay ? o.weight_decay : 0.0);
   };
   if (optimizer_ == nullptr) {
@@ -106,7 +106,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
   StepReport report;
   report.step = step_in_run;
   report.global_step = global_step_ + 1;
-  report.tokens = options.batch_size * options.seq_len * options.grad_accum;
+  report.tokens = options.batch_size * options.seq_len * options.grad_accumulation_steps;
 
   StepMarker marker(report.global_step);
   if (hooks_.before_step) hooks_.before_step(report.global_step);
@@ -118,7 +118,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
   absl::Status status = TorchBoundary("training step", [&] {
     ConfigureOptimizer(options);
     ClearGradients();
-    for (int64_t micro = 0; micro < options.grad_accum; ++micro) {
+    for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
       absl::StatusOr<TokenBatch> batch =
           data.NextBatch(options.batch_size, options.seq_len, generator);
       if (!batch.ok()) {
@@ -149,7 +149,8 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
         at::Tensor logits = model_->Head(hidden);
         loss = torch::nn::functional::cross_entropy(logits.view({-1, vocab}),
                                                     targets.view({-1}));
-        if (options.grad_accum > 1) loss = loss / static_cast<double>(options.grad_accum);
+        if (options.grad_accumulation_steps > 1)
+          loss = loss / static_cast<double>(options.grad_accumulation_steps);
       }
       Clock::time_point t1 = Clock::now();
       report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();

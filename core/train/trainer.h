@@ -63,7 +63,7 @@ class Trainer {
 
   void set_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
 
-  // One optimizer step (grad_accum micro-batches of batch_size windows drawn
+  // One optimizer step (grad_accumulation_steps micro-batches of batch_size windows drawn
   // from `data` by `generator`). INVALID_ARGUMENT for options that
   // ValidateTrainOptions or data.Validate(seq_len) reject; otherwise the
   // failure of the step as above. Marks BeginStep/EndStep(global_step) and

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import struct
 import tempfile
 import threading
@@ -84,7 +85,15 @@ class TrainingTest(unittest.TestCase):
         empty = os.path.join(tmp.name, "empty.txt")
         open(empty, "w").close()
         cases = [
+            (pb.TrainRequest(), "steps: required"),
             (pb.TrainRequest(steps=0), "steps"),
+            # A field that is set is used as it is: 0 is not "the default".
+            (pb.TrainRequest(steps=1, batch_size=0), "batch_size"),
+            (pb.TrainRequest(steps=1, learning_rate=0), "learning_rate"),
+            (pb.TrainRequest(steps=1, adam_eps=0), "adam_eps"),
+            (pb.TrainRequest(steps=1, beta2=1.0), "beta2"),
+            (pb.TrainRequest(steps=1, grad_accumulation_steps=0), "grad_accumulation_steps"),
+            (pb.TrainRequest(steps=1, weight_decay=-0.1), "weight_decay"),
             (pb.TrainRequest(steps=-3), "steps"),
             (pb.TrainRequest(steps=1, batch_size=-1), "batch_size"),
             (pb.TrainRequest(steps=1, seq_len=-5), "seq_len"),
@@ -109,8 +118,26 @@ class TrainingTest(unittest.TestCase):
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, str(req))
             self.assertIn(needle, e.exception.details(), str(req))
         tmp.cleanup()
+        # The rules of waits and streams are the session's too.
+        load = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny")).id)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("WaitOperation", pb.WaitOperationRequest(id=load.id, timeout_ms=-1))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("timeout must be >= 0", e.exception.details())
+        with self.assertRaises(grpc.RpcError) as e:
+            list(self.d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=load.id),
+                                               timeout=30, metadata=self.d.metadata()))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("load_model operation, not a training one", e.exception.details())
         # Still serving, nothing lost.
         self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).serving_state, "SERVING")
+
+    def test_3b_unset_fields_take_the_defaults(self):
+        # Only steps: batch_size 8 and seq_len 128 (TrainOptions' defaults).
+        op = self.d.call("Train", pb.TrainRequest(steps=1))
+        final = wait_done(self.d, op.id)
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
+        self.assertEqual(final.train.tokens, 8 * 128)
 
     def test_4_a_second_training_is_aborted(self):
         op = self.d.call("Train", pb.TrainRequest(steps=50, batch_size=1, seq_len=16))
@@ -193,6 +220,12 @@ class TrainingTest(unittest.TestCase):
         self.assertRegex(text, r"memprofd_train_steps_total [1-9]")
         self.assertRegex(text, r"memprofd_train_tokens_total [1-9]")
         self.assertIn("memprofd_train_step_seconds_bucket", text)
+        # The histogram is fed by the session's step observer: one sample a step.
+        def sample(name):
+            return float(re.search(r"^%s (\S+)$" % name, text, re.M).group(1))
+        self.assertEqual(sample("memprofd_train_step_seconds_count"),
+                         sample("memprofd_train_steps_total"))
+        self.assertGreater(sample("memprofd_train_step_seconds_sum"), 0)
         self.assertIn("memprofd_train_last_loss", text)
         self.assertRegex(text, r'memprofd_offload_saved_tensors_total\{outcome="offloaded"\} [1-9]')
 
@@ -254,6 +287,46 @@ class OffloadDefaultsTest(unittest.TestCase):
             step = d.call("GetStatus", pb.GetStatusRequest()).last_step.offload
             self.assertGreater(step.tensors_offloaded, 0)
             self.assertEqual(step.skipped_exempt, 0)
+            # --nooffload_head says "no" and is sent as such.
+            r = d.ctl("train", "--steps", "1", "--batch_size", "2", "--seq_len", "32", "--offload",
+                      "--nooffload_head")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            step = d.call("GetStatus", pb.GetStatusRequest()).last_step.offload
+            self.assertGreater(step.skipped_exempt, 0)
+        finally:
+            d.close()
+
+
+class ClientTrainFlagsTest(unittest.TestCase):
+    """memprofctl's train flags are named as the proto's fields (short aliases
+    allowed) and only the ones given are sent."""
+
+    def test_long_names_aliases_and_defaults(self):
+        d = Daemon("--model=tiny")
+        try:
+            r = d.ctl("--json", "train", "--steps", "1", "--batch_size", "2", "--seq_len", "32",
+                      "--learning_rate", "0.01", "--grad_accumulation_steps", "2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(int(json.loads(r.stdout.splitlines()[0])["tokens"]), 2 * 32 * 2)
+            r = d.ctl("--json", "train", "--steps", "1", "--batch_size", "2", "--seq_len", "32",
+                      "--grad_accum", "3", "--checkpointing", "--lr", "0.01")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(int(json.loads(r.stdout.splitlines()[0])["tokens"]), 2 * 32 * 3)
+            # Not given: the daemon's defaults (batch 8, sequence 128).
+            r = d.ctl("--json", "train", "--steps", "1")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(int(json.loads(r.stdout.splitlines()[0])["tokens"]), 8 * 128)
+            # A name and its alias together is a usage error; the daemon is not asked.
+            before = d.call("GetStatus", pb.GetStatusRequest()).model.steps_trained
+            r = d.ctl("train", "--steps", "1", "--lr", "0.01", "--learning_rate", "0.02")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("--learning_rate or --lr, not both", r.stderr)
+            # A value the daemon refuses comes back as its INVALID_ARGUMENT.
+            r = d.ctl("train", "--steps", "1", "--adam_eps", "0")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("INVALID_ARGUMENT", r.stderr)
+            self.assertIn("adam_eps", r.stderr)
+            self.assertEqual(d.call("GetStatus", pb.GetStatusRequest()).model.steps_trained, before)
         finally:
             d.close()
 

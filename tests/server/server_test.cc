@@ -41,7 +41,7 @@ TEST(GrpcStatusTest, CodesAndMessagesCarryOver) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_EQ(s.error_message(), "out of memory: 1 GiB");
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
-  EXPECT_STREQ(GrpcCodeName(grpc::StatusCode::DATA_LOSS), "DATA_LOSS");
+  EXPECT_EQ(GrpcCodeName(grpc::StatusCode::DATA_LOSS), "DATA_LOSS");
 }
 
 TEST(TokenAuthTest, FileErrorsAreClear) {
@@ -72,7 +72,7 @@ class InProcessServerTest : public ::testing::Test {
   }
   void TearDown() override { server_->Shutdown(); }
 
-  OperationRegistry& ops() { return server_->session()->operations(); }
+  OperationRegistry& ops() { return server_->session()->operations_for_testing(); }
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;

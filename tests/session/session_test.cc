@@ -92,7 +92,7 @@ TEST_F(TinySessionTest, ShutdownStopsTrainingAtAStepBoundary) {
   session_->Shutdown();
   OperationView v = WaitDone(*op);
   EXPECT_EQ(v.state, OperationState::kCancelled);
-  const auto& result = std::any_cast<const TrainResult&>(v.result);
+  const auto& result = std::get<TrainResult>(v.result);
   EXPECT_GE(result.steps_completed, 2);
   EXPECT_EQ(result.steps_completed, (*op)->events_total());  // every step reported
   EXPECT_EQ(session_->StartTraining(Spec(1)).status().code(),
@@ -158,7 +158,7 @@ TEST_F(TinySessionTest, SnapshotExtraMemoryIsBoundedByTheStagingBuffer) {
     ASSERT_EQ(v.state, OperationState::kSucceeded) << v.error;
     const int64_t extra =
         memory::MemoryRecorder::Global().PeakBytes(memory::kCpuDevice) - before;
-    const auto& manifest = std::any_cast<const SnapshotResult&>(v.result).manifest;
+    const auto& manifest = std::get<SnapshotResult>(v.result).manifest;
     EXPECT_LE(extra, (int64_t{4} << 20) + (int64_t{1} << 20))
         << preset << ": model " << manifest.total_size * 2 << " bytes";
     // Larger than the staging buffer: a whole copy would break the bound.

@@ -172,10 +172,10 @@ TEST(TrainOptionsTest, ValidationNamesTheField) {
       {[](TrainOptions& o) { o.seq_len = 0; }, "seq_len must be at least 1"},
       {[](TrainOptions& o) { o.seq_len = 513; },
        "exceeds the model's max_position_embeddings"},
-      {[](TrainOptions& o) { o.grad_accum = 0; }, "grad_accum"},
+      {[](TrainOptions& o) { o.grad_accumulation_steps = 0; }, "grad_accumulation_steps"},
       {[](TrainOptions& o) { o.learning_rate = 0; }, "learning_rate"},
       {[](TrainOptions& o) { o.beta2 = 1.0; }, "beta2 must be in [0, 1)"},
-      {[](TrainOptions& o) { o.eps = 0; }, "eps must be > 0"},
+      {[](TrainOptions& o) { o.adam_eps = 0; }, "adam_eps must be a finite number > 0"},
       {[](TrainOptions& o) { o.weight_decay = -0.1; }, "weight_decay"},
       {[](TrainOptions& o) { o.max_grad_norm = -1; }, "max_grad_norm"},
       {[](TrainOptions& o) { o.data.kind = DataSpec::Kind::kTextFile; }, "no path"},
@@ -188,6 +188,32 @@ TEST(TrainOptionsTest, ValidationNamesTheField) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
     EXPECT_THAT(s.message(), HasSubstr(c.message));
   }
+}
+
+TEST(TrainOptionsTest, MergeFillsOnlyWhatTheRequestLeavesUnset) {
+  TrainRequest request;
+  EXPECT_THAT(MergeTrainRequest(TrainOptions(), request, 512).status().message(),
+              HasSubstr("steps: required"));
+  request.steps = 3;
+  request.batch_size = 2;
+  request.adam_eps = 1e-6;
+  request.gradient_checkpointing = true;
+  absl::StatusOr<TrainOptions> merged = MergeTrainRequest(TrainOptions(), request, 512);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  EXPECT_EQ(merged->steps, 3);
+  EXPECT_EQ(merged->batch_size, 2);
+  EXPECT_EQ(merged->adam_eps, 1e-6);
+  EXPECT_TRUE(merged->gradient_checkpointing);
+  // Unset: the defaults.
+  const TrainOptions defaults;
+  EXPECT_EQ(merged->seq_len, defaults.seq_len);
+  EXPECT_EQ(merged->learning_rate, defaults.learning_rate);
+  EXPECT_EQ(merged->beta1, defaults.beta1);
+  EXPECT_EQ(merged->grad_accumulation_steps, defaults.grad_accumulation_steps);
+  // A set zero is a value, validated as such.
+  request.grad_accumulation_steps = 0;
+  EXPECT_THAT(MergeTrainRequest(TrainOptions(), request, 512).status().message(),
+              HasSubstr("grad_accumulation_steps must be at least 1"));
 }
 
 }  // namespace

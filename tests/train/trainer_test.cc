@@ -151,7 +151,7 @@ TEST(TrainerTest, ReportsEveryStep) {
   std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
   Trainer trainer(m.get());
   TrainOptions o = SmallOptions(3);
-  o.grad_accum = 2;
+  o.grad_accumulation_steps = 2;
   std::vector<StepReport> reports;
   absl::StatusOr<TrainResult> r =
       trainer.Run(o, [&](const StepReport& s) { reports.push_back(s); });
@@ -191,7 +191,7 @@ TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(1);
     o.batch_size = 8 / accum;
-    o.grad_accum = accum;
+    o.grad_accumulation_steps = accum;
     ASSERT_TRUE(
         trainer.Run(o, [&](const StepReport& s) { reports[accum - 1] = s; }).ok());
   }

@@ -1,4 +1,4 @@
-#include "core/common/operation.h"
+#include "core/session/operation.h"
 
 #include <algorithm>
 #include <utility>
@@ -51,7 +51,7 @@ void Operation::SetProgress(int64_t completed, int64_t total, std::string unit,
   Notify();
 }
 
-void Operation::Finish(absl::Status status, std::any result) {
+void Operation::Finish(absl::Status status, OperationResult result) {
   {
     absl::MutexLock lock(&mu_);
     if (view_.done) return;
@@ -72,7 +72,7 @@ void Operation::Finish(absl::Status status, std::any result) {
   Notify();
 }
 
-void Operation::AppendEvent(std::any event) {
+void Operation::AppendEvent(SessionStepReport event) {
   {
     absl::MutexLock lock(&mu_);
     events_.push_back(std::move(event));
@@ -85,10 +85,10 @@ void Operation::AppendEvent(std::any event) {
   Notify();
 }
 
-std::vector<std::any> Operation::EventsFrom(int64_t from, size_t max,
-                                            int64_t* first) const {
+std::vector<SessionStepReport> Operation::EventsFrom(int64_t from, size_t max,
+                                                     int64_t* first) const {
   absl::MutexLock lock(&mu_);
-  std::vector<std::any> out;
+  std::vector<SessionStepReport> out;
   int64_t start = std::max(from, first_event_);
   *first = 0;
   for (int64_t i = start;

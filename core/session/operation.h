@@ -1,17 +1,17 @@
-#ifndef MEMPROFD_CORE_COMMON_OPERATION_H_
-#define MEMPROFD_CORE_COMMON_OPERATION_H_
+#ifndef MEMPROFD_CORE_SESSION_OPERATION_H_
+#define MEMPROFD_CORE_SESSION_OPERATION_H_
 
 // Long-running work (training, snapshots, loads) as an Operation with an id:
 // queued, running, then done with a result or an error. The shape of
 // google.longrunning.Operation; the server maps it to memprofd.v1.Operation.
 
-#include <any>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/session/session_types.h"
 
 namespace memprofd {
 
@@ -30,6 +31,12 @@ enum class OperationState {
   kFailed = 4,
   kCancelled = 5,
 };
+
+// What a finished operation leaves behind, by kind: TrainResult for TRAIN
+// (kept also when cancelled: the steps that did run), ModelSummary for
+// LOAD_MODEL, SnapshotResult for SNAPSHOT. std::monostate until done, and
+// for failures.
+using OperationResult = std::variant<std::monostate, TrainResult, ModelSummary, SnapshotResult>;
 
 // A copy of an operation's state at one moment.
 struct OperationView {
@@ -46,9 +53,7 @@ struct OperationView {
   absl::Time end_time;    // absl::InfinitePast() until done
   // OK unless FAILED or CANCELLED.
   absl::Status error;
-  // The typed result (TrainResult, SnapshotManifest, ModelInfo from the
-  // library that ran it); empty until done, and for failures.
-  std::any result;
+  OperationResult result;
   // Bumped on every change; lets watchers wait for the next one.
   uint64_t version = 0;
 };
@@ -68,14 +73,14 @@ class Operation {
   void MarkRunning();
   void SetProgress(int64_t completed, int64_t total, std::string unit,
                    std::string message);
-  void Finish(absl::Status status, std::any result = {});
+  void Finish(absl::Status status, OperationResult result = {});
 
-  // Appends a typed event (a training StepReport) to a bounded log; the
-  // oldest are dropped past max_events. Events are numbered from 1.
-  void AppendEvent(std::any event);
+  // Appends a training step's report to a bounded log (TRAIN operations);
+  // the oldest are dropped past max_events. Events are numbered from 1.
+  void AppendEvent(SessionStepReport event);
   // Events with number >= `from` (1-based), at most `max` of them, and the
   // number of the first returned in *first (0 when none).
-  std::vector<std::any> EventsFrom(int64_t from, size_t max, int64_t* first) const;
+  std::vector<SessionStepReport> EventsFrom(int64_t from, size_t max, int64_t* first) const;
   int64_t events_total() const;
 
   // Cancellation is cooperative: the work polls cancel_requested().
@@ -105,7 +110,7 @@ class Operation {
   mutable absl::Mutex mu_;
   OperationView view_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::any> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<SessionStepReport> events_ ABSL_GUARDED_BY(mu_);
   int64_t first_event_ ABSL_GUARDED_BY(mu_) = 1;
 
   mutable absl::Mutex listeners_mu_;
@@ -149,4 +154,4 @@ absl::string_view OperationStateName(OperationState state);
 
 }  // namespace memprofd
 
-#endif  // MEMPROFD_CORE_COMMON_OPERATION_H_
+#endif  // MEMPROFD_CORE_SESSION_OPERATION_H_

@@ -1,8 +1,9 @@
-#include "core/common/operation.h"
+#include "core/session/operation.h"
 
 #include <atomic>
 #include <string>
 #include <thread>
+#include <variant>
 
 #include "gtest/gtest.h"
 
@@ -20,11 +21,14 @@ TEST(OperationTest, LifecycleSucceedsWithResult) {
   EXPECT_EQ(v.state, OperationState::kRunning);
   EXPECT_EQ(v.completed, 3);
   EXPECT_FALSE(v.done);
-  op->Finish(absl::OkStatus(), std::string("result"));
+  TrainResult result;
+  result.steps_completed = 10;
+  op->Finish(absl::OkStatus(), result);
   v = op->View();
   EXPECT_TRUE(v.done);
   EXPECT_EQ(v.state, OperationState::kSucceeded);
-  EXPECT_EQ(std::any_cast<std::string>(v.result), "result");
+  ASSERT_TRUE(std::holds_alternative<TrainResult>(v.result));
+  EXPECT_EQ(std::get<TrainResult>(v.result).steps_completed, 10);
   // A second Finish changes nothing.
   op->Finish(absl::InternalError("late"));
   EXPECT_EQ(op->View().state, OperationState::kSucceeded);
@@ -33,17 +37,23 @@ TEST(OperationTest, LifecycleSucceedsWithResult) {
 TEST(OperationTest, FailureAndCancellationKeepTheirStatus) {
   OperationRegistry registry;
   auto failed = registry.Create(OperationKind::kSnapshot);
-  failed->Finish(absl::ResourceExhaustedError("disk full"), std::string("x"));
+  SnapshotResult partial;
+  partial.manifest.name = "x";
+  failed->Finish(absl::ResourceExhaustedError("disk full"), partial);
   EXPECT_EQ(failed->View().state, OperationState::kFailed);
   EXPECT_EQ(failed->View().error.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_FALSE(failed->View().result.has_value());
+  // A failure keeps no result.
+  EXPECT_TRUE(std::holds_alternative<std::monostate>(failed->View().result));
 
   auto cancelled = registry.Create(OperationKind::kTrain);
   cancelled->RequestCancel();
   EXPECT_TRUE(cancelled->cancel_requested());
-  cancelled->Finish(absl::CancelledError("cancelled"), 5);
+  TrainResult ran;
+  ran.steps_completed = 5;
+  cancelled->Finish(absl::CancelledError("cancelled"), ran);
   EXPECT_EQ(cancelled->View().state, OperationState::kCancelled);
-  EXPECT_EQ(std::any_cast<int>(cancelled->View().result), 5);
+  // Cancellation keeps what did run.
+  EXPECT_EQ(std::get<TrainResult>(cancelled->View().result).steps_completed, 5);
 }
 
 TEST(OperationTest, RegistryFindsListsAndPrunesFinished) {
@@ -70,13 +80,17 @@ TEST(OperationTest, RegistryFindsListsAndPrunesFinished) {
 
 TEST(OperationTest, EventsAreBoundedAndNumbered) {
   Operation op("op-1", OperationKind::kTrain, /*max_events=*/3);
-  for (int i = 1; i <= 5; ++i) op.AppendEvent(i);
+  for (int i = 1; i <= 5; ++i) {
+    SessionStepReport report;
+    report.step.step = i;
+    op.AppendEvent(report);
+  }
   EXPECT_EQ(op.events_total(), 5);
   int64_t first = 0;
   auto events = op.EventsFrom(1, 100, &first);
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(first, 3);
-  EXPECT_EQ(std::any_cast<int>(events[0]), 3);
+  EXPECT_EQ(events[0].step.step, 3);
   events = op.EventsFrom(5, 100, &first);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(first, 5);

@@ -1,0 +1,133 @@
+#ifndef MEMPROFD_CORE_SESSION_SESSION_TYPES_H_
+#define MEMPROFD_CORE_SESSION_SESSION_TYPES_H_
+
+// What goes into the session and what comes out of it: its options, the
+// requests of its operations (each optional field unset takes the daemon's
+// default), their results and events, and the counters it publishes. Plain
+// structs, free of LibTorch, so that the server can fill and read them.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/memory/category_bytes.h"
+#include "core/model/config.h"
+#include "core/model/placement.h"
+#include "core/offload/offload_options.h"
+#include "core/snapshot/manifest.h"
+#include "core/snapshot/snapshot_options.h"
+#include "core/train/train_options.h"
+
+namespace memprofd {
+
+struct SessionOptions {
+  // "auto" (cuda:0 when LibTorch sees a GPU, else cpu), "cpu", "cuda:N".
+  std::string device = "auto";
+  // The model loaded at start: a preset name or a Hugging Face directory.
+  // Empty: none.
+  std::string model = "tiny";
+  uint64_t model_seed = 0;
+  // Where snapshots live; empty disables them (FAILED_PRECONDITION).
+  std::string snapshot_root;
+  // Defaults for training requests that leave offloading unset.
+  offload::OffloadOptions offload;
+  // Pick offload.target from the device: disk on a CPU, host on a GPU.
+  bool offload_target_auto = true;
+  // The staging buffer of the snapshot writer.
+  int64_t snapshot_staging_bytes = int64_t{64} << 20;
+  // Keep the newest N snapshots (0 keeps all).
+  int64_t keep_last = 0;
+  // Take a snapshot every N steps of training (0: never).
+  int64_t snapshot_every_steps = 0;
+};
+
+struct LoadModelSpec {
+  // Exactly one of preset / hf_directory.
+  std::string preset;
+  std::string hf_directory;
+  uint64_t seed = 0;
+  // Module name ("model.layers.3") -> placement; unlisted modules: kDevice.
+  std::vector<std::pair<std::string, Placement>> placement;
+};
+
+struct ParameterSummary {
+  std::string name;
+  Placement placement = Placement::kDevice;
+  std::vector<int64_t> shape;
+  std::string dtype;
+  int64_t bytes = 0;
+};
+
+// What is known of the loaded model, published after every change.
+struct ModelSummary {
+  std::string source;  // "preset:tiny" or the directory
+  LlamaConfig config;
+  int64_t num_parameters = 0;
+  int64_t parameter_bytes = 0;
+  std::string device;
+  int64_t steps_trained = 0;
+  std::vector<ParameterSummary> parameters;
+};
+
+struct TrainSpec {
+  // Each field unset takes TrainOptions' default; StartTraining merges and
+  // validates them (MergeTrainRequest).
+  TrainRequest train;
+  // Each field unset takes the session's default (SessionOptions::offload,
+  // the daemon's flags); StartTraining merges and validates them.
+  offload::OffloadRequest offload;
+};
+
+// One training step as the session reports it (the event type of TRAIN
+// operations).
+struct SessionStepReport {
+  StepReport step;
+  offload::OffloadStats offload;
+  // Peak bytes allocated on the compute device during the step.
+  int64_t peak_allocated_bytes = 0;
+};
+
+enum class SnapshotMode { kBlocking, kAsync };
+
+struct SnapshotSpec {
+  std::string name;
+  snapshot::SnapshotOptions options;  // staging and tie flags are filled in
+  SnapshotMode mode = SnapshotMode::kBlocking;
+};
+
+// The result of a SNAPSHOT operation.
+struct SnapshotResult {
+  snapshot::SnapshotManifest manifest;
+  SnapshotMode mode = SnapshotMode::kBlocking;
+};
+
+// Counters for /metrics, cumulative since start.
+struct SessionCounters {
+  int64_t steps_total = 0;
+  int64_t tokens_total = 0;
+  double last_loss = 0;
+  bool has_loss = false;
+  offload::OffloadStats offload_totals;
+  int64_t snapshots_succeeded = 0;
+  int64_t snapshots_failed = 0;
+  int64_t snapshot_bytes_total = 0;
+  memory::CategoryBytes categories;
+  std::optional<SessionStepReport> last_step;
+};
+
+// Told of every training step and every published snapshot, for the
+// server's metrics histograms. Called on the thread that did the work (the
+// owner thread, or an async snapshot's writer) with no session lock held; an
+// observer must be quick, thread-safe, and must not call into the session.
+class SessionObserver {
+ public:
+  virtual ~SessionObserver() = default;
+  virtual void OnStep(const SessionStepReport& report) = 0;
+  virtual void OnSnapshotPublished(const snapshot::SnapshotManifest& manifest) = 0;
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SESSION_SESSION_TYPES_H_
