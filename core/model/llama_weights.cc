@@ -1,0 +1,263 @@
+// LlamaModel's weights: the Hugging Face names of every parameter (one
+// table, kLayerParameters, for a decoder layer), their initialisation, their
+// placement on the device, the CPU or disk, and loading a state dict.
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <iterator>
+#include <map>
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/torch_boundary.h"
+#include "core/model/llama.h"
+
+namespace memprofd {
+namespace {
+
+constexpr double kInitStd = 0.02;  // transformers' initializer_range
+
+std::string ShapeString(const at::Tensor& t) {
+  return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+}  // namespace
+
+at::Tensor LlamaModel::Fetch(const at::Tensor& t) const {
+  return t.device() == device_ ? t : t.to(device_, /*non_blocking=*/false);
+}
+
+std::vector<std::pair<std::string, at::Tensor*>> LlamaModel::ModuleSlots(
+    const std::string& module) {
+  std::vector<std::pair<std::string, at::Tensor*>> slots;
+  if (module == "model.embed_tokens") {
+    slots.emplace_back("model.embed_tokens.weight", &embed_tokens_);
+  } else if (module == "model.norm") {
+    slots.emplace_back("model.norm.weight", &norm_);
+  } else if (module == "lm_head") {
+    slots.emplace_back("lm_head.weight", &lm_head_);
+  } else if (absl::StartsWith(module, "model.layers.")) {
+    int64_t i = -1;
+    if (!absl::SimpleAtoi(module.substr(sizeof("model.layers.") - 1), &i) || i < 0 ||
+        i >= num_layers()) {
+      return slots;
+    }
+    LlamaLayerWeights& w = layers_[static_cast<size_t>(i)];
+    for (const LayerParameter& param : kLayerParameters) {
+      slots.emplace_back(absl::StrCat(module, ".", param.name), &(w.*param.member));
+    }
+  }
+  return slots;
+}
+
+absl::Status LlamaModel::PlaceModule(
+    const std::string& module, Placement placement,
+    const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  if (module == "lm_head" && config_.tie_word_embeddings) {
+    return absl::InvalidArgumentError(
+        "lm_head is tied to model.embed_tokens in this model; place model.embed_tokens "
+        "and "
+        "the head follows it");
+  }
+  std::vector<std::pair<std::string, at::Tensor*>> slots = ModuleSlots(module);
+  if (slots.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no module '", module, "' in this ", num_layers(),
+                     "-layer model; use model.embed_tokens, model.layers.0..",
+                     num_layers() - 1, ", model.norm or lm_head"));
+  }
+  const c10::Device home =
+      placement == Placement::kDevice ? device_ : c10::Device(c10::DeviceType::CPU);
+  std::vector<at::Tensor> bound;
+  for (const auto& [name, slot] : slots) {
+    auto it = std::find_if(weights.begin(), weights.end(),
+                           [&name = name](const auto& w) { return w.first == name; });
+    if (it == weights.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placing ", module, " needs \"", name, "\""));
+    }
+    const at::Tensor& t = it->second;
+    if (!t.defined() || t.sizes() != slot->sizes() || t.scalar_type() != at::kFloat ||
+        t.device() != home) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("placing ", module, ": \"", name, "\" must be a float32 ",
+                       home.str(), " tensor of shape ", ShapeString(*slot)));
+    }
+    bound.push_back(t.detach().requires_grad_(placement != Placement::kDisk));
+  }
+  for (size_t i = 0; i < slots.size(); ++i) *slots[i].second = bound[i];
+  if (module == "model.embed_tokens" && config_.tie_word_embeddings)
+    lm_head_ = embed_tokens_;
+  if (placement == Placement::kDevice) {
+    placement_.erase(module);
+  } else {
+    placement_[module] = placement;
+  }
+  return absl::OkStatus();
+}
+
+Placement LlamaModel::PlacementOf(const std::string& module) const {
+  if (module == "lm_head" && config_.tie_word_embeddings) {
+    return PlacementOf("model.embed_tokens");
+  }
+  auto it = placement_.find(module);
+  return it == placement_.end() ? Placement::kDevice : it->second;
+}
+
+void LlamaModel::Initialize(uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  const LlamaConfig& c = config_;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+  auto normal = [&](std::vector<int64_t> shape) {
+    return at::normal(0.0, kInitStd, shape, gen, cpu).to(device_).requires_grad_(true);
+  };
+  auto ones = [&](int64_t n) {
+    return torch::ones({n}, cpu.device(device_)).requires_grad_(true);
+  };
+  const int64_t h = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim();
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim();
+  const int64_t inter = c.intermediate_size;
+
+  // Drawn in state_dict order so that the init is a function of the seed.
+  embed_tokens_ = normal({c.vocab_size, h});
+  layers_.resize(c.num_hidden_layers);
+  for (LlamaLayerWeights& w : layers_) {
+    w.q_proj = normal({q_dim, h});
+    w.k_proj = normal({kv_dim, h});
+    w.v_proj = normal({kv_dim, h});
+    w.o_proj = normal({h, q_dim});
+    w.gate_proj = normal({inter, h});
+    w.up_proj = normal({inter, h});
+    w.down_proj = normal({h, inter});
+    w.input_layernorm = ones(h);
+    w.post_attention_layernorm = ones(h);
+  }
+  norm_ = ones(h);
+  lm_head_ = c.tie_word_embeddings ? embed_tokens_ : normal({c.vocab_size, h});
+
+  // transformers' LlamaRotaryEmbedding, in float32 as it computes it:
+  // inv_freq = 1 / theta^(2i / d), angle = position * inv_freq.
+  const int64_t d = c.head_dim();
+  at::Tensor inv_freq =
+      1.0 / torch::pow(c.rope_theta,
+                       torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / d);
+  at::Tensor positions =
+      torch::arange(c.max_position_embeddings, torch::kInt64).to(torch::kFloat32);
+  at::Tensor freqs = torch::outer(positions, inv_freq);
+  at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  rope_cos_ = emb.cos().to(device_);
+  rope_sin_ = emb.sin().to(device_);
+}
+
+std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
+  const LlamaLayerWeights& w = layers_.at(index);
+  std::vector<at::Tensor> out;
+  out.reserve(std::size(kLayerParameters));
+  for (const LayerParameter& param : kLayerParameters) out.push_back(w.*param.member);
+  return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(3 + std::size(kLayerParameters) * layers_.size());
+  out.emplace_back("model.embed_tokens.weight", embed_tokens_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const LlamaLayerWeights& w = layers_[i];
+    for (const LayerParameter& param : kLayerParameters) {
+      out.emplace_back(absl::StrCat("model.layers.", i, ".", param.name),
+                       w.*param.member);
+    }
+  }
+  out.emplace_back("model.norm.weight", norm_);
+  out.emplace_back("lm_head.weight", lm_head_);
+  return out;
+}
+
+std::vector<at::Tensor> LlamaModel::Parameters() const {
+  std::vector<at::Tensor> out;
+  for (auto& [name, t] : NamedParameters()) {
+    if (name == "lm_head.weight" && config_.tie_word_embeddings) continue;
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::vector<at::Tensor> LlamaModel::Buffers() const { return {rope_cos_, rope_sin_}; }
+
+int64_t LlamaModel::NumParameters() const {
+  int64_t n = 0;
+  for (const at::Tensor& t : Parameters()) n += t.numel();
+  return n;
+}
+
+absl::Status LlamaModel::LoadStateDict(
+    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> params;
+  for (auto& [name, t] : NamedParameters()) params.emplace(name, t);
+  const bool tied = config_.tie_word_embeddings;
+
+  std::set<std::string> seen;
+  for (const auto& [name, t] : state) {
+    auto it = params.find(name);
+    if (it == params.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict holds \"", name,
+                       "\", which is not a parameter of this ", config_.num_hidden_layers,
+                       "-layer Llama model; check that it matches the config"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("state dict holds \"", name, "\" twice; keep one"));
+    }
+    if (!t.defined() || t.sizes() != it->second.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict tensor \"", name, "\" has shape ",
+          t.defined() ? ShapeString(t) : "(undefined)", " but the model expects ",
+          ShapeString(it->second), "; check that the weights match the config"));
+    }
+    if (!t.is_floating_point()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict tensor \"", name, "\" has dtype ", std::string(t.dtype().name()),
+          "; expected a floating-point dtype"));
+    }
+  }
+  std::vector<std::string> missing;
+  for (const auto& [name, t] : params) {
+    if (seen.count(name)) continue;
+    if (tied && name == "lm_head.weight") continue;
+    missing.push_back(name);
+  }
+  if (!missing.empty()) {
+    if (missing.size() > 5) {
+      missing.resize(5);
+      missing.push_back("...");
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("state dict lacks ", absl::StrJoin(missing, ", "),
+                     "; give every parameter of the model"));
+  }
+  // Weights placed on disk view a read-only memory-mapped file.
+  for (const auto& [name, t] : state) {
+    if (PlacementOf(ModuleOfParameter(name)) == Placement::kDisk) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("\"", name, "\" belongs to ", ModuleOfParameter(name),
+                       ", which is memory-mapped from disk and frozen; load the model "
+                       "again instead of copying weights into it"));
+    }
+  }
+  return TorchBoundary("loading the state dict", [&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : state) {
+      if (tied && name == "lm_head.weight") continue;
+      params.at(name).copy_(t);
+    }
+  });
+}
+
+}  // namespace memprofd
