@@ -29,7 +29,7 @@ step() { printf '\n\033[1m$ memprofctl %s\033[0m\n' "$*"; "$CTL" --addr=$ADDR "$
 step status
 step health
 step memory record start --max_entries 200000
-step train --steps 40 --batch_size 8 --seq_len 128 --lr 1e-3 --offload
+step train --steps 40 --batch_size 8 --seq_len 128 --learning_rate 1e-3 --offload
 step snapshot "demo-$(date +%Y%m%d-%H%M%S)" --max_shard_size 5MB
 step snapshots
 step memory
@@ -44,7 +44,7 @@ memprofd is serving (pid $pid):
   history:   $BUILD/demo-memory.pickle (open at https://pytorch.org/memory_viz)
 Try next:
   $CTL --addr=$ADDR status
-  $CTL --addr=$ADDR train --steps 300 --checkpointing --offload
+  $CTL --addr=$ADDR train --steps 300 --gradient_checkpointing --offload
   $CTL --addr=$ADDR memory
   $CTL --addr=$ADDR snapshots
   curl -s http://$METRICS/metrics | grep ^memprofd_

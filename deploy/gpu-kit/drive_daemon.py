@@ -122,9 +122,9 @@ def train_run(name):
     ckpt, target = name.split("-")  # ckpt|nockpt, off|host|disk
     cmd = [args.memprofctl, "--addr=" + addr, "--json", "train", "--steps", str(args.steps),
            "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len),
-           "--lr", str(args.lr), "--token_data", tokens_path, "--bytes_per_token", "4"]
+           "--learning_rate", str(args.lr), "--token_data", tokens_path, "--bytes_per_token", "4"]
     if ckpt == "ckpt":
-        cmd.append("--checkpointing")
+        cmd.append("--gradient_checkpointing")
     if target != "off":
         cmd += ["--offload", "--offload_target", target]
     if name == args.record_run:
