@@ -129,7 +129,7 @@ TEST(OffloadCudaTest, ForwardStashOfOneStillMatches) {
   OffloadOptions options;
   options.enabled = true;
   options.target = Target::kHost;
-  options.max_fwd_stash = 1;
+  options.max_copies_in_flight = 1;
   auto offloader = CreateOnCuda(options);
   ASSERT_NE(offloader, nullptr);
   const MlpRun run = RunMlp(offloader.get());

@@ -25,10 +25,10 @@ using ::memprofd::offload::testing::MakeOffloader;
 TEST(OffloadLifecycleTest, CreateRejectsBadOptions) {
   OffloadOptions options;
   options.enabled = true;
-  options.max_fwd_stash = 0;
+  options.max_copies_in_flight = 0;
   EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options.max_fwd_stash = 5;
+  options.max_copies_in_flight = 5;
   options.min_offload_bytes = -1;
   EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -189,7 +189,7 @@ TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
   EXPECT_EQ(stats.bytes_out, 0);
   EXPECT_EQ(stats.skipped_of(SkipReason::kDisabled), 1);
   EXPECT_EQ(stats.peak_resident_saved_bytes, 16 * 16 * 4);
-  EXPECT_EQ(stats.anchor_bytes_out, 16 * 16 * 4);
+  EXPECT_EQ(stats.trl_baseline_bytes_out, 16 * 16 * 4);
 }
 
 // Counts live CPU bytes, on top of the allocator it replaces. The context of

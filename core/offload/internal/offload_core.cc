@@ -102,7 +102,7 @@ void OffloadCore::AccountAnchor(const at::Tensor& t) {
   for (int64_t d = 0; d < t.dim(); ++d) {
     broadcast |= t.stride(d) == 0 && t.size(d) > 1;
   }
-  step_.anchor_bytes_out +=
+  step_.trl_baseline_bytes_out +=
       broadcast ? static_cast<int64_t>(t.storage().nbytes()) : logical;
 }
 
@@ -305,7 +305,7 @@ void OffloadCore::DrainStash(bool all, Graveyard* graveyard) {
   while (!stash_.empty()) {
     StashEntry& front = stash_.front();
     Segment& segment = front.record->segments_[front.segment];
-    const bool over = static_cast<int>(stash_.size()) > options_.max_fwd_stash;
+    const bool over = static_cast<int>(stash_.size()) > options_.max_copies_in_flight;
     if (!CopyFinished(segment.cuda_done)) {
       if (!all && !over) break;
       WaitCopy(segment.cuda_done);

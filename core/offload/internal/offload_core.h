@@ -181,7 +181,7 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
     return !queue_.empty() || stopping_;
   }
   bool WriterHasRoom() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return in_flight_ < options_.max_fwd_stash;
+    return in_flight_ < options_.max_copies_in_flight;
   }
   bool WriterIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; }
   bool ReaderHasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -199,7 +199,7 @@ class OffloadCore : public std::enable_shared_from_this<OffloadCore> {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReaderLoop();
   // Retires finished CUDA copies to host (all of them, waiting, if `all`),
-  // and the oldest ones while more than max_fwd_stash are in flight.
+  // and the oldest ones while more than max_copies_in_flight are in flight.
   void DrainStash(bool all, Graveyard* graveyard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishCopy(StorageRecord* record, size_t index, const std::string& error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
