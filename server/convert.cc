@@ -114,7 +114,7 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
       req.target = offload::Target::kDisk;
     }
     if (o.has_min_offload_bytes()) req.min_offload_bytes = o.min_offload_bytes();
-    if (o.has_max_fwd_stash()) req.max_fwd_stash = o.max_fwd_stash();
+    if (o.has_max_copies_in_flight()) req.max_copies_in_flight = o.max_copies_in_flight();
     if (o.has_prefetch_depth()) req.prefetch_depth = o.prefetch_depth();
     if (o.has_offload_head()) req.offload_head = o.offload_head();
   }
@@ -217,7 +217,7 @@ v1::OffloadStats ToProto(const offload::OffloadStats& s) {
   o.set_bytes_in(s.bytes_in);
   o.set_bytes_prefetched(s.bytes_prefetched);
   o.set_reload_wait_seconds(static_cast<double>(s.reload_wait_ns) * 1e-9);
-  o.set_anchor_bytes_out(s.anchor_bytes_out);
+  o.set_trl_baseline_bytes_out(s.trl_baseline_bytes_out);
   o.set_peak_resident_saved_bytes(s.peak_resident_saved_bytes);
   return o;
 }

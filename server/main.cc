@@ -46,7 +46,8 @@ ABSL_FLAG(
     std::string, offload_target, "auto",
     "where offloaded activations go: auto (disk on CPU, host on CUDA), host or disk");
 ABSL_FLAG(int64_t, min_offload_bytes, 1024, "saved tensors moving fewer bytes stay put");
-ABSL_FLAG(int32_t, max_fwd_stash, 5, "offload copies in flight during forward (CUDA)");
+ABSL_FLAG(int32_t, max_copies_in_flight, 5,
+          "offloader: copies off the device in flight at once during forward");
 ABSL_FLAG(std::string, offload_prefetch_depth, "auto",
           "offloaded storages backward reads ahead of need: auto (2 on CUDA, 0 on "
           "CPU), 0 (off) or N");
@@ -142,7 +143,7 @@ int main(int argc, char** argv) {
     offload.target = *parsed;
   }
   offload.min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
-  offload.max_fwd_stash = absl::GetFlag(FLAGS_max_fwd_stash);
+  offload.max_copies_in_flight = absl::GetFlag(FLAGS_max_copies_in_flight);
   absl::StatusOr<int> prefetch =
       memprofd::offload::ParsePrefetchDepth(absl::GetFlag(FLAGS_offload_prefetch_depth));
   if (!prefetch.ok()) {

@@ -190,10 +190,11 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                            "Host time backward waited for offloaded bytes to come back.",
                            MetricType::Counter),
                    static_cast<double>(o.reload_wait_ns) * 1e-9);
-  Families::Sample(out.Add("memprofd_offload_anchor_bytes_total",
-                           "Bytes the reference algorithm (TRL) would have moved out.",
-                           MetricType::Counter),
-                   static_cast<double>(o.anchor_bytes_out));
+  Families::Sample(
+      out.Add("memprofd_offload_trl_baseline_bytes_total",
+              "Bytes the TRL baseline (TRL's offloader) would have moved out.",
+              MetricType::Counter),
+      static_cast<double>(o.trl_baseline_bytes_out));
   if (c.last_step) {
     Families::Sample(
         out.Add("memprofd_offload_peak_resident_saved_bytes",

@@ -70,9 +70,9 @@ absl::Status ValidateOffloadOptions(const OffloadOptions& options,
     return bad("min_offload_bytes", "must be >= 0 (0 offloads every tensor)",
                options.min_offload_bytes);
   }
-  if (options.max_fwd_stash < 1) {
-    return bad("max_fwd_stash", "must be >= 1 (copies in flight during forward)",
-               options.max_fwd_stash);
+  if (options.max_copies_in_flight < 1) {
+    return bad("max_copies_in_flight", "must be >= 1 (copies in flight during forward)",
+               options.max_copies_in_flight);
   }
   if (options.prefetch_depth < 0 && options.prefetch_depth != kPrefetchAuto) {
     return bad("prefetch_depth",
@@ -96,7 +96,8 @@ absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& default
   merged.enabled = request.enabled.value_or(merged.enabled);
   merged.target = request.target.value_or(merged.target);
   merged.min_offload_bytes = request.min_offload_bytes.value_or(merged.min_offload_bytes);
-  merged.max_fwd_stash = request.max_fwd_stash.value_or(merged.max_fwd_stash);
+  merged.max_copies_in_flight =
+      request.max_copies_in_flight.value_or(merged.max_copies_in_flight);
   merged.prefetch_depth = request.prefetch_depth.value_or(merged.prefetch_depth);
   merged.offload_head = request.offload_head.value_or(merged.offload_head);
   RETURN_IF_ERROR(ValidateOffloadOptions(merged));
@@ -113,7 +114,7 @@ void OffloadStats::Add(const OffloadStats& other) {
   bytes_in += other.bytes_in;
   bytes_prefetched += other.bytes_prefetched;
   reload_wait_ns += other.reload_wait_ns;
-  anchor_bytes_out += other.anchor_bytes_out;
+  trl_baseline_bytes_out += other.trl_baseline_bytes_out;
   peak_resident_saved_bytes =
       std::max(peak_resident_saved_bytes, other.peak_resident_saved_bytes);
   resident_saved_bytes = other.resident_saved_bytes;

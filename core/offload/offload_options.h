@@ -55,7 +55,7 @@ struct OffloadOptions {
   // in-flight copies stay resident, so this bounds the device memory the
   // offloader holds during forward: copies on the CUDA side stream, and
   // blocks queued for the spill-file writer.
-  int max_fwd_stash = 5;
+  int max_copies_in_flight = 5;
   // Backward read-ahead (>= 0; 0 = off; kPrefetchAuto). When backward unpacks
   // an offloaded storage, the next `prefetch_depth` ones it will need (the
   // storages offloaded just before it in forward) start coming back in the
@@ -77,7 +77,7 @@ struct OffloadOptions {
 
 // INVALID_ARGUMENT naming the first field out of range, as
 // `<field_prefix><name>` ("offload." for a request's fields, "--" for the
-// daemon's flags): min_offload_bytes or host_limit_bytes < 0, max_fwd_stash
+// daemon's flags): min_offload_bytes or host_limit_bytes < 0, max_copies_in_flight
 // < 1, prefetch_depth < 0 other than kPrefetchAuto, an empty spill_dir. The
 // one check of these options: flags, requests and Offloader::Create use it.
 absl::Status ValidateOffloadOptions(const OffloadOptions& options,
@@ -89,7 +89,7 @@ struct OffloadRequest {
   std::optional<bool> enabled;
   std::optional<Target> target;
   std::optional<int64_t> min_offload_bytes;
-  std::optional<int> max_fwd_stash;
+  std::optional<int> max_copies_in_flight;
   std::optional<int> prefetch_depth;
   std::optional<bool> offload_head;
 };
@@ -163,10 +163,11 @@ struct OffloadStats {
   // adds to backward. With a CUDA device the copies themselves are
   // asynchronous; the consuming stream waits for them, not the host.
   int64_t reload_wait_ns = 0;
-  // What the anchor's algorithm (TRL: key storage pointer + offset and dtype,
-  // numel * element size, whole storage for broadcasts) would have copied off
-  // for the same saved tensors, at its best (dedup over the whole step).
-  int64_t anchor_bytes_out = 0;
+  // The TRL baseline: what TRL's activation offloader (key: storage pointer
+  // + offset and dtype; numel * element size, the whole storage for
+  // broadcasts) would have copied off for the same saved tensors, at its best
+  // (dedup over the whole step).
+  int64_t trl_baseline_bytes_out = 0;
   // Bytes on the compute device that saved activations keep alive: storages
   // of kept (non-parameter) tensors, sources of in-flight copies, reloaded
   // buffers. Peak over the period, and the value when the stats were taken.

@@ -5,9 +5,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/offload/internal/autograd_engine.h"
 #include "core/offload/internal/device_copy.h"
-#include "core/offload/internal/engine.h"
-#include "core/offload/internal/offload_core.h"
+#include "core/offload/internal/saved_tensor_store.h"
 #include "core/offload/internal/spill_file.h"
 
 namespace memprofd::offload {
@@ -37,52 +37,52 @@ absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
     ASSIGN_OR_RETURN(spill, internal::SpillFile::Open(options.spill_dir));
   }
   return std::unique_ptr<Offloader>(new Offloader(
-      std::make_shared<internal::OffloadCore>(options, compute, std::move(spill))));
+      std::make_shared<internal::SavedTensorStore>(options, compute, std::move(spill))));
 }
 
-Offloader::Offloader(std::shared_ptr<internal::OffloadCore> core)
-    : core_(std::move(core)) {}
+Offloader::Offloader(std::shared_ptr<internal::SavedTensorStore> store)
+    : store_(std::move(store)) {}
 
 Offloader::~Offloader() {
-  // Saved tensors may outlive this object (they share core_), but the writer
+  // Saved tensors may outlive this object (they share store_), but the writer
   // thread must not: finish the queued writes and join it here.
-  core_->Shutdown();
+  store_->Shutdown();
 }
 
 void Offloader::BeginStep(const std::vector<at::Tensor>& params_and_buffers) {
-  core_->BeginStep(params_and_buffers);
+  store_->BeginStep(params_and_buffers);
 }
 
-OffloadStats Offloader::EndStep() { return core_->EndStep(); }
-OffloadStats Offloader::Totals() const { return core_->Totals(); }
-int64_t Offloader::host_bytes_held() const { return core_->Current().host_bytes_held; }
-int64_t Offloader::disk_bytes_held() const { return core_->Current().disk_bytes_held; }
+OffloadStats Offloader::EndStep() { return store_->EndStep(); }
+OffloadStats Offloader::Totals() const { return store_->Totals(); }
+int64_t Offloader::host_bytes_held() const { return store_->Current().host_bytes_held; }
+int64_t Offloader::disk_bytes_held() const { return store_->Current().disk_bytes_held; }
 int64_t Offloader::resident_saved_bytes() const {
-  return core_->Current().resident_saved_bytes;
+  return store_->Current().resident_saved_bytes;
 }
-int64_t Offloader::spill_file_bytes() const { return core_->spill_file_bytes(); }
+int64_t Offloader::spill_file_bytes() const { return store_->spill_file_bytes(); }
 bool Offloader::IsParameterStorage(const at::Tensor& t) const {
-  return core_->IsParameterStorage(t);
+  return store_->IsParameterStorage(t);
 }
 int64_t Offloader::parameter_storage_count() const {
-  return core_->parameter_storage_count();
+  return store_->parameter_storage_count();
 }
-void Offloader::Flush() { core_->Flush(); }
-const OffloadOptions& Offloader::options() const { return core_->options(); }
+void Offloader::Flush() { store_->Flush(); }
+const OffloadOptions& Offloader::options() const { return store_->options(); }
 
 OffloadScope::OffloadScope(Offloader* offloader) {
   internal::ThreadScope& scope = internal::CurrentThreadScope();
-  previous_core_ = scope.core;
+  previous_store_ = scope.store;
   previous_exempt_ = scope.exempt;
   if (offloader != nullptr) {
-    scope.core = offloader->core_.get();
+    scope.store = offloader->store_.get();
     scope.exempt = false;
   }
 }
 
 OffloadScope::~OffloadScope() {
   internal::ThreadScope& scope = internal::CurrentThreadScope();
-  scope.core = previous_core_;
+  scope.store = previous_store_;
   scope.exempt = previous_exempt_;
 }
 
@@ -90,15 +90,16 @@ NoOffloadScope::NoOffloadScope() : NoOffloadScope(nullptr) {}
 
 NoOffloadScope::NoOffloadScope(Offloader* offloader) {
   internal::ThreadScope& scope = internal::CurrentThreadScope();
-  previous_core_ = scope.core;
+  previous_store_ = scope.store;
   previous_exempt_ = scope.exempt;
-  if (scope.core == nullptr && offloader != nullptr) scope.core = offloader->core_.get();
+  if (scope.store == nullptr && offloader != nullptr)
+    scope.store = offloader->store_.get();
   scope.exempt = true;
 }
 
 NoOffloadScope::~NoOffloadScope() {
   internal::ThreadScope& scope = internal::CurrentThreadScope();
-  scope.core = previous_core_;
+  scope.store = previous_store_;
   scope.exempt = previous_exempt_;
 }
 

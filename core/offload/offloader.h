@@ -33,7 +33,7 @@
 namespace memprofd::offload {
 
 namespace internal {
-class OffloadCore;
+class SavedTensorStore;
 }  // namespace internal
 
 // Makes LibTorch's default autograd engine the offloading one. Idempotent and
@@ -100,8 +100,8 @@ class Offloader {
  private:
   friend class OffloadScope;
   friend class NoOffloadScope;
-  explicit Offloader(std::shared_ptr<internal::OffloadCore> core);
-  std::shared_ptr<internal::OffloadCore> core_;
+  explicit Offloader(std::shared_ptr<internal::SavedTensorStore> store);
+  std::shared_ptr<internal::SavedTensorStore> store_;
 };
 
 // Offloads the tensors autograd saves on this thread during its lifetime
@@ -116,7 +116,7 @@ class OffloadScope {
   OffloadScope& operator=(const OffloadScope&) = delete;
 
  private:
-  internal::OffloadCore* previous_core_;
+  internal::SavedTensorStore* previous_store_;
   bool previous_exempt_;
 };
 
@@ -136,7 +136,7 @@ class NoOffloadScope {
   NoOffloadScope& operator=(const NoOffloadScope&) = delete;
 
  private:
-  internal::OffloadCore* previous_core_;
+  internal::SavedTensorStore* previous_store_;
   bool previous_exempt_;
 };
 

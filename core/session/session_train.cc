@@ -22,9 +22,9 @@ bool SameOffloadOptions(const offload::OffloadOptions& a,
                         const offload::OffloadOptions& b) {
   return a.enabled == b.enabled && a.target == b.target &&
          a.min_offload_bytes == b.min_offload_bytes &&
-         a.max_fwd_stash == b.max_fwd_stash && a.prefetch_depth == b.prefetch_depth &&
-         a.offload_head == b.offload_head && a.spill_dir == b.spill_dir &&
-         a.host_limit_bytes == b.host_limit_bytes;
+         a.max_copies_in_flight == b.max_copies_in_flight &&
+         a.prefetch_depth == b.prefetch_depth && a.offload_head == b.offload_head &&
+         a.spill_dir == b.spill_dir && a.host_limit_bytes == b.host_limit_bytes;
 }
 
 int64_t StepPeakBytes(const std::string& device) {

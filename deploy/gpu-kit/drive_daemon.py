@@ -171,7 +171,7 @@ def train_run(name):
             "peak_allocated_bytes": max(num(r["peak_allocated_bytes"]) for r in reports),
             "peak_resident_saved_bytes": max(num(r["offload"]["peak_resident_saved_bytes"]) for r in reports),
             "bytes_out": statistics.median(num(r["offload"]["bytes_out"]) for r in timed),
-            "anchor_bytes_out": statistics.median(num(r["offload"]["anchor_bytes_out"]) for r in timed),
+            "trl_baseline_bytes_out": statistics.median(num(r["offload"]["trl_baseline_bytes_out"]) for r in timed),
             "first_loss": reports[0]["loss"], "last_loss": reports[-1]["loss"],
         }
     return result

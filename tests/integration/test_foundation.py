@@ -254,7 +254,7 @@ class BadStartTest(unittest.TestCase):
         for flag, needle in (("--offload_prefetch_depth=-1", "--offload_prefetch_depth"),
                              ("--offload_prefetch_depth=many", "--offload_prefetch_depth"),
                              ("--offload_target=tape", "--offload_target"),
-                             ("--max_fwd_stash=0", "--max_fwd_stash")):
+                             ("--max_copies_in_flight=0", "--max_copies_in_flight")):
             r = self.run_memprofd(flag)
             self.assertNotEqual(r.returncode, 0, flag)
             self.assertIn(needle, r.stderr, flag)

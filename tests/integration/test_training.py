@@ -255,7 +255,7 @@ class TrainingTest(unittest.TestCase):
             skipped = sum(getattr(step, f.name) for f in step.DESCRIPTOR.fields
                           if f.name.startswith("skipped_"))
             self.assertEqual(step.tensors_seen, step.tensors_offloaded + skipped)
-            self.assertGreater(step.anchor_bytes_out, 0)
+            self.assertGreater(step.trl_baseline_bytes_out, 0)
         self.assertRegex(self.d.metrics_text(), r"memprofd_offload_prefetched_bytes_total [0-9]")
 
 

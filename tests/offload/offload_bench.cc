@@ -5,7 +5,7 @@
 // disk without and with the backward read-ahead, and to host, side by side:
 // step time, backward time and the part of it spent waiting for reloads, peak
 // and end-of-forward resident saved-activation bytes, bytes moved with true
-// dedup against what the anchor's key (storage pointer + offset, dtype) would
+// dedup against what the TRL baseline's key (storage pointer + offset, dtype) would
 // have moved on the same saved tensors. Then the per-saved-tensor cost of the
 // hooks.
 //
@@ -151,13 +151,14 @@ void BenchModel(const std::string& preset, int steps, int64_t batch, int64_t seq
       std::printf(
           "%-5s ckpt=%-3s %-7s  step %8.1f ms (%+6.1f%%)  backward %8.1f ms (reload wait "
           "%6.2f ms, read ahead %7.2f MiB)  resident saved: peak %8.2f MiB, "
-          "end of fwd %8.2f MiB  moved %8.2f MiB (anchor %8.2f MiB)  dedup hits %lld  "
+          "end of fwd %8.2f MiB  moved %8.2f MiB (TRL baseline %8.2f MiB)  dedup hits "
+          "%lld  "
           "offloaded %lld of %lld\n",
           preset.c_str(), checkpoint ? "on" : "off", mode.name, median * 1e3,
           (median / base_s - 1) * 100, backward[backward.size() / 2] * 1e3,
           waits[waits.size() / 2] * 1e3, MiB(last.stats.bytes_prefetched),
           MiB(last.stats.peak_resident_saved_bytes), MiB(last.end_of_forward),
-          MiB(last.stats.bytes_out), MiB(last.stats.anchor_bytes_out),
+          MiB(last.stats.bytes_out), MiB(last.stats.trl_baseline_bytes_out),
           static_cast<long long>(last.stats.dedup_hits),
           static_cast<long long>(last.stats.tensors_offloaded),
           static_cast<long long>(last.stats.tensors_seen));

@@ -36,14 +36,14 @@ TEST(OffloadOptionsTest, RequestReplacesOnlyTheFieldsItSets) {
   request.offload_head = false;
   request.target = Target::kDisk;
   request.min_offload_bytes = 0;  // given as 0: every tensor, not "the default"
-  request.max_fwd_stash = 2;
+  request.max_copies_in_flight = 2;
   request.prefetch_depth = 3;
   merged = MergeOffloadRequest(daemon, request);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_FALSE(merged->offload_head);
   EXPECT_EQ(merged->target, Target::kDisk);
   EXPECT_EQ(merged->min_offload_bytes, 0);
-  EXPECT_EQ(merged->max_fwd_stash, 2);
+  EXPECT_EQ(merged->max_copies_in_flight, 2);
   EXPECT_EQ(merged->prefetch_depth, 3);
 }
 
@@ -56,7 +56,7 @@ TEST(OffloadOptionsTest, ValidationNamesTheFieldWithItsPrefix) {
   };
   const Case cases[] = {
       {[](OffloadOptions& o) { o.min_offload_bytes = -1; }, "min_offload_bytes"},
-      {[](OffloadOptions& o) { o.max_fwd_stash = 0; }, "max_fwd_stash"},
+      {[](OffloadOptions& o) { o.max_copies_in_flight = 0; }, "max_copies_in_flight"},
       {[](OffloadOptions& o) { o.prefetch_depth = -2; }, "prefetch_depth"},
       {[](OffloadOptions& o) { o.host_limit_bytes = -1; }, "host_limit_bytes"},
       {[](OffloadOptions& o) { o.spill_dir.clear(); }, "spill_dir"},
@@ -72,7 +72,7 @@ TEST(OffloadOptionsTest, ValidationNamesTheFieldWithItsPrefix) {
     EXPECT_EQ(flag.message().rfind(std::string("--") + c.field, 0), 0u) << flag;
   }
   OffloadRequest request;
-  request.max_fwd_stash = 0;
+  request.max_copies_in_flight = 0;
   EXPECT_EQ(MergeOffloadRequest(good, request).status().code(),
             absl::StatusCode::kInvalidArgument);
 }

@@ -1,5 +1,5 @@
 // The offloader with a CUDA compute device: pinned host copies on a side
-// stream, spill-over to disk past the host limit, a bounded forward stash,
+// stream, spill-over to disk past the host limit, one copy in flight at most,
 // and unpacks on a stream other than the default one. Every test skips on a
 // machine without CUDA (or a build without its code paths); the Llama and
 // read-ahead CUDA tests live beside their CPU versions.
@@ -123,13 +123,13 @@ TEST(OffloadCudaTest, HostLimitSpillsTheRestToDisk) {
   EXPECT_EQ(run.host_after_forward + run.disk_after_forward, run.stats.bytes_out);
 }
 
-TEST(OffloadCudaTest, ForwardStashOfOneStillMatches) {
+TEST(OffloadCudaTest, OneCopyInFlightStillMatches) {
   MEMPROFD_SKIP_WITHOUT_CUDA();
   const MlpRun reference = RunMlp(nullptr);
   OffloadOptions options;
   options.enabled = true;
   options.target = Target::kHost;
-  options.max_fwd_stash = 1;
+  options.max_copies_in_flight = 1;
   auto offloader = CreateOnCuda(options);
   ASSERT_NE(offloader, nullptr);
   const MlpRun run = RunMlp(offloader.get());

@@ -1,5 +1,8 @@
 // Lifetimes, options and memory: nothing outlives the graph, the scope is
 // per thread, and offloading to disk removes saved activations from memory.
+// Each test that offloads also checks that the bytes really left (bytes_out,
+// what the spill file holds, resident saved bytes) and came back (bytes_in),
+// so none passes with an offloader that silently keeps everything.
 
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
@@ -25,10 +28,10 @@ using ::memprofd::offload::testing::MakeOffloader;
 TEST(OffloadLifecycleTest, CreateRejectsBadOptions) {
   OffloadOptions options;
   options.enabled = true;
-  options.max_fwd_stash = 0;
+  options.max_copies_in_flight = 0;
   EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
             absl::StatusCode::kInvalidArgument);
-  options.max_fwd_stash = 5;
+  options.max_copies_in_flight = 5;
   options.min_offload_bytes = -1;
   EXPECT_EQ(Offloader::Create(options, c10::Device(c10::kCPU)).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -65,8 +68,15 @@ TEST(OffloadLifecycleTest, UnusedBranchFreesEverything) {
       }
       loss.backward();
       offloader->Flush();
-      // The unused branch still holds its saved tensors...
-      EXPECT_GT(offloader->resident_saved_bytes() + offloader->disk_bytes_held(), 0);
+      // The unused branch still holds its saved tensors: in the spill file
+      // with the disk target, on the device with the host one (a CPU device
+      // is the host target already)...
+      if (target == Target::kDisk) {
+        EXPECT_GT(offloader->disk_bytes_held(), 0);
+      } else {
+        EXPECT_GT(offloader->resident_saved_bytes(), 0);
+        EXPECT_EQ(offloader->disk_bytes_held(), 0);
+      }
       dead.reset();
       loss.reset();
       // ...and gives everything back with its graph.
@@ -77,8 +87,11 @@ TEST(OffloadLifecycleTest, UnusedBranchFreesEverything) {
       const OffloadStats stats = offloader->EndStep();
       if (target == Target::kDisk) {
         EXPECT_GT(stats.tensors_offloaded, 0);
+        EXPECT_GT(stats.bytes_out, 0);
+        EXPECT_GT(stats.bytes_in, 0);  // the used branch's backward read back
       } else {
         EXPECT_GT(stats.skipped_of(SkipReason::kOnTarget), 0);
+        EXPECT_EQ(stats.bytes_out, 0);
       }
     }
   }
@@ -92,6 +105,12 @@ TEST(OffloadLifecycleTest, SavedTensorsOutliveTheOffloader) {
     offloader->BeginStep({w});
     OffloadScope scope(offloader.get());
     loss = torch::exp(torch::mm(torch::ones({4, 32}) * 0.01, w)).sum();
+    // mm's input and exp's result are in the spill file, not in memory, when
+    // the offloader goes: backward reads them through what they kept.
+    offloader->Flush();
+    EXPECT_EQ(offloader->Totals().bytes_out, 2 * 4 * 32 * 4);
+    EXPECT_EQ(offloader->disk_bytes_held(), 2 * 4 * 32 * 4);
+    EXPECT_EQ(offloader->resident_saved_bytes(), 0);
   }
   loss.backward();
   at::Tensor expected = w.grad().clone();
@@ -119,6 +138,8 @@ TEST(OffloadLifecycleTest, ScopeIsPerThreadAndNullIsANoOp) {
   // hence still enclosing) scope; not the other thread's, not the unscoped one.
   EXPECT_EQ(stats.tensors_offloaded, 1);
   EXPECT_EQ(stats.tensors_seen, 1);
+  EXPECT_EQ(stats.bytes_out, 16 * 16 * 4);
+  EXPECT_EQ(stats.bytes_in, stats.bytes_out);
   const OffloadStats totals = offloader->Totals();
   EXPECT_EQ(totals.tensors_offloaded, 1);
   EXPECT_EQ(offloader->EndStep().tensors_seen, 0);  // counters restart per step
@@ -140,9 +161,12 @@ TEST(OffloadLifecycleTest, HeadScopeAfterTheBodyScopeIsAccountedNotMoved) {
   }
   offloader->Flush();  // the body's blocks are written: only the head's remain
   EXPECT_EQ(offloader->resident_saved_bytes(), 4 * 16 * 4);  // exp's result, kept
+  EXPECT_EQ(offloader->disk_bytes_held(), 2 * 4 * 16 * 4);   // the body's two
   loss.backward();
   const OffloadStats stats = offloader->EndStep();
   EXPECT_EQ(stats.tensors_offloaded, 2);  // mm's input, tanh's result
+  EXPECT_EQ(stats.bytes_out, 2 * 4 * 16 * 4);
+  EXPECT_EQ(stats.bytes_in, stats.bytes_out);
   EXPECT_EQ(stats.skipped_of(SkipReason::kExempt), 1);
   {
     NoOffloadScope unrelated;  // no offloader, no enclosing scope: nothing seen
@@ -170,26 +194,49 @@ TEST(OffloadLifecycleTest, BackwardOnAnotherThreadUnpacks) {
   std::thread worker([&] { loss.backward(); });
   worker.join();
   const OffloadStats stats = offloader->EndStep();
-  EXPECT_GT(stats.bytes_in, 0);
+  EXPECT_EQ(stats.bytes_out, 2 * 8 * 64 * 4);  // mm's input, tanh's result
+  EXPECT_EQ(stats.bytes_in, stats.bytes_out);
   EXPECT_TRUE(torch::equal(w.grad(), expected));
 }
 
-TEST(OffloadLifecycleTest, DisabledAccountsButMovesNothing) {
-  auto offloader = MakeOffloader(Target::kDisk, 0, /*enabled=*/false);
+TEST(OffloadLifecycleTest, DisabledAccountsWhatEnabledMoves) {
   at::Tensor a = torch::randn({16, 16}, torch::requires_grad());
-  offloader->BeginStep({a});
-  at::Tensor loss;
-  {
-    OffloadScope scope(offloader.get());
-    loss = torch::exp(a * 2).sum();
-  }
-  EXPECT_EQ(offloader->resident_saved_bytes(), 16 * 16 * 4);
-  loss.backward();
-  const OffloadStats stats = offloader->EndStep();
-  EXPECT_EQ(stats.bytes_out, 0);
-  EXPECT_EQ(stats.skipped_of(SkipReason::kDisabled), 1);
-  EXPECT_EQ(stats.peak_resident_saved_bytes, 16 * 16 * 4);
-  EXPECT_EQ(stats.anchor_bytes_out, 16 * 16 * 4);
+  struct Run {
+    int64_t resident_after_forward = 0;  // once the copies out are done
+    int64_t disk_after_forward = 0;
+    OffloadStats stats;
+  };
+  auto run = [&](bool enabled) {
+    auto offloader = MakeOffloader(Target::kDisk, 0, enabled);
+    offloader->BeginStep({a});
+    at::Tensor loss;
+    {
+      OffloadScope scope(offloader.get());
+      loss = torch::exp(a * 2).sum();
+    }
+    offloader->Flush();
+    Run r;
+    r.resident_after_forward = offloader->resident_saved_bytes();
+    r.disk_after_forward = offloader->disk_bytes_held();
+    loss.backward();
+    r.stats = offloader->EndStep();
+    return r;
+  };
+  const Run disabled = run(false);
+  EXPECT_EQ(disabled.resident_after_forward, 16 * 16 * 4);  // exp's result
+  EXPECT_EQ(disabled.disk_after_forward, 0);
+  EXPECT_EQ(disabled.stats.bytes_out, 0);
+  EXPECT_EQ(disabled.stats.skipped_of(SkipReason::kDisabled), 1);
+  EXPECT_EQ(disabled.stats.peak_resident_saved_bytes, 16 * 16 * 4);
+  EXPECT_EQ(disabled.stats.trl_baseline_bytes_out, 16 * 16 * 4);
+  // The same tensor with offloading on leaves the device for the spill file.
+  const Run enabled = run(true);
+  EXPECT_EQ(enabled.resident_after_forward, 0);
+  EXPECT_EQ(enabled.disk_after_forward, 16 * 16 * 4);
+  EXPECT_EQ(enabled.stats.tensors_offloaded, 1);
+  EXPECT_EQ(enabled.stats.bytes_out, 16 * 16 * 4);
+  EXPECT_EQ(enabled.stats.bytes_in, enabled.stats.bytes_out);
+  EXPECT_EQ(enabled.stats.trl_baseline_bytes_out, disabled.stats.trl_baseline_bytes_out);
 }
 
 // Counts live CPU bytes, on top of the allocator it replaces. The context of
@@ -278,9 +325,11 @@ TEST(OffloadLifecycleTest, DiskTargetDropsResidentSavedBytesBy70Percent) {
   c10::SetCPUAllocator(counting, /*priority=*/255);
 
   struct Measure {
-    int64_t accounted = 0;     // offloader's resident bytes at the end of forward
-    int64_t allocated = 0;     // allocator's live bytes added by forward
-    int64_t after_writes = 0;  // same, once queued writes are done
+    int64_t accounted = 0;          // offloader's resident bytes at the end of forward
+    int64_t allocated = 0;          // allocator's live bytes added by forward
+    int64_t after_writes = 0;       // same, once queued writes are done
+    int64_t disk_after_writes = 0;  // offloader's spill-file bytes then
+    OffloadStats stats;
     std::vector<at::Tensor> grads;
   };
   auto run = [&](bool enabled) {
@@ -299,12 +348,13 @@ TEST(OffloadLifecycleTest, DiskTargetDropsResidentSavedBytesBy70Percent) {
     m.allocated = counting->live() - before;
     offloader->Flush();
     m.after_writes = counting->live() - before;
+    m.disk_after_writes = offloader->disk_bytes_held();
     loss.backward();
     for (const at::Tensor& p : params) {
       m.grads.push_back(p.grad().clone());
       p.mutable_grad().reset();
     }
-    offloader->EndStep();
+    m.stats = offloader->EndStep();
     return m;
   };
   const Measure off = run(false);
@@ -324,6 +374,11 @@ TEST(OffloadLifecycleTest, DiskTargetDropsResidentSavedBytesBy70Percent) {
   EXPECT_LE(off.accounted, off.allocated);
   EXPECT_LE(disk.allocated, off.allocated * 3 / 10);
   EXPECT_LE(disk.after_writes, off.allocated / 10);
+  // What left memory is in the spill file, and backward read all of it back.
+  EXPECT_EQ(off.stats.bytes_out, 0);
+  EXPECT_GT(disk.stats.bytes_out, off.accounted / 2);
+  EXPECT_EQ(disk.disk_after_writes, disk.stats.bytes_out);
+  EXPECT_EQ(disk.stats.bytes_in, disk.stats.bytes_out);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ TEST_F(OffloadLlamaTest, GradientsAreBitIdenticalForBothTargets) {
       if (target == Target::kDisk) {
         EXPECT_GT(run.stats.tensors_offloaded, 0);
         EXPECT_EQ(run.stats.bytes_in, run.stats.bytes_out);
-        EXPECT_LE(run.stats.bytes_out, run.stats.anchor_bytes_out);
+        EXPECT_LE(run.stats.bytes_out, run.stats.trl_baseline_bytes_out);
       } else {
         EXPECT_EQ(run.stats.bytes_out, 0);
         EXPECT_GT(run.stats.skipped_of(SkipReason::kOnTarget), 0);
@@ -133,7 +133,7 @@ TEST_F(OffloadLlamaTest, CudaGradientsMatchForBothTargets) {
       }
       EXPECT_GT(run.stats.tensors_offloaded, 0);
       EXPECT_EQ(run.stats.bytes_in, run.stats.bytes_out);
-      EXPECT_LE(run.stats.bytes_out, run.stats.anchor_bytes_out);
+      EXPECT_LE(run.stats.bytes_out, run.stats.trl_baseline_bytes_out);
       EXPECT_LT(run.stats.peak_resident_saved_bytes,
                 kept.stats.peak_resident_saved_bytes);
       EXPECT_EQ(offloader->host_bytes_held(), 0);
@@ -150,7 +150,7 @@ TEST_F(OffloadLlamaTest, DiskDropsResidentSavedBytesAtEndOfForwardBy70Percent) {
   std::cout << "tiny, B=2 T=64: resident saved bytes at end of forward: off "
             << kept.resident_at_end_of_forward << ", disk "
             << moved.resident_at_end_of_forward << "; bytes out " << moved.stats.bytes_out
-            << " (anchor " << moved.stats.anchor_bytes_out << ")\n";
+            << " (TRL baseline " << moved.stats.trl_baseline_bytes_out << ")\n";
   EXPECT_GT(kept.resident_at_end_of_forward, 1 << 20);
   EXPECT_LE(moved.resident_at_end_of_forward, kept.resident_at_end_of_forward * 3 / 10);
 }

@@ -148,8 +148,8 @@ TEST(OffloadViewsTest, OutAndOffsetSliceShareOneCopy) {
   EXPECT_EQ(stats.dedup_hits, 1);
   EXPECT_EQ(stats.bytes_out, 16 * 32 * 4);
   EXPECT_EQ(stats.dedup_bytes_saved, 15 * 32 * 4);
-  // The anchor keys on (pointer + offset, dtype): out[1:] is a second copy.
-  EXPECT_EQ(stats.anchor_bytes_out, 16 * 32 * 4 + 15 * 32 * 4);
+  // The TRL baseline keys on (pointer + offset, dtype): out[1:] is a second copy.
+  EXPECT_EQ(stats.trl_baseline_bytes_out, 16 * 32 * 4 + 15 * 32 * 4);
   ASSERT_EQ(Unpacked().size(), 2u);
   EXPECT_EQ(Unpacked()[1].storage_offset(), 32);
 }
@@ -361,11 +361,11 @@ TEST(OffloadViewsTest, ReusedAddressesAreNeverDeduplicated) {
   EXPECT_EQ(stats.tensors_offloaded, 3);
   EXPECT_EQ(stats.dedup_hits, 0);
   EXPECT_EQ(stats.bytes_out, 3 * 64 * 64 * 4);
-  // The allocator did hand the same block out again (what fools the anchor's
-  // key, trl#6241; its accounting here does not credit those false hits).
+  // The allocator did hand the same block out again (what fools the TRL
+  // baseline's key, trl#6241; its accounting here does not credit those false hits).
   EXPECT_EQ(addresses[0], addresses[1]);
   EXPECT_EQ(addresses[1], addresses[2]);
-  EXPECT_EQ(stats.anchor_bytes_out, 3 * 64 * 64 * 4);
+  EXPECT_EQ(stats.trl_baseline_bytes_out, 3 * 64 * 64 * 4);
   EXPECT_TRUE(torch::allclose(x.grad(), x * (1 + 4 + 9)));
 }
 

@@ -68,14 +68,14 @@ TEST(ConvertTest, TrainRequestOffloadCarriesOnlyTheFieldsSet) {
   o->set_offload_head(false);
   o->set_min_offload_bytes(0);  // set: "every tensor", not "the default"
   o->set_target(v1::OFFLOAD_TARGET_DISK);
-  o->set_max_fwd_stash(3);
+  o->set_max_copies_in_flight(3);
   o->set_prefetch_depth(-1);
   absl::StatusOr<TrainSpec> all = FromProto(req);
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->offload.offload_head, std::optional<bool>(false));
   EXPECT_EQ(all->offload.min_offload_bytes, std::optional<int64_t>(0));
   EXPECT_EQ(all->offload.target, std::optional<offload::Target>(offload::Target::kDisk));
-  EXPECT_EQ(all->offload.max_fwd_stash, std::optional<int>(3));
+  EXPECT_EQ(all->offload.max_copies_in_flight, std::optional<int>(3));
   EXPECT_EQ(all->offload.prefetch_depth, std::optional<int>(offload::kPrefetchAuto));
 
   // The unspecified target is "the daemon's".

@@ -1,3 +1,8 @@
+// StorageRecord: bringing an offloaded storage's segments back (Load) and
+// handing the reloaded buffer to an unpack (Reload).
+
+#include "core/offload/internal/storage_record.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
@@ -5,7 +10,7 @@
 #include <chrono>
 #include <utility>
 
-#include "core/offload/internal/offload_core.h"
+#include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
 namespace {
@@ -20,10 +25,10 @@ constexpr int64_t kReloadStart = 0;
 
 }  // namespace
 
-StorageRecord::StorageRecord(std::shared_ptr<OffloadCore> core,
+StorageRecord::StorageRecord(std::shared_ptr<SavedTensorStore> store,
                              const c10::Storage& storage, c10::Device device,
                              uint32_t version, bool kept)
-    : core_(std::move(core)),
+    : store_(std::move(store)),
       key_(storage.unsafeGetStorageImpl()),
       storage_(storage.getWeakStorageImpl()),
       storage_nbytes_(static_cast<int64_t>(storage.nbytes())),
@@ -31,17 +36,17 @@ StorageRecord::StorageRecord(std::shared_ptr<OffloadCore> core,
       version_(version),
       kept_(kept) {}
 
-StorageRecord::~StorageRecord() { core_->ForgetRecord(this); }
+StorageRecord::~StorageRecord() { store_->ForgetRecord(this); }
 
 StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
   absl::MutexLock reload_lock(&reload_mu_);
   std::vector<Segment> segments;
   int64_t generation = 0;
   {
-    OffloadCore::Graveyard graveyard;
-    absl::MutexLock lock(&core_->mu_);
-    core_->DrainStash(/*all=*/true, &graveyard);
-    core_->mu_.Await(absl::Condition(
+    SavedTensorStore::RecordsToReleaseUnlocked to_release;
+    absl::MutexLock lock(&store_->mu_);
+    store_->RetireCopiesToHost(SavedTensorStore::CopyWait::kAll, &to_release);
+    store_->mu_.Await(absl::Condition(
         +[](StorageRecord* r) { return r->pending_ == 0; }, this));
     if (reloaded_.defined()) return Loaded{reloaded_, reload_base_, reload_done_};
     segments = segments_;
@@ -68,7 +73,7 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
     } else {
       at::Tensor into = device_.is_cpu() ? dst : EmptyPinned(s.span.size());
       const absl::Status status =
-          core_->spill_->Read(s.file_offset, into.data_ptr(), s.span.size());
+          store_->spill_->Read(s.file_offset, into.data_ptr(), s.span.size());
       TORCH_CHECK(status.ok(),
                   "cannot bring back an offloaded activation: ", status.ToString());
       if (!device_.is_cpu()) copies.push_back({std::move(into), dst});
@@ -76,14 +81,14 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
     moved += s.span.size();
   }
   CopyDone done = StartCopiesToDevice(copies);
-  absl::MutexLock lock(&core_->mu_);
-  core_->step_.bytes_in += moved;
-  if (prefetch) core_->step_.bytes_prefetched += moved;
+  absl::MutexLock lock(&store_->mu_);
+  store_->step_.bytes_in += moved;
+  if (prefetch) store_->step_.bytes_prefetched += moved;
   if (generation == generation_) {  // else segments were added meanwhile: do not cache
     reloaded_ = out;
     reload_base_ = start;
     reload_done_ = done;
-    core_->AddResident(out.numel());
+    store_->AddResident(out.numel());
   }
   return Loaded{std::move(out), start, std::move(done)};
 }
@@ -91,9 +96,9 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
 void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
   const auto started = std::chrono::steady_clock::now();
   {
-    OffloadCore::Graveyard graveyard;
-    absl::MutexLock lock(&core_->mu_);
-    core_->SchedulePrefetch(*this, &graveyard);
+    SavedTensorStore::RecordsToReleaseUnlocked to_release;
+    absl::MutexLock lock(&store_->mu_);
+    store_->SchedulePrefetch(*this, &to_release);
   }
   Loaded loaded = Load(/*prefetch=*/false);
   UseOnCurrentStream(loaded.done, loaded.buffer);
@@ -101,37 +106,11 @@ void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
                              std::chrono::steady_clock::now() - started)
                              .count();
   {
-    absl::MutexLock lock(&core_->mu_);
-    core_->step_.reload_wait_ns += waited;
+    absl::MutexLock lock(&store_->mu_);
+    store_->step_.reload_wait_ns += waited;
   }
   *buffer = std::move(loaded.buffer);
   *base = loaded.base;
-}
-
-at::Tensor OffloadCore::Unpack(const PackedTensor& packed) {
-  // Autograd skips its version check when hooks are set (saved_variable.cpp),
-  // so the check is ours; same wording, so callers see the usual error.
-  if (packed.version.enabled()) {
-    const uint32_t current = packed.version.current_version();
-    TORCH_CHECK(
-        current == packed.saved_version,
-        "one of the variables needed for gradient computation has been modified "
-        "by an inplace operation: [",
-        packed.kept.defined() ? packed.kept.toString() : c10::toString(packed.dtype), " ",
-        packed.kept.defined() ? packed.kept.sizes() : c10::IntArrayRef(packed.sizes),
-        "] is at version ", current, "; expected version ", packed.saved_version,
-        " instead. (Checked by memprofd's activation offloader; the tensor was "
-        "changed in place after autograd saved it.)");
-  }
-  if (packed.kept.defined()) return packed.kept;
-  at::Tensor buffer;
-  int64_t base = 0;
-  packed.record->Reload(&buffer, &base);
-  const auto element = static_cast<int64_t>(c10::elementSize(packed.dtype));
-  at::Tensor out = at::empty({0}, buffer.options().dtype(packed.dtype));
-  out.set_(buffer.storage(), (packed.byte_offset - base) / element, packed.sizes,
-           packed.strides);
-  return out;
 }
 
 }  // namespace memprofd::offload::internal

@@ -1,4 +1,7 @@
-#include "core/offload/internal/engine.h"
+// OffloadingAutogradEngine: LibTorch's default autograd engine with saved-tensor
+// hooks for tensors saved inside an OffloadScope, and its installation.
+
+#include "core/offload/internal/autograd_engine.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/saved_variable_hooks.h>
@@ -7,7 +10,7 @@
 #include <mutex>
 #include <utility>
 
-#include "core/offload/internal/offload_core.h"
+#include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
 namespace {
@@ -17,39 +20,39 @@ namespace {
 // graph).
 class SavedTensorHooks final : public torch::autograd::SavedVariableHooks {
  public:
-  SavedTensorHooks(std::shared_ptr<OffloadCore> core, bool exempt)
-      : core_(std::move(core)), exempt_(exempt) {}
+  SavedTensorHooks(std::shared_ptr<SavedTensorStore> store, bool exempt)
+      : store_(std::move(store)), exempt_(exempt) {}
 
   void call_pack_hook(const at::Tensor& tensor) override {
-    core_->Pack(tensor, exempt_, &packed_);
+    store_->Pack(tensor, exempt_, &packed_);
   }
-  at::Tensor call_unpack_hook() override { return core_->Unpack(packed_); }
+  at::Tensor call_unpack_hook() override { return store_->Unpack(packed_); }
 
  private:
-  const std::shared_ptr<OffloadCore> core_;
+  const std::shared_ptr<SavedTensorStore> store_;
   const bool exempt_;
   PackedTensor packed_;
 };
 
 // The default engine, plus hooks for tensors saved inside an OffloadScope.
 // Created once and leaked: Engine's worker threads outlive static destruction.
-class OffloadEngine final : public torch::autograd::Engine {
+class OffloadingAutogradEngine final : public torch::autograd::Engine {
  public:
   static torch::autograd::Engine& Get() {
-    static OffloadEngine* engine = new OffloadEngine();
+    static OffloadingAutogradEngine* engine = new OffloadingAutogradEngine();
     return *engine;
   }
 
   std::unique_ptr<torch::autograd::SavedVariableHooks> get_default_saved_variable_hooks()
       override {
     const ThreadScope& scope = CurrentThreadScope();
-    if (scope.core == nullptr) return nullptr;
-    return std::make_unique<SavedTensorHooks>(scope.core->shared_from_this(),
+    if (scope.store == nullptr) return nullptr;
+    return std::make_unique<SavedTensorHooks>(scope.store->shared_from_this(),
                                               scope.exempt);
   }
 
  private:
-  OffloadEngine() = default;
+  OffloadingAutogradEngine() = default;
 };
 
 }  // namespace
@@ -64,9 +67,10 @@ absl::Status InstallEngine() {
   std::call_once(once, [] {
     // Another stub (libtorch_python's) would already have replaced the base
     // engine; checked below.
-    torch::autograd::set_default_engine_stub(&OffloadEngine::Get);
+    torch::autograd::set_default_engine_stub(&OffloadingAutogradEngine::Get);
   });
-  if (&torch::autograd::Engine::get_default_engine() != &OffloadEngine::Get()) {
+  if (&torch::autograd::Engine::get_default_engine() !=
+      &OffloadingAutogradEngine::Get()) {
     return absl::FailedPreconditionError(
         "another autograd engine replaced memprofd's (is libtorch_python loaded?); "
         "activation offloading cannot work in this process");
