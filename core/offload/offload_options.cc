@@ -9,6 +9,13 @@
 
 namespace memprofd::offload {
 
+// OffloadOptions::Tie() lists every field; this fails to compile when one is
+// added without joining it (the size is that of the fields Tie() names, on
+// the 64-bit Linux ABIs memprofd builds for).
+static_assert(
+    sizeof(OffloadOptions) == 72,
+    "a field was added to OffloadOptions: add it to Tie() and update this size");
+
 absl::string_view TargetName(Target target) {
   switch (target) {
     case Target::kHost:

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -73,6 +74,19 @@ struct OffloadOptions {
   // Host target with a CUDA compute device: once this many bytes are held in
   // host memory, further blocks go to the spill file. 0 = no limit.
   int64_t host_limit_bytes = 0;
+
+  // Every field, for comparison. A field added above must be added here too:
+  // a static_assert on the struct's size in offload_options.cc says so.
+  auto Tie() const {
+    return std::tie(enabled, target, min_offload_bytes, max_copies_in_flight,
+                    prefetch_depth, offload_head, spill_dir, host_limit_bytes);
+  }
+  friend bool operator==(const OffloadOptions& a, const OffloadOptions& b) {
+    return a.Tie() == b.Tie();
+  }
+  friend bool operator!=(const OffloadOptions& a, const OffloadOptions& b) {
+    return !(a == b);
+  }
 };
 
 // INVALID_ARGUMENT naming the first field out of range, as

@@ -18,15 +18,6 @@
 namespace memprofd {
 namespace {
 
-bool SameOffloadOptions(const offload::OffloadOptions& a,
-                        const offload::OffloadOptions& b) {
-  return a.enabled == b.enabled && a.target == b.target &&
-         a.min_offload_bytes == b.min_offload_bytes &&
-         a.max_copies_in_flight == b.max_copies_in_flight &&
-         a.prefetch_depth == b.prefetch_depth && a.offload_head == b.offload_head &&
-         a.spill_dir == b.spill_dir && a.host_limit_bytes == b.host_limit_bytes;
-}
-
 int64_t StepPeakBytes(const std::string& device) {
   memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
   for (const auto& p : stats.last_step_peaks) {
@@ -90,7 +81,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     return;
   }
   op->MarkRunning();
-  if (!offloader_ || !SameOffloadOptions(offloader_->options(), offload_options)) {
+  if (!offloader_ || offloader_->options() != offload_options) {
     offloader_.reset();
     absl::StatusOr<std::unique_ptr<offload::Offloader>> created =
         offload::Offloader::Create(offload_options, c10::Device(device_));
