@@ -22,11 +22,6 @@
 
 namespace memprofd {
 
-// True when `s` is valid UTF-8 (no overlong forms, no surrogates, nothing
-// above U+10FFFF, no truncated sequence). On failure *bad_offset (if given)
-// is the offset of the first bad sequence. Pure and thread-safe.
-bool IsValidUtf8(absl::string_view s, size_t* bad_offset = nullptr);
-
 // One JSON value: null, bool, number, string, array or object.
 //
 // Numbers keep their JSON text: a parsed number serializes back exactly as

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace snapshot {

@@ -174,32 +174,6 @@ TEST(JsonTest, RejectsInvalidUtf8WithItsOffset) {
   EXPECT_EQ(v->string_value(), "\xe2\x82\xac \xf4\x8f\xbf\xbf");
 }
 
-TEST(JsonTest, IsValidUtf8RejectsOverlongSurrogatesAndTruncation) {
-  size_t bad = 99;
-  EXPECT_TRUE(IsValidUtf8("plain \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", &bad));
-  EXPECT_EQ(bad, 99u);
-  EXPECT_TRUE(IsValidUtf8(""));
-  struct Case {
-    std::string text;
-    size_t offset;
-  };
-  for (const Case& c : {
-           Case{"ab\xc0\xaf", 2},        // overlong '/'
-           Case{"\xe0\x80\xaf", 0},      // overlong, 3 bytes
-           Case{"\xf0\x80\x80\xaf", 0},  // overlong, 4 bytes
-           Case{"x\xed\xa0\x80", 1},     // surrogate U+D800
-           Case{"\xf4\x90\x80\x80", 0},  // above U+10FFFF
-           Case{"ok\xe2\x82", 2},        // truncated
-           Case{"\x80", 0},              // lone continuation byte
-           Case{"\xc3\x28", 0},          // bad continuation byte
-           Case{"\xff", 0},
-       }) {
-    bad = 99;
-    EXPECT_FALSE(IsValidUtf8(c.text, &bad)) << c.offset;
-    EXPECT_EQ(bad, c.offset);
-  }
-}
-
 TEST(JsonTest, KeepsNumberTextExactly) {
   // safetensors offsets and config values must come back as written.
   absl::StatusOr<JsonValue> v =
