@@ -147,6 +147,11 @@ absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
       return absl::InvalidArgumentError(absl::StrCat("tensor name ", JsonQuote(s.name),
                                                      " is not allowed in safetensors"));
     }
+    if (!IsValidUtf8(s.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name ", JsonQuote(s.name),
+                       " is not valid UTF-8, which a safetensors header must be"));
+    }
     if (!names.insert(s.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate tensor name ", JsonQuote(s.name)));
@@ -170,6 +175,11 @@ absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
     json += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : metadata) {
+      if (!IsValidUtf8(k) || !IsValidUtf8(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("safetensors metadata ", JsonQuote(k),
+                         " is not valid UTF-8, which a safetensors header must be"));
+      }
       absl::StrAppend(&json, first ? "" : ",", JsonQuote(k), ":", JsonQuote(v));
       first = false;
     }
