@@ -2,7 +2,8 @@
 # Installs what memprofd needs to build, test and run, once, and only what is
 # missing, so a second run downloads nothing:
 #  1. Debian 12 packages, with apt-get: the toolchain, gRPC, protobuf, Abseil,
-#     prometheus-cpp, GoogleTest, the Prometheus server, Python's venv module.
+#     prometheus-cpp, nlohmann-json, GoogleTest, the Prometheus server,
+#     Python's venv module.
 #  2. One Python venv at $MEMPROFD_VENV (default /opt/memprofd/venv), outside
 #     every checkout, from deploy/requirements.txt: the torch wheel whose
 #     LibTorch the C++ build links, and the tests' real consumers (transformers,
@@ -20,9 +21,11 @@ requirements="$here/requirements.txt"
 packages=(
   # toolchain
   build-essential cmake pkg-config
-  # libraries (DESIGN.md): gRPC, protobuf, Abseil, prometheus-cpp, GoogleTest
+  # libraries (DESIGN.md): gRPC, protobuf, Abseil, prometheus-cpp, GoogleTest,
+  # nlohmann-json (header-only)
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev grpc-proto
+  nlohmann-json3-dev
   # tests: the Prometheus server and promtool; the venv's interpreter
   prometheus python3 python3-venv
   # demo and tests

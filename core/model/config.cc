@@ -16,50 +16,47 @@ absl::Status FieldError(absl::string_view field, absl::string_view problem) {
 }
 
 // Reads integer `field` into *out; required fields must be present.
-absl::Status ReadInt(const JsonValue& root, absl::string_view field, bool required,
+absl::Status ReadInt(const Json& root, absl::string_view field, bool required,
                      int64_t* out) {
-  const JsonValue* v = root.Find(field);
+  const Json* v = JsonFind(root, field);
   if (v == nullptr) {
     if (required) {
       return FieldError(field, "is missing; a Llama config needs it (an integer)");
     }
     return absl::OkStatus();
   }
-  if (v->is_integer()) {
-    *out = v->int_value();
-    return absl::OkStatus();
-  }
+  if (JsonToInt64(*v, out)) return absl::OkStatus();
   // 512.0 is an integer too, as Python would accept it.
-  if (v->is_number() && v->number_value() == std::floor(v->number_value()) &&
-      std::fabs(v->number_value()) < 9e15) {
-    *out = static_cast<int64_t>(v->number_value());
+  if (v->is_number_float() && v->get<double>() == std::floor(v->get<double>()) &&
+      std::fabs(v->get<double>()) < 9e15) {
+    *out = static_cast<int64_t>(v->get<double>());
     return absl::OkStatus();
   }
-  return FieldError(field, absl::StrCat("must be an integer, got ", v->Serialize()));
+  return FieldError(field, absl::StrCat("must be an integer, got ", DumpJson(*v)));
 }
 
-absl::Status ReadDouble(const JsonValue& root, absl::string_view field, double* out) {
-  const JsonValue* v = root.Find(field);
+absl::Status ReadDouble(const Json& root, absl::string_view field, double* out) {
+  const Json* v = JsonFind(root, field);
   if (v == nullptr) return absl::OkStatus();
   if (!v->is_number()) {
-    return FieldError(field, absl::StrCat("must be a number, got ", v->Serialize()));
+    return FieldError(field, absl::StrCat("must be a number, got ", DumpJson(*v)));
   }
-  *out = v->number_value();
+  *out = v->get<double>();
   return absl::OkStatus();
 }
 
-absl::Status ReadBool(const JsonValue& root, absl::string_view field, bool* out) {
-  const JsonValue* v = root.Find(field);
+absl::Status ReadBool(const Json& root, absl::string_view field, bool* out) {
+  const Json* v = JsonFind(root, field);
   if (v == nullptr) return absl::OkStatus();
-  if (!v->is_bool()) {
-    return FieldError(field, absl::StrCat("must be true or false, got ", v->Serialize()));
+  if (!v->is_boolean()) {
+    return FieldError(field, absl::StrCat("must be true or false, got ", DumpJson(*v)));
   }
-  *out = v->bool_value();
+  *out = v->get<bool>();
   return absl::OkStatus();
 }
 
 // A boolean option this implementation supports only as false.
-absl::Status RequireFalse(const JsonValue& root, absl::string_view field) {
+absl::Status RequireFalse(const Json& root, absl::string_view field) {
   bool value = false;
   RETURN_IF_ERROR(ReadBool(root, field, &value));
   if (value) return FieldError(field, "is true, which is not supported; set it to false");
@@ -74,32 +71,30 @@ absl::Status Positive(absl::string_view field, int64_t value) {
 }  // namespace
 
 absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
-  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(json);
+  absl::StatusOr<Json> parsed = ParseJson(json);
   if (!parsed.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json is not valid JSON: ", parsed.status().message()));
   }
-  const JsonValue& root = *parsed;
+  const Json& root = *parsed;
   if (!root.is_object()) {
     return absl::InvalidArgumentError("config.json must hold a JSON object");
   }
   LlamaConfig c;
 
-  const JsonValue* model_type = root.Find("model_type");
-  if (model_type != nullptr &&
-      !(model_type->is_string() && model_type->string_value() == "llama")) {
+  const Json* model_type = JsonFind(root, "model_type");
+  if (model_type != nullptr && *model_type != "llama") {
     return FieldError("model_type",
-                      absl::StrCat("is ", model_type->Serialize(),
+                      absl::StrCat("is ", DumpJson(*model_type),
                                    "; only \"llama\" (LlamaForCausalLM) is supported"));
   }
-  const JsonValue* archs = root.Find("architectures");
+  const Json* archs = JsonFind(root, "architectures");
   if (archs != nullptr && !archs->is_null()) {
-    if (!archs->is_array() || archs->array_items().size() != 1 ||
-        !archs->array_items()[0].is_string()) {
+    if (!archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string()) {
       return FieldError("architectures", absl::StrCat("must be [\"", kArchitecture,
-                                                      "\"], got ", archs->Serialize()));
+                                                      "\"], got ", DumpJson(*archs)));
     }
-    c.architecture = archs->array_items()[0].string_value();
+    c.architecture = (*archs)[0].get<std::string>();
   } else if (model_type == nullptr) {
     return FieldError(
         "architectures",
@@ -114,7 +109,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   RETURN_IF_ERROR(ReadInt(root, "num_attention_heads", true, &c.num_attention_heads));
   // transformers: num_key_value_heads absent or null means plain multi-head.
   c.num_key_value_heads = c.num_attention_heads;
-  const JsonValue* kv = root.Find("num_key_value_heads");
+  const Json* kv = JsonFind(root, "num_key_value_heads");
   if (kv != nullptr && !kv->is_null()) {
     RETURN_IF_ERROR(ReadInt(root, "num_key_value_heads", true, &c.num_key_value_heads));
   }
@@ -125,47 +120,47 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   RETURN_IF_ERROR(ReadBool(root, "tie_word_embeddings", &c.tie_word_embeddings));
 
   // Newer transformers write "dtype" instead of "torch_dtype".
-  const JsonValue* dtype = root.Find("torch_dtype");
-  if (dtype == nullptr) dtype = root.Find("dtype");
+  const Json* dtype = JsonFind(root, "torch_dtype");
+  if (dtype == nullptr) dtype = JsonFind(root, "dtype");
   if (dtype != nullptr && !dtype->is_null()) {
     if (!dtype->is_string()) {
       return FieldError("torch_dtype",
-                        absl::StrCat("must be a string, got ", dtype->Serialize()));
+                        absl::StrCat("must be a string, got ", DumpJson(*dtype)));
     }
-    c.torch_dtype = dtype->string_value();
+    c.torch_dtype = dtype->get<std::string>();
   }
 
   // Options that would change the math in ways this implementation does not
   // follow: refuse them rather than train a different model.
-  const JsonValue* act = root.Find("hidden_act");
-  if (act != nullptr && !(act->is_string() && act->string_value() == "silu")) {
-    return FieldError("hidden_act", absl::StrCat("is ", act->Serialize(),
+  const Json* act = JsonFind(root, "hidden_act");
+  if (act != nullptr && *act != "silu") {
+    return FieldError("hidden_act", absl::StrCat("is ", DumpJson(*act),
                                                  "; only \"silu\" is supported"));
   }
-  const JsonValue* scaling = root.Find("rope_scaling");
+  const Json* scaling = JsonFind(root, "rope_scaling");
   if (scaling != nullptr && !scaling->is_null()) {
     return FieldError("rope_scaling", "is set, which is not supported; use null");
   }
   // transformers 5 writes the rotary settings as "rope_parameters":
   // {"rope_theta": ..., "rope_type": "default"} instead of a top-level
   // rope_theta; it still reads the older form, which ToJson writes.
-  const JsonValue* rope = root.Find("rope_parameters");
+  const Json* rope = JsonFind(root, "rope_parameters");
   if (rope != nullptr && !rope->is_null()) {
     if (!rope->is_object()) {
       return FieldError("rope_parameters",
-                        absl::StrCat("must be an object, got ", rope->Serialize()));
+                        absl::StrCat("must be an object, got ", DumpJson(*rope)));
     }
-    const JsonValue* type = rope->Find("rope_type");
-    if (type != nullptr && !(type->is_string() && type->string_value() == "default")) {
+    const Json* type = JsonFind(*rope, "rope_type");
+    if (type != nullptr && *type != "default") {
       return FieldError("rope_parameters.rope_type",
-                        absl::StrCat("is ", type->Serialize(),
+                        absl::StrCat("is ", DumpJson(*type),
                                      "; only \"default\" (no scaling) is supported"));
     }
     RETURN_IF_ERROR(ReadDouble(*rope, "rope_theta", &c.rope_theta));
   }
   RETURN_IF_ERROR(RequireFalse(root, "attention_bias"));
   RETURN_IF_ERROR(RequireFalse(root, "mlp_bias"));
-  const JsonValue* head_dim = root.Find("head_dim");
+  const Json* head_dim = JsonFind(root, "head_dim");
   if (head_dim != nullptr && !head_dim->is_null()) {
     int64_t hd = 0;
     RETURN_IF_ERROR(ReadInt(root, "head_dim", true, &hd));
@@ -228,33 +223,32 @@ absl::Status LlamaConfig::Validate() const {
 }
 
 std::string LlamaConfig::ToJson() const {
-  // Keys sorted, as transformers writes them.
-  JsonValue j = JsonValue::MakeObject();
-  JsonValue archs = JsonValue::MakeArray();
-  archs.Append(architecture);
-  j.Set("architectures", std::move(archs));
-  j.Set("attention_bias", false);
-  j.Set("attention_dropout", 0.0);
-  j.Set("head_dim", head_dim());
-  j.Set("hidden_act", "silu");
-  j.Set("hidden_size", hidden_size);
-  j.Set("initializer_range", 0.02);
-  j.Set("intermediate_size", intermediate_size);
-  j.Set("max_position_embeddings", max_position_embeddings);
-  j.Set("mlp_bias", false);
-  j.Set("model_type", "llama");
-  j.Set("num_attention_heads", num_attention_heads);
-  j.Set("num_hidden_layers", num_hidden_layers);
-  j.Set("num_key_value_heads", num_key_value_heads);
-  j.Set("pretraining_tp", 1);
-  j.Set("rms_norm_eps", rms_norm_eps);
-  j.Set("rope_scaling", JsonValue());
-  j.Set("rope_theta", rope_theta);
-  j.Set("tie_word_embeddings", tie_word_embeddings);
-  j.Set("torch_dtype", torch_dtype);
-  j.Set("use_cache", true);
-  j.Set("vocab_size", vocab_size);
-  return j.Serialize(2) + "\n";
+  // Json objects are written with sorted keys, as transformers writes them.
+  const Json j = {
+      {"architectures", Json::array({architecture})},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"head_dim", head_dim()},
+      {"hidden_act", "silu"},
+      {"hidden_size", hidden_size},
+      {"initializer_range", 0.02},
+      {"intermediate_size", intermediate_size},
+      {"max_position_embeddings", max_position_embeddings},
+      {"mlp_bias", false},
+      {"model_type", "llama"},
+      {"num_attention_heads", num_attention_heads},
+      {"num_hidden_layers", num_hidden_layers},
+      {"num_key_value_heads", num_key_value_heads},
+      {"pretraining_tp", 1},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_scaling", nullptr},
+      {"rope_theta", rope_theta},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"torch_dtype", torch_dtype},
+      {"use_cache", true},
+      {"vocab_size", vocab_size},
+  };
+  return DumpJson(j, 2) + "\n";
 }
 
 int64_t LlamaConfig::NumParameters() const {

@@ -36,15 +36,15 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& pat
                                             ": ", why, "; restore it or save again"));
   };
   ASSIGN_OR_RETURN(std::string text, snapshot_internal::ReadSmallFile(path.string()));
-  absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
+  absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
-  const JsonValue* map = json->Find("weight_map");
+  const Json* map = JsonFind(*json, "weight_map");
   if (map == nullptr || !map->is_object()) return bad("no weight_map object");
   std::map<std::string, std::string> out;
-  for (const auto& [name, file] : map->object_items()) {
+  for (const auto& [name, file] : map->items()) {
     if (!file.is_string())
       return bad(absl::StrCat("weight_map[", name, "] is not a string"));
-    const std::string& f = file.string_value();
+    const std::string& f = file.get_ref<const std::string&>();
     if (f.empty() || absl::StrContains(f, "/") || absl::StrContains(f, "\\") ||
         f == "." || f == "..") {
       return bad(

@@ -13,34 +13,31 @@ constexpr int kManifestVersion = 1;
 }  // namespace
 
 std::string ManifestToJson(const SnapshotManifest& m) {
-  JsonValue v = JsonValue::MakeObject();
-  v.Set("memprofd_manifest_version", JsonValue(kManifestVersion));
-  v.Set("name", JsonValue(m.name));
-  v.Set("directory", JsonValue(m.directory));
-  JsonValue files = JsonValue::MakeArray();
-  for (const SnapshotFile& f : m.files) {
-    JsonValue file = JsonValue::MakeObject();
-    file.Set("name", JsonValue(f.name));
-    file.Set("bytes", JsonValue(f.bytes));
-    files.Append(std::move(file));
-  }
-  v.Set("files", std::move(files));
-  v.Set("total_size", JsonValue(m.total_size));
-  v.Set("bytes_written", JsonValue(m.bytes_written));
-  v.Set("num_tensors", JsonValue(m.num_tensors));
-  v.Set("num_shards", JsonValue(m.num_shards));
-  v.Set("dtype", JsonValue(m.dtype));
-  v.Set("max_shard_size", JsonValue(m.max_shard_size));
-  v.Set("dropped_tied_lm_head", JsonValue(m.dropped_tied_lm_head));
-  v.Set("duration_seconds", JsonValue(m.duration_seconds));
-  v.Set("throughput_bytes_per_second", JsonValue(m.throughput_bytes_per_second));
-  v.Set("peak_extra_host_bytes", JsonValue(m.peak_extra_host_bytes));
-  v.Set("peak_extra_device_bytes", JsonValue(m.peak_extra_device_bytes));
-  v.Set("staging_bytes", JsonValue(m.staging_bytes));
-  v.Set("global_step", JsonValue(m.global_step));
-  v.Set("create_time", JsonValue(absl::FormatTime(absl::RFC3339_full, m.create_time,
-                                                  absl::UTCTimeZone())));
-  return v.Serialize(2) + "\n";
+  Json files = Json::array();
+  for (const SnapshotFile& f : m.files)
+    files.push_back({{"name", f.name}, {"bytes", f.bytes}});
+  const Json v = {
+      {"memprofd_manifest_version", kManifestVersion},
+      {"name", m.name},
+      {"directory", m.directory},
+      {"files", std::move(files)},
+      {"total_size", m.total_size},
+      {"bytes_written", m.bytes_written},
+      {"num_tensors", m.num_tensors},
+      {"num_shards", m.num_shards},
+      {"dtype", m.dtype},
+      {"max_shard_size", m.max_shard_size},
+      {"dropped_tied_lm_head", m.dropped_tied_lm_head},
+      {"duration_seconds", m.duration_seconds},
+      {"throughput_bytes_per_second", m.throughput_bytes_per_second},
+      {"peak_extra_host_bytes", m.peak_extra_host_bytes},
+      {"peak_extra_device_bytes", m.peak_extra_device_bytes},
+      {"staging_bytes", m.staging_bytes},
+      {"global_step", m.global_step},
+      {"create_time",
+       absl::FormatTime(absl::RFC3339_full, m.create_time, absl::UTCTimeZone())},
+  };
+  return DumpJson(v, 2) + "\n";
 }
 
 absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
@@ -50,27 +47,25 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
                                             " is damaged: ", why,
                                             "; delete the snapshot or restore the file"));
   };
-  absl::StatusOr<JsonValue> parsed = JsonValue::Parse(text);
+  absl::StatusOr<Json> parsed = ParseJson(text);
   if (!parsed.ok()) return bad(parsed.status().message());
-  const JsonValue& v = *parsed;
+  const Json& v = *parsed;
   if (!v.is_object()) return bad("not a JSON object");
   SnapshotManifest m;
   auto get_int = [&](const char* key, int64_t* out) {
-    const JsonValue* f = v.Find(key);
-    return f != nullptr && f->AsInt64(out);
+    const Json* f = JsonFind(v, key);
+    return f != nullptr && JsonToInt64(*f, out);
   };
   auto get_double = [&](const char* key, double* out) {
-    const JsonValue* f = v.Find(key);
-    if (f != nullptr && f->is_null()) {
-      *out = 0;
-      return true;
-    }
-    return f != nullptr && f->AsDouble(out);
+    const Json* f = JsonFind(v, key);
+    if (f == nullptr || !(f->is_null() || f->is_number())) return false;
+    *out = f->is_null() ? 0 : f->get<double>();
+    return true;
   };
   auto get_string = [&](const char* key, std::string* out) {
-    const JsonValue* f = v.Find(key);
+    const Json* f = JsonFind(v, key);
     if (f == nullptr || !f->is_string()) return false;
-    *out = f->string_value();
+    *out = f->get<std::string>();
     return true;
   };
   int64_t version = 0;
@@ -92,24 +87,25 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
       !get_string("create_time", &create_time)) {
     return bad("a field is missing or has the wrong type");
   }
-  const JsonValue* tied = v.Find("dropped_tied_lm_head");
-  if (tied == nullptr || !tied->is_bool()) return bad("dropped_tied_lm_head is missing");
-  m.dropped_tied_lm_head = tied->bool_value();
+  const Json* tied = JsonFind(v, "dropped_tied_lm_head");
+  if (tied == nullptr || !tied->is_boolean())
+    return bad("dropped_tied_lm_head is missing");
+  m.dropped_tied_lm_head = tied->get<bool>();
   std::string err;
   if (!absl::ParseTime(absl::RFC3339_full, create_time, &m.create_time, &err)) {
     return bad(absl::StrCat("create_time: ", err));
   }
-  const JsonValue* files = v.Find("files");
+  const Json* files = JsonFind(v, "files");
   if (files == nullptr || !files->is_array()) return bad("files is missing");
-  for (const JsonValue& f : files->array_items()) {
+  for (const Json& f : *files) {
     SnapshotFile file;
-    const JsonValue* name = f.Find("name");
-    const JsonValue* bytes = f.Find("bytes");
+    const Json* name = JsonFind(f, "name");
+    const Json* bytes = JsonFind(f, "bytes");
     if (name == nullptr || !name->is_string() || bytes == nullptr ||
-        !bytes->AsInt64(&file.bytes)) {
+        !JsonToInt64(*bytes, &file.bytes)) {
       return bad("a files entry needs name and bytes");
     }
-    file.name = name->string_value();
+    file.name = name->get<std::string>();
     m.files.push_back(std::move(file));
   }
   return m;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -72,19 +73,19 @@ class Corrupt {
   std::string path_;
 };
 
-absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const JsonValue& v,
+absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const Json& v,
                                        const Corrupt& corrupt, absl::string_view path) {
   const std::string what = absl::StrCat("tensor ", JsonQuote(name));
   if (!v.is_object()) return corrupt(absl::StrCat(what, " is not a JSON object"));
   TensorEntry e;
   e.name = name;
   bool has_dtype = false, has_shape = false, has_offsets = false;
-  for (const auto& [key, member] : v.object_items()) {
+  for (const auto& [key, member] : v.items()) {
     if (key == "dtype") {
       has_dtype = true;
       if (!member.is_string())
         return corrupt(absl::StrCat(what, ": dtype is not a string"));
-      e.dtype = member.string_value();
+      e.dtype = member.get<std::string>();
       if (IsUnsupportedSafetensorsDtype(e.dtype)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "safetensors file ", path, ": tensor ", JsonQuote(name), " has dtype ",
@@ -98,22 +99,24 @@ absl::StatusOr<TensorEntry> ParseEntry(const std::string& name, const JsonValue&
       has_shape = true;
       if (!member.is_array())
         return corrupt(absl::StrCat(what, ": shape is not an array"));
-      for (const JsonValue& d : member.array_items()) {
+      for (const Json& d : member) {
         int64_t dim;
-        if (!d.AsInt64(&dim) || dim < 0) {
-          return corrupt(absl::StrCat(what, ": shape holds ", d.Serialize(),
+        if (!JsonToInt64(d, &dim) || dim < 0) {
+          return corrupt(absl::StrCat(what, ": shape holds ", DumpJson(d),
                                       ", not a non-negative integer"));
         }
         e.shape.push_back(dim);
       }
     } else if (key == "data_offsets") {
       has_offsets = true;
-      if (!member.is_array() || member.array_items().size() != 2 ||
-          !member.array_items()[0].AsUint64(&e.begin) ||
-          !member.array_items()[1].AsUint64(&e.end)) {
+      // nlohmann reads every non-negative integer literal as unsigned.
+      if (!member.is_array() || member.size() != 2 || !member[0].is_number_unsigned() ||
+          !member[1].is_number_unsigned()) {
         return corrupt(
             absl::StrCat(what, ": data_offsets is not two non-negative integers"));
       }
+      e.begin = member[0].get<uint64_t>();
+      e.end = member[1].get<uint64_t>();
     } else {
       return corrupt(absl::StrCat(what, ": unexpected field ", JsonQuote(key)));
     }
@@ -146,6 +149,11 @@ absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
       return absl::InvalidArgumentError(absl::StrCat("tensor name ", JsonQuote(s.name),
                                                      " is not allowed in safetensors"));
     }
+    if (!IsValidUtf8(s.name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name ", JsonQuote(s.name),
+                       " is not valid UTF-8, which a safetensors header must be"));
+    }
     if (!names.insert(s.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("duplicate tensor name ", JsonQuote(s.name)));
@@ -169,6 +177,11 @@ absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
     json += "\"__metadata__\":{";
     bool first = true;
     for (const auto& [k, v] : metadata) {
+      if (!IsValidUtf8(k) || !IsValidUtf8(v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("safetensors metadata ", JsonQuote(k),
+                         " is not valid UTF-8, which a safetensors header must be"));
+      }
       absl::StrAppend(&json, first ? "" : ",", JsonQuote(k), ":", JsonQuote(v));
       first = false;
     }
@@ -228,22 +241,22 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file,
     return corrupt(absl::StrCat("header is not valid UTF-8 (byte ", 8 + bad, ")"));
   }
   if (text.empty() || text[0] != '{') return corrupt("header does not start with '{'");
-  absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
+  absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return corrupt(absl::StrCat("header: ", json.status().message()));
   if (!json->is_object()) return corrupt("header is not a JSON object");
 
   SafetensorsHeader header;
   header.header_size = n;
-  for (const auto& [name, value] : json->object_items()) {
+  for (const auto& [name, value] : json->items()) {
     if (name == "__metadata__") {
       if (value.is_null()) continue;
       if (!value.is_object()) return corrupt("__metadata__ is not an object");
-      for (const auto& [k, v] : value.object_items()) {
+      for (const auto& [k, v] : value.items()) {
         if (!v.is_string()) {
           return corrupt(
               absl::StrCat("__metadata__ value of ", JsonQuote(k), " is not a string"));
         }
-        header.metadata[k] = v.string_value();
+        header.metadata[k] = v.get<std::string>();
       }
       continue;
     }

@@ -65,9 +65,10 @@ struct SafetensorsLayout {
 };
 
 // Lays out `specs` with `metadata` as "__metadata__" (omitted when empty).
-// INVALID_ARGUMENT for an empty or duplicate name, the name "__metadata__",
-// an unknown dtype, a negative dimension, a size that overflows, or a header
-// over kMaxSafetensorsHeaderBytes.
+// INVALID_ARGUMENT for an empty, duplicate or not UTF-8 name, the name
+// "__metadata__", metadata that is not UTF-8, an unknown dtype, a negative
+// dimension, a size that overflows, or a header over
+// kMaxSafetensorsHeaderBytes.
 absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
     std::vector<TensorSpec> specs, const std::map<std::string, std::string>& metadata);
 

@@ -116,14 +116,10 @@ ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_s
 }
 
 std::string ShardPlan::IndexJson() const {
-  JsonValue metadata = JsonValue::MakeObject();
-  metadata.Set("total_size", total_size);
-  JsonValue map = JsonValue::MakeObject();
-  for (const auto& [name, file] : weight_map) map.Set(name, file);
-  JsonValue index = JsonValue::MakeObject();
-  index.Set("metadata", std::move(metadata));
-  index.Set("weight_map", std::move(map));
-  return index.Serialize(2, /*sort_keys=*/true) + "\n";
+  // Json objects are written with sorted keys, as transformers writes them.
+  const Json index = {{"metadata", {{"total_size", total_size}}},
+                      {"weight_map", weight_map}};
+  return DumpJson(index, 2) + "\n";
 }
 
 }  // namespace snapshot

@@ -10,8 +10,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 #include "core/snapshot/internal/file_io.h"
 
 namespace memprofd {

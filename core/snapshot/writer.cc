@@ -64,7 +64,7 @@ const char* TorchDtypeName(SnapshotDtype dtype) {
 absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
                                        SnapshotDtype dtype) {
   if (config_json.empty()) return std::string();
-  absl::StatusOr<JsonValue> config = JsonValue::Parse(config_json);
+  absl::StatusOr<Json> config = ParseJson(config_json);
   if (!config.ok() || !config->is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat("config.json text is not a JSON object: ",
@@ -72,8 +72,8 @@ absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
   }
   if (dtype == SnapshotDtype::kKeep) return std::string(config_json);
   // transformers records the saved dtype in config.json.
-  config->Set("torch_dtype", TorchDtypeName(dtype));
-  return config->Serialize(2, /*sort_keys=*/true) + "\n";
+  (*config)["torch_dtype"] = TorchDtypeName(dtype);
+  return DumpJson(*config, 2) + "\n";
 }
 
 // Creates the root if needed and checks it is a directory.

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -112,17 +113,28 @@ absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
   if (lines.size() < 2) return absl::InternalError(absl::StrCat("short output: ", out));
   *header = lines[0];
-  absl::StatusOr<JsonValue> j = JsonValue::Parse(lines[1]);
+  absl::StatusOr<Json> j = ParseJson(lines[1]);
   if (!j.ok()) return j.status();
   Figures f;
-  f.seconds = j->Find("seconds")->number_value();
-  f.cpu_seconds_per_step = j->Find("cpu_seconds_per_step")->number_value();
-  f.steps_per_second = j->Find("steps_per_second")->number_value();
-  f.tokens_per_second = j->Find("tokens_per_second")->number_value();
-  f.parameters = j->Find("parameters")->int_value();
-  f.forward = j->Find("forward_seconds")->number_value();
-  f.backward = j->Find("backward_seconds")->number_value();
-  f.optimizer = j->Find("optimizer_seconds")->number_value();
+  const std::pair<const char*, double*> numbers[] = {
+      {"seconds", &f.seconds},
+      {"cpu_seconds_per_step", &f.cpu_seconds_per_step},
+      {"steps_per_second", &f.steps_per_second},
+      {"tokens_per_second", &f.tokens_per_second},
+      {"forward_seconds", &f.forward},
+      {"backward_seconds", &f.backward},
+      {"optimizer_seconds", &f.optimizer}};
+  for (const auto& [key, out] : numbers) {
+    const Json* v = JsonFind(*j, key);
+    if (v == nullptr || !v->is_number()) {
+      return absl::InternalError(absl::StrCat("no number \"", key, "\" in: ", lines[1]));
+    }
+    *out = v->get<double>();
+  }
+  const Json* parameters = JsonFind(*j, "parameters");
+  if (parameters == nullptr || !JsonToInt64(*parameters, &f.parameters)) {
+    return absl::InternalError(absl::StrCat("no integer \"parameters\" in: ", lines[1]));
+  }
   return f;
 }
 

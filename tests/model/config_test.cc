@@ -158,12 +158,12 @@ TEST(LlamaConfigTest, ToJsonRoundTripsAndLooksLikeTransformers) {
     ASSERT_TRUE(back.ok()) << back.status() << "\n" << text;
     EXPECT_TRUE(*back == *preset) << text;
 
-    absl::StatusOr<JsonValue> json = JsonValue::Parse(text);
-    ASSERT_TRUE(json.ok());
-    EXPECT_EQ(json->Find("model_type")->string_value(), "llama");
-    EXPECT_EQ(json->Find("hidden_act")->string_value(), "silu");
-    EXPECT_EQ(json->Find("architectures")->Serialize(), "[\"LlamaForCausalLM\"]");
-    EXPECT_EQ(json->Find("torch_dtype")->string_value(), "float32");
+    absl::StatusOr<Json> json = ParseJson(text);
+    ASSERT_TRUE(json.ok()) << json.status();
+    EXPECT_EQ((*json)["model_type"], "llama");
+    EXPECT_EQ((*json)["hidden_act"], "silu");
+    EXPECT_EQ(DumpJson((*json)["architectures"]), "[\"LlamaForCausalLM\"]");
+    EXPECT_EQ((*json)["torch_dtype"], "float32");
   }
 }
 

@@ -210,27 +210,18 @@ double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
     std::ofstream out(dir / file, std::ios::binary);
     out.write(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
   };
-  JsonValue manifest = JsonValue::MakeObject();
-  JsonValue tensors = JsonValue::MakeArray();
+  Json tensors = Json::array();
   int i = 0;
   for (auto& [name, t] : model.NamedParameters()) {
     std::string file = absl::StrCat("t", i++, ".bin");
     write(file, t);
-    JsonValue entry = JsonValue::MakeObject();
-    entry.Set("name", name);
-    JsonValue shape = JsonValue::MakeArray();
-    for (int64_t s : t.sizes()) shape.Append(s);
-    entry.Set("shape", shape);
-    entry.Set("file", file);
-    tensors.Append(entry);
+    tensors.push_back({{"name", name}, {"shape", t.sizes().vec()}, {"file", file}});
   }
-  manifest.Set("tensors", tensors);
   write("ids.bin", ids);
-  JsonValue ids_entry = JsonValue::MakeObject();
-  ids_entry.Set("shape", JsonValue(JsonValue::Array{ids.size(0), ids.size(1)}));
-  ids_entry.Set("file", "ids.bin");
-  manifest.Set("input_ids", ids_entry);
-  std::ofstream(dir / "manifest.json") << manifest.Serialize();
+  const Json manifest = {
+      {"tensors", std::move(tensors)},
+      {"input_ids", {{"shape", ids.sizes().vec()}, {"file", "ids.bin"}}}};
+  std::ofstream(dir / "manifest.json") << DumpJson(manifest);
   std::ofstream(dir / "config.json") << model.config().ToJson();
 
   std::string cmd = absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR

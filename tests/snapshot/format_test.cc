@@ -50,6 +50,9 @@ TEST(LayoutTest, RejectsBadSpecs) {
   EXPECT_FALSE(LayoutSafetensors({{"a", "F32", {-1}}}, {}).ok());
   EXPECT_FALSE(LayoutSafetensors({{"__metadata__", "F32", {1}}}, {}).ok());
   EXPECT_FALSE(LayoutSafetensors({{"a", "F32", {INT64_MAX, 4}}}, {}).ok());
+  // The header is UTF-8 text.
+  EXPECT_FALSE(LayoutSafetensors({{"a\xff", "F32", {1}}}, {}).ok());
+  EXPECT_FALSE(LayoutSafetensors({{"a", "F32", {1}}}, {{"format", "p\xc0"}}).ok());
 }
 
 // A file from a raw header text (padded to 8 with spaces unless `pad` is

@@ -1,0 +1,49 @@
+#include "core/common/utf8.h"
+
+#include <cstdint>
+
+namespace memprofd {
+
+bool IsValidUtf8(absl::string_view s, size_t* bad_offset) {
+  size_t i = 0;
+  const size_t n = s.size();
+  auto fail = [&] {
+    if (bad_offset != nullptr) *bad_offset = i;
+    return false;
+  };
+  while (i < n) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    int len;
+    uint32_t cp;
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+      cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      cp = c & 0x07;
+    } else {
+      return fail();
+    }
+    if (i + len > n) return fail();
+    for (int k = 1; k < len; ++k) {
+      const unsigned char cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return fail();
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF)) ||
+        (cp >= 0xD800 && cp <= 0xDFFF)) {
+      return fail();
+    }
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace memprofd

@@ -1,0 +1,20 @@
+#ifndef MEMPROFD_CORE_COMMON_UTF8_H_
+#define MEMPROFD_CORE_COMMON_UTF8_H_
+
+// UTF-8 validation for names and headers that must be valid text before any
+// parser sees them (snapshot names, safetensors headers). No LibTorch.
+
+#include <cstddef>
+
+#include "absl/strings/string_view.h"
+
+namespace memprofd {
+
+// True when `s` is valid UTF-8 (no overlong forms, no surrogates, nothing
+// above U+10FFFF, no truncated sequence). On failure *bad_offset (if given)
+// is the offset of the first bad sequence. Pure and thread-safe.
+bool IsValidUtf8(absl::string_view s, size_t* bad_offset = nullptr);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_COMMON_UTF8_H_

@@ -1,0 +1,42 @@
+// IsValidUtf8: what it rejects and the offset it names.
+#include "core/common/utf8.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace {
+
+TEST(Utf8Test, AcceptsValidText) {
+  size_t bad = 99;
+  EXPECT_TRUE(
+      IsValidUtf8("plain \xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf", &bad));
+  EXPECT_EQ(bad, 99u);
+  EXPECT_TRUE(IsValidUtf8(""));
+}
+
+TEST(Utf8Test, RejectsOverlongSurrogatesAndTruncationAtTheirOffset) {
+  struct Case {
+    std::string text;
+    size_t offset;
+  };
+  for (const Case& c : {
+           Case{"ab\xc0\xaf", 2},        // overlong '/'
+           Case{"\xe0\x80\xaf", 0},      // overlong, 3 bytes
+           Case{"\xf0\x80\x80\xaf", 0},  // overlong, 4 bytes
+           Case{"x\xed\xa0\x80", 1},     // surrogate U+D800
+           Case{"\xf4\x90\x80\x80", 0},  // above U+10FFFF
+           Case{"ok\xe2\x82", 2},        // truncated
+           Case{"\x80", 0},              // lone continuation byte
+           Case{"\xc3\x28", 0},          // bad continuation byte
+           Case{"\xff", 0},
+       }) {
+    size_t bad = 99;
+    EXPECT_FALSE(IsValidUtf8(c.text, &bad)) << c.offset;
+    EXPECT_EQ(bad, c.offset);
+  }
+}
+
+}  // namespace
+}  // namespace memprofd
