@@ -59,6 +59,7 @@ int Usage(const std::string& message) {
       "  train [--steps N] [--batch_size B] [--seq_len T] [--learning_rate X] [--seed "
       "S]\n"
       "        [--data PATH | --token_data PATH] [--gradient_checkpointing]\n"
+      "        [--attn_implementation sdpa|eager]\n"
       "        [--weight_decay W] [--beta1 B] [--beta2 B] [--adam_eps E]\n"
       "        [--max_grad_norm N] [--grad_accumulation_steps K]\n"
       "        [--[no]offload [--offload_target disk|host] [--prefetch_depth auto|N]\n"

@@ -64,6 +64,7 @@ int TrainCommand(const Context& c, const Args& args) {
   if (learning_rate) req.set_learning_rate(*learning_rate);
   if (auto v = GivenFlag(FLAGS_seed)) req.set_seed(*v);
   if (gradient_checkpointing) req.set_gradient_checkpointing(*gradient_checkpointing);
+  if (auto v = GivenFlag(FLAGS_attn_implementation)) req.set_attn_implementation(*v);
   if (auto v = GivenFlag(FLAGS_weight_decay)) req.set_weight_decay(*v);
   if (auto v = GivenFlag(FLAGS_beta1)) req.set_beta1(*v);
   if (auto v = GivenFlag(FLAGS_beta2)) req.set_beta2(*v);

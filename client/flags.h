@@ -50,6 +50,7 @@ ABSL_DECLARE_FLAG(std::string, token_data);
 ABSL_DECLARE_FLAG(int32_t, bytes_per_token);
 ABSL_DECLARE_FLAG(bool, gradient_checkpointing);
 ABSL_DECLARE_FLAG(bool, checkpointing);
+ABSL_DECLARE_FLAG(std::string, attn_implementation);
 ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(double, beta1);
 ABSL_DECLARE_FLAG(double, beta2);

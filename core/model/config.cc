@@ -176,6 +176,26 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   return c;
 }
 
+absl::string_view AttentionImplementationName(AttentionImplementation attention) {
+  switch (attention) {
+    case AttentionImplementation::kSdpa:
+      return "sdpa";
+    case AttentionImplementation::kEager:
+      return "eager";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<AttentionImplementation> ParseAttentionImplementation(
+    absl::string_view name) {
+  for (AttentionImplementation a :
+       {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
+    if (name == AttentionImplementationName(a)) return a;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "attn_implementation must be \"sdpa\" or \"eager\", not \"", name, "\""));
+}
+
 absl::Status LlamaConfig::Validate() const {
   if (architecture != kArchitecture) {
     return absl::InvalidArgumentError(absl::StrCat("unknown architecture \"",

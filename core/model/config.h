@@ -14,6 +14,25 @@
 
 namespace memprofd {
 
+// How the model computes attention; both give the same result within float
+// rounding. Named as transformers' attn_implementation values.
+enum class AttentionImplementation {
+  // at::scaled_dot_product_attention, causal, with grouped-query heads given
+  // as they are: a fused kernel (flash attention on the CPU; flash or
+  // memory-efficient on CUDA) that keeps no [B, H, T, T] scores for
+  // backward. The default, as in transformers.
+  kSdpa = 0,
+  // transformers' eager_attention_forward: matmul, causal mask, float32
+  // softmax, matmul, with key/value heads repeated.
+  kEager = 1,
+};
+
+// "sdpa" / "eager".
+absl::string_view AttentionImplementationName(AttentionImplementation attention);
+// Parses "sdpa" or "eager"; INVALID_ARGUMENT otherwise.
+absl::StatusOr<AttentionImplementation> ParseAttentionImplementation(
+    absl::string_view name);
+
 // The fields of a transformers LlamaConfig that determine the model's shape
 // and numerics. A plain value type.
 struct LlamaConfig {

@@ -62,6 +62,14 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
 
+  if (attention_ == AttentionImplementation::kSdpa) {
+    // Causal, key/value heads as they are (enable_gqa: key/value head k
+    // serves query heads [k * n_rep, (k + 1) * n_rep), as repeat_kv does).
+    at::Tensor out = at::scaled_dot_product_attention(
+        q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+        /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
+    return torch::linear(out.transpose(1, 2).reshape({b, t, heads * d}), w.o_proj);
+  }
   if (kv_heads != heads) {
     // HF's repeat_kv: [B, KV, T, D] -> [B, KV * n_rep, T, D], grouped by kv head.
     const int64_t n_rep = heads / kv_heads;

@@ -121,6 +121,13 @@ class LlamaModel {
   const LlamaConfig& config() const { return config_; }
   c10::Device device() const { return device_; }
 
+  // How the forward computes attention (kSdpa unless told otherwise). The
+  // trainer sets it from each request.
+  AttentionImplementation attention_implementation() const { return attention_; }
+  void set_attention_implementation(AttentionImplementation attention) {
+    attention_ = attention;
+  }
+
   // Rebinds `module`'s weights to the tensors of `weights` (by parameter
   // name; not copied) and records its placement:
   // - kCpu: float32 CPU tensors, trainable (made leaves that require grad);
@@ -165,6 +172,7 @@ class LlamaModel {
 
   const LlamaConfig config_;
   const c10::Device device_;
+  AttentionImplementation attention_ = AttentionImplementation::kSdpa;
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<LlamaLayerWeights> layers_;
   at::Tensor norm_;     // [hidden]

@@ -95,6 +95,10 @@ absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
   o.data = request.data;
   o.gradient_checkpointing =
       request.gradient_checkpointing.value_or(o.gradient_checkpointing);
+  if (request.attn_implementation) {
+    ASSIGN_OR_RETURN(o.attn_implementation,
+                     ParseAttentionImplementation(*request.attn_implementation));
+  }
   o.weight_decay = request.weight_decay.value_or(o.weight_decay);
   o.beta1 = request.beta1.value_or(o.beta1);
   o.beta2 = request.beta2.value_or(o.beta2);

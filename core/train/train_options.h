@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/model/config.h"
 
 namespace memprofd {
 
@@ -47,6 +48,8 @@ struct TrainOptions {
   // Recompute each decoder layer in backward instead of keeping its
   // activations.
   bool gradient_checkpointing = false;
+  // How attention is computed (see AttentionImplementation).
+  AttentionImplementation attn_implementation = AttentionImplementation::kSdpa;
   // AdamW (decoupled weight decay; applied to matrices and embeddings, not
   // to RMSNorm weights).
   double weight_decay = 0.0;
@@ -70,6 +73,8 @@ struct TrainRequest {
   std::optional<uint64_t> seed;
   DataSpec data;
   std::optional<bool> gradient_checkpointing;
+  // "sdpa" or "eager".
+  std::optional<std::string> attn_implementation;
   std::optional<double> weight_decay;
   std::optional<double> beta1;
   std::optional<double> beta2;

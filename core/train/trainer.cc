@@ -103,6 +103,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
                                                   at::Generator& generator,
                                                   int64_t step_in_run) {
   const Clock::time_point start = Clock::now();
+  model_->set_attention_implementation(options.attn_implementation);
   StepReport report;
   report.step = step_in_run;
   report.global_step = global_step_ + 1;

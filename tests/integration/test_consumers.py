@@ -81,11 +81,14 @@ def parameters(test):
     return test.d.call("DescribeModel", pb.DescribeModelRequest()).parameters
 
 
-def train_on_tokens(test, steps, learning_rate=0.0):
-    """Trains `steps` steps with TOKENS as the one window; returns (result, step reports)."""
-    op = test.d.call("Train", pb.TrainRequest(
-        steps=steps, batch_size=1, seq_len=SEQ_LEN, learning_rate=learning_rate,
-        data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=TOKENS))))
+def train_on_tokens(test, steps, learning_rate=None):
+    """Trains `steps` steps with TOKENS as the one window (at the daemon's
+    learning rate unless given); returns (result, step reports)."""
+    req = pb.TrainRequest(steps=steps, batch_size=1, seq_len=SEQ_LEN,
+                          data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=TOKENS)))
+    if learning_rate is not None:
+        req.learning_rate = learning_rate
+    op = test.d.call("Train", req)
     reports = list(test.d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
                                                  timeout=300, metadata=test.d.metadata()))
     return succeeded(test, op).train, reports

@@ -94,6 +94,7 @@ class TrainingTest(unittest.TestCase):
             (pb.TrainRequest(steps=1, beta2=1.0), "beta2"),
             (pb.TrainRequest(steps=1, grad_accumulation_steps=0), "grad_accumulation_steps"),
             (pb.TrainRequest(steps=1, weight_decay=-0.1), "weight_decay"),
+            (pb.TrainRequest(steps=1, attn_implementation="flash"), "attn_implementation"),
             (pb.TrainRequest(steps=-3), "steps"),
             (pb.TrainRequest(steps=1, batch_size=-1), "batch_size"),
             (pb.TrainRequest(steps=1, seq_len=-5), "seq_len"),
@@ -309,7 +310,8 @@ class ClientTrainFlagsTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(int(json.loads(r.stdout.splitlines()[0])["tokens"]), 2 * 32 * 2)
             r = d.ctl("--json", "train", "--steps", "1", "--batch_size", "2", "--seq_len", "32",
-                      "--grad_accum", "3", "--checkpointing", "--lr", "0.01")
+                      "--grad_accum", "3", "--checkpointing", "--lr", "0.01",
+                      "--attn_implementation", "eager")
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertEqual(int(json.loads(r.stdout.splitlines()[0])["tokens"]), 2 * 32 * 3)
             # Not given: the daemon's defaults (batch 8, sequence 128).

@@ -376,7 +376,8 @@ int64_t UnallocatableSeqLen() {
 
 TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
   // One long sequence: everything before its attention scores takes a few
-  // hundred megabytes at most; the scores cannot be allocated.
+  // hundred megabytes at most; the scores cannot be allocated. Eager
+  // attention, since SDPA never materialises them.
   const int64_t seq_len = UnallocatableSeqLen();
   if (seq_len == 0 || seq_len > (1 << 20)) {
     GTEST_SKIP() << "needs vm.overcommit_memory=0 and at most ~1 TiB of RAM + swap";
@@ -396,6 +397,7 @@ TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
   TrainOptions huge = SmallOptions(1);
   huge.batch_size = 1;
   huge.seq_len = seq_len;
+  huge.attn_implementation = AttentionImplementation::kEager;
   huge.data.kind = DataSpec::Kind::kInlineTokens;
   huge.data.tokens.resize(seq_len + 1);
   for (size_t i = 0; i < huge.data.tokens.size(); ++i) huge.data.tokens[i] = i % 251;
