@@ -70,8 +70,10 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_seq_len()) t.seq_len = r.seq_len();
   if (r.has_learning_rate()) t.learning_rate = r.learning_rate();
   if (r.has_seed()) t.seed = r.seed();
-  if (r.has_gradient_checkpointing())
+  if (r.has_gradient_checkpointing()) {
     t.gradient_checkpointing = r.gradient_checkpointing();
+  }
+  if (r.has_attn_implementation()) t.attn_implementation = r.attn_implementation();
   if (r.has_weight_decay()) t.weight_decay = r.weight_decay();
   if (r.has_beta1()) t.beta1 = r.beta1();
   if (r.has_beta2()) t.beta2 = r.beta2();

@@ -12,6 +12,7 @@
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/train/adamw.h"
 #include "core/train/checkpoint.h"
 
 namespace memprofd {
@@ -55,10 +56,13 @@ void Trainer::ResetOptimizer() { optimizer_.reset(); }
 
 void Trainer::ConfigureOptimizer(const TrainOptions& o) {
   auto options_for = [&](bool decay) {
-    return torch::optim::AdamWOptions(o.learning_rate)
-        .betas({o.beta1, o.beta2})
-        .eps(o.adam_eps)
-        .weight_decay(decay ? o.weight_decay : 0.0);
+    FusedAdamW::Options options;
+    options.learning_rate = o.learning_rate;
+    options.beta1 = o.beta1;
+    options.beta2 = o.beta2;
+    options.eps = o.adam_eps;
+    options.weight_decay = decay ? o.weight_decay : 0.0;
+    return options;
   };
   if (optimizer_ == nullptr) {
     // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
@@ -67,19 +71,13 @@ void Trainer::ConfigureOptimizer(const TrainOptions& o) {
     for (const at::Tensor& p : model_->Parameters()) {
       if (p.requires_grad()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
     }
-    std::vector<torch::optim::OptimizerParamGroup> groups;
-    groups.emplace_back(decay,
-                        std::make_unique<torch::optim::AdamWOptions>(options_for(true)));
-    groups.emplace_back(no_decay,
-                        std::make_unique<torch::optim::AdamWOptions>(options_for(false)));
-    optimizer_ =
-        std::make_unique<torch::optim::AdamW>(std::move(groups), options_for(true));
+    optimizer_ = std::make_unique<FusedAdamW>(
+        std::vector<std::vector<at::Tensor>>{std::move(decay), std::move(no_decay)},
+        std::vector<FusedAdamW::Options>{options_for(true), options_for(false)});
     return;
   }
-  auto& groups = optimizer_->param_groups();
-  for (size_t i = 0; i < groups.size(); ++i) {
-    static_cast<torch::optim::AdamWOptions&>(groups[i].options()) = options_for(i == 0);
-  }
+  optimizer_->set_options(0, options_for(true));
+  optimizer_->set_options(1, options_for(false));
 }
 
 void Trainer::ClearGradients() {
@@ -179,7 +177,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
         if (p.grad().defined()) p.grad().mul_(coef);
       }
     }
-    optimizer_->step();
+    optimizer_->Step();
     report.optimizer_seconds = SecondsSince(t2);
   });
   ClearGradients();
@@ -237,16 +235,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
 }
 
 std::vector<at::Tensor> Trainer::OptimizerState() const {
-  std::vector<at::Tensor> out;
-  if (!optimizer_) return out;
-  for (const auto& [key, state] : optimizer_->state()) {
-    const auto& adamw = static_cast<const torch::optim::AdamWParamState&>(*state);
-    for (const at::Tensor& t :
-         {adamw.exp_avg(), adamw.exp_avg_sq(), adamw.max_exp_avg_sq()}) {
-      if (t.defined()) out.push_back(t);
-    }
-  }
-  return out;
+  return optimizer_ ? optimizer_->State() : std::vector<at::Tensor>();
 }
 
 }  // namespace memprofd

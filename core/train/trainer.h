@@ -18,11 +18,9 @@
 #include "core/train/data.h"
 #include "core/train/train_options.h"
 
-namespace torch::optim {
-class AdamW;
-}  // namespace torch::optim
-
 namespace memprofd {
+
+class FusedAdamW;
 
 // Callbacks a session installs around every step; all optional. They run on
 // the owner thread, inside the step.
@@ -108,7 +106,7 @@ class Trainer {
   void ClearGradients();
 
   LlamaModel* const model_;
-  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  std::unique_ptr<FusedAdamW> optimizer_;
   StepHooks hooks_;
   int64_t global_step_ = 0;
 };

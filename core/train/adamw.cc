@@ -1,0 +1,76 @@
+#include "core/train/adamw.h"
+
+#include <ATen/ATen.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <string>
+#include <utility>
+
+namespace memprofd {
+
+FusedAdamW::FusedAdamW(std::vector<std::vector<at::Tensor>> groups,
+                       std::vector<Options> options) {
+  TORCH_CHECK(groups.size() == options.size(), "one Options per group");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    Group group;
+    group.options = options[g];
+    for (at::Tensor& p : groups[g]) group.slots.push_back(Slot{std::move(p), {}, {}, {}});
+    groups_.push_back(std::move(group));
+  }
+}
+
+void FusedAdamW::set_options(size_t group, const Options& options) {
+  groups_.at(group).options = options;
+}
+
+void FusedAdamW::Step() {
+  torch::NoGradGuard no_grad;
+  for (Group& group : groups_) {
+    // The fused kernel takes tensors of one device: parameters placed on the
+    // CPU while the model computes on a GPU form a call of their own.
+    struct Lists {
+      std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    };
+    std::map<std::string, Lists> by_device;
+    for (Slot& s : group.slots) {
+      const at::Tensor& grad = s.param.grad();
+      if (!grad.defined()) continue;
+      if (!s.exp_avg.defined()) {
+        s.exp_avg = at::zeros_like(s.param, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = at::zeros_like(s.param, at::MemoryFormat::Preserve);
+        s.step = at::zeros({}, s.param.options().dtype(at::kFloat));
+      }
+      Lists& l = by_device[s.param.device().str()];
+      l.params.push_back(s.param);
+      l.grads.push_back(grad);
+      l.exp_avgs.push_back(s.exp_avg);
+      l.exp_avg_sqs.push_back(s.exp_avg_sq);
+      l.steps.push_back(s.step);
+    }
+    const Options& o = group.options;
+    for (auto& [device, l] : by_device) {
+      // As torch.optim.AdamW(fused=True): the step counts go up first, the
+      // kernel reads them for the bias corrections.
+      at::_foreach_add_(l.steps, 1);
+      at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs,
+                        /*max_exp_avg_sqs=*/{}, l.steps, o.learning_rate, o.beta1,
+                        o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                        /*maximize=*/false);
+    }
+  }
+}
+
+std::vector<at::Tensor> FusedAdamW::State() const {
+  std::vector<at::Tensor> out;
+  for (const Group& group : groups_) {
+    for (const Slot& s : group.slots) {
+      if (!s.exp_avg.defined()) continue;
+      out.push_back(s.exp_avg);
+      out.push_back(s.exp_avg_sq);
+    }
+  }
+  return out;
+}
+
+}  // namespace memprofd
