@@ -31,7 +31,7 @@ bench: build
 	deploy/bench.sh $(BUILD)
 
 format:
-	find core server client tests -name '*.h' -o -name '*.cc' | xargs clang-format -i
+	find core server client tests bench -name '*.h' -o -name '*.cc' | xargs clang-format -i
 
 clean:
 	rm -rf $(BUILD)

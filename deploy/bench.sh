@@ -6,9 +6,10 @@ BUILD=${1:-build}
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GiB;" \
      "OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset} OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-unset}"
 found=0
+# Every benchmark is built in $BUILD/bench (from bench/).
 for b in train_bench offload_bench memory_bench snapshot_bench; do
-  exe=$(find "$BUILD" -type f -name "$b" -perm -u+x | head -n 1)
-  if [ -n "$exe" ]; then
+  exe=$BUILD/bench/$b
+  if [ -x "$exe" ]; then
     found=1
     echo
     echo "=== $b"

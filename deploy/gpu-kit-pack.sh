@@ -2,7 +2,8 @@
 # Packs the GPU run kit into .gpu-kit/ (git-ignored; the device tool's `carry`
 # takes it to the GPU machine, where deploy/gpu-run.sh runs it):
 #   kit/bin/         memprofd, memprofctl, offload_test, memory_test,
-#                    snapshot_test, offload_bench from the build dir, stripped.
+#                    snapshot_test (tests/) and offload_bench (bench/) from
+#                    the build dir, stripped.
 #                    They were built against the venv's torch 2.11.0+cu130 (the
 #                    PyPI wheel), the build the GPU host runs, so they use the
 #                    host's LibTorch and CUDA libraries as they are.
@@ -36,9 +37,15 @@ k=$stage/kit
 mkdir -p "$k/bin" "$k/lib" "$k/lib-stdcxx" "$k/lib-glibc" "$k/wheels" "$k/gpu-kit"
 
 echo "== binaries from $BUILD"
-for b in memprofd memprofctl offload_test memory_test snapshot_test offload_bench; do
-  f=$(find "$BUILD" -name "$b" -type f -perm -u+x | head -n 1)
-  if [ -z "$f" ]; then
+# Each from the build folder of its CMake target, not found by name: the build
+# tree also holds gpu-run.sh's wrapper scripts of the same names
+# (gpu-kit-work/), and one configured before the benchmarks moved to bench/ a
+# stale tests/offload/offload_bench.
+for rel in server/memprofd client/memprofctl tests/offload/offload_test \
+           tests/memory/memory_test tests/snapshot/snapshot_test bench/offload_bench; do
+  b=$(basename "$rel")
+  f=$BUILD/$rel
+  if [ ! -x "$f" ]; then
     echo "gpu-kit-pack: no $b under $BUILD; build it first:" >&2
     echo "  cmake --build $BUILD --target memprofd memprofctl offload_test memory_test snapshot_test offload_bench" >&2
     exit 1

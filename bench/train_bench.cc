@@ -1,5 +1,5 @@
 // Training throughput of memprofd's trainer against the same model in
-// Debian's Python torch, eager mode (tests/bench/train_bench_eager.py): the
+// Debian's Python torch, eager mode (bench/train_bench_eager.py): the
 // same presets, shapes, optimizer and thread count, side by side in one run.
 //
 // Usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128]
@@ -97,11 +97,10 @@ absl::StatusOr<Figures> BenchCpp(const std::string& preset, const Args& args,
 // *header with its thread settings line.
 absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
                                     int64_t steps, std::string* header) {
-  std::string cmd =
-      absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                                   "/tests/bench/train_bench_eager.py --preset ",
-                   preset, " --batch ", args.batch, " --seq ", args.seq, " --warmup ",
-                   args.warmup, " --steps ", steps, " --threads ", at::get_num_threads());
+  std::string cmd = absl::StrCat(
+      MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR "/bench/train_bench_eager.py --preset ",
+      preset, " --batch ", args.batch, " --seq ", args.seq, " --warmup ", args.warmup,
+      " --steps ", steps, " --threads ", at::get_num_threads());
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", cmd));
   std::string out;

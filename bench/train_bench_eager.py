@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Python eager-mode baseline for tests/bench/train_bench.cc.
+"""Python eager-mode baseline for bench/train_bench.cc.
 
 The same Llama architecture as memprofd's model (RMSNorm, rotary embedding,
 grouped-query causal attention, SwiGLU MLP, tied head) trained with the same
