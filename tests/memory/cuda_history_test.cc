@@ -4,12 +4,9 @@
 // each test skips, saying why, elsewhere; deploy/gpu-run.sh runs them.
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 #include <torch/version.h>
 
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,7 +16,9 @@
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
 #include "gtest/gtest.h"
-#include "tests/memory/test_util.h"
+#include "tests/testing/command.h"
+#include "tests/testing/cuda.h"
+#include "tests/testing/temp_dir.h"
 #ifdef MEMPROFD_WITH_CUDA
 #include "core/memory/cuda_stats.h"
 #endif
@@ -28,16 +27,8 @@ namespace memprofd {
 namespace memory {
 namespace {
 
-constexpr char kNeedsCuda[] =
-    "needs a CUDA device and a build with CUDA code paths (MEMPROFD_WITH_CUDA)";
-
-bool HasCuda() {
-#ifdef MEMPROFD_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
+using ::memprofd::testing::HasCuda;
+using ::memprofd::testing::kNeedsCuda;
 
 #ifdef MEMPROFD_WITH_CUDA
 
@@ -104,13 +95,7 @@ class HistoryCleanup {
   }
 };
 
-std::string WriteFile(const std::string& name, const std::string& bytes) {
-  const std::string path = TempPath(name);
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
-
-// Prints what a memory_viz pickle (argv[1]) holds on device 0 at the address
+// `python -c`: prints what a memory_viz pickle (argv[1]) holds on device 0 at the address
 // argv[2] ("live") and argv[3] ("freed"): each alloc/free trace entry as
 // "<name> <action> <size>", then each segment block starting at the live
 // address as "live block <state> <size>".
@@ -221,22 +206,22 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
   const std::string pickle = CaptureMemoryVizPickle();
   r.StopRecording();
 
-  const std::string path = WriteFile("cuda.pkl", pickle);
-  const std::string script = WriteFile("device0.py", kDevice0Script);
+  const testing::TempDir dir;
+  const std::string path = dir.WriteFile("cuda.pkl", pickle);
   std::string summary;
-  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", MEMPROFD_SOURCE_DIR,
-                                    "/tests/memory/check_memory_viz.py ", path),
-                       &summary),
-            0)
+  EXPECT_EQ(
+      testing::RunPython({testing::SourcePath("tests/memory/check_memory_viz.py"), path},
+                         &summary),
+      0)
       << summary;
   // CUDA devices 0..n-1, then the CPU.
   EXPECT_NE(summary.find(absl::StrCat("\"devices\": ", CudaDeviceCount() + 1, ",")),
             std::string::npos)
       << summary;
   std::string device0;
-  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", script, " ", path, " ",
-                                    Address(live), " ", freed_addr),
-                       &device0),
+  EXPECT_EQ(testing::RunPython({"-c", kDevice0Script, path, absl::StrCat(Address(live)),
+                                absl::StrCat(freed_addr)},
+                               &device0),
             0)
       << device0;
   const std::string expected =
@@ -244,8 +229,6 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
                    "\nfreed free_requested ", kTracedBytes, "\nfreed free_completed ",
                    kTracedBytes, "\nlive block active_allocated ", kLiveBytes, "\n");
   EXPECT_EQ(device0, expected);
-  std::remove(path.c_str());
-  std::remove(script.c_str());
 #endif
 }
 

@@ -2,9 +2,9 @@
 
 #include <ATen/ATen.h>
 
-#include <fstream>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/phase.h"
@@ -13,29 +13,27 @@
 #include "core/memory/recorder.h"
 #include "gtest/gtest.h"
 #include "tests/memory/test_util.h"
+#include "tests/testing/command.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace memory {
 namespace {
 
-const std::string kScripts = std::string(MEMPROFD_SOURCE_DIR) + "/tests/memory/";
+using ::memprofd::testing::RunPython;
+using ::memprofd::testing::SourcePath;
+using ::memprofd::testing::TempDir;
 
-std::string WriteFile(const std::string& name, const std::string& bytes) {
-  const std::string path = TempPath(name);
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
-
-// Runs check_memory_viz.py on `pickle`; fails the test on a bad exit.
+// Runs check_memory_viz.py on `pickle` (with `flags`, e.g. "--torch"); fails
+// the test on a bad exit.
 std::string CheckViz(const std::string& pickle, const std::string& name,
                      const std::string& flags = "") {
-  const std::string path = WriteFile(name, pickle);
+  const TempDir dir;
+  std::vector<std::string> args = {SourcePath("tests/memory/check_memory_viz.py"),
+                                   dir.WriteFile(name, pickle)};
+  if (!flags.empty()) args.push_back(flags);
   std::string out;
-  const int rc = RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", kScripts,
-                                         "check_memory_viz.py ", path, " ", flags),
-                            &out);
-  EXPECT_EQ(rc, 0) << out;
-  std::remove(path.c_str());
+  EXPECT_EQ(RunPython(args, &out), 0) << out;
   return out;
 }
 
@@ -121,15 +119,14 @@ TEST(PickleWriterTest, PythonLoadsEveryValueKindWithoutTorch) {
   w.EndDict();
   const std::string bytes = w.Finish();
   ASSERT_FALSE(bytes.empty());
-  const std::string path = WriteFile("values.pkl", bytes);
+  const TempDir dir;
   std::string out;
-  EXPECT_EQ(RunCommand(absl::StrCat(MEMPROFD_PYTHON " ", kScripts,
-                                    "check_pickle_values.py ", path),
-                       &out),
+  EXPECT_EQ(RunPython({SourcePath("tests/memory/check_pickle_values.py"),
+                       dir.WriteFile("values.pkl", bytes)},
+                      &out),
             0)
       << out;
   EXPECT_EQ(out, "OK\n");
-  std::remove(path.c_str());
 }
 
 TEST(PickleWriterTest, UnbalancedContainersYieldNothing) {
@@ -202,7 +199,7 @@ TEST(MemoryVizTest, TorchsMemoryVizHelpersAcceptTheDump) {
   r.StopRecording();
   r.ClearHistory();
   std::string out;
-  ASSERT_EQ(RunCommand(MEMPROFD_PYTHON " -c 'import torch.cuda._memory_viz'", &out), 0)
+  ASSERT_EQ(RunPython({"-c", "import torch.cuda._memory_viz"}, &out), 0)
       << "the venv's torch has no torch.cuda._memory_viz (run deploy/install-deps.sh): "
       << out;
   const std::string summary = CheckViz(pickle, "torch.pkl", "--torch");

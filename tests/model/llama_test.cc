@@ -2,8 +2,7 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,37 +11,34 @@
 #include "core/common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
+#include "tests/testing/llama.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace {
 
 using ::testing::HasSubstr;
+using testing::MakeLlama;
 
+// SmallLlamaConfig with what the equations must be checked on: a vocab that
+// is not the byte range, head_dim 16, a non-default eps and rotary base, and
+// an untied head.
 LlamaConfig SmallGqaConfig() {
-  LlamaConfig c;
+  LlamaConfig c = testing::SmallLlamaConfig();
   c.vocab_size = 97;
   c.hidden_size = 64;
   c.intermediate_size = 96;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
   c.rms_norm_eps = 1e-6;
   c.rope_theta = 500.0;
   c.tie_word_embeddings = false;
   return c;
 }
 
-std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, uint64_t seed) {
-  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(c, seed);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? std::move(*m) : nullptr;
-}
-
 TEST(LlamaModelTest, ParameterNamesMatchTransformers) {
   LlamaConfig c = SmallGqaConfig();
   c.num_hidden_layers = 1;
-  std::unique_ptr<LlamaModel> m = MakeModel(c, 1);
+  std::unique_ptr<LlamaModel> m = MakeLlama(c, 1);
   std::vector<std::string> names;
   for (auto& [name, t] : m->NamedParameters()) names.push_back(name);
   EXPECT_THAT(
@@ -63,9 +59,8 @@ TEST(LlamaModelTest, ParameterNamesMatchTransformers) {
 }
 
 TEST(LlamaModelTest, TiedHeadSharesTheEmbeddingStorage) {
-  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
-  ASSERT_TRUE(tiny.ok());
-  std::unique_ptr<LlamaModel> m = MakeModel(*tiny, 3);
+  LlamaConfig tiny = testing::PresetConfig("tiny");
+  std::unique_ptr<LlamaModel> m = MakeLlama(tiny, 3);
   auto params = m->NamedParameters();
   EXPECT_EQ(params.back().first, "lm_head.weight");
   EXPECT_TRUE(params.back().second.is_same(params.front().second));
@@ -75,7 +70,7 @@ TEST(LlamaModelTest, TiedHeadSharesTheEmbeddingStorage) {
   EXPECT_EQ(m->Buffers()[0].sizes(), (std::vector<int64_t>{512, 32}));
 
   LlamaConfig untied = SmallGqaConfig();
-  std::unique_ptr<LlamaModel> u = MakeModel(untied, 3);
+  std::unique_ptr<LlamaModel> u = MakeLlama(untied, 3);
   EXPECT_FALSE(
       u->NamedParameters().back().second.is_same(u->NamedParameters()[0].second));
   EXPECT_EQ(u->NumParameters(), untied.NumParameters());
@@ -83,9 +78,9 @@ TEST(LlamaModelTest, TiedHeadSharesTheEmbeddingStorage) {
 
 TEST(LlamaModelTest, InitIsAFunctionOfTheSeed) {
   LlamaConfig c = SmallGqaConfig();
-  auto a = MakeModel(c, 7)->NamedParameters();
-  auto b = MakeModel(c, 7)->NamedParameters();
-  auto other = MakeModel(c, 8)->NamedParameters();
+  auto a = MakeLlama(c, 7)->NamedParameters();
+  auto b = MakeLlama(c, 7)->NamedParameters();
+  auto other = MakeLlama(c, 8)->NamedParameters();
   for (size_t i = 0; i < a.size(); ++i) {
     EXPECT_TRUE(torch::equal(a[i].second, b[i].second)) << a[i].first;
   }
@@ -102,7 +97,7 @@ TEST(LlamaModelTest, CreateRejectsInvalidConfig) {
 }
 
 TEST(LlamaModelTest, SplitForwardEqualsForward) {
-  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 5);
   torch::NoGradGuard no_grad;
   at::Tensor ids = torch::randint(0, 97, {2, 10}, torch::kInt64);
   at::Tensor logits = m->Forward(ids);
@@ -114,7 +109,7 @@ TEST(LlamaModelTest, SplitForwardEqualsForward) {
 }
 
 TEST(LlamaModelTest, FutureTokensDoNotChangePastLogits) {
-  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 5);
   torch::NoGradGuard no_grad;
   at::Tensor ids = torch::randint(0, 97, {1, 12}, torch::kInt64);
   at::Tensor changed = ids.clone();
@@ -126,15 +121,15 @@ TEST(LlamaModelTest, FutureTokensDoNotChangePastLogits) {
 }
 
 TEST(LlamaModelTest, RejectsSequencesLongerThanMaxPositions) {
-  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 5);
   at::Tensor ids = torch::zeros({1, 65}, torch::kInt64);
   EXPECT_THROW(m->Forward(ids), c10::Error);
 }
 
 TEST(LlamaModelTest, LoadStateDictChecksNamesAndShapes) {
   LlamaConfig c = SmallGqaConfig();
-  std::unique_ptr<LlamaModel> src = MakeModel(c, 1);
-  std::unique_ptr<LlamaModel> dst = MakeModel(c, 2);
+  std::unique_ptr<LlamaModel> src = MakeLlama(c, 1);
+  std::unique_ptr<LlamaModel> dst = MakeLlama(c, 2);
   auto state = src->NamedParameters();
 
   auto unknown = state;
@@ -165,11 +160,10 @@ TEST(LlamaModelTest, LoadStateDictChecksNamesAndShapes) {
 }
 
 TEST(LlamaModelTest, LoadStateDictWithTiedHeadNeedsNoLmHead) {
-  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
-  ASSERT_TRUE(tiny.ok());
-  tiny->num_hidden_layers = 1;
-  std::unique_ptr<LlamaModel> src = MakeModel(*tiny, 1);
-  std::unique_ptr<LlamaModel> dst = MakeModel(*tiny, 2);
+  LlamaConfig tiny = testing::PresetConfig("tiny");
+  tiny.num_hidden_layers = 1;
+  std::unique_ptr<LlamaModel> src = MakeLlama(tiny, 1);
+  std::unique_ptr<LlamaModel> dst = MakeLlama(tiny, 2);
   auto state = src->NamedParameters();
   state.pop_back();  // lm_head.weight, as save_pretrained drops it
   // A bfloat16 checkpoint converts on load.
@@ -181,7 +175,7 @@ TEST(LlamaModelTest, LoadStateDictWithTiedHeadNeedsNoLmHead) {
 
 TEST(LlamaModelTest, LoadStateDictRefusesWeightsPlacedOnDisk) {
   LlamaConfig c = SmallGqaConfig();
-  std::unique_ptr<LlamaModel> m = MakeModel(c, 1);
+  std::unique_ptr<LlamaModel> m = MakeLlama(c, 1);
   auto state = m->NamedParameters();
   std::vector<std::pair<std::string, at::Tensor>> layer0;
   for (auto& [name, t] : state) {
@@ -202,9 +196,8 @@ TEST(LlamaModelTest, LoadStateDictRefusesWeightsPlacedOnDisk) {
 // maximum absolute difference between the two sets of logits.
 double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::path(::testing::TempDir()) /
-                 absl::StrCat("llama_ref_", getpid(), "_", model.config().hidden_size);
-  fs::create_directories(dir);
+  const testing::TempDir tmp;
+  const fs::path dir = tmp.path();
   auto write = [&](const std::string& file, const at::Tensor& t) {
     at::Tensor c = t.detach().contiguous();
     std::ofstream out(dir / file, std::ios::binary);
@@ -224,17 +217,18 @@ double MaxDiffAgainstPython(LlamaModel& model, const at::Tensor& ids) {
   std::ofstream(dir / "manifest.json") << DumpJson(manifest);
   std::ofstream(dir / "config.json") << model.config().ToJson();
 
-  std::string cmd = absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                                                 "/tests/model/llama_reference.py ",
-                                 dir.string());
-  EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  std::string out;
+  EXPECT_EQ(
+      testing::RunPython(
+          {testing::SourcePath("tests/model/llama_reference.py"), dir.string()}, &out),
+      0)
+      << out;
 
   std::ifstream in(dir / "logits.bin", std::ios::binary);
   const int64_t vocab = model.config().vocab_size;
   at::Tensor ref = torch::empty({ids.size(0), ids.size(1), vocab}, torch::kFloat32);
   in.read(static_cast<char*>(ref.data_ptr()), ref.numel() * 4);
   EXPECT_TRUE(in.good()) << "short logits.bin";
-  fs::remove_all(dir);
 
   torch::NoGradGuard no_grad;
   at::Tensor logits = model.Forward(ids);
@@ -259,7 +253,7 @@ void Randomize(LlamaModel& model, uint64_t seed) {
 }
 
 TEST(LlamaModelTest, MatchesPythonReferenceWithGroupedQueryAttention) {
-  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 11);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 11);
   Randomize(*m, 12);
   at::Tensor ids = torch::randint(0, 97, {2, 48}, torch::kInt64);
   for (AttentionImplementation a :
@@ -273,7 +267,7 @@ TEST(LlamaModelTest, MatchesPythonReferenceWithGroupedQueryAttention) {
 // in every gradient, with grouped-query heads (the reference tests above
 // check the forward against Python; this checks backward too).
 TEST(LlamaModelTest, SdpaMatchesEagerInForwardAndGradients) {
-  std::unique_ptr<LlamaModel> m = MakeModel(SmallGqaConfig(), 21);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 21);
   Randomize(*m, 22);
   at::Tensor ids = torch::randint(0, 97, {2, 40}, torch::kInt64);
   auto loss_and_grads = [&](AttentionImplementation a) {
@@ -304,9 +298,8 @@ TEST(LlamaModelTest, SdpaMatchesEagerInForwardAndGradients) {
 }
 
 TEST(LlamaModelTest, MatchesPythonReferenceTinyPreset) {
-  absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
-  ASSERT_TRUE(tiny.ok());
-  std::unique_ptr<LlamaModel> m = MakeModel(*tiny, 13);
+  LlamaConfig tiny = testing::PresetConfig("tiny");
+  std::unique_ptr<LlamaModel> m = MakeLlama(tiny, 13);
   Randomize(*m, 14);
   at::Tensor ids = torch::randint(0, 256, {2, 64}, torch::kInt64);
   EXPECT_LT(MaxDiffAgainstPython(*m, ids), 1e-4);

@@ -12,17 +12,13 @@
 #include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/operation.h"
 
 namespace memprofd {
 namespace {
 
+using ::memprofd::testing::WaitDone;
 using ::testing::HasSubstr;
-
-OperationView WaitDone(const std::shared_ptr<Operation>& op) {
-  OperationView v = op->View();
-  while (!v.done) v = op->WaitForChange(v.version, absl::Now() + absl::Seconds(120));
-  return v;
-}
 
 std::unique_ptr<Session> CpuSession(const std::string& model) {
   SessionOptions options;
@@ -96,7 +92,7 @@ TEST_F(TinyDoorTest, StepReportsComeOnlyFromTrainingOperations) {
   load.preset = "tiny";
   absl::StatusOr<std::shared_ptr<Operation>> loaded = session_->LoadModel(load);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
-  const OperationView view = WaitDone(*loaded);
+  const OperationView view = WaitDone(**loaded);
   ASSERT_EQ(view.state, OperationState::kSucceeded) << view.error;
   EXPECT_EQ(std::get<ModelSummary>(view.result).source, "preset:tiny");
 
@@ -118,7 +114,7 @@ TEST_F(TinyDoorTest, UnsetTrainingFieldsTakeTheDefaultsAndSetOnesAreChecked) {
   spec.train.seq_len = 16;
   absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartTraining(spec);
   ASSERT_TRUE(op.ok()) << op.status();
-  const OperationView v = WaitDone(*op);
+  const OperationView v = WaitDone(**op);
   ASSERT_EQ(v.state, OperationState::kSucceeded) << v.error;
   // batch_size unset: TrainOptions' 8.
   EXPECT_EQ(std::get<TrainResult>(v.result).tokens, TrainOptions().batch_size * 16);
@@ -133,7 +129,7 @@ TEST_F(TinyDoorTest, ObserversHearOfEveryStep) {
   spec.train.seq_len = 16;
   absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartTraining(spec);
   ASSERT_TRUE(op.ok()) << op.status();
-  ASSERT_EQ(WaitDone(*op).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**op).state, OperationState::kSucceeded);
   EXPECT_EQ(observer->steps(), (std::vector<int64_t>{1, 2, 3}));
   for (double seconds : observer->step_seconds()) EXPECT_GT(seconds, 0);
 }

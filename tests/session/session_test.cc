@@ -5,7 +5,6 @@
 
 #include "core/session/session.h"
 
-#include <filesystem>
 #include <optional>
 #include <string>
 
@@ -15,17 +14,15 @@
 #include "core/snapshot/loader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/operation.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace {
 
+using ::memprofd::testing::TempDir;
+using ::memprofd::testing::WaitDone;
 using ::testing::HasSubstr;
-
-OperationView WaitDone(const std::shared_ptr<Operation>& op) {
-  OperationView v = op->View();
-  while (!v.done) v = op->WaitForChange(v.version, absl::Now() + absl::Seconds(120));
-  return v;
-}
 
 TEST(ResolveDeviceTest, NamesAndErrors) {
   EXPECT_EQ(*ResolveDevice("cpu"), "cpu");
@@ -61,8 +58,7 @@ TEST(SessionTest, ACpuSessionRecordsNoCudaHistory) {
 class TinySessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = ::testing::TempDir() + "/session_test_snapshots";
-    std::filesystem::remove_all(root_);
+    root_ = tmp_.Join("snapshots");
     SessionOptions options;
     options.device = "cpu";
     options.model = "tiny";
@@ -81,6 +77,7 @@ class TinySessionTest : public ::testing::Test {
     return spec;
   }
 
+  const TempDir tmp_;
   std::string root_;
   std::unique_ptr<Session> session_;
 };
@@ -88,9 +85,10 @@ class TinySessionTest : public ::testing::Test {
 TEST_F(TinySessionTest, ShutdownStopsTrainingAtAStepBoundary) {
   auto op = session_->StartTraining(Spec(100000));
   ASSERT_TRUE(op.ok()) << op.status();
-  while ((*op)->events_total() < 2) absl::SleepFor(absl::Milliseconds(5));
+  testing::WaitFor(
+      **op, [](const OperationView& v) { return v.completed >= 2; }, absl::Minutes(2));
   session_->Shutdown();
-  OperationView v = WaitDone(*op);
+  OperationView v = WaitDone(**op);
   EXPECT_EQ(v.state, OperationState::kCancelled);
   const auto& result = std::get<TrainResult>(v.result);
   EXPECT_GE(result.steps_completed, 2);
@@ -102,7 +100,7 @@ TEST_F(TinySessionTest, ShutdownStopsTrainingAtAStepBoundary) {
 TEST_F(TinySessionTest, CategoriesAndPhasePeaksAgreeWithTheAllocator) {
   auto op = session_->StartTraining(Spec(2));
   ASSERT_TRUE(op.ok());
-  ASSERT_EQ(WaitDone(*op).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**op).state, OperationState::kSucceeded);
   const memory::CategoryBytes c = session_->Counters().categories;
   EXPECT_EQ(c.parameters, 4'000'000 * 4);
   EXPECT_EQ(c.optimizer_state, 2 * c.parameters);  // AdamW's two moments
@@ -139,7 +137,7 @@ TEST_F(TinySessionTest, SnapshotExtraMemoryIsBoundedByTheStagingBuffer) {
                       {"model.norm", Placement::kDisk}};
     auto loaded = session_->LoadModel(load);
     ASSERT_TRUE(loaded.ok());
-    ASSERT_EQ(WaitDone(*loaded).state, OperationState::kSucceeded);
+    ASSERT_EQ(WaitDone(**loaded).state, OperationState::kSucceeded);
     std::optional<ModelSummary> model = session_->Model();
     ASSERT_TRUE(model.has_value());
     int placed_on_disk = 0;
@@ -154,7 +152,7 @@ TEST_F(TinySessionTest, SnapshotExtraMemoryIsBoundedByTheStagingBuffer) {
     spec.options.dtype = snapshot::SnapshotDtype::kBFloat16;
     auto op = session_->StartSnapshot(spec);
     ASSERT_TRUE(op.ok()) << op.status();
-    OperationView v = WaitDone(*op);
+    OperationView v = WaitDone(**op);
     ASSERT_EQ(v.state, OperationState::kSucceeded) << v.error;
     const int64_t extra =
         memory::MemoryRecorder::Global().PeakBytes(memory::kCpuDevice) - before;
@@ -173,16 +171,17 @@ TEST_F(TinySessionTest, DiskPlacedModulesAreFrozenAndCpuPlacedOnesTrain) {
                     {"model.layers.3", Placement::kDisk}};
   auto loaded = session_->LoadModel(load);
   ASSERT_TRUE(loaded.ok());
-  ASSERT_EQ(WaitDone(*loaded).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**loaded).state, OperationState::kSucceeded);
   SnapshotSpec before;
   before.name = "before";
-  ASSERT_EQ(WaitDone(*session_->StartSnapshot(before)).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**session_->StartSnapshot(before)).state,
+            OperationState::kSucceeded);
   auto trained = session_->StartTraining(Spec(2));
   ASSERT_TRUE(trained.ok());
-  ASSERT_EQ(WaitDone(*trained).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**trained).state, OperationState::kSucceeded);
   SnapshotSpec after;
   after.name = "after";
-  ASSERT_EQ(WaitDone(*session_->StartSnapshot(after)).state, OperationState::kSucceeded);
+  ASSERT_EQ(WaitDone(**session_->StartSnapshot(after)).state, OperationState::kSucceeded);
   // Reload both and compare: layer 3 (disk) did not move, layer 0 (cpu) did.
   auto a = snapshot::LoadSafetensorsDirectory(root_ + "/before");
   auto b = snapshot::LoadSafetensorsDirectory(root_ + "/after");

@@ -19,13 +19,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
 
+using ::memprofd::testing::TempDir;
 using ::testing::HasSubstr;
-using testing::TempDir;
 
 constexpr char kChildEnv[] = "MEMPROFD_SNAPSHOT_KILL_CHILD_ROOT";
 

@@ -10,10 +10,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
+
+using ::memprofd::testing::TempDir;
 
 using ::testing::HasSubstr;
 
@@ -82,7 +85,7 @@ class CorruptFileTest : public ::testing::Test {
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(what));
   }
-  testing::TempDir dir_;
+  TempDir dir_;
 };
 
 const char kGood[] =
@@ -177,7 +180,7 @@ TEST_F(CorruptFileTest, RejectsNonStringMetadataAndBadEntries) {
 }
 
 TEST(SafetensorsFileTest, WritesReferenceLayoutAndReadsBackMapped) {
-  testing::TempDir dir;
+  TempDir dir;
   const TensorList tensors = testing::MakeAllDtypes(1);
   const std::string path = dir.Join("all.safetensors");
   ASSERT_TRUE(WriteSafetensorsFile(path, tensors, 4096).ok());
@@ -204,7 +207,7 @@ TEST(SafetensorsFileTest, WritesReferenceLayoutAndReadsBackMapped) {
 }
 
 TEST(SafetensorsFileTest, RejectsTensorsItCannotStore) {
-  testing::TempDir dir;
+  TempDir dir;
   EXPECT_EQ(
       WriteSafetensorsFile(dir.Join("c"), {{"c", at::zeros({2}, at::kComplexFloat)}})
           .code(),

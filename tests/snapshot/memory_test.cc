@@ -10,12 +10,13 @@
 #include "core/snapshot/writer.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
 
-using testing::TempDir;
+using ::memprofd::testing::TempDir;
 
 // Wraps LibTorch's CPU allocator and counts live and peak bytes.
 class CountingAllocator final : public c10::Allocator {

@@ -8,10 +8,13 @@
 #include "core/snapshot/writer.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
+
+using ::memprofd::testing::TempDir;
 
 TensorList StateDict(const LlamaModel& model) {
   TensorList out;
@@ -28,7 +31,7 @@ TEST_P(ModelSnapshotTest, LoadedSnapshotGivesTheSameLogits) {
   auto model = LlamaModel::Create(*config, 1);
   ASSERT_TRUE(model.ok()) << model.status();
 
-  testing::TempDir root;
+  TempDir root;
   SnapshotOptions o;
   o.dtype = GetParam();
   o.tie_word_embeddings = config->tie_word_embeddings;  // from the config

@@ -2,6 +2,7 @@
 // dtype option, tied and untied heads; checked also by an independent Python
 // reader (check_snapshot.py).
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -14,14 +15,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/command.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
 
+using ::memprofd::testing::TempDir;
 using testing::BitEqual;
 using ::testing::HasSubstr;
-using testing::TempDir;
 
 const char kConfig[] =
     R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "tie_word_embeddings": false,
@@ -65,12 +68,12 @@ void ExpectPythonAgrees(const std::string& snapshot_dir, const TensorList& writt
   TempDir expected;
   WriteExpected(expected.path(), written, d, torch_dtype);
   std::string output;
-  const int rc = testing::RunCommand(
-      absl::StrCat(MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR
-                                   "/tests/snapshot/check_snapshot.py ",
-                   snapshot_dir, " ", expected.path()),
-      &output);
-  EXPECT_EQ(rc, 0) << output;
+  EXPECT_EQ(::memprofd::testing::RunPython(
+                {::memprofd::testing::SourcePath("tests/snapshot/check_snapshot.py"),
+                 snapshot_dir, expected.path()},
+                &output),
+            0)
+      << output;
   EXPECT_THAT(output, HasSubstr(absl::StrCat("OK ", written.size(), " tensors")));
 }
 

@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "core/snapshot/snapshot_store.h"
@@ -9,14 +10,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace snapshot {
 namespace {
 
+using ::memprofd::testing::TempDir;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::TempDir;
 
 TEST(SnapshotNameTest, RejectsUnsafeNames) {
   for (const std::string& bad : std::vector<std::string>{

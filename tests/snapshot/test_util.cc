@@ -1,11 +1,8 @@
 #include "tests/snapshot/test_util.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -13,18 +10,6 @@
 namespace memprofd {
 namespace snapshot {
 namespace testing {
-
-TempDir::TempDir() {
-  std::string tmpl =
-      (std::filesystem::temp_directory_path() / "snapshot_test-XXXXXX").string();
-  if (::mkdtemp(tmpl.data()) == nullptr) abort();
-  path_ = tmpl;
-}
-
-TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
-}
 
 TensorList MakeModel(int64_t seed, int layers, int64_t hidden, int64_t vocab,
                      at::ScalarType dtype) {
@@ -72,17 +57,6 @@ std::vector<std::string> ListDir(const std::string& dir) {
   }
   std::sort(out.begin(), out.end());
   return out;
-}
-
-int RunCommand(const std::string& command, std::string* output) {
-  output->clear();
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return -1;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) output->append(buf, n);
-  const int status = ::pclose(pipe);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
 ::testing::AssertionResult BitEqual(const at::Tensor& expected,

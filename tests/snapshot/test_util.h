@@ -1,12 +1,12 @@
 #ifndef MEMPROFD_TESTS_SNAPSHOT_TEST_UTIL_H_
 #define MEMPROFD_TESTS_SNAPSHOT_TEST_UTIL_H_
 
-// Helpers shared by the snapshot tests: temporary directories and small
-// synthetic state dicts with Hugging Face Llama names.
+// Helpers shared by the snapshot tests: small synthetic state dicts with
+// Hugging Face Llama names, directory listings and bitwise tensor equality.
+// Temporary directories and the venv's Python are in tests/testing/.
 
 #include <ATen/ATen.h>
 
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -16,18 +16,6 @@
 namespace memprofd {
 namespace snapshot {
 namespace testing {
-
-// A fresh directory under the system temp dir, removed on destruction.
-class TempDir {
- public:
-  TempDir();
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string Join(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 // A Llama-like state dict: embed_tokens [vocab, hidden], per layer q_proj,
 // up_proj, input_layernorm, then model.norm and lm_head (its own values).
@@ -40,10 +28,6 @@ TensorList MakeAllDtypes(int64_t seed);
 
 // Entries of a directory (file names), sorted.
 std::vector<std::string> ListDir(const std::string& dir);
-
-// Runs `command` through the shell; returns its exit status and puts stdout
-// and stderr in *output.
-int RunCommand(const std::string& command, std::string* output);
 
 // Expected (a.to(b.dtype)) and b equal in dtype, shape and every bit (NaNs
 // included).

@@ -2,29 +2,20 @@
 
 #include <torch/torch.h>
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace {
 
+using ::memprofd::testing::TempDir;
 using ::testing::HasSubstr;
-
-std::string WriteTemp(const std::string& name, const std::string& bytes) {
-  std::string path =
-      absl::StrCat(::testing::TempDir(), "/data_test_", getpid(), "_", name);
-  std::ofstream(path, std::ios::binary) << bytes;
-  return path;
-}
 
 DataSpec File(DataSpec::Kind kind, const std::string& path, int bytes_per_token = 2) {
   DataSpec spec;
@@ -46,7 +37,8 @@ TEST(TokenDatasetTest, EmbeddedCorpusIsEnglishProse) {
 }
 
 TEST(TokenDatasetTest, TextFileIsReadAsBytes) {
-  std::string path = WriteTemp("bytes.txt", std::string("ab\xff\n", 4));
+  const TempDir tmp;
+  std::string path = tmp.WriteFile("bytes.txt", std::string("ab\xff\n", 4));
   absl::StatusOr<std::unique_ptr<TokenDataset>> d =
       TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 256);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -56,11 +48,11 @@ TEST(TokenDatasetTest, TextFileIsReadAsBytes) {
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 200);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(d.status().message(), HasSubstr("token id 255 at position 2"));
-  std::remove(path.c_str());
 }
 
 TEST(TokenDatasetTest, TokenFilesAreLittleEndianUint16OrUint32) {
-  std::string u16 = WriteTemp("u16.bin", std::string("\x01\x00\x34\x12\xff\x00", 6));
+  const TempDir tmp;
+  std::string u16 = tmp.WriteFile("u16.bin", std::string("\x01\x00\x34\x12\xff\x00", 6));
   absl::StatusOr<std::unique_ptr<TokenDataset>> d =
       TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 2), 0x10000);
   ASSERT_TRUE(d.ok()) << d.status();
@@ -68,7 +60,7 @@ TEST(TokenDatasetTest, TokenFilesAreLittleEndianUint16OrUint32) {
       torch::equal((*d)->tokens(), torch::tensor({1, 0x1234, 255}, torch::kInt32)));
 
   std::string u32 =
-      WriteTemp("u32.bin", std::string("\x01\x00\x01\x00\x02\x00\x00\x00", 8));
+      tmp.WriteFile("u32.bin", std::string("\x01\x00\x01\x00\x02\x00\x00\x00", 8));
   d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u32, 4), 70000);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(torch::equal((*d)->tokens(), torch::tensor({65537, 2}, torch::kInt32)));
@@ -85,8 +77,6 @@ TEST(TokenDatasetTest, TokenFilesAreLittleEndianUint16OrUint32) {
 
   d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 3), 1000);
   EXPECT_THAT(d.status().message(), HasSubstr("bytes_per_token must be 2"));
-  std::remove(u16.c_str());
-  std::remove(u32.c_str());
 }
 
 TEST(TokenDatasetTest, MissingAndEmptyFilesAreInvalidArgument) {
@@ -96,11 +86,11 @@ TEST(TokenDatasetTest, MissingAndEmptyFilesAreInvalidArgument) {
   EXPECT_THAT(d.status().message(), HasSubstr("/nonexistent/corpus.txt"));
   EXPECT_THAT(d.status().message(), HasSubstr("does not exist"));
 
-  std::string empty = WriteTemp("empty.txt", "");
+  const TempDir tmp;
+  std::string empty = tmp.WriteFile("empty.txt", "");
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, empty), 256);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(d.status().message(), HasSubstr("is empty"));
-  std::remove(empty.c_str());
 
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, ""), 256);
   EXPECT_THAT(d.status().message(), HasSubstr("no path"));

@@ -10,32 +10,14 @@
 #include "core/train/checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/llama.h"
 
 namespace memprofd {
 namespace {
 
 using ::testing::HasSubstr;
-
-// Byte-level, small enough for steps of a few milliseconds.
-LlamaConfig TestConfig() {
-  LlamaConfig c;
-  c.vocab_size = 256;
-  c.hidden_size = 32;
-  c.intermediate_size = 64;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5;
-  c.tie_word_embeddings = true;
-  return c;
-}
-
-std::unique_ptr<LlamaModel> MakeModel(const LlamaConfig& c, uint64_t seed) {
-  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(c, seed);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? std::move(*m) : nullptr;
-}
+using testing::MakeLlama;
+using testing::SmallLlamaConfig;
 
 TrainOptions SmallOptions(int64_t steps) {
   TrainOptions o;
@@ -61,7 +43,7 @@ std::vector<at::Tensor> Gradients(const LlamaModel& m, bool checkpointing,
 }
 
 TEST(CheckpointTest, GradientsEqualThoseWithoutCheckpointing) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 3);
   at::Tensor ids = torch::randint(0, 256, {3, 24}, torch::kInt64);
   std::vector<at::Tensor> plain = Gradients(*m, false, ids);
   std::vector<at::Tensor> checkpointed = Gradients(*m, true, ids);
@@ -76,7 +58,7 @@ TEST(CheckpointTest, GradientsEqualThoseWithoutCheckpointing) {
 }
 
 TEST(CheckpointTest, SavesOnlyTheLayerInput) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 3);
   at::Tensor ids = torch::randint(0, 256, {2, 8}, torch::kInt64);
   at::Tensor hidden = m->Embed(ids);
   at::Tensor out = CheckpointedLayer(*m, 0, hidden);
@@ -91,7 +73,7 @@ TEST(CheckpointTest, FrozenParametersGetNoGradientAndStayPut) {
   // Layer 0 frozen, as a module placed on disk is.
   std::vector<double> losses[2];
   for (int checkpointing : {0, 1}) {
-    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 3);
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 3);
     std::vector<at::Tensor> frozen = m->LayerParameters(0);
     std::vector<at::Tensor> before;
     for (at::Tensor& t : frozen) {
@@ -118,7 +100,7 @@ TEST(CheckpointTest, FrozenParametersGetNoGradientAndStayPut) {
 TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
   std::vector<double> first, second;
   for (std::vector<double>* losses : {&first, &second}) {
-    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(8);
     o.weight_decay = 0.1;
@@ -135,7 +117,7 @@ TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
 TEST(TrainerTest, CheckpointingTrainsIdentically) {
   std::vector<double> losses[2];
   for (int checkpointing : {0, 1}) {
-    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(4);
     o.gradient_checkpointing = checkpointing;
@@ -148,7 +130,7 @@ TEST(TrainerTest, CheckpointingTrainsIdentically) {
 }
 
 TEST(TrainerTest, ReportsEveryStep) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   TrainOptions o = SmallOptions(3);
   o.grad_accumulation_steps = 2;
@@ -187,7 +169,7 @@ TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
   // Two micro-batches of 4 windows draw the same windows as one batch of 8.
   StepReport reports[2];
   for (int accum : {1, 2}) {
-    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(1);
     o.batch_size = 8 / accum;
@@ -204,7 +186,7 @@ TEST(TrainerTest, ClippingBoundsTheGradientNorm) {
   double change[2];
   double norms[2];
   for (int clip : {0, 1}) {
-    std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     at::Tensor before = m->Parameters()[1].detach().clone();
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(1);
@@ -234,7 +216,7 @@ class RecordingListener : public PhaseListener {
 };
 
 TEST(TrainerTest, MarksPhasesAndCallsHooksInOrder) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   RecordingListener listener;
   StepHooks hooks;
@@ -272,7 +254,7 @@ TEST(TrainerTest, MarksPhasesAndCallsHooksInOrder) {
 }
 
 TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   int steps_seen = 0;
   absl::StatusOr<TrainResult> r = trainer.Run(
@@ -290,7 +272,7 @@ TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
 }
 
 TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   ASSERT_TRUE(trainer.Run(SmallOptions(2)).ok());
   std::vector<at::Tensor> before;
@@ -310,7 +292,7 @@ TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
 }
 
 TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   EXPECT_TRUE(trainer.OptimizerState().empty());
   DataSpec spec;
@@ -330,7 +312,7 @@ TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
 }
 
 TEST(TrainerTest, BadRequestsAreInvalidArgument) {
-  std::unique_ptr<LlamaModel> m = MakeModel(TestConfig(), 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   TrainOptions o = SmallOptions(1);
   o.seq_len = 65;
@@ -382,14 +364,14 @@ TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
   if (seq_len == 0 || seq_len > (1 << 20)) {
     GTEST_SKIP() << "needs vm.overcommit_memory=0 and at most ~1 TiB of RAM + swap";
   }
-  LlamaConfig c = TestConfig();
+  LlamaConfig c = SmallLlamaConfig();
   c.hidden_size = 8;
   c.intermediate_size = 8;
   c.num_hidden_layers = 1;
   c.num_attention_heads = 1;
   c.num_key_value_heads = 1;
   c.max_position_embeddings = seq_len;
-  std::unique_ptr<LlamaModel> m = MakeModel(c, 5);
+  std::unique_ptr<LlamaModel> m = MakeLlama(c, 5);
   Trainer trainer(m.get());
   std::vector<at::Tensor> before;
   for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());

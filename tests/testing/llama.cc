@@ -1,0 +1,41 @@
+#include "tests/testing/llama.h"
+
+#include "gtest/gtest.h"
+
+namespace memprofd {
+namespace testing {
+
+LlamaConfig SmallLlamaConfig() {
+  LlamaConfig c;
+  c.vocab_size = 256;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 64;
+  c.rms_norm_eps = 1e-5;
+  c.tie_word_embeddings = true;
+  return c;
+}
+
+LlamaConfig PresetConfig(const std::string& name) {
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::Preset(name);
+  if (!c.ok()) {
+    ADD_FAILURE() << c.status();
+    return SmallLlamaConfig();
+  }
+  return *std::move(c);
+}
+
+std::unique_ptr<LlamaModel> MakeLlama(const LlamaConfig& config, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<LlamaModel>> m = LlamaModel::Create(config, seed);
+  if (!m.ok()) {
+    ADD_FAILURE() << m.status();
+    return nullptr;
+  }
+  return *std::move(m);
+}
+
+}  // namespace testing
+}  // namespace memprofd

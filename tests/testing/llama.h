@@ -1,0 +1,37 @@
+#ifndef MEMPROFD_TESTS_TESTING_LLAMA_H_
+#define MEMPROFD_TESTS_TESTING_LLAMA_H_
+
+// Llama models for tests: a config small enough for training steps of a few
+// milliseconds, the built-in presets, and model construction that fails the
+// test instead of returning a status. Thread-safe (the models they return
+// are not; see core/model/llama.h).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/model/config.h"
+#include "core/model/llama.h"
+
+namespace memprofd {
+namespace testing {
+
+// Byte-level (vocab 256, so any text is data), hidden 32, intermediate 64,
+// 2 layers, 4 attention heads over 2 key-value heads (grouped-query
+// attention), 64 positions, rms_norm_eps 1e-5, tied head. A training step of
+// batch 4 x 32 takes milliseconds on a CPU.
+LlamaConfig SmallLlamaConfig();
+
+// The config of built-in preset `name` ("tiny", "small", "llama-1b"). Fails
+// the running test and returns SmallLlamaConfig() for an unknown name.
+LlamaConfig PresetConfig(const std::string& name);
+
+// A model of `config` with weights drawn from `seed`, on the CPU. Null, with
+// the running test failed and the status printed, when Create refuses the
+// config.
+std::unique_ptr<LlamaModel> MakeLlama(const LlamaConfig& config, uint64_t seed);
+
+}  // namespace testing
+}  // namespace memprofd
+
+#endif  // MEMPROFD_TESTS_TESTING_LLAMA_H_
