@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 
 BUILD_DIR = os.environ.get("MEMPROFD_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
 SOURCE_DIR = os.environ.get("MEMPROFD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
@@ -132,6 +133,50 @@ class Daemon:
         self.channel.close()
         self.log.close()
         self.tmp.cleanup()
+
+
+def wait_done(d, op_id, timeout=300):
+    """Waits for operation `op_id` of daemon `d` to be done (WaitOperation, 10 s
+    at a time) and returns it; fails the test after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        op = d.call("WaitOperation", pb.WaitOperationRequest(id=op_id, timeout_ms=10000), timeout=20)
+        if op.done:
+            return op
+    raise AssertionError("operation %s not done in %ss" % (op_id, timeout))
+
+
+class DaemonTestCase(unittest.TestCase):
+    """The tests of a subclass share one daemon, `cls.d`, started in setUpClass
+    with DAEMON_FLAGS (and TOKEN, when set) and closed in tearDownClass.
+    `cls.scratch` is a fresh directory for the tests' own files; with
+    SNAPSHOTS true the daemon also gets --snapshot_root=`cls.root`, a fresh
+    directory of its own. Both go away with the class. A subclass that does
+    more at class set-up calls super().setUpClass() first."""
+
+    DAEMON_FLAGS = ()
+    TOKEN = None
+    SNAPSHOTS = False
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="memprofd-it-class-")
+        cls.scratch = os.path.join(cls._tmp.name, "scratch")
+        os.mkdir(cls.scratch)
+        flags = list(cls.DAEMON_FLAGS)
+        if cls.SNAPSHOTS:
+            cls.root = os.path.join(cls._tmp.name, "snapshots")
+            flags.append("--snapshot_root=" + cls.root)
+        try:
+            cls.d = Daemon(*flags, token=cls.TOKEN)
+        except BaseException:
+            cls._tmp.cleanup()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+        cls._tmp.cleanup()
 
 
 class Prometheus:

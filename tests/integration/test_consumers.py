@@ -20,10 +20,8 @@ import json
 import os
 import pickle
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -36,8 +34,8 @@ import safetensors.torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from harness import Daemon, pb  # noqa: E402
-from test_training import wait_done  # noqa: E402
+import harness  # noqa: E402
+from harness import pb, wait_done  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -152,20 +150,10 @@ UNTIED_TINY = dict(vocab_size=256, hidden_size=256, intermediate_size=1024, num_
                    rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False)
 
 
-class DaemonWithSnapshotsTest(unittest.TestCase):
+class DaemonWithSnapshotsTest(harness.DaemonTestCase):
     """One daemon per class with a snapshot root, and a scratch folder for inputs."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="memprofd-consumers-")
-        cls.scratch = tempfile.mkdtemp(prefix="memprofd-consumers-in-")
-        cls.d = Daemon("--snapshot_root=" + cls.root)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-        shutil.rmtree(cls.root, ignore_errors=True)
-        shutil.rmtree(cls.scratch, ignore_errors=True)
+    SNAPSHOTS = True
 
 
 class TransformersReadsSnapshotsTest(DaemonWithSnapshotsTest):
@@ -362,18 +350,8 @@ class SafetensorsReadsSnapshotsTest(DaemonWithSnapshotsTest):
             self.assertTrue(torch.equal(written[name], tensor), name)
 
 
-class DaemonReadsTransformersTest(unittest.TestCase):
+class DaemonReadsTransformersTest(harness.DaemonTestCase):
     """A model transformers made and saved loads into the daemon with transformers' loss."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.scratch = tempfile.mkdtemp(prefix="memprofd-consumers-in-")
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-        shutil.rmtree(cls.scratch, ignore_errors=True)
 
     def test_sharded_save_pretrained_gqa_untied_model_gives_the_same_loss(self):
         torch.manual_seed(0)
@@ -451,17 +429,18 @@ def embedded_snapshot(html):
     return pickle.loads(base64.b64decode(files[0]["base64"]))  # ignores the zero padding
 
 
-class MemoryVizReadsHistoryTest(unittest.TestCase):
+class MemoryVizReadsHistoryTest(harness.DaemonTestCase):
     """torch.cuda._memory_viz reads a dump of a few training steps and reports the
     daemon's own counts: the dump is taken while the daemon is idle, so the live
     blocks in its segments are the allocated bytes GetMemoryStats reports, and
     its trace holds every allocation and free since recording started (nothing
     dropped from the ring)."""
 
+    DAEMON_FLAGS = ("--device=cpu",)
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="memprofd-viz-")
-        cls.d = Daemon("--device=cpu")
+        super().setUpClass()
         for op in cls.d.call("ListOperations", pb.ListOperationsRequest()).operations:
             wait_done(cls.d, op.id)  # the start-up load, if still running
         cpu_memory(cls.d)
@@ -475,17 +454,12 @@ class MemoryVizReadsHistoryTest(unittest.TestCase):
             pb.DumpMemoryHistoryRequest(), timeout=60, metadata=cls.d.metadata()))
         _, cls.after_dump = cpu_memory(cls.d)
         cls.d.call("StopMemoryRecording", pb.StopMemoryRecordingRequest())
-        cls.path = os.path.join(cls.tmp, "history.pickle")
+        cls.path = os.path.join(cls.scratch, "history.pickle")
         with open(cls.path, "wb") as f:
             f.write(data)
         cls.snap = pickle.loads(data)
         # CUDA devices first, then the CPU (none here, but a GPU host lists them).
         cls.cpu = len(cls.snap["device_traces"]) - 1
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-        shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def setUp(self):
         self.assertEqual(self.train.state, pb.OPERATION_STATE_SUCCEEDED, self.train.error.message)
@@ -536,7 +510,7 @@ class MemoryVizReadsHistoryTest(unittest.TestCase):
             self.assertTrue(any(";memprofd:1:optimizer step 1 " in l for l in lines), view.__name__)
 
     def test_trace_plot_embeds_the_dump_and_unfreed_allocations_are_the_live_ones(self):
-        out = os.path.join(self.tmp, "trace.html")
+        out = os.path.join(self.scratch, "trace.html")
         run_memory_viz("trace_plot", self.path, "-o", out)
         with open(out) as f:
             html = f.read()

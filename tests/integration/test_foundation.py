@@ -16,15 +16,7 @@ import harness
 from harness import Daemon, health_pb2, pb, reflection_pb2
 
 
-class ServingTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-
+class ServingTest(harness.DaemonTestCase):
     def test_health_is_serving_for_server_and_service(self):
         for service in ("", "memprofd.v1.Memprofd"):
             resp = self.d.health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
@@ -101,14 +93,8 @@ class ServingTest(unittest.TestCase):
         self.assertEqual(r.returncode, 3, r.stderr)
 
 
-class AuthTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon(token="s3cret-token")
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
+class AuthTest(harness.DaemonTestCase):
+    TOKEN = "s3cret-token"
 
     def test_missing_token_is_unauthenticated(self):
         with self.assertRaises(grpc.RpcError) as e:

@@ -13,8 +13,7 @@ import unittest
 import grpc
 
 import harness
-from harness import Daemon, pb
-from test_training import wait_done
+from harness import Daemon, pb, wait_done
 
 CATEGORIES = ["parameters", "gradients", "optimizer_state", "offloaded_host", "offloaded_disk",
               "snapshot_staging", "activations_and_temporaries"]
@@ -50,15 +49,7 @@ print(actions["alloc"], actions["free_completed"])
 '''
 
 
-class MemoryTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-
+class MemoryTest(harness.DaemonTestCase):
     def test_1_stats_report_devices_categories_and_phases(self):
         with self.assertRaises(grpc.RpcError) as e:
             list(self.d.stub.DumpMemoryHistory(pb.DumpMemoryHistoryRequest(), timeout=30))

@@ -14,8 +14,7 @@ import unittest
 import grpc
 
 import harness
-from harness import Daemon, pb
-from test_training import wait_done
+from harness import Daemon, pb, wait_done
 
 
 def parse_safetensors(path):
@@ -49,16 +48,8 @@ def parse_safetensors(path):
     return out
 
 
-class SnapshotTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.root = tempfile.mkdtemp(prefix="memprofd-snaps-")
-        cls.d = Daemon("--snapshot_root=" + cls.root)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-        shutil.rmtree(cls.root, ignore_errors=True)
+class SnapshotTest(harness.DaemonTestCase):
+    SNAPSHOTS = True
 
     def snapshot(self, **kwargs):
         op = self.d.call("Snapshot", pb.SnapshotRequest(**kwargs))

@@ -5,33 +5,15 @@ import os
 import re
 import struct
 import tempfile
-import threading
-import time
 import unittest
 
 import grpc
 
-from harness import Daemon, pb
+import harness
+from harness import Daemon, pb, wait_done
 
 
-def wait_done(d, op_id, timeout=300):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        op = d.call("WaitOperation", pb.WaitOperationRequest(id=op_id, timeout_ms=10000), timeout=20)
-        if op.done:
-            return op
-    raise AssertionError("operation %s not done in %ss" % (op_id, timeout))
-
-
-class TrainingTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.d = Daemon()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.d.close()
-
+class TrainingTest(harness.DaemonTestCase):
     def test_1_status_shows_the_default_model(self):
         status = self.d.call("GetStatus", pb.GetStatusRequest())
         self.assertEqual(status.model.source, "preset:tiny")
