@@ -5,7 +5,8 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <cstdlib>
+#include <future>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
 #include "server/metrics.h"
+#include "tests/testing/temp_dir.h"
 
 namespace memprofd {
 namespace {
@@ -47,9 +49,9 @@ TEST(GrpcStatusTest, CodesAndMessagesCarryOver) {
 TEST(TokenAuthTest, FileErrorsAreClear) {
   auto missing = TokenAuth::Create("/nonexistent/token");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kFailedPrecondition);
-  const std::string empty = ::testing::TempDir() + "/empty_token";
-  std::ofstream(empty) << "  \n";
-  EXPECT_THAT(TokenAuth::Create(empty).status().message(), HasSubstr("holds no token"));
+  const testing::TempDir tmp;
+  EXPECT_THAT(TokenAuth::Create(tmp.WriteFile("empty_token", "  \n")).status().message(),
+              HasSubstr("holds no token"));
   auto disabled = TokenAuth::Create("");
   ASSERT_TRUE(disabled.ok());
   EXPECT_FALSE((*disabled)->enabled());
@@ -57,11 +59,16 @@ TEST(TokenAuthTest, FileErrorsAreClear) {
 
 class InProcessServerTest : public ::testing::Test {
  protected:
+  // Shorter than the daemon's 3 s, so that the test of a stream that outlives
+  // it waits one second.
+  static constexpr double kGraceSeconds = 1.0;
+
   void SetUp() override {
     ServerOptions options;
     options.listen = "127.0.0.1:0";
     options.metrics_listen = "127.0.0.1:0";
     options.session.device = "cpu";
+    options.shutdown_grace_seconds = kGraceSeconds;
     server_ = std::make_unique<Server>(options);
     ASSERT_TRUE(server_->Start().ok());
     ClientOptions client_options;
@@ -73,6 +80,36 @@ class InProcessServerTest : public ::testing::Test {
   void TearDown() override { server_->Shutdown(); }
 
   OperationRegistry& ops() { return server_->session()->operations_for_testing(); }
+
+  struct StreamEnd {
+    grpc::Status status;
+    v1::Operation last;  // the last message the stream delivered
+    std::chrono::milliseconds shutdown_took{0};
+  };
+  // Calls Shutdown() on another thread while reading `reader` to its end;
+  // `last` is the message read before. A Shutdown still running after 30 s
+  // cannot be unwound from a test: the binary aborts, saying so, instead of
+  // waiting for ctest's timeout.
+  StreamEnd ShutdownWhileReading(grpc::ClientReaderInterface<v1::Operation>* reader,
+                                 const v1::Operation& last) {
+    std::future<std::chrono::milliseconds> took = std::async(std::launch::async, [this] {
+      const auto start = std::chrono::steady_clock::now();
+      server_->Shutdown();
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::steady_clock::now() - start);
+    });
+    StreamEnd end;
+    end.last = last;
+    while (reader->Read(&end.last)) {
+    }
+    end.status = reader->Finish();
+    if (took.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+      std::fprintf(stderr, "Server::Shutdown has not returned after 30 s\n");
+      std::abort();
+    }
+    end.shutdown_took = took.get();
+    return end;
+  }
 
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
@@ -155,25 +192,65 @@ TEST_F(InProcessServerTest, CancelAsksAndRefusesWhenDone) {
   EXPECT_EQ(listed.operations(0).state(), v1::OPERATION_STATE_CANCELLED);
 }
 
-TEST_F(InProcessServerTest, ShutdownEndsOpenWatchStreams) {
-  auto op = ops().Create(OperationKind::kTrain);
+// A training still running when the daemon stops: Shutdown cancels it at its
+// next step boundary, and the watch stream ends with the CANCELLED state and
+// an OK status.
+TEST_F(InProcessServerTest, ShutdownEndsTheWatchStreamOfARunningTraining) {
+  v1::TrainRequest train;
+  train.set_steps(1'000'000);  // hours: only Shutdown ends it
+  train.set_batch_size(1);
+  train.set_seq_len(16);
+  v1::Operation started;
+  auto ctx = client_->NewContext(std::chrono::seconds(10));
+  ASSERT_TRUE(client_->stub().Train(ctx.get(), train, &started).ok());
+  v1::WatchOperationRequest req;
+  req.set_id(started.id());
+  auto watch_ctx = client_->NewContext(std::chrono::seconds(60));
+  auto reader = client_->stub().WatchOperation(watch_ctx.get(), req);
+  v1::Operation msg;
+  // Until a step has run: the owner thread is inside the training loop.
+  while (reader->Read(&msg) && !msg.done() && msg.progress().completed() < 1) {
+  }
+  ASSERT_EQ(msg.state(), v1::OPERATION_STATE_RUNNING) << msg.DebugString();
+
+  const StreamEnd end = ShutdownWhileReading(reader.get(), msg);
+  // OK, not UNAVAILABLE: the stream ended with the operation, not at the end
+  // of the grace period (see the next test).
+  EXPECT_TRUE(end.status.ok()) << GrpcCodeName(end.status.error_code()) << ": "
+                               << end.status.error_message();
+  EXPECT_TRUE(end.last.done());
+  EXPECT_EQ(end.last.state(), v1::OPERATION_STATE_CANCELLED);
+  EXPECT_GE(end.last.train().steps_completed(), 1);
+  EXPECT_EQ(end.last.error().code(), static_cast<int>(grpc::StatusCode::CANCELLED));
+  // The step that was running, then the join: a fraction of a second here,
+  // with room for a loaded machine.
+  EXPECT_LT(end.shutdown_took.count(), 10'000);
+}
+
+// Work that does not stop when asked (here an operation nothing finishes):
+// the watch stream still ends at the end of the grace period, when gRPC's
+// server ends the calls still open with UNAVAILABLE ("Cancelling all calls",
+// which tells a client to retry elsewhere), and Shutdown returns then.
+TEST_F(InProcessServerTest, ShutdownEndsTheWatchStreamOfWorkThatDoesNotStop) {
+  auto op = ops().Create(OperationKind::kSnapshot);
+  op->MarkRunning();
   v1::WatchOperationRequest req;
   req.set_id(op->id());
-  auto ctx = client_->NewContext(std::chrono::seconds(20));
+  auto ctx = client_->NewContext(std::chrono::seconds(60));
   auto reader = client_->stub().WatchOperation(ctx.get(), req);
   v1::Operation msg;
-  ASSERT_TRUE(reader->Read(&msg));  // the QUEUED state
-  // The owner thread finishes queued work as cancelled on shutdown; the op
-  // here has no work queued, so finish it the way a cancelled run would.
-  std::thread stopper([&] {
-    op->Finish(absl::CancelledError("daemon shutting down"));
-    server_->Shutdown();
-  });
-  while (reader->Read(&msg)) {
+  while (reader->Read(&msg) && msg.state() != v1::OPERATION_STATE_RUNNING) {
   }
-  stopper.join();
-  EXPECT_TRUE(msg.done());
-  EXPECT_EQ(msg.state(), v1::OPERATION_STATE_CANCELLED);
+  ASSERT_EQ(msg.state(), v1::OPERATION_STATE_RUNNING);
+
+  const StreamEnd end = ShutdownWhileReading(reader.get(), msg);
+  EXPECT_EQ(end.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << GrpcCodeName(end.status.error_code()) << ": " << end.status.error_message();
+  EXPECT_FALSE(end.last.done());
+  EXPECT_TRUE(op->cancel_requested());
+  // In-flight calls get the whole grace period, and not much more.
+  EXPECT_GE(end.shutdown_took.count(), kGraceSeconds * 1000 - 100);
+  EXPECT_LT(end.shutdown_took.count(), kGraceSeconds * 1000 + 5000);
 }
 
 }  // namespace
