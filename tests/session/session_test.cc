@@ -1,9 +1,11 @@
-// The engine end to end, in-process: device resolution, training stopped at a
-// step boundary by shutdown, memory categories and phase peaks against the
-// allocator, and a snapshot's extra memory bounded by the staging buffer
-// whatever the model size.
+// The engine end to end, in-process: device resolution, a CPU session's
+// memory history and stats, training stopped at a step boundary by shutdown,
+// memory categories and phase peaks against the allocator, and a snapshot's
+// extra memory bounded by the staging buffer whatever the model size.
 
 #include "core/session/session.h"
+
+#include <ATen/ATen.h>
 
 #include <optional>
 #include <string>
@@ -14,6 +16,7 @@
 #include "core/snapshot/loader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/command.h"
 #include "tests/testing/operation.h"
 #include "tests/testing/temp_dir.h"
 
@@ -43,16 +46,54 @@ TEST(SessionTest, UnknownStartModelIsAClearError) {
   EXPECT_THAT(s.status().message(), HasSubstr("tiny"));
 }
 
-TEST(SessionTest, ACpuSessionRecordsNoCudaHistory) {
-  // On a GPU host, recording for a CPU session must not create a CUDA
-  // context; the recorder is told at Create.
-  memory::MemoryRecorder::Global().set_track_cuda(true);
+// `python -c`: what the memory_viz pickle argv[1] holds outside the CPU (the
+// last device, memory_viz.h) and how often the CPU trace allocates and frees
+// argv[2] bytes.
+constexpr char kHistorySummary[] = R"(import pickle, sys
+d = pickle.load(open(sys.argv[1], "rb"))
+size = int(sys.argv[2])
+traces = d["device_traces"]
+cpu = len(traces) - 1
+print("cuda events", sum(len(t) for t in traces[:cpu]))
+print("cuda segments", sum(1 for s in d["segments"] if s["device"] != cpu))
+print("cpu allocs", sum(1 for e in traces[cpu] if e["action"] == "alloc" and e["size"] == size))
+print("cpu frees", sum(1 for e in traces[cpu] if e["action"] == "free_completed" and e["size"] == size))
+)";
+
+// A session computing on the CPU records the CPU alone. Its recording must
+// not set CUDA up on a GPU host (Create tells the recorder not to track
+// CUDA): no CUDA trace or segment in the dump, and no CUDA device in the
+// stats, which list every device whose CUDA allocator has been initialised.
+// Without a GPU (here) the dump and the stats are still the CPU's alone.
+TEST(SessionTest, ACpuSessionsMemoryHistoryAndStatsAreTheCpusAlone) {
   SessionOptions options;
   options.device = "cpu";
   options.model = "";
   auto s = Session::Create(options);
   ASSERT_TRUE(s.ok()) << s.status();
-  EXPECT_FALSE(memory::MemoryRecorder::Global().track_cuda());
+  Session& session = **s;
+  EXPECT_EQ(session.device(), "cpu");
+  ASSERT_TRUE(session.StartMemoryRecording(10'000).ok());
+  // A size no other allocation of this process has.
+  constexpr int64_t kBytes = 1'234'567;
+  { const at::Tensor t = at::empty({kBytes}, at::kByte); }
+  const absl::StatusOr<std::string> dump = session.DumpMemoryHistory();
+  const memory::MemoryStatsView stats = session.MemoryStats();
+  session.StopMemoryRecording(/*clear=*/true);
+  ASSERT_TRUE(dump.ok()) << dump.status();
+
+  ASSERT_EQ(stats.devices.size(), 1u);
+  EXPECT_EQ(stats.devices[0].name, "cpu");
+  EXPECT_FALSE(stats.devices[0].has_cuda_stats);
+  const TempDir tmp;
+  std::string summary;
+  ASSERT_EQ(
+      testing::RunPython({"-c", kHistorySummary, tmp.WriteFile("history.pickle", *dump),
+                          absl::StrCat(kBytes)},
+                         &summary),
+      0)
+      << summary;
+  EXPECT_EQ(summary, "cuda events 0\ncuda segments 0\ncpu allocs 1\ncpu frees 1\n");
 }
 
 class TinySessionTest : public ::testing::Test {
