@@ -1,18 +1,30 @@
 // The proto conversions of server/convert.h: requests carry only what the
-// client set, and the skip reasons map onto their proto fields through core's
+// client set (a field set to 0 is 0; ranges are the session's to check), a
+// shard size that does not parse is INVALID_ARGUMENT, results and errors come
+// back whole, and the skip reasons map onto their proto fields through core's
 // one table.
 #include "server/convert.h"
 
+#include <grpcpp/support/status.h>
+
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/offload/offload_options.h"
+#include "core/snapshot/shard_plan.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace memprofd {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
 
 TEST(ConvertTest, EverySkipReasonHasItsProtoFieldAndNoFieldIsLeftOver) {
   std::set<std::string> mapped;
@@ -81,6 +93,367 @@ TEST(ConvertTest, TrainRequestOffloadCarriesOnlyTheFieldsSet) {
   // The unspecified target is "the daemon's".
   o->set_target(v1::OFFLOAD_TARGET_UNSPECIFIED);
   EXPECT_FALSE(FromProto(req)->offload.target.has_value());
+}
+
+TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {
+  v1::TrainRequest req;
+  absl::StatusOr<TrainSpec> none = FromProto(req);
+  ASSERT_TRUE(none.ok()) << none.status();
+  const TrainRequest& n = none->train;
+  EXPECT_FALSE(n.steps.has_value());  // required, but the session says so
+  EXPECT_FALSE(n.batch_size.has_value());
+  EXPECT_FALSE(n.seq_len.has_value());
+  EXPECT_FALSE(n.learning_rate.has_value());
+  EXPECT_FALSE(n.seed.has_value());
+  EXPECT_FALSE(n.gradient_checkpointing.has_value());
+  EXPECT_FALSE(n.weight_decay.has_value());
+  EXPECT_FALSE(n.beta1.has_value());
+  EXPECT_FALSE(n.beta2.has_value());
+  EXPECT_FALSE(n.adam_eps.has_value());
+  EXPECT_FALSE(n.max_grad_norm.has_value());
+  EXPECT_FALSE(n.grad_accumulation_steps.has_value());
+  EXPECT_FALSE(n.attn_implementation.has_value());
+  EXPECT_EQ(n.data.kind, DataSpec::Kind::kEmbeddedCorpus);
+
+  req.set_seq_len(48);
+  absl::StatusOr<TrainSpec> one = FromProto(req);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->train.seq_len, std::optional<int64_t>(48));
+  EXPECT_FALSE(one->train.batch_size.has_value());
+  EXPECT_FALSE(one->train.steps.has_value());
+}
+
+TEST(ConvertTest, TrainRequestFieldsSetToZeroAreZeroNotTheDefault) {
+  v1::TrainRequest req;
+  req.set_steps(0);
+  req.set_batch_size(0);
+  req.set_seq_len(0);
+  req.set_learning_rate(0);
+  req.set_seed(0);
+  req.set_gradient_checkpointing(false);
+  req.set_weight_decay(0);
+  req.set_beta1(0);
+  req.set_beta2(0);
+  req.set_adam_eps(0);
+  req.set_max_grad_norm(0);
+  req.set_grad_accumulation_steps(0);
+  absl::StatusOr<TrainSpec> spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const TrainRequest& t = spec->train;
+  EXPECT_EQ(t.steps, std::optional<int64_t>(0));
+  EXPECT_EQ(t.batch_size, std::optional<int64_t>(0));
+  EXPECT_EQ(t.seq_len, std::optional<int64_t>(0));
+  EXPECT_EQ(t.learning_rate, std::optional<double>(0));
+  EXPECT_EQ(t.seed, std::optional<uint64_t>(0));
+  EXPECT_EQ(t.gradient_checkpointing, std::optional<bool>(false));
+  EXPECT_EQ(t.weight_decay, std::optional<double>(0));
+  EXPECT_EQ(t.beta1, std::optional<double>(0));
+  EXPECT_EQ(t.beta2, std::optional<double>(0));
+  EXPECT_EQ(t.adam_eps, std::optional<double>(0));
+  EXPECT_EQ(t.max_grad_norm, std::optional<double>(0));
+  EXPECT_EQ(t.grad_accumulation_steps, std::optional<int64_t>(0));
+}
+
+// Ranges are the session's to check, once (MergeTrainRequest): the
+// conversion passes even a value the session will refuse unchanged.
+TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
+  v1::TrainRequest req;
+  req.set_steps(7);
+  req.set_batch_size(-3);
+  req.set_learning_rate(3e-4);
+  req.set_seed(42);
+  req.set_gradient_checkpointing(true);
+  req.set_weight_decay(0.1);
+  req.set_beta1(0.8);
+  req.set_beta2(1.5);
+  req.set_adam_eps(1e-6);
+  req.set_max_grad_norm(-1);
+  req.set_grad_accumulation_steps(4);
+  req.set_attn_implementation("flash");  // not one memprofd has
+  absl::StatusOr<TrainSpec> spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const TrainRequest& t = spec->train;
+  EXPECT_EQ(t.steps, std::optional<int64_t>(7));
+  EXPECT_EQ(t.batch_size, std::optional<int64_t>(-3));
+  EXPECT_EQ(t.learning_rate, std::optional<double>(3e-4));
+  EXPECT_EQ(t.seed, std::optional<uint64_t>(42));
+  EXPECT_EQ(t.gradient_checkpointing, std::optional<bool>(true));
+  EXPECT_EQ(t.weight_decay, std::optional<double>(0.1));
+  EXPECT_EQ(t.beta1, std::optional<double>(0.8));
+  EXPECT_EQ(t.beta2, std::optional<double>(1.5));
+  EXPECT_EQ(t.adam_eps, std::optional<double>(1e-6));
+  EXPECT_EQ(t.max_grad_norm, std::optional<double>(-1));
+  EXPECT_EQ(t.grad_accumulation_steps, std::optional<int64_t>(4));
+  EXPECT_EQ(t.attn_implementation, std::optional<std::string>("flash"));
+  EXPECT_FALSE(spec->offload.enabled.has_value());  // no offload message
+}
+
+TEST(ConvertTest, TrainRequestDataSourcesMapToDataSpecs) {
+  v1::TrainRequest req;
+  req.mutable_data()->set_embedded_corpus(true);
+  EXPECT_EQ(FromProto(req)->train.data.kind, DataSpec::Kind::kEmbeddedCorpus);
+
+  req.mutable_data()->set_text_file("/data/corpus.txt");
+  DataSpec d = FromProto(req)->train.data;
+  EXPECT_EQ(d.kind, DataSpec::Kind::kTextFile);
+  EXPECT_EQ(d.path, "/data/corpus.txt");
+
+  req.mutable_data()->mutable_token_file()->set_path("/data/train.bin");
+  d = FromProto(req)->train.data;
+  EXPECT_EQ(d.kind, DataSpec::Kind::kTokenFile);
+  EXPECT_EQ(d.path, "/data/train.bin");
+  EXPECT_EQ(d.bytes_per_token, DataSpec().bytes_per_token);  // unset: core's default
+  req.mutable_data()->mutable_token_file()->set_bytes_per_token(4);
+  EXPECT_EQ(FromProto(req)->train.data.bytes_per_token, 4);
+  req.mutable_data()->mutable_token_file()->set_bytes_per_token(0);
+  EXPECT_EQ(FromProto(req)->train.data.bytes_per_token,
+            0);  // set: the session refuses it
+
+  for (int64_t id : {5, 0, 255}) req.mutable_data()->mutable_inline_tokens()->add_ids(id);
+  d = FromProto(req)->train.data;
+  EXPECT_EQ(d.kind, DataSpec::Kind::kInlineTokens);
+  EXPECT_THAT(d.tokens, ElementsAre(5, 0, 255));
+}
+
+TEST(ConvertTest, LoadModelRequestCarriesSourceSeedAndPlacements) {
+  v1::LoadModelRequest req;
+  req.set_preset("small");
+  req.set_seed(9);
+  for (const auto& [module, placement] :
+       std::vector<std::pair<std::string, v1::Placement>>{
+           {"model.layers.0", v1::PLACEMENT_CPU},
+           {"model.layers.1", v1::PLACEMENT_DISK},
+           {"model.layers.2", v1::PLACEMENT_DEVICE},
+           {"model.norm", v1::PLACEMENT_UNSPECIFIED}}) {
+    v1::ModulePlacement* p = req.add_placement();
+    p->set_module(module);
+    p->set_placement(placement);
+  }
+  absl::StatusOr<LoadModelSpec> spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->preset, "small");
+  EXPECT_EQ(spec->hf_directory, "");
+  EXPECT_EQ(spec->seed, 9u);
+  EXPECT_THAT(spec->placement, ElementsAre(Pair("model.layers.0", Placement::kCpu),
+                                           Pair("model.layers.1", Placement::kDisk),
+                                           Pair("model.layers.2", Placement::kDevice),
+                                           Pair("model.norm", Placement::kDevice)));
+
+  req.set_hf_directory("/models/llama");
+  spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->preset, "");  // a oneof: the directory replaced the preset
+  EXPECT_EQ(spec->hf_directory, "/models/llama");
+}
+
+TEST(ConvertTest, SnapshotRequestShardSizeDtypeAndMode) {
+  v1::SnapshotRequest req;
+  req.set_name("s1");
+  absl::StatusOr<SnapshotSpec> spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name, "s1");
+  EXPECT_EQ(spec->options.max_shard_size, snapshot::kDefaultMaxShardSize);
+  EXPECT_EQ(spec->options.dtype, snapshot::SnapshotDtype::kKeep);
+  EXPECT_EQ(spec->mode, SnapshotMode::kBlocking);
+
+  req.set_max_shard_size("500MB");
+  req.set_mode(v1::SNAPSHOT_MODE_ASYNC);
+  spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->options.max_shard_size, 500'000'000);
+  EXPECT_EQ(spec->mode, SnapshotMode::kAsync);
+
+  for (const auto& [proto, core] :
+       std::vector<std::pair<v1::SnapshotDtype, snapshot::SnapshotDtype>>{
+           {v1::SNAPSHOT_DTYPE_UNSPECIFIED, snapshot::SnapshotDtype::kKeep},
+           {v1::SNAPSHOT_DTYPE_KEEP, snapshot::SnapshotDtype::kKeep},
+           {v1::SNAPSHOT_DTYPE_BF16, snapshot::SnapshotDtype::kBFloat16},
+           {v1::SNAPSHOT_DTYPE_FP16, snapshot::SnapshotDtype::kFloat16},
+           {v1::SNAPSHOT_DTYPE_FP32, snapshot::SnapshotDtype::kFloat32}}) {
+    req.set_dtype(proto);
+    EXPECT_EQ(FromProto(req)->options.dtype, core) << v1::SnapshotDtype_Name(proto);
+  }
+
+  req.set_max_shard_size("5GiB");
+  spec = FromProto(req);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(spec.status().message(), HasSubstr("\"5GB\""));
+}
+
+TEST(ConvertTest, FailedOperationCarriesItsErrorAndNoResult) {
+  OperationView view;
+  view.id = "op-3";
+  view.kind = OperationKind::kSnapshot;
+  view.state = OperationState::kFailed;
+  view.done = true;
+  view.error = absl::ResourceExhaustedError("disk full under /snapshots");
+  view.create_time = absl::FromUnixMicros(1'000'000);
+  view.start_time = absl::InfinitePast();  // never ran
+  view.end_time = absl::FromUnixMicros(2'500'000);
+  const v1::Operation op = ToProto(view);
+  EXPECT_EQ(op.id(), "op-3");
+  EXPECT_EQ(op.kind(), v1::OPERATION_KIND_SNAPSHOT);
+  EXPECT_EQ(op.state(), v1::OPERATION_STATE_FAILED);
+  EXPECT_TRUE(op.done());
+  EXPECT_EQ(op.error().code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(op.error().message(), "disk full under /snapshots");
+  EXPECT_EQ(op.result_case(), v1::Operation::RESULT_NOT_SET);
+  EXPECT_EQ(op.create_time_us(), 1'000'000);
+  EXPECT_EQ(op.start_time_us(), 0);
+  EXPECT_EQ(op.end_time_us(), 2'500'000);
+}
+
+TEST(ConvertTest, OperationResultsComeBackTyped) {
+  OperationView running;
+  running.kind = OperationKind::kTrain;
+  running.state = OperationState::kRunning;
+  running.completed = 2;
+  running.total = 10;
+  running.unit = "steps";
+  running.message = "step 2";
+  v1::Operation op = ToProto(running);
+  EXPECT_FALSE(op.done());
+  EXPECT_FALSE(op.has_error());
+  EXPECT_EQ(op.progress().completed(), 2);
+  EXPECT_EQ(op.progress().total(), 10);
+  EXPECT_EQ(op.progress().unit(), "steps");
+  EXPECT_EQ(op.progress().message(), "step 2");
+  EXPECT_EQ(op.result_case(), v1::Operation::RESULT_NOT_SET);
+
+  // Cancelled training keeps the steps that ran, beside the CANCELLED error.
+  OperationView cancelled = running;
+  cancelled.state = OperationState::kCancelled;
+  cancelled.done = true;
+  cancelled.error = absl::CancelledError("cancelled by request");
+  TrainResult train;
+  train.steps_completed = 2;
+  train.first_loss = 5.5;
+  train.last_loss = 5.25;
+  train.tokens = 512;
+  cancelled.result = train;
+  op = ToProto(cancelled);
+  EXPECT_EQ(op.state(), v1::OPERATION_STATE_CANCELLED);
+  EXPECT_EQ(op.error().code(), static_cast<int>(grpc::StatusCode::CANCELLED));
+  ASSERT_EQ(op.result_case(), v1::Operation::kTrain);
+  EXPECT_EQ(op.train().steps_completed(), 2);
+  EXPECT_EQ(op.train().first_loss(), 5.5);
+  EXPECT_EQ(op.train().last_loss(), 5.25);
+  EXPECT_EQ(op.train().tokens(), 512);
+
+  OperationView snapshot;
+  snapshot.kind = OperationKind::kSnapshot;
+  snapshot.state = OperationState::kSucceeded;
+  snapshot.done = true;
+  SnapshotResult sr;
+  sr.manifest.name = "s1";
+  sr.manifest.files = {{"model.safetensors", 4096}, {"config.json", 300}};
+  sr.manifest.total_size = 4000;
+  sr.mode = SnapshotMode::kAsync;
+  snapshot.result = sr;
+  op = ToProto(snapshot);
+  EXPECT_FALSE(op.has_error());
+  ASSERT_EQ(op.result_case(), v1::Operation::kSnapshot);
+  EXPECT_EQ(op.snapshot().name(), "s1");
+  ASSERT_EQ(op.snapshot().files_size(), 2);
+  EXPECT_EQ(op.snapshot().files(1).name(), "config.json");
+  EXPECT_EQ(op.snapshot().files(1).bytes(), 300);
+  EXPECT_EQ(op.snapshot().total_size(), 4000);
+  EXPECT_EQ(op.snapshot().mode(), v1::SNAPSHOT_MODE_ASYNC);
+
+  OperationView load;
+  load.kind = OperationKind::kLoadModel;
+  load.state = OperationState::kSucceeded;
+  load.done = true;
+  ModelSummary model;
+  model.source = "preset:tiny";
+  model.parameters.push_back(
+      {"model.norm.weight", Placement::kDevice, {256}, "float32", 1024});
+  load.result = model;
+  op = ToProto(load);
+  ASSERT_EQ(op.result_case(), v1::Operation::kModel);
+  EXPECT_EQ(op.model().source(), "preset:tiny");
+  EXPECT_EQ(op.model().parameters_size(), 0);  // operations carry no parameter list
+}
+
+TEST(ConvertTest, ModelSummaryListsParametersOnlyWhenAsked) {
+  ModelSummary m;
+  m.source = "/models/llama";
+  m.config.architecture = "LlamaForCausalLM";
+  m.config.vocab_size = 97;
+  m.config.num_key_value_heads = 2;
+  m.config.rope_theta = 500.0;
+  m.config.tie_word_embeddings = true;
+  m.num_parameters = 1234;
+  m.device = "cpu";
+  m.steps_trained = 6;
+  m.parameters = {{"a", Placement::kDevice, {2, 3}, "float32", 24},
+                  {"b", Placement::kCpu, {4}, "bfloat16", 8},
+                  {"c", Placement::kDisk, {}, "float32", 4}};
+  const v1::ModelInfo brief = ToProto(m, /*with_parameters=*/false);
+  EXPECT_EQ(brief.source(), "/models/llama");
+  EXPECT_EQ(brief.config().architecture(), "LlamaForCausalLM");
+  EXPECT_EQ(brief.config().vocab_size(), 97);
+  EXPECT_EQ(brief.config().num_key_value_heads(), 2);
+  EXPECT_EQ(brief.config().rope_theta(), 500.0);
+  EXPECT_TRUE(brief.config().tie_word_embeddings());
+  EXPECT_EQ(brief.num_parameters(), 1234);
+  EXPECT_EQ(brief.device(), "cpu");
+  EXPECT_EQ(brief.steps_trained(), 6);
+  EXPECT_EQ(brief.parameters_size(), 0);
+
+  const v1::ModelInfo full = ToProto(m, /*with_parameters=*/true);
+  ASSERT_EQ(full.parameters_size(), 3);
+  EXPECT_EQ(full.parameters(0).name(), "a");
+  EXPECT_THAT(full.parameters(0).shape(), ElementsAre(2, 3));
+  EXPECT_EQ(full.parameters(0).placement(), v1::PLACEMENT_DEVICE);
+  EXPECT_EQ(full.parameters(1).placement(), v1::PLACEMENT_CPU);
+  EXPECT_EQ(full.parameters(1).dtype(), "bfloat16");
+  EXPECT_EQ(full.parameters(2).placement(), v1::PLACEMENT_DISK);
+  EXPECT_EQ(full.parameters(2).shape_size(), 0);
+  EXPECT_EQ(full.parameters(2).bytes(), 4);
+}
+
+TEST(ConvertTest, MemoryStatsCarryDevicesCategoriesAndPhasePeaks) {
+  memory::MemoryStatsView s;
+  memory::DeviceMemoryStats cpu;
+  cpu.name = "cpu";
+  cpu.current_bytes = 100;
+  cpu.peak_bytes = 300;
+  cpu.alloc_count = 7;
+  cpu.free_count = 5;
+  s.devices.push_back(cpu);
+  s.last_step_phase_peaks.push_back({"cpu", Phase::kBackward, 250});
+  s.current_phase = Phase::kForward;
+  s.recording = true;
+  s.history_entries = 12;
+  s.history_max_entries = 100;
+  s.history_dropped = 1;
+  memory::CategoryBytes c;
+  c.parameters = 40;
+  c.optimizer_state = 80;
+  const v1::MemoryStats p = ToProto(s, c);
+  ASSERT_EQ(p.devices_size(), 1);
+  EXPECT_EQ(p.devices(0).device(), "cpu");
+  EXPECT_EQ(p.devices(0).current_bytes(), 100);
+  EXPECT_EQ(p.devices(0).peak_bytes(), 300);
+  EXPECT_EQ(p.devices(0).allocations_total(), 7);
+  EXPECT_EQ(p.devices(0).frees_total(), 5);
+  // Every category, in core's order, zeros included (they tile the allocator).
+  const std::vector<std::pair<std::string, int64_t>> named = c.Named();
+  ASSERT_EQ(p.categories_size(), static_cast<int>(named.size()));
+  for (size_t i = 0; i < named.size(); ++i) {
+    EXPECT_EQ(p.categories(i).category(), named[i].first);
+    EXPECT_EQ(p.categories(i).bytes(), named[i].second);
+  }
+  ASSERT_EQ(p.last_step_phase_peaks_size(), 1);
+  EXPECT_EQ(p.last_step_phase_peaks(0).device(), "cpu");
+  EXPECT_EQ(p.last_step_phase_peaks(0).phase(), PhaseName(Phase::kBackward));
+  EXPECT_EQ(p.last_step_phase_peaks(0).peak_bytes(), 250);
+  EXPECT_EQ(p.current_phase(), PhaseName(Phase::kForward));
+  EXPECT_TRUE(p.recording());
+  EXPECT_EQ(p.history_entries(), 12);
+  EXPECT_EQ(p.history_max_entries(), 100);
+  EXPECT_EQ(p.history_dropped(), 1);
 }
 
 }  // namespace
