@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <random>
@@ -123,7 +124,17 @@ TEST(KillTest, KilledAtRandomPointsNeverPublishesAPartialSnapshot) {
   int children = 0;
   // Read only by the re-executed child's static initializer.
   ::setenv(kChildEnv, root.path().c_str(), 1);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(12);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  // On a loaded machine startup can take longer than the first delays; until
+  // a snapshot has been published, each kill waits longer (up to 4 s), so
+  // that some children get past startup into their writes.
+  int base_ms = 300;
+  auto any_published = [&] {
+    for (const std::string& name : testing::ListDir(root.path())) {
+      if (!absl::StartsWith(name, kTempPrefix)) return true;
+    }
+    return false;
+  };
   while (std::chrono::steady_clock::now() < deadline && children < 25) {
     const pid_t pid = ::fork();
     ASSERT_GE(pid, 0);
@@ -133,11 +144,12 @@ TEST(KillTest, KilledAtRandomPointsNeverPublishesAPartialSnapshot) {
     }
     ++children;
     // Startup takes a few hundred ms; kill somewhere in the writes after it.
-    std::this_thread::sleep_for(std::chrono::milliseconds(300 + rng() % 500));
+    std::this_thread::sleep_for(std::chrono::milliseconds(base_ms + rng() % 500));
     ::kill(pid, SIGKILL);
     int status = 0;
     ASSERT_EQ(::waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFSIGNALED(status)) << "child exited with " << WEXITSTATUS(status);
+    if (!any_published()) base_ms = std::min(2 * base_ms, 4000);
   }
   ::unsetenv(kChildEnv);
   int published = 0, leftovers = 0;
