@@ -130,8 +130,9 @@ class Session {
   absl::StatusOr<ModelSummary> DescribeModel() const;
   SessionCounters Counters() const;
 
-  // Tells `observer` of every later step and published snapshot (see
-  // SessionObserver); the session keeps it alive.
+  // Tells `observer` of every step of the trainings started after this call
+  // and of every snapshot published after it (see SessionObserver); the
+  // session keeps it alive. Add observers before training starts.
   void AddObserver(std::shared_ptr<SessionObserver> observer);
 
   // Runs `work` on the owner thread, after the work queued before it.
