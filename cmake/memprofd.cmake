@@ -11,15 +11,22 @@ function(memprofd_use_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM memprofd_torch_pch)
 endfunction()
 
-# memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]): one
-# GoogleTest binary, run by ctest, each test case a ctest test (default
-# timeout 600 s). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
-# the source tree through MEMPROFD_SOURCE_DIR and the venv's interpreter (the real
-# consumers and Python references) through MEMPROFD_PYTHON.
+# memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]
+#               [SLOW gtest-filter [SLOW_TIMEOUT seconds]]): one GoogleTest
+# binary, run by ctest, each test case a ctest test (default timeout 600 s).
+# The cases SLOW matches (a --gtest_filter pattern, e.g. "AcceptanceTest.*")
+# are the ones that take minutes: they get the label `slow` (skipped by
+# `ctest -LE slow`, still run by `make test`) and SLOW_TIMEOUT (default:
+# TIMEOUT). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
+# the source tree through MEMPROFD_SOURCE_DIR and the venv's interpreter (the
+# real consumers and Python references) through MEMPROFD_PYTHON.
 function(memprofd_test)
-  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT;SLOW;SLOW_TIMEOUT" "SOURCES;DEPS" ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
+  endif()
+  if(NOT T_SLOW_TIMEOUT)
+    set(T_SLOW_TIMEOUT ${T_TIMEOUT})
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gmock GTest::gtest_main
@@ -31,6 +38,22 @@ function(memprofd_test)
   if(T_TORCH)
     memprofd_use_torch_pch(${T_NAME})
   endif()
-  gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
-                       PROPERTIES TIMEOUT ${T_TIMEOUT})
+  if(T_SLOW AND CMAKE_VERSION VERSION_GREATER_EQUAL 3.22)
+    # Two discoveries of one binary, split by gtest's filter (TEST_FILTER is
+    # CMake 3.22's; older ones register every case unlabelled, below).
+    gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 TEST_FILTER "-${T_SLOW}"
+                         TEST_LIST ${T_NAME}_FAST_TESTS
+                         PROPERTIES TIMEOUT ${T_TIMEOUT})
+    gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 TEST_FILTER "${T_SLOW}"
+                         TEST_LIST ${T_NAME}_SLOW_TESTS
+                         PROPERTIES TIMEOUT ${T_SLOW_TIMEOUT} LABELS slow)
+  else()
+    if(T_SLOW)
+      message(WARNING "${T_NAME}: CMake ${CMAKE_VERSION} cannot label the cases "
+                      "'${T_SLOW}' slow (needs 3.22); they run unlabelled")
+      set(T_TIMEOUT ${T_SLOW_TIMEOUT})
+    endif()
+    gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
+                         PROPERTIES TIMEOUT ${T_TIMEOUT})
+  endif()
 endfunction()
