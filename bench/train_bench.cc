@@ -305,80 +305,16 @@ void KeepBest(const Figures& f, Figures* best) {
   best->cpu_seconds_per_step = cpu;
 }
 
-int Main(int argc, char** argv) {
-  Args args;
-  if (!ParseArgs(argc, argv, &args)) {
-    std::fprintf(stderr,
-                 "usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128] "
-                 "[--warmup 1] [--steps 4] [--small_steps 2] [--threads N] "
-                 "[--rounds 2] [--peak_n 2048] [--peak_reps 5]\n");
-    return 2;
-  }
-  if (args.threads > 0) at::set_num_threads(static_cast<int>(args.threads));
-  if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) {
-    std::fprintf(stderr, "train_bench: %s\n", s.ToString().c_str());
-    return 1;
-  }
-  const double peak = PeakMatmulFlops(args.peak_n, args.peak_reps);
-  std::printf("train_bench: batch %ld x seq %ld, %ld warm-up steps, best of %ld rounds\n",
-              args.batch, args.seq, args.warmup, args.rounds);
-  std::printf(
-      "C++ (LibTorch): at::get_num_threads()=%d at::get_num_interop_threads()=%d\n",
-      at::get_num_threads(), static_cast<int>(at::get_num_interop_threads()));
-  std::printf("env: OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s MKL_NUM_THREADS=%s\n",
-              Env("OMP_NUM_THREADS"), Env("OPENBLAS_NUM_THREADS"),
-              Env("MKL_NUM_THREADS"));
-  std::printf("peak: float32 at::mm %ldx%ld, best of %ld: %.1f GFLOP/s\n", args.peak_n,
-              args.peak_n, args.peak_reps, peak / 1e9);
-  std::printf(
-      "FLOP/step = batch*seq * (6*N + 12*L*hidden*seq); N = layer q/k/v/o/gate/up/down "
-      "+ lm_head weights\n"
-      "            (no embedding lookup, no norms); attention term non-causal (PaLM)\n");
-  std::string header;
-  int failures = 0;
-  struct Row {
-    std::string preset;
-    int64_t steps, n;
-    double flops;
-    Figures cpp[2], torch[2];
-  };
-  std::vector<Row> rows;
-  for (const std::string& preset : args.presets) {
-    const int64_t steps = preset == "small" ? args.small_steps : args.steps;
-    absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(preset);
-    absl::StatusOr<std::string> dir = config.ok()
-                                          ? WriteConfigDir(*config)
-                                          : absl::StatusOr<std::string>(config.status());
-    absl::StatusOr<std::unique_ptr<LlamaModel>> probe =
-        dir.ok() ? LlamaModel::Create(*config, 0)
-                 : absl::StatusOr<std::unique_ptr<LlamaModel>>(dir.status());
-    absl::Status status = probe.status();
-    Row row{preset, steps, 0, 0, {}, {}};
-    if (status.ok()) {
-      row.n = MatmulParameters(**probe);
-      row.flops = FlopsPerStep(*config, row.n, args);
-    }
-    for (int64_t round = 0; status.ok() && round < std::max<int64_t>(args.rounds, 1);
-         ++round) {
-      for (size_t a = 0; status.ok() && a < std::size(kAttentions); ++a) {
-        absl::StatusOr<Figures> c = BenchCpp(*config, args, kAttentions[a], steps);
-        status = c.status();
-        if (c.ok()) KeepBest(*c, &row.cpp[a]);
-      }
-      if (!status.ok()) break;
-      absl::StatusOr<std::vector<Figures>> t = BenchTorch(*dir, args, steps, &header);
-      status = t.status();
-      for (size_t a = 0; t.ok() && a < t->size(); ++a) KeepBest((*t)[a], &row.torch[a]);
-    }
-    if (!status.ok()) {
-      std::printf("%-6s failed: %s\n", preset.c_str(), status.ToString().c_str());
-      ++failures;
-      continue;
-    }
-    rows.push_back(row);
-  }
-  std::printf("PyTorch: %s\n\n", header.c_str());
+// One preset's figures, kAttentions order in each array.
+struct Row {
+  std::string preset;
+  int64_t steps = 0;
+  int64_t n = 0;     // N of the header comment
+  double flops = 0;  // per step
+  Figures cpp[2], torch[2];
+};
 
+void PrintTables(const std::vector<Row>& rows, double peak) {
   std::printf(
       "Throughput (memprofd: FusedAdamW; PyTorch: transformers LlamaForCausalLM, %s)\n",
       rows.empty() ? "-" : rows[0].torch[0].optimizer_kind.c_str());
@@ -433,6 +369,80 @@ int Main(int argc, char** argv) {
   std::printf(
       "(step time memprofd/PyTorch <= 1.0: the daemon is no slower; MFU against the "
       "measured matmul peak)\n");
+}
+
+int Main(int argc, char** argv) {
+  Args args;
+  if (!ParseArgs(argc, argv, &args)) {
+    std::fprintf(stderr,
+                 "usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128] "
+                 "[--warmup 1] [--steps 4] [--small_steps 2] [--threads N] "
+                 "[--rounds 2] [--peak_n 2048] [--peak_reps 5]\n");
+    return 2;
+  }
+  if (args.threads > 0) at::set_num_threads(static_cast<int>(args.threads));
+  if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const double peak = PeakMatmulFlops(args.peak_n, args.peak_reps);
+  std::printf("train_bench: batch %ld x seq %ld, %ld warm-up steps, best of %ld rounds\n",
+              args.batch, args.seq, args.warmup, args.rounds);
+  std::printf(
+      "C++ (LibTorch): at::get_num_threads()=%d at::get_num_interop_threads()=%d\n",
+      at::get_num_threads(), static_cast<int>(at::get_num_interop_threads()));
+  std::printf("env: OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s MKL_NUM_THREADS=%s\n",
+              Env("OMP_NUM_THREADS"), Env("OPENBLAS_NUM_THREADS"),
+              Env("MKL_NUM_THREADS"));
+  std::printf("peak: float32 at::mm %ldx%ld, best of %ld: %.1f GFLOP/s\n", args.peak_n,
+              args.peak_n, args.peak_reps, peak / 1e9);
+  std::printf(
+      "FLOP/step = batch*seq * (6*N + 12*L*hidden*seq); N = layer q/k/v/o/gate/up/down "
+      "+ lm_head weights\n"
+      "            (no embedding lookup, no norms); attention term non-causal (PaLM)\n");
+  std::fflush(stdout);
+  std::string header;
+  int failures = 0;
+  std::vector<Row> rows;
+  for (const std::string& preset : args.presets) {
+    const int64_t steps = preset == "small" ? args.small_steps : args.steps;
+    absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(preset);
+    absl::StatusOr<std::string> dir = config.ok()
+                                          ? WriteConfigDir(*config)
+                                          : absl::StatusOr<std::string>(config.status());
+    absl::StatusOr<std::unique_ptr<LlamaModel>> probe =
+        dir.ok() ? LlamaModel::Create(*config, 0)
+                 : absl::StatusOr<std::unique_ptr<LlamaModel>>(dir.status());
+    absl::Status status = probe.status();
+    Row row{preset, steps, 0, 0, {}, {}};
+    if (status.ok()) {
+      row.n = MatmulParameters(**probe);
+      row.flops = FlopsPerStep(*config, row.n, args);
+    }
+    for (int64_t round = 0; status.ok() && round < std::max<int64_t>(args.rounds, 1);
+         ++round) {
+      for (size_t a = 0; status.ok() && a < std::size(kAttentions); ++a) {
+        absl::StatusOr<Figures> c = BenchCpp(*config, args, kAttentions[a], steps);
+        status = c.status();
+        if (c.ok()) KeepBest(*c, &row.cpp[a]);
+      }
+      if (!status.ok()) break;
+      absl::StatusOr<std::vector<Figures>> t = BenchTorch(*dir, args, steps, &header);
+      status = t.status();
+      for (size_t a = 0; t.ok() && a < t->size(); ++a) KeepBest((*t)[a], &row.torch[a]);
+    }
+    if (!status.ok()) {
+      std::printf("%-6s failed: %s\n", preset.c_str(), status.ToString().c_str());
+      ++failures;
+      continue;
+    }
+    rows.push_back(row);
+    std::printf("%-6s measured\n", preset.c_str());
+    std::fflush(stdout);
+  }
+  std::printf("PyTorch: %s\n\n", header.c_str());
+
+  PrintTables(rows, peak);
   return failures == 0 ? 0 : 1;
 }
 
