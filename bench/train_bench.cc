@@ -1,20 +1,47 @@
-// Training throughput of memprofd's trainer against the same model in
-// Debian's Python torch, eager mode (bench/train_bench_eager.py): the
-// same presets, shapes, optimizer and thread count, side by side in one run.
+// Training throughput, model FLOP utilisation and saved-activation bytes of
+// memprofd's trainer with attention "eager" vs "sdpa", side by side with the
+// PyTorch reference: transformers' LlamaForCausalLM built from the same
+// config.json (LlamaConfig::ToJson), float32, torch.optim.AdamW(fused=True)
+// with the same parameter groups (bench/train_bench_torch.py). Same presets,
+// shapes and thread count on both sides, in one run.
+//
+// Model FLOPs per step (PaLM, appendix B), for tokens = batch * seq:
+//   tokens * (6 * N + 12 * L * hidden * seq)
+// where N counts the weights every token multiplies by: the decoder layers'
+// q/k/v/o and gate/up/down projections plus the lm_head ([vocab, hidden],
+// counted although tied to the embedding, since the head's matmul runs); the
+// embedding lookup and the RMSNorm weights are left out. The attention term
+// counts the full T x T scores (forward QK^T and AV, times three for forward
+// plus backward), not the causal half. MFU = (FLOPs / step time) / peak,
+// where peak is the best float32 at::mm of two --peak_n square matrices over
+// --peak_reps calls, measured here with the same thread count before and
+// after the training runs (the larger counts: on a shared machine one
+// measurement may fall under another's load).
+//
+// Saved-activation bytes: one extra, untimed step per implementation under an
+// offloader with enabled=false, wired as the session wires it (body and head
+// scopes): its peak of resident saved bytes (distinct non-parameter storages
+// kept for backward). The offload engine is installed first, as in the
+// daemon, so every timed backward runs on it.
 //
 // Usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128]
-//                    [--warmup 2] [--steps 10] [--small_steps 4] [--threads N]
-//                    [--rounds 3]
+//                    [--warmup 1] [--steps 4] [--small_steps 2] [--threads N]
+//                    [--rounds 2] [--peak_n 2048] [--peak_reps 5]
 //
 // --threads N calls at::set_num_threads(N) here and torch.set_num_threads(N)
-// in Python; by default both keep LibTorch's default, which this prints.
+// in Python; by default Python gets LibTorch's default here, which this prints.
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,37 +50,44 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/common/json.h"
+#include "core/model/config.h"
 #include "core/model/llama.h"
+#include "core/offload/offloader.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
 namespace {
 
+constexpr AttentionImplementation kAttentions[] = {AttentionImplementation::kEager,
+                                                   AttentionImplementation::kSdpa};
+
 struct Figures {
   double steps_per_second = 0;
   double tokens_per_second = 0;
-  double seconds = 0;
   // Process CPU time (all threads) per step: steadier than wall time on a
   // shared machine.
   double cpu_seconds_per_step = 0;
-  int64_t parameters = 0;
   // Mean seconds per step in each phase.
   double forward = 0;
   double backward = 0;
   double optimizer = 0;
+  int64_t saved_bytes = 0;
+  std::string optimizer_kind = "FusedAdamW";
 };
 
 struct Args {
   std::vector<std::string> presets = {"tiny", "small"};
   int64_t batch = 8;
   int64_t seq = 128;
-  int64_t warmup = 2;
-  int64_t steps = 10;
-  int64_t small_steps = 4;
+  int64_t warmup = 1;
+  int64_t steps = 4;
+  int64_t small_steps = 2;
   int64_t threads = 0;  // 0: LibTorch's default
   // C++ and Python alternate this many times per preset; the best round of
   // each counts (the machine may be shared).
-  int64_t rounds = 3;
+  int64_t rounds = 2;
+  int64_t peak_n = 2048;
+  int64_t peak_reps = 5;
 };
 
 const char* Env(const char* name) {
@@ -61,62 +95,117 @@ const char* Env(const char* name) {
   return v == nullptr ? "(unset)" : v;
 }
 
-absl::StatusOr<Figures> BenchCpp(const std::string& preset, const Args& args,
-                                 int64_t steps) {
-  absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(preset);
-  if (!config.ok()) return config.status();
-  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(*config, 0);
-  if (!model.ok()) return model.status();
-  Trainer trainer(model->get());
+double Seconds(std::chrono::steady_clock::time_point since) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+}
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// The best float32 matmul rate, FLOP/s: 2 n^3 per n x n product.
+double PeakMatmulFlops(int64_t n, int64_t reps) {
+  const at::Tensor a = at::randn({n, n});
+  const at::Tensor b = at::randn({n, n});
+  at::Tensor c = at::mm(a, b);  // warm-up
+  double best = 1e30;
+  for (int64_t i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    at::mm_out(c, a, b);
+    best = std::min(best, Seconds(start));
+  }
+  return 2.0 * static_cast<double>(n) * n * n / best;
+}
+
+// N of the header comment: layer projections plus the lm_head.
+int64_t MatmulParameters(const LlamaModel& model) {
+  int64_t n = model.config().vocab_size * model.config().hidden_size;
+  for (int64_t i = 0; i < model.num_layers(); ++i) {
+    for (const at::Tensor& w : model.LayerParameters(i)) {
+      if (w.dim() >= 2) n += w.numel();
+    }
+  }
+  return n;
+}
+
+double FlopsPerStep(const LlamaConfig& c, int64_t n, const Args& args) {
+  const double tokens = static_cast<double>(args.batch) * args.seq;
+  return tokens * (6.0 * n + 12.0 * c.num_hidden_layers * c.hidden_size * args.seq);
+}
+
+TrainOptions Options(const Args& args, AttentionImplementation attention, int64_t steps) {
   TrainOptions o;
   o.batch_size = args.batch;
   o.seq_len = args.seq;
   o.learning_rate = 1e-3;
-  o.steps = args.warmup;
-  absl::StatusOr<TrainResult> warm = trainer.Run(o);
-  if (!warm.ok()) return warm.status();
+  o.attn_implementation = attention;
   o.steps = steps;
+  return o;
+}
+
+// One untimed step under a disabled offloader: its peak resident saved bytes.
+absl::StatusOr<int64_t> SavedBytesCpp(LlamaModel* model, Trainer& trainer,
+                                      const TrainOptions& options) {
+  offload::OffloadOptions off;
+  off.enabled = false;
+  absl::StatusOr<std::unique_ptr<offload::Offloader>> created =
+      offload::Offloader::Create(off, model->device());
+  if (!created.ok()) return created.status();
+  offload::Offloader* offloader = created->get();
+  int64_t peak = 0;
+  StepHooks hooks;
+  hooks.body_scope = [offloader] {
+    return std::static_pointer_cast<void>(
+        std::make_shared<offload::OffloadScope>(offloader));
+  };
+  hooks.head_scope = hooks.body_scope;
+  hooks.before_step = [model, offloader](int64_t) {
+    std::vector<at::Tensor> pinned = model->Parameters();
+    for (const at::Tensor& b : model->Buffers()) pinned.push_back(b);
+    offloader->BeginStep(pinned);
+  };
+  hooks.after_step = [offloader, &peak](StepReport&) {
+    peak = offloader->EndStep().peak_resident_saved_bytes;
+  };
+  trainer.set_hooks(hooks);
+  TrainOptions one = options;
+  one.steps = 1;
+  absl::StatusOr<TrainResult> r = trainer.Run(one);
+  trainer.set_hooks(StepHooks());
+  if (!r.ok()) return r.status();
+  return peak;
+}
+
+absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,
+                                 AttentionImplementation attention, int64_t steps) {
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(config, 0);
+  if (!model.ok()) return model.status();
+  Trainer trainer(model->get());
+  absl::StatusOr<TrainResult> warm = trainer.Run(Options(args, attention, args.warmup));
+  if (!warm.ok()) return warm.status();
   Figures f;
   const std::clock_t cpu_start = std::clock();
-  absl::StatusOr<TrainResult> r = trainer.Run(o, [&](const StepReport& s) {
-    f.forward += s.forward_seconds / steps;
-    f.backward += s.backward_seconds / steps;
-    f.optimizer += s.optimizer_seconds / steps;
-  });
+  absl::StatusOr<TrainResult> r =
+      trainer.Run(Options(args, attention, steps), [&](const StepReport& s) {
+        f.forward += s.forward_seconds / steps;
+        f.backward += s.backward_seconds / steps;
+        f.optimizer += s.optimizer_seconds / steps;
+      });
   if (!r.ok()) return r.status();
   f.cpu_seconds_per_step =
       static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC / steps;
-  f.seconds = r->seconds;
   f.steps_per_second = r->steps_completed / r->seconds;
   f.tokens_per_second = r->mean_tokens_per_second;
-  f.parameters = (*model)->NumParameters();
+  absl::StatusOr<int64_t> saved =
+      SavedBytesCpp(model->get(), trainer, Options(args, attention, 1));
+  if (!saved.ok()) return saved.status();
+  f.saved_bytes = *saved;
   return f;
 }
 
-// Runs the Python baseline for one preset; returns its figures and fills
-// *header with its thread settings line.
-absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
-                                    int64_t steps, std::string* header) {
-  std::string cmd = absl::StrCat(
-      MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR "/bench/train_bench_eager.py --preset ",
-      preset, " --batch ", args.batch, " --seq ", args.seq, " --warmup ", args.warmup,
-      " --steps ", steps, " --threads ", at::get_num_threads());
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", cmd));
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
-  if (pclose(pipe) != 0)
-    return absl::InternalError(absl::StrCat("failed: ", cmd, "\n", out));
-  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
-  if (lines.size() < 2) return absl::InternalError(absl::StrCat("short output: ", out));
-  *header = lines[0];
-  absl::StatusOr<Json> j = ParseJson(lines[1]);
+absl::StatusOr<Figures> ParseTorchFigures(const std::string& line) {
+  absl::StatusOr<Json> j = ParseJson(line);
   if (!j.ok()) return j.status();
   Figures f;
   const std::pair<const char*, double*> numbers[] = {
-      {"seconds", &f.seconds},
       {"cpu_seconds_per_step", &f.cpu_seconds_per_step},
       {"steps_per_second", &f.steps_per_second},
       {"tokens_per_second", &f.tokens_per_second},
@@ -126,15 +215,63 @@ absl::StatusOr<Figures> BenchPython(const std::string& preset, const Args& args,
   for (const auto& [key, out] : numbers) {
     const Json* v = JsonFind(*j, key);
     if (v == nullptr || !v->is_number()) {
-      return absl::InternalError(absl::StrCat("no number \"", key, "\" in: ", lines[1]));
+      return absl::InternalError(absl::StrCat("no number \"", key, "\" in: ", line));
     }
     *out = v->get<double>();
   }
-  const Json* parameters = JsonFind(*j, "parameters");
-  if (parameters == nullptr || !JsonToInt64(*parameters, &f.parameters)) {
-    return absl::InternalError(absl::StrCat("no integer \"parameters\" in: ", lines[1]));
+  const Json* saved = JsonFind(*j, "saved_bytes");
+  if (saved == nullptr || !JsonToInt64(*saved, &f.saved_bytes)) {
+    return absl::InternalError(absl::StrCat("no integer \"saved_bytes\" in: ", line));
   }
+  const Json* kind = JsonFind(*j, "optimizer");
+  if (kind == nullptr || !kind->is_string()) {
+    return absl::InternalError(absl::StrCat("no string \"optimizer\" in: ", line));
+  }
+  f.optimizer_kind = absl::StrCat("AdamW(", kind->get<std::string>(), ")");
   return f;
+}
+
+// Runs the PyTorch reference for one preset (both implementations, in
+// kAttentions order) on the config.json in `config_dir`; fills *header with
+// its thread settings line.
+absl::StatusOr<std::vector<Figures>> BenchTorch(const std::string& config_dir,
+                                                const Args& args, int64_t steps,
+                                                std::string* header) {
+  std::string cmd = absl::StrCat(
+      MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR "/bench/train_bench_torch.py --config ",
+      config_dir, " --batch ", args.batch, " --seq ", args.seq, " --warmup ", args.warmup,
+      " --steps ", steps, " --threads ", at::get_num_threads());
+  for (AttentionImplementation a : kAttentions) {
+    absl::StrAppend(&cmd, " --attn ", AttentionImplementationName(a));
+  }
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", cmd));
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), pipe)) > 0) out.append(buf, n);
+  if (pclose(pipe) != 0)
+    return absl::InternalError(absl::StrCat("failed: ", cmd, "\n", out));
+  std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
+  if (lines.size() != 1 + std::size(kAttentions)) {
+    return absl::InternalError(absl::StrCat("unexpected output: ", out));
+  }
+  *header = lines[0];
+  std::vector<Figures> figures;
+  for (size_t i = 1; i < lines.size(); ++i) {
+    absl::StatusOr<Figures> f = ParseTorchFigures(lines[i]);
+    if (!f.ok()) return f.status();
+    figures.push_back(*f);
+  }
+  return figures;
+}
+
+// Writes `config` as config.json in a fresh temporary folder; returns it.
+absl::StatusOr<std::string> WriteConfigDir(const LlamaConfig& config) {
+  char dir[] = "/tmp/train_bench.XXXXXX";
+  if (mkdtemp(dir) == nullptr) return absl::InternalError("mkdtemp failed");
+  std::ofstream(absl::StrCat(dir, "/config.json")) << config.ToJson();
+  return std::string(dir);
 }
 
 bool ParseArgs(int argc, char** argv, Args* args) {
@@ -148,6 +285,8 @@ bool ParseArgs(int argc, char** argv, Args* args) {
                       : flag == "--small_steps" ? &args->small_steps
                       : flag == "--threads"     ? &args->threads
                       : flag == "--rounds"      ? &args->rounds
+                      : flag == "--peak_n"      ? &args->peak_n
+                      : flag == "--peak_reps"   ? &args->peak_reps
                                                 : nullptr;
     if (flag == "--presets") {
       args->presets = absl::StrSplit(value, ',', absl::SkipEmpty());
@@ -159,16 +298,96 @@ bool ParseArgs(int argc, char** argv, Args* args) {
   return (argc % 2) == 1;
 }
 
+// The best round of each side: most steps per second; least CPU time.
+void KeepBest(const Figures& f, Figures* best) {
+  const double cpu = best->steps_per_second == 0
+                         ? f.cpu_seconds_per_step
+                         : std::min(best->cpu_seconds_per_step, f.cpu_seconds_per_step);
+  if (f.steps_per_second > best->steps_per_second) *best = f;
+  best->cpu_seconds_per_step = cpu;
+}
+
+// One preset's figures, kAttentions order in each array.
+struct Row {
+  std::string preset;
+  int64_t steps = 0;
+  int64_t n = 0;     // N of the header comment
+  double flops = 0;  // per step
+  Figures cpp[2], torch[2];
+};
+
+void PrintTables(const std::vector<Row>& rows, double peak) {
+  std::printf(
+      "Throughput (memprofd: FusedAdamW; PyTorch: transformers LlamaForCausalLM, %s)\n",
+      rows.empty() ? "-" : rows[0].torch[0].optimizer_kind.c_str());
+  std::printf("%-6s %-5s %5s | %9s %8s %6s | %9s %8s %6s | %s\n", "preset", "attn",
+              "steps", "memprofd s", "tok/s", "MFU", "PyTorch s", "tok/s", "MFU",
+              "step time memprofd/PyTorch");
+  for (const Row& r : rows) {
+    for (size_t a = 0; a < std::size(kAttentions); ++a) {
+      const Figures& c = r.cpp[a];
+      const Figures& t = r.torch[a];
+      std::printf("%-6s %-5s %5ld | %9.3f %8.0f %5.1f%% | %9.3f %8.0f %5.1f%% | %.3f\n",
+                  r.preset.c_str(),
+                  std::string(AttentionImplementationName(kAttentions[a])).c_str(),
+                  r.steps, 1 / c.steps_per_second, c.tokens_per_second,
+                  100 * r.flops * c.steps_per_second / peak, 1 / t.steps_per_second,
+                  t.tokens_per_second, 100 * r.flops * t.steps_per_second / peak,
+                  t.steps_per_second / c.steps_per_second);
+      std::printf(
+          "%19s per step fwd/bwd/opt: memprofd %.3f/%.3f/%.3f s, PyTorch %.3f/%.3f/%.3f "
+          "s;"
+          " CPU s/step %.3f vs %.3f\n",
+          "", c.forward, c.backward, c.optimizer, t.forward, t.backward, t.optimizer,
+          c.cpu_seconds_per_step, t.cpu_seconds_per_step);
+    }
+  }
+  std::printf(
+      "\nModel FLOPs (achieved = FLOP/step / best step time; peak %.1f GFLOP/s)\n",
+      peak / 1e9);
+  std::printf("%-6s %12s %12s | %-5s %16s %16s\n", "preset", "N", "GFLOP/step", "attn",
+              "memprofd GFLOP/s", "PyTorch GFLOP/s");
+  for (const Row& r : rows) {
+    for (size_t a = 0; a < std::size(kAttentions); ++a) {
+      std::printf("%-6s %12ld %12.2f | %-5s %16.2f %16.2f\n", r.preset.c_str(), r.n,
+                  r.flops / 1e9,
+                  std::string(AttentionImplementationName(kAttentions[a])).c_str(),
+                  r.flops * r.cpp[a].steps_per_second / 1e9,
+                  r.flops * r.torch[a].steps_per_second / 1e9);
+    }
+  }
+  std::printf(
+      "\nSaved-activation bytes per step (memprofd: offloader peak resident saved bytes;"
+      " PyTorch: distinct saved storages at end of forward)\n");
+  std::printf("%-6s | %12s %12s %10s | %12s %12s %10s\n", "preset", "memprofd eager",
+              "sdpa MiB", "sdpa/eager", "PyTorch eager", "sdpa MiB", "sdpa/eager");
+  for (const Row& r : rows) {
+    std::printf("%-6s | %14.1f %12.1f %10.3f | %13.1f %12.1f %10.3f\n", r.preset.c_str(),
+                MiB(r.cpp[0].saved_bytes), MiB(r.cpp[1].saved_bytes),
+                static_cast<double>(r.cpp[1].saved_bytes) / r.cpp[0].saved_bytes,
+                MiB(r.torch[0].saved_bytes), MiB(r.torch[1].saved_bytes),
+                static_cast<double>(r.torch[1].saved_bytes) / r.torch[0].saved_bytes);
+  }
+  std::printf(
+      "(step time memprofd/PyTorch <= 1.0: the daemon is no slower; MFU against the "
+      "measured matmul peak)\n");
+}
+
 int Main(int argc, char** argv) {
   Args args;
   if (!ParseArgs(argc, argv, &args)) {
     std::fprintf(stderr,
                  "usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128] "
-                 "[--warmup 2] [--steps 10] [--small_steps 4] [--threads N] "
-                 "[--rounds 3]\n");
+                 "[--warmup 1] [--steps 4] [--small_steps 2] [--threads N] "
+                 "[--rounds 2] [--peak_n 2048] [--peak_reps 5]\n");
     return 2;
   }
   if (args.threads > 0) at::set_num_threads(static_cast<int>(args.threads));
+  if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) {
+    std::fprintf(stderr, "train_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  const double peak_before = PeakMatmulFlops(args.peak_n, args.peak_reps);
   std::printf("train_bench: batch %ld x seq %ld, %ld warm-up steps, best of %ld rounds\n",
               args.batch, args.seq, args.warmup, args.rounds);
   std::printf(
@@ -177,49 +396,58 @@ int Main(int argc, char** argv) {
   std::printf("env: OMP_NUM_THREADS=%s OPENBLAS_NUM_THREADS=%s MKL_NUM_THREADS=%s\n",
               Env("OMP_NUM_THREADS"), Env("OPENBLAS_NUM_THREADS"),
               Env("MKL_NUM_THREADS"));
-  std::printf("%-6s %10s %6s | %10s %10s | %10s %10s | %s\n", "preset", "params", "steps",
-              "C++ st/s", "C++ tok/s", "py st/s", "py tok/s", "step time C++/py");
+  std::printf("peak: float32 at::mm %ldx%ld, best of %ld: %.1f GFLOP/s before the runs\n",
+              args.peak_n, args.peak_n, args.peak_reps, peak_before / 1e9);
+  std::printf(
+      "FLOP/step = batch*seq * (6*N + 12*L*hidden*seq); N = layer q/k/v/o/gate/up/down "
+      "+ lm_head weights\n"
+      "            (no embedding lookup, no norms); attention term non-causal (PaLM)\n");
+  std::fflush(stdout);
   std::string header;
   int failures = 0;
+  std::vector<Row> rows;
   for (const std::string& preset : args.presets) {
     const int64_t steps = preset == "small" ? args.small_steps : args.steps;
-    absl::StatusOr<Figures> cpp, py;
-    double cpp_cpu = 1e30, py_cpu = 1e30;  // the least CPU time per step seen
-    for (int64_t round = 0; round < std::max<int64_t>(args.rounds, 1); ++round) {
-      absl::StatusOr<Figures> c = BenchCpp(preset, args, steps);
-      absl::StatusOr<Figures> p = BenchPython(preset, args, steps, &header);
-      if (!c.ok() || !p.ok()) {
-        cpp = c;
-        py = p;
-        break;
-      }
-      cpp_cpu = std::min(cpp_cpu, c->cpu_seconds_per_step);
-      py_cpu = std::min(py_cpu, p->cpu_seconds_per_step);
-      if (!cpp.ok() || c->steps_per_second > cpp->steps_per_second) cpp = c;
-      if (!py.ok() || p->steps_per_second > py->steps_per_second) py = p;
+    absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(preset);
+    absl::StatusOr<std::string> dir = config.ok()
+                                          ? WriteConfigDir(*config)
+                                          : absl::StatusOr<std::string>(config.status());
+    absl::StatusOr<std::unique_ptr<LlamaModel>> probe =
+        dir.ok() ? LlamaModel::Create(*config, 0)
+                 : absl::StatusOr<std::unique_ptr<LlamaModel>>(dir.status());
+    absl::Status status = probe.status();
+    Row row{preset, steps, 0, 0, {}, {}};
+    if (status.ok()) {
+      row.n = MatmulParameters(**probe);
+      row.flops = FlopsPerStep(*config, row.n, args);
     }
-    if (!cpp.ok() || !py.ok()) {
-      std::printf("%-6s failed: %s\n", preset.c_str(),
-                  (!cpp.ok() ? cpp.status() : py.status()).ToString().c_str());
+    for (int64_t round = 0; status.ok() && round < std::max<int64_t>(args.rounds, 1);
+         ++round) {
+      for (size_t a = 0; status.ok() && a < std::size(kAttentions); ++a) {
+        absl::StatusOr<Figures> c = BenchCpp(*config, args, kAttentions[a], steps);
+        status = c.status();
+        if (c.ok()) KeepBest(*c, &row.cpp[a]);
+      }
+      if (!status.ok()) break;
+      absl::StatusOr<std::vector<Figures>> t = BenchTorch(*dir, args, steps, &header);
+      status = t.status();
+      for (size_t a = 0; t.ok() && a < t->size(); ++a) KeepBest((*t)[a], &row.torch[a]);
+    }
+    if (!status.ok()) {
+      std::printf("%-6s failed: %s\n", preset.c_str(), status.ToString().c_str());
       ++failures;
       continue;
     }
-    std::printf("%-6s %10ld %6ld | %10.2f %10.0f | %10.2f %10.0f | %.3f\n",
-                preset.c_str(), cpp->parameters, steps, cpp->steps_per_second,
-                cpp->tokens_per_second, py->steps_per_second, py->tokens_per_second,
-                py->steps_per_second / cpp->steps_per_second);
-    std::printf(
-        "       per step, C++: forward %.4f s, backward %.4f s, optimizer %.4f s;"
-        " Python: %.4f, %.4f, %.4f\n"
-        "       CPU time per step (all threads): C++ %.4f s, Python %.4f s, ratio %.3f\n",
-        cpp->forward, cpp->backward, cpp->optimizer, py->forward, py->backward,
-        py->optimizer, cpp_cpu, py_cpu, cpp_cpu / py_cpu);
+    rows.push_back(row);
+    std::printf("%-6s measured\n", preset.c_str());
     std::fflush(stdout);
   }
-  std::printf("Python eager: %s\n", header.c_str());
-  std::printf(
-      "(ratio = C++ step time / Python step time; <= 1.0 means the daemon is no "
-      "slower)\n");
+  std::printf("PyTorch: %s\n\n", header.c_str());
+
+  const double peak_after = PeakMatmulFlops(args.peak_n, args.peak_reps);
+  std::printf("peak: %.1f GFLOP/s after the runs; MFU uses the larger\n",
+              peak_after / 1e9);
+  PrintTables(rows, std::max(peak_before, peak_after));
   return failures == 0 ? 0 : 1;
 }
 
