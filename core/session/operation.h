@@ -36,7 +36,8 @@ enum class OperationState {
 // (kept also when cancelled: the steps that did run), ModelSummary for
 // LOAD_MODEL, SnapshotResult for SNAPSHOT. std::monostate until done, and
 // for failures.
-using OperationResult = std::variant<std::monostate, TrainResult, ModelSummary, SnapshotResult>;
+using OperationResult =
+    std::variant<std::monostate, TrainResult, ModelSummary, SnapshotResult>;
 
 // A copy of an operation's state at one moment.
 struct OperationView {
@@ -80,7 +81,8 @@ class Operation {
   void AppendEvent(SessionStepReport event);
   // Events with number >= `from` (1-based), at most `max` of them, and the
   // number of the first returned in *first (0 when none).
-  std::vector<SessionStepReport> EventsFrom(int64_t from, size_t max, int64_t* first) const;
+  std::vector<SessionStepReport> EventsFrom(int64_t from, size_t max,
+                                            int64_t* first) const;
   int64_t events_total() const;
 
   // Cancellation is cooperative: the work polls cancel_requested().
