@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <optional>
 #include <string>
-#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -48,16 +47,16 @@ int TrainCommand(const Context& c, const Args& args) {
   std::optional<double> learning_rate;
   std::optional<bool> gradient_checkpointing;
   std::optional<int64_t> grad_accumulation_steps;
-  for (const auto& [given, name] :
-       {std::pair{Either(FLAGS_learning_rate, FLAGS_lr, &learning_rate),
-                  "--learning_rate or --lr"},
-        std::pair{Either(FLAGS_gradient_checkpointing, FLAGS_checkpointing,
-                         &gradient_checkpointing),
-                  "--gradient_checkpointing or --checkpointing"},
-        std::pair{Either(FLAGS_grad_accumulation_steps, FLAGS_grad_accum,
-                         &grad_accumulation_steps),
-                  "--grad_accumulation_steps or --grad_accum"}}) {
-    if (!given) return Usage(absl::StrCat("give ", name, ", not both"));
+  if (!Either(FLAGS_learning_rate, FLAGS_lr, &learning_rate)) {
+    return Usage("give --learning_rate or --lr, not both");
+  }
+  if (!Either(FLAGS_gradient_checkpointing, FLAGS_checkpointing,
+              &gradient_checkpointing)) {
+    return Usage("give --gradient_checkpointing or --checkpointing, not both");
+  }
+  if (!Either(FLAGS_grad_accumulation_steps, FLAGS_grad_accum,
+              &grad_accumulation_steps)) {
+    return Usage("give --grad_accumulation_steps or --grad_accum, not both");
   }
   if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
   if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
