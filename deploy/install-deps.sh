@@ -2,7 +2,7 @@
 # Installs what memprofd needs to build, test and run, once, and only what is
 # missing, so a second run downloads nothing:
 #  1. Debian 12 packages, with apt-get: the toolchain, gRPC, protobuf, Abseil,
-#     prometheus-cpp, nlohmann-json, GoogleTest, the Prometheus server,
+#     prometheus-cpp, nlohmann-json, Gloo's headers, GoogleTest, the Prometheus server,
 #     Python's venv module.
 #  2. One Python venv at $MEMPROFD_VENV (default /opt/memprofd/venv), outside
 #     every checkout, from deploy/requirements.txt: the torch wheel whose
@@ -26,6 +26,8 @@ packages=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev prometheus-cpp-dev libgtest-dev libgmock-dev grpc-proto
   nlohmann-json3-dev
+  # Gloo's headers, which LibTorch's c10d ProcessGroupGloo.hpp includes
+  libgloo-dev
   # tests: the Prometheus server and promtool; the venv's interpreter
   prometheus python3 python3-venv
   # demo and tests

@@ -113,19 +113,23 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
   const int64_t vocab = model_->config().vocab_size;
   const c10::Device device = model_->device();
   double loss_sum = 0.0;
-  absl::Status batch_status;  // a data error, carried out of the boundary
+  // A data or after_backward error, carried out of the boundary.
+  absl::Status batch_status;
   absl::Status status = TorchBoundary("training step", [&] {
     ConfigureOptimizer(options);
     ClearGradients();
     for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
       absl::StatusOr<TokenBatch> batch =
-          data.NextBatch(options.batch_size, options.seq_len, generator);
+          data.NextBatch(options.batch_size * shard_.count, options.seq_len, generator);
       if (!batch.ok()) {
         batch_status = batch.status();
         return;
       }
-      at::Tensor inputs = batch->inputs.to(device);
-      at::Tensor targets = batch->targets.to(device);
+      const int64_t first_row = options.batch_size * shard_.index;
+      at::Tensor inputs =
+          batch->inputs.narrow(0, first_row, options.batch_size).to(device);
+      at::Tensor targets =
+          batch->targets.narrow(0, first_row, options.batch_size).to(device);
 
       at::Tensor loss;
       Clock::time_point t0 = Clock::now();
@@ -155,7 +159,17 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
       report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
       {
         PhaseScope phase(Phase::kBackward);
+        if (hooks_.before_backward) {
+          hooks_.before_backward(micro + 1 == options.grad_accumulation_steps);
+        }
         loss.backward();
+        if (hooks_.after_backward && micro + 1 == options.grad_accumulation_steps) {
+          absl::Status synced = hooks_.after_backward();
+          if (!synced.ok()) {
+            batch_status = synced;
+            return;
+          }
+        }
       }
       report.backward_seconds += SecondsSince(t1);
       loss_sum += loss.item<double>();

@@ -37,6 +37,25 @@ struct StepHooks {
   // After a successful step, before EndStep and before Run's on_step; may add
   // to the report.
   std::function<void(StepReport&)> after_step;
+  // Before each micro-batch's backward; `last` for the step's final one,
+  // whose gradients are complete (data parallel starts its all-reduces from
+  // there).
+  std::function<void(bool last)> before_backward;
+  // After the last backward, before clipping and the optimizer update; may
+  // replace the gradients (data parallel averages them here). A failure fails
+  // the step with that status.
+  std::function<absl::Status()> after_backward;
+};
+
+// The part of every batch this process trains on, in a data-parallel run:
+// the global batch of batch_size x shards windows is drawn the same way on
+// every rank (same generator, same order), and shard `index` takes rows
+// [index * batch_size, (index + 1) * batch_size). So a run of N ranks sees the
+// windows one process with batch N x batch_size would, and every rank's
+// generator stays in step.
+struct DataShard {
+  int index = 0;
+  int count = 1;
 };
 
 // Trains one model. Holds the AdamW optimizer, whose state (moments, step
@@ -60,6 +79,9 @@ class Trainer {
   Trainer& operator=(const Trainer&) = delete;
 
   void set_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
+  const StepHooks& hooks() const { return hooks_; }
+  // Which part of each global batch this trainer takes (default: all of it).
+  void set_data_shard(DataShard shard) { shard_ = shard; }
 
   // One optimizer step (grad_accumulation_steps micro-batches of batch_size windows drawn
   // from `data` by `generator`). INVALID_ARGUMENT for options that
@@ -108,6 +130,7 @@ class Trainer {
   LlamaModel* const model_;
   std::unique_ptr<FusedAdamW> optimizer_;
   StepHooks hooks_;
+  DataShard shard_;
   int64_t global_step_ = 0;
 };
 

@@ -1,0 +1,239 @@
+#include "core/dist/process_group.h"
+
+#include <ATen/ATen.h>
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#if MEMPROFD_WITH_CUDA
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/log.h"
+
+namespace memprofd {
+namespace {
+
+std::chrono::milliseconds ToChrono(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// c10d reports a peer that never answered as a timeout and a peer that went
+// away as a closed connection; both are errors of the run, not of this rank,
+// so the message says which collective on which rank saw it. (Gloo's own text
+// names the peer's address, not its rank: it is kept.)
+absl::Status CollectiveFailure(const std::string& what, int rank,
+                               const std::exception& e) {
+  const std::string detail = e.what();
+  const std::string message = absl::StrCat(
+      "rank ", rank, ": ", what, " failed: ", detail.substr(0, detail.find('\n')));
+  if (absl::StrContains(detail, "Timed out") || absl::StrContains(detail, "timed out") ||
+      absl::StrContains(detail, "Timeout") || absl::StrContains(detail, "timeout")) {
+    return absl::DeadlineExceededError(message);
+  }
+  return absl::UnavailableError(message);
+}
+
+bool IsLoopback(const std::string& addr) {
+  return addr == "localhost" || absl::StartsWith(addr, "127.") || addr == "::1";
+}
+
+}  // namespace
+
+struct PendingCollective::State {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string what;
+  int rank = 0;
+  std::chrono::milliseconds timeout{0};
+};
+
+PendingCollective::PendingCollective() = default;
+PendingCollective::~PendingCollective() = default;
+PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
+PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
+
+absl::Status PendingCollective::Wait() {
+  if (state_ == nullptr || !state_->work) return absl::OkStatus();
+  try {
+    if (!state_->work->wait(state_->timeout)) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("rank ", state_->rank, ": ", state_->what,
+                       " did not finish within ", state_->timeout.count(), " ms"));
+    }
+  } catch (const std::exception& e) {
+    return CollectiveFailure(state_->what, state_->rank, e);
+  }
+  state_->work.reset();
+  return absl::OkStatus();
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> backend;
+  const char* name = "gloo";
+  std::chrono::milliseconds timeout{0};
+};
+
+ProcessGroup::ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl)
+    : world_(std::move(world)), impl_(std::move(impl)) {}
+
+ProcessGroup::~ProcessGroup() = default;
+
+const char* ProcessGroup::backend_name() const { return impl_->name; }
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
+    const WorldSpec& world, const ProcessGroupOptions& options) {
+  if (!world.distributed()) {
+    return absl::InvalidArgumentError(
+        "a process group needs a world of two ranks or more");
+  }
+  CollectiveBackend backend = options.backend;
+  if (backend == CollectiveBackend::kAuto) {
+    backend = options.cuda ? CollectiveBackend::kNccl : CollectiveBackend::kGloo;
+  }
+  if (backend == CollectiveBackend::kNccl && !options.cuda) {
+    return absl::InvalidArgumentError("NCCL needs CUDA tensors; on CPU use Gloo");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->timeout = ToChrono(options.timeout);
+  const std::string where = absl::StrCat(world.master_addr, ":", world.master_port);
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(world.master_port);
+    store_options.isServer = world.rank == 0 && !world.use_agent_store;
+    store_options.numWorkers =
+        world.use_agent_store ? std::nullopt : std::optional<size_t>(world.world_size);
+    store_options.waitWorkers = !world.use_agent_store;
+    store_options.timeout = impl->timeout;
+    auto tcp = c10::make_intrusive<c10d::TCPStore>(world.master_addr, store_options);
+    // Keys of an earlier, failed attempt (torchrun restarts every rank) are
+    // never read by this one.
+    impl->store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("memprofd/attempt", world.restart_count), tcp);
+  } catch (const std::exception& e) {
+    return CollectiveFailure(
+        absl::StrCat("joining the store at ", where, " (MASTER_ADDR:MASTER_PORT)"),
+        world.rank, e);
+  }
+  try {
+    if (backend == CollectiveBackend::kGloo) {
+      auto gloo_options = c10d::ProcessGroupGloo::Options::create(impl->timeout);
+      // GLOO_SOCKET_IFNAME names the interface between hosts (as in
+      // PyTorch); on one host, loopback needs no resolvable host name.
+      if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+        gloo_options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+      } else if (IsLoopback(world.master_addr)) {
+        gloo_options->devices.push_back(
+            c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      } else {
+        gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+      }
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupGloo>(
+          impl->store, world.rank, world.world_size, gloo_options);
+      impl->name = "gloo";
+    } else {
+#if MEMPROFD_WITH_CUDA
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = impl->timeout;
+      impl->backend = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          impl->store, world.rank, world.world_size, nccl_options);
+      impl->name = "nccl";
+#else
+      return absl::UnimplementedError("this memprofd was built without CUDA: no NCCL");
+#endif
+    }
+  } catch (const std::exception& e) {
+    return CollectiveFailure(
+        absl::StrCat("the ", backend == CollectiveBackend::kGloo ? "gloo" : "nccl",
+                     " rendezvous through ", where),
+        world.rank, e);
+  }
+  LogInfo(absl::StrCat("joined ", DescribeWorld(world), " over ", impl->name));
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(world, std::move(impl)));
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartAllReduceSum(
+    const at::Tensor& tensor) {
+  PendingCollective pending;
+  pending.state_ = std::make_unique<PendingCollective::State>();
+  pending.state_->what = absl::StrCat("all-reduce of ", tensor.numel(), " elements");
+  pending.state_->rank = rank();
+  pending.state_->timeout = impl_->timeout;
+  try {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    options.timeout = impl_->timeout;
+    pending.state_->work = impl_->backend->allreduce(tensors, options);
+  } catch (const std::exception& e) {
+    return CollectiveFailure(pending.state_->what, rank(), e);
+  }
+  return pending;
+}
+
+absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
+  absl::StatusOr<PendingCollective> pending = StartAllReduceSum(tensor);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
+}
+
+template <typename Start>
+absl::Status ProcessGroup::Run(const std::string& what, Start start) {
+  PendingCollective pending;
+  pending.state_ = std::make_unique<PendingCollective::State>();
+  pending.state_->what = what;
+  pending.state_->rank = rank();
+  pending.state_->timeout = impl_->timeout;
+  try {
+    pending.state_->work = start();
+  } catch (const std::exception& e) {
+    return CollectiveFailure(what, rank(), e);
+  }
+  return pending.Wait();
+}
+
+absl::Status ProcessGroup::Broadcast(const at::Tensor& tensor, int root) {
+  if (root < 0 || root >= world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "broadcast root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
+  }
+  return Run(absl::StrCat("broadcast from rank ", root), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    options.timeout = impl_->timeout;
+    return impl_->backend->broadcast(tensors, options);
+  });
+}
+
+absl::StatusOr<std::vector<at::Tensor>> ProcessGroup::AllGather(
+    const at::Tensor& tensor) {
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(tensor));
+  absl::Status status = Run("all-gather", [&] {
+    std::vector<at::Tensor> inputs{tensor};
+    c10d::AllgatherOptions options;
+    options.timeout = impl_->timeout;
+    return impl_->backend->allgather(outputs, inputs, options);
+  });
+  if (!status.ok()) return status;
+  return std::move(outputs[0]);
+}
+
+absl::Status ProcessGroup::Barrier() {
+  return Run("barrier", [&] {
+    c10d::BarrierOptions options;
+    options.timeout = impl_->timeout;
+    return impl_->backend->barrier(options);
+  });
+}
+
+}  // namespace memprofd

@@ -1,0 +1,113 @@
+#ifndef MEMPROFD_CORE_DIST_PROCESS_GROUP_H_
+#define MEMPROFD_CORE_DIST_PROCESS_GROUP_H_
+
+// The ranks of one data-parallel run, issuing collectives together: a thin
+// layer over LibTorch's c10d (TCPStore, PrefixStore, ProcessGroupGloo on CPU,
+// ProcessGroupNCCL when computing on CUDA). It exists so that the rest of
+// memprofd sees absl::Status instead of c10d's exceptions, never waits without
+// a bound, and names the collective and the rank in every error.
+//
+// Rules every caller keeps (c10d's, REFERENCE.md §6): every rank issues the
+// same collectives in the same order with tensors of the same shapes; Gloo
+// has no AVG, so averages are SUM then divide.
+//
+// Thread-safety: one thread issues collectives (the session's owner thread;
+// the gradient hooks run on it too). PendingCollective::Wait may be called
+// from that thread only.
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/dist/world.h"
+
+namespace memprofd {
+
+enum class CollectiveBackend {
+  kAuto,  // NCCL when options.cuda, Gloo otherwise
+  kGloo,
+  kNccl,
+};
+
+struct ProcessGroupOptions {
+  CollectiveBackend backend = CollectiveBackend::kAuto;
+  // The tensors live on CUDA (the device of this rank is cuda:local_rank).
+  bool cuda = false;
+  // The bound on the rendezvous and on every collective. A rank that died or
+  // hangs makes the others fail within it (c10d's own default is 30 minutes).
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+// A collective started and not yet waited for. Move-only; dropping it without
+// Wait is allowed (the collective still completes inside c10d).
+class PendingCollective {
+ public:
+  PendingCollective();
+  ~PendingCollective();
+  PendingCollective(PendingCollective&&) noexcept;
+  PendingCollective& operator=(PendingCollective&&) noexcept;
+
+  // Blocks until the collective has finished on this rank. DEADLINE_EXCEEDED
+  // when a peer did not take part within the timeout (it hangs or is gone),
+  // UNAVAILABLE when a peer's connection closed (it died); both name the
+  // collective and this rank. OK at once for a default-constructed one.
+  absl::Status Wait();
+
+ private:
+  friend class ProcessGroup;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+class ProcessGroup {
+ public:
+  // Joins the run `world` describes: rank 0 hosts the TCP store at
+  // master_addr:master_port (unless torchrun's agent hosts it), every rank
+  // connects, under the prefix of this restart attempt, and the backend's
+  // rendezvous completes. Blocks until every rank has joined or the timeout.
+  // INVALID_ARGUMENT for a world of one rank or for NCCL without CUDA;
+  // UNIMPLEMENTED for NCCL in a build without CUDA; DEADLINE_EXCEEDED when
+  // not all ranks joined in time; UNAVAILABLE when the store cannot be
+  // reached (wrong MASTER_ADDR/MASTER_PORT, port taken on rank 0).
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(
+      const WorldSpec& world, const ProcessGroupOptions& options);
+
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return world_.rank; }
+  int world_size() const { return world_.world_size; }
+  const WorldSpec& world() const { return world_; }
+  // "gloo" or "nccl".
+  const char* backend_name() const;
+
+  // Starts summing `tensor` (dense, contiguous) across ranks, in place.
+  absl::StatusOr<PendingCollective> StartAllReduceSum(const at::Tensor& tensor);
+  // The same, waited for.
+  absl::Status AllReduceSum(const at::Tensor& tensor);
+  // Replaces `tensor` on every rank by root's, in place.
+  absl::Status Broadcast(const at::Tensor& tensor, int root);
+  // Every rank's `tensor` (same shape on all), in rank order.
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor);
+  absl::Status Barrier();
+
+ private:
+  struct Impl;
+  ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl);
+  // Starts `what` through `start` and waits for it.
+  template <typename Start>
+  absl::Status Run(const std::string& what, Start start);
+
+  const WorldSpec world_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_DIST_PROCESS_GROUP_H_

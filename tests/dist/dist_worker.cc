@@ -1,0 +1,200 @@
+// One rank of a data-parallel test run, started by dist_test as a process per
+// rank with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
+//   --scenario=collectives  all-reduce, broadcast, all-gather, barrier; checks
+//                           the values and prints "collectives ok".
+//   --scenario=train        trains the small test Llama for --steps steps with
+//                           GradientSync (when WORLD_SIZE > 1), prints
+//                           "step N loss L" per step and the sync's figures,
+//                           and writes the final parameters, float32 in
+//                           state-dict order, to --out.
+// Exit status: 0 done; 2 a step or collective failed (its status printed);
+// 3 the rank killed itself on purpose (--die_at_step).
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/dist/data_parallel.h"
+#include "core/dist/process_group.h"
+#include "core/dist/world.h"
+#include "core/model/llama.h"
+#include "core/train/trainer.h"
+#include "tests/testing/llama.h"
+
+ABSL_FLAG(std::string, scenario, "train", "collectives or train");
+ABSL_FLAG(int64_t, steps, 3, "optimizer steps");
+ABSL_FLAG(int64_t, batch_size, 2, "windows per rank per micro-batch");
+ABSL_FLAG(int64_t, grad_accumulation_steps, 1, "micro-batches per step");
+ABSL_FLAG(bool, gradient_checkpointing, false, "recompute layers in backward");
+ABSL_FLAG(int64_t, bucket_bytes, memprofd::GradientSync::kDefaultBucketBytes,
+          "gradient bucket cap");
+ABSL_FLAG(int64_t, hidden_size, 0, "override the model's hidden size (a mismatch test)");
+ABSL_FLAG(int64_t, die_at_step, 0, "this rank exits at the start of step N (0: never)");
+ABSL_FLAG(int, die_rank, -1, "the rank --die_at_step applies to");
+ABSL_FLAG(double, timeout_seconds, 60, "collective timeout");
+ABSL_FLAG(std::string, out, "", "where to write the final parameters");
+ABSL_FLAG(std::string, grads_out, "",
+          "where to write the first step's (averaged) gradients, as --out");
+
+namespace memprofd {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cout << "FAILED " << absl::StatusCodeToString(status.code()) << ": "
+            << status.message() << std::endl;
+  return 2;
+}
+
+int Collectives(ProcessGroup& group) {
+  const int rank = group.rank(), world = group.world_size();
+  at::Tensor sum = at::full({3}, static_cast<float>(rank + 1));
+  if (absl::Status s = group.AllReduceSum(sum); !s.ok()) return Fail(s);
+  const float want = world * (world + 1) / 2.0f;
+  if (!at::equal(sum, at::full({3}, want))) {
+    std::cout << "all-reduce gave " << sum << ", want " << want << std::endl;
+    return 1;
+  }
+  at::Tensor value = at::full({2}, static_cast<float>(10 * rank));
+  if (absl::Status s = group.Broadcast(value, world - 1); !s.ok()) return Fail(s);
+  if (!at::equal(value, at::full({2}, 10.0f * (world - 1)))) {
+    std::cout << "broadcast gave " << value << std::endl;
+    return 1;
+  }
+  absl::StatusOr<std::vector<at::Tensor>> all =
+      group.AllGather(at::full({1}, rank * 1.5));
+  if (!all.ok()) return Fail(all.status());
+  for (int r = 0; r < world; ++r) {
+    if ((*all)[r].item<double>() != r * 1.5) {
+      std::cout << "all-gather slot " << r << " holds " << (*all)[r] << std::endl;
+      return 1;
+    }
+  }
+  if (absl::Status s = group.Barrier(); !s.ok()) return Fail(s);
+  std::cout << "collectives ok on " << group.backend_name() << std::endl;
+  return 0;
+}
+
+// `tensors` as float32, one after the other, to `path`.
+bool WriteFloats(const std::string& path, const std::vector<at::Tensor>& tensors) {
+  std::ofstream out(path, std::ios::binary);
+  for (const at::Tensor& t : tensors) {
+    at::Tensor values = t.detach().to(at::kFloat).contiguous();
+    out.write(static_cast<const char*>(values.data_ptr()),
+              static_cast<std::streamsize>(values.numel() * sizeof(float)));
+  }
+  return static_cast<bool>(out);
+}
+
+int Train(ProcessGroup* group, const WorldSpec& world) {
+  LlamaConfig config = testing::SmallLlamaConfig();
+  if (absl::GetFlag(FLAGS_hidden_size) > 0)
+    config.hidden_size = absl::GetFlag(FLAGS_hidden_size);
+  // Different seeds per rank on purpose: TakeRankZeroParameters must make
+  // the replicas equal.
+  absl::StatusOr<std::unique_ptr<LlamaModel>> model =
+      LlamaModel::Create(config, 7 + world.rank);
+  if (!model.ok()) return Fail(model.status());
+  Trainer trainer(model->get());
+  StepHooks hooks;
+  hooks.before_step = [&](int64_t step) {
+    if (step == absl::GetFlag(FLAGS_die_at_step) &&
+        world.rank == absl::GetFlag(FLAGS_die_rank)) {
+      std::cout << "rank " << world.rank << " dies at step " << step << std::endl;
+      std::_Exit(3);
+    }
+  };
+  bool first_step = true;
+  hooks.after_backward = [&]() -> absl::Status {
+    if (first_step && !absl::GetFlag(FLAGS_grads_out).empty()) {
+      std::vector<at::Tensor> grads;
+      for (const at::Tensor& p : (*model)->Parameters()) grads.push_back(p.grad());
+      if (!WriteFloats(absl::GetFlag(FLAGS_grads_out), grads)) {
+        return absl::InternalError("cannot write --grads_out");
+      }
+    }
+    first_step = false;
+    return absl::OkStatus();
+  };
+  trainer.set_hooks(std::move(hooks));
+  // Attached after the worker's own hooks, which it wraps: the gradients
+  // --grads_out writes are the averaged ones.
+  std::unique_ptr<DataParallel> data_parallel;
+  if (group != nullptr) {
+    absl::StatusOr<std::unique_ptr<DataParallel>> attached =
+        DataParallel::Attach(group, &trainer, absl::GetFlag(FLAGS_bucket_bytes));
+    if (!attached.ok()) return Fail(attached.status());
+    data_parallel = std::move(*attached);
+  }
+
+  TrainOptions options;
+  options.steps = absl::GetFlag(FLAGS_steps);
+  options.batch_size = absl::GetFlag(FLAGS_batch_size);
+  options.seq_len = 32;
+  options.learning_rate = 1e-2;
+  options.seed = 11;
+  options.grad_accumulation_steps = absl::GetFlag(FLAGS_grad_accumulation_steps);
+  options.gradient_checkpointing = absl::GetFlag(FLAGS_gradient_checkpointing);
+  if (options.steps > 0) {
+    absl::StatusOr<TrainResult> result =
+        trainer.Run(options, [&](const StepReport& report) {
+          std::cout << "step " << report.global_step << " loss " << report.loss
+                    << std::endl;
+        });
+    if (!result.ok()) return Fail(result.status());
+  }
+  if (data_parallel != nullptr) {
+    const GradientSyncStats& stats = data_parallel->last_step();
+    std::cout << "buckets " << stats.buckets << " started_in_backward "
+              << stats.buckets_started_in_backward << " bytes " << stats.bytes
+              << std::endl;
+    absl::StatusOr<double> drift = data_parallel->Drift();
+    if (!drift.ok()) return Fail(drift.status());
+    std::cout << "drift " << *drift << std::endl;
+  }
+  if (!WriteFloats(absl::GetFlag(FLAGS_out), (*model)->Parameters())) {
+    std::cout << "cannot write " << absl::GetFlag(FLAGS_out) << std::endl;
+    return 1;
+  }
+  std::cout << "done" << std::endl;
+  return 0;
+}
+
+int Main() {
+  at::set_num_threads(1);
+  absl::StatusOr<WorldSpec> world = ReadWorldSpec(ProcessEnvironment());
+  if (!world.ok()) return Fail(world.status());
+  std::unique_ptr<ProcessGroup> group;
+  if (world->distributed()) {
+    ProcessGroupOptions options;
+    options.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_seconds));
+    absl::StatusOr<std::unique_ptr<ProcessGroup>> connected =
+        ProcessGroup::Connect(*world, options);
+    if (!connected.ok()) return Fail(connected.status());
+    group = std::move(*connected);
+  }
+  if (absl::GetFlag(FLAGS_scenario) == "collectives") {
+    if (group == nullptr)
+      return Fail(absl::InvalidArgumentError("collectives need WORLD_SIZE > 1"));
+    return Collectives(*group);
+  }
+  return Train(group.get(), *world);
+}
+
+}  // namespace
+}  // namespace memprofd
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return memprofd::Main();
+}
