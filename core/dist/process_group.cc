@@ -236,4 +236,25 @@ absl::Status ProcessGroup::Barrier() {
   });
 }
 
+absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
+  try {
+    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    return CollectiveFailure(absl::StrCat("setting store key '", key, "'"), rank(), e);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
+                                                  absl::Duration timeout) {
+  try {
+    impl_->store->wait({key}, ToChrono(timeout));
+    std::vector<uint8_t> value = impl_->store->get(key);
+    return std::string(value.begin(), value.end());
+  } catch (const std::exception& e) {
+    return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank(),
+                             e);
+  }
+}
+
 }  // namespace memprofd

@@ -97,6 +97,14 @@ class ProcessGroup {
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor);
   absl::Status Barrier();
 
+  // The run's key-value store (this attempt's prefix), for what is not a
+  // collective: rank 0 publishing a command that the others pick up whenever
+  // they next look. SetKey overwrites. WaitKey blocks until `key` exists or
+  // `timeout` passes: DEADLINE_EXCEEDED then (the caller may wait again);
+  // UNAVAILABLE when the store (rank 0, or torchrun's agent) is gone.
+  absl::Status SetKey(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
+
  private:
   struct Impl;
   ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl);

@@ -81,6 +81,26 @@ int Collectives(ProcessGroup& group) {
     }
   }
   if (absl::Status s = group.Barrier(); !s.ok()) return Fail(s);
+  // The store: rank 0 publishes, the others pick it up; a missing key times
+  // out as DEADLINE_EXCEEDED.
+  const std::string greeting_value("from rank 0\0!", 13);
+  if (rank == 0) {
+    if (absl::Status s = group.SetKey("greeting", greeting_value); !s.ok())
+      return Fail(s);
+  }
+  absl::StatusOr<std::string> greeting = group.WaitKey("greeting", absl::Seconds(20));
+  if (!greeting.ok()) return Fail(greeting.status());
+  if (*greeting != greeting_value) {
+    std::cout << "store key holds '" << *greeting << "'" << std::endl;
+    return 1;
+  }
+  absl::StatusOr<std::string> missing =
+      group.WaitKey("nobody-sets-this", absl::Milliseconds(300));
+  if (missing.status().code() != absl::StatusCode::kDeadlineExceeded) {
+    std::cout << "waiting for a missing key gave " << missing.status() << std::endl;
+    return 1;
+  }
+  if (absl::Status s = group.Barrier(); !s.ok()) return Fail(s);
   std::cout << "collectives ok on " << group.backend_name() << std::endl;
   return 0;
 }
