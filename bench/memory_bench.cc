@@ -16,16 +16,20 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/common/attribution.h"
 #include "core/common/phase.h"
 #include "core/memory/install.h"
 #include "core/memory/memory_viz.h"
+#include "core/memory/op_attribution.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/train/data.h"
+#include "core/train/memory_tags.h"
 #include "core/train/trainer.h"
 
 namespace {
@@ -60,6 +64,31 @@ double RecorderNsPerEvent(bool recording, int threads) {
   }
   for (auto& th : pool) th.join();
   // Per event per thread: the latency one allocating thread sees.
+  return Seconds(t0, Clock::now()) * 1e9 / (2.0 * kPairs);
+}
+
+// As RecorderNsPerEvent, with the attribution the allocator wrapper passes
+// (CurrentAttribution() read per event, a module and op set on each thread).
+double AttributedNsPerEvent(bool recording, int threads) {
+  MemoryRecorder r;
+  if (recording && !r.StartRecording(100000).ok()) std::abort();
+  constexpr int kPairs = 2'000'000;
+  const auto t0 = Clock::now();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&r, t] {
+      memprofd::ModuleScope module(
+          memprofd::InternModule(t == 0 ? "bench.thread0" : "bench.thread1"));
+      for (int i = 0; i < kPairs; ++i) {
+        const uint64_t addr =
+            (static_cast<uint64_t>(t) << 40) + 64u * static_cast<uint64_t>(i);
+        const memprofd::Attribution a = memprofd::CurrentAttribution();
+        r.RecordAlloc(kCpuDevice, addr, 256, a);
+        r.RecordFree(kCpuDevice, addr, 256, a);
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
   return Seconds(t0, Clock::now()) * 1e9 / (2.0 * kPairs);
 }
 
@@ -162,12 +191,44 @@ std::function<void()> MlpStep(int64_t in, int64_t hidden, int layers, int64_t ba
   };
 }
 
+// Step time with the op half of attribution (RecordFunction callbacks,
+// memory/op_attribution.h) off and on, interleaved in rounds; module scopes,
+// categories and the allocator's records are always on, as in the daemon.
+void AttributionBench(const char* name, const std::function<void()>& run_step) {
+  for (int i = 0; i < 5; ++i) run_step();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < 5; ++i) run_step();
+  const double step_s = Seconds(t0, Clock::now()) / 5;
+  const int rounds = 10;
+  const int steps_per_round = std::max(3, static_cast<int>(0.3 / step_s));
+  std::vector<double> off_ms, on_ms;
+  for (int round = 0; round < rounds; ++round) {
+    for (bool on : {false, true}) {
+      std::optional<memprofd::memory::OpAttribution> ops;
+      if (on) ops.emplace();
+      for (int i = 0; i < steps_per_round; ++i) {
+        const auto s0 = Clock::now();
+        run_step();
+        (on ? on_ms : off_ms).push_back(Seconds(s0, Clock::now()) * 1e3);
+      }
+    }
+  }
+  const double off = Median(off_ms);
+  const double on = Median(on_ms);
+  std::printf("\n[attribution] %s\n", name);
+  std::printf("  %d rounds x %d steps per mode\n", rounds, steps_per_round);
+  std::printf(
+      "  median step: op attribution off %.3f ms, on %.3f ms, on/off = %.4f (%+.2f%%)\n",
+      off, on, on / off, (on / off - 1) * 100);
+}
+
 // A training step of the daemon's default model: the `tiny` preset,
 // batch 8 x 128 tokens of the embedded corpus, AdamW (the Trainer marks the
-// phases).
+// phases), its parameters attributed as the session does.
 std::function<void()> TinyLlamaStep() {
   auto model = std::shared_ptr<memprofd::LlamaModel>(
       *memprofd::LlamaModel::Create(*memprofd::LlamaConfig::Preset("tiny"), 0));
+  memprofd::TagModelMemory(*model);
   auto trainer = std::make_shared<memprofd::Trainer>(model.get());
   auto data = std::shared_ptr<memprofd::TokenDataset>(
       *memprofd::TokenDataset::Create(memprofd::DataSpec(), 256));
@@ -253,6 +314,17 @@ int main(int argc, char** argv) {
         "(x%.2f)\n",
         bytes, raw, off, off / raw, on, on / raw);
   }
+
+  std::printf("\n[recorder alone, attributed events] ns per event (alloc or free)\n");
+  for (int threads : {1, 2}) {
+    const double off = AttributedNsPerEvent(false, threads);
+    const double on = AttributedNsPerEvent(true, threads);
+    std::printf("  %d thread(s): recording off %6.1f ns, on %6.1f ns (+%.1f ns/event)\n",
+                threads, off, on, on - off);
+  }
+
+  AttributionBench("tiny Llama (the daemon's default model), batch 8 x 128, AdamW",
+                   TinyLlamaStep());
 
   const double event_cost_ns = RecorderNsPerEvent(true, 1) - RecorderNsPerEvent(false, 1);
   StepBench("tiny Llama (the daemon's default model), batch 8 x 128, AdamW",

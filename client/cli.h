@@ -34,6 +34,9 @@ int TrainCommand(const Context& c, const Args& args);
 int SnapshotCommand(const Context& c, const Args& args);
 int SnapshotsCommand(const Context& c, const Args& args);
 int MemoryCommand(const Context& c, const Args& args);
+// memory top / memory diff A B (commands_memory_top.cc).
+int MemoryTopCommand(const Context& c, const Args& args);
+int MemoryDiffCommand(const Context& c, const Args& args);
 
 // Prints `message` and the usage summary to stderr; returns kExitUsage.
 int Usage(const std::string& message);

@@ -101,6 +101,8 @@ int MemoryCommand(const Context& c, const Args& args) {
   const std::string& verb = args[0];
   grpc::Status s;
   if (verb == "dump") return Dump(c);
+  if (verb == "top") return MemoryTopCommand(c, args);
+  if (verb == "diff") return MemoryDiffCommand(c, args);
   if (verb == "reset-peak") {
     v1::ResetPeakMemoryResponse resp;
     auto ctx = c.client->NewContext(c.timeout);

@@ -74,6 +74,10 @@ ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
 ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
 ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");
 ABSL_FLAG(std::string, o, "", "memory dump: output file");
+ABSL_FLAG(std::string, by, "module", "memory top: group by module, op or category");
+ABSL_FLAG(std::string, phase, "",
+          "memory top: peaks within this phase (forward, backward, optimizer, ...)");
+ABSL_FLAG(int64_t, top, 20, "memory top / diff: rows to show");
 
 namespace memprofd::cli {
 namespace {

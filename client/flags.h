@@ -75,5 +75,8 @@ ABSL_DECLARE_FLAG(std::string, mode);
 ABSL_DECLARE_FLAG(int64_t, max_entries);
 ABSL_DECLARE_FLAG(bool, clear);
 ABSL_DECLARE_FLAG(std::string, o);
+ABSL_DECLARE_FLAG(std::string, by);
+ABSL_DECLARE_FLAG(std::string, phase);
+ABSL_DECLARE_FLAG(int64_t, top);
 
 #endif  // MEMPROFD_CLIENT_FLAGS_H_

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
+#include "server/convert_memory.h"
 #include "server/grpc_status.h"
 #include "server/reactors.h"
 
@@ -316,6 +317,32 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
   absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
   if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
   return new ChunkStream(*std::move(pickle), CountWhenDone(kMethod));
+}
+
+ServerUnaryReactor* MemprofdService::GetMemoryBreakdown(
+    CallbackServerContext* ctx, const v1::GetMemoryBreakdownRequest* req,
+    v1::MemoryBreakdown* resp) {
+  return Unary(ctx, "GetMemoryBreakdown", [&]() -> absl::Status {
+    absl::StatusOr<memory::MemoryBreakdown> b =
+        session_->MemoryBreakdown(FromProto(*req));
+    if (!b.ok()) return b.status();
+    *resp = ToProto(*b);
+    return absl::OkStatus();
+  });
+}
+
+ServerUnaryReactor* MemprofdService::DiffMemory(CallbackServerContext* ctx,
+                                                const v1::DiffMemoryRequest* req,
+                                                v1::MemoryDiff* resp) {
+  return Unary(ctx, "DiffMemory", [&]() -> absl::Status {
+    std::optional<int64_t> top;
+    if (req->has_top()) top = req->top();
+    absl::StatusOr<memory::MemoryDiff> d =
+        session_->DiffMemory(req->step_a(), req->step_b(), top);
+    if (!d.ok()) return d.status();
+    *resp = ToProto(*d);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace memprofd

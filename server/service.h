@@ -90,6 +90,12 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
       v1::StopMemoryRecordingResponse* resp) override;
   grpc::ServerWriteReactor<v1::DumpChunk>* DumpMemoryHistory(
       grpc::CallbackServerContext* ctx, const v1::DumpMemoryHistoryRequest* req) override;
+  grpc::ServerUnaryReactor* GetMemoryBreakdown(grpc::CallbackServerContext* ctx,
+                                               const v1::GetMemoryBreakdownRequest* req,
+                                               v1::MemoryBreakdown* resp) override;
+  grpc::ServerUnaryReactor* DiffMemory(grpc::CallbackServerContext* ctx,
+                                       const v1::DiffMemoryRequest* req,
+                                       v1::MemoryDiff* resp) override;
 
  private:
   // Authenticates, runs `fn` unless auth failed, counts and finishes.

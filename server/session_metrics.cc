@@ -154,6 +154,21 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   for (const auto& [name, bytes] : c.categories.Named()) {
     Families::Sample(category, static_cast<double>(bytes), {{"category", name}});
   }
+  MetricFamily& by_kind = out.Add(
+      "memprofd_memory_module_kind_bytes",
+      "Live bytes of the compute device by module kind and category (attribution).",
+      MetricType::Gauge);
+  const memory::ModuleKindBytes kinds = session_->MemoryByModuleKind();
+  for (int k = 0; k < kNumModuleKinds; ++k) {
+    for (int cat = 0; cat < kNumCategories; ++cat) {
+      const int64_t bytes = kinds[static_cast<size_t>(k)][static_cast<size_t>(cat)];
+      if (bytes == 0) continue;
+      Families::Sample(
+          by_kind, static_cast<double>(bytes),
+          {{"module_kind", std::string(ModuleKindName(static_cast<ModuleKind>(k)))},
+           {"category", std::string(CategoryName(static_cast<Category>(cat)))}});
+    }
+  }
   Families::Sample(out.Add("memprofd_memory_history_entries",
                            "Entries in the memory history ring.", MetricType::Gauge),
                    static_cast<double>(mem.history_entries));

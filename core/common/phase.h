@@ -10,7 +10,7 @@
 
 namespace memprofd {
 
-enum class Phase : int {
+enum class Phase : uint8_t {
   kIdle = 0,
   kLoad = 1,
   kForward = 2,

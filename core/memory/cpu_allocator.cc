@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "core/memory/recorder.h"
 
@@ -28,6 +29,9 @@ struct alignas(64) BlockHeader {
   int64_t size;
   uint32_t shard;
   uint32_t magic;
+  // Who made the block and what it holds; changed only by Retag, by a thread
+  // that holds the storage (so never while it is being freed).
+  Attribution origin;
 };
 static_assert(sizeof(BlockHeader) == kHeaderBytes, "header must be 64 bytes");
 
@@ -77,7 +81,7 @@ class CountingCpuAllocator final : public c10::Allocator {
         out.push_back(
             {kCpuDevice,
              reinterpret_cast<uint64_t>(reinterpret_cast<const char*>(h) + kHeaderBytes),
-             h->size});
+             h->size, h->origin});
       }
     }
     return out;
@@ -95,6 +99,7 @@ class CountingCpuAllocator final : public c10::Allocator {
     h->size = static_cast<int64_t>(n);
     h->shard = ThreadShard();
     h->magic = kMagic;
+    h->origin = CurrentAttribution();
     Shard& s = shards_[h->shard];
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -104,7 +109,8 @@ class CountingCpuAllocator final : public c10::Allocator {
       s.head.next = h;
     }
     void* data = base + kHeaderBytes;
-    recorder_->RecordAlloc(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size);
+    recorder_->RecordAlloc(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size,
+                           h->origin);
     // Context == data, so raw_allocate()/raw_deallocate() work too.
     return c10::DataPtr(data, data, &Delete, device);
   }
@@ -115,7 +121,8 @@ class CountingCpuAllocator final : public c10::Allocator {
     CountingCpuAllocator* self = g_allocator;
     // Recorded before the memory is released, so that a reuse of the address
     // by another thread is always recorded after this free.
-    self->recorder_->RecordFree(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size);
+    self->recorder_->RecordFree(kCpuDevice, reinterpret_cast<uint64_t>(data), h->size,
+                                h->origin);
     {
       Shard& s = self->shards_[h->shard];
       std::lock_guard<std::mutex> lock(s.mu);
@@ -126,6 +133,16 @@ class CountingCpuAllocator final : public c10::Allocator {
     h->original_deleter(h->original_context);
   }
 
+ public:
+  // The header of a block this wrapper allocated, or nullptr.
+  static BlockHeader* HeaderOf(void* data, void (*deleter)(void*)) {
+    if (data == nullptr || deleter != &Delete) return nullptr;
+    auto* h = reinterpret_cast<BlockHeader*>(static_cast<char*>(data) - kHeaderBytes);
+    return h->magic == kMagic ? h : nullptr;
+  }
+  MemoryRecorder* recorder() const { return recorder_; }
+
+ private:
   c10::Allocator* const underlying_;
   MemoryRecorder* const recorder_;
   mutable std::array<Shard, kShards> shards_;
@@ -152,6 +169,24 @@ absl::Status InstallCountingCpuAllocator() {
 }
 
 bool IsCountingCpuAllocatorInstalled() { return g_installed.load(); }
+
+std::optional<Attribution> CpuBlockAttribution(void* data, void (*deleter)(void*)) {
+  const BlockHeader* h = CountingCpuAllocator::HeaderOf(data, deleter);
+  if (h == nullptr) return std::nullopt;
+  return h->origin;
+}
+
+bool RetagCpuBlock(void* data, void (*deleter)(void*), ModuleId module,
+                   Category category) {
+  BlockHeader* h = CountingCpuAllocator::HeaderOf(data, deleter);
+  if (h == nullptr || g_allocator == nullptr) return false;
+  const Attribution from = h->origin;
+  if (from.module == module && from.category == category) return true;
+  h->origin.module = module;
+  h->origin.category = category;
+  g_allocator->recorder()->Retag(kCpuDevice, h->size, from, module, category);
+  return true;
+}
 
 std::vector<LiveBlock> LiveCpuBlocks() {
   if (g_allocator == nullptr) return {};

@@ -13,9 +13,11 @@
 // never counted. The header is not included in the reported sizes.
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/common/attribution.h"
 #include "core/memory/history.h"
 
 namespace memprofd {
@@ -34,8 +36,21 @@ absl::Status InstallCountingCpuAllocator();
 // True once InstallCountingCpuAllocator() succeeded.
 bool IsCountingCpuAllocatorInstalled();
 
+// The attribution of the block whose DataPtr has data pointer `data` and
+// deleter `deleter` (a storage's data_ptr().get() and get_deleter()), or
+// nullopt when the wrapper did not allocate it. The caller must hold the
+// storage. O(1).
+std::optional<Attribution> CpuBlockAttribution(void* data, void (*deleter)(void*));
+
+// Re-attributes such a block to `module` and `category` (the recorder's
+// cells move with it); false when the wrapper did not allocate it. The caller
+// must hold the storage; one thread at a time per block. O(1).
+bool RetagCpuBlock(void* data, void (*deleter)(void*), ModuleId module,
+                   Category category);
+
 // The CPU allocations made through the wrapper that are alive now (device
-// kCpuDevice, data address, requested size), in no particular order.
+// kCpuDevice, data address, requested size, attribution), in no particular
+// order.
 // Thread-safe; costs O(live allocations) and briefly locks each of the
 // wrapper's shards.
 std::vector<LiveBlock> LiveCpuBlocks();

@@ -8,11 +8,14 @@
 #include <algorithm>
 #include <cstddef>
 #include <exception>
+#include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/common/attribution.h"
 
 namespace memprofd {
 namespace memory {
@@ -46,6 +49,27 @@ bool AllocatorReady(int devices) {
   return devices > 0 && allocator != nullptr && allocator->initialized();
 }
 
+// memprofd's context, handed to the allocator's history as its context
+// recorder instead of Python or C++ stacks: the allocating thread's
+// attribution (module, op, category, phase, step), a 16-byte copy.
+struct MemprofdContext final : c10::GatheredContext {
+  Attribution origin;
+};
+
+std::shared_ptr<c10::GatheredContext> GatherMemprofdContext() {
+  auto context = std::make_shared<MemprofdContext>();
+  context->origin = CurrentAttribution();
+  return context;
+}
+
+template <typename ContextPtr>
+std::optional<Attribution> OriginOf(const ContextPtr& context) {
+  if (const auto* c = dynamic_cast<const MemprofdContext*>(context.get())) {
+    return c->origin;
+  }
+  return std::nullopt;
+}
+
 // One allocator trace entry in the viewer's terms; false for actions that
 // memprofd's viewer input does not carry (snapshot markers, OOMs, expandable
 // segment maps).
@@ -73,6 +97,7 @@ bool ToVizTraceEntry(const TraceEntry& t, VizTraceEntry* out) {
   }
   out->addr = static_cast<uint64_t>(t.addr_);
   out->size = static_cast<int64_t>(t.size_);
+  out->origin = OriginOf(t.context_);
   return true;
 }
 
@@ -111,36 +136,43 @@ void LazyInitCuda(Context& context, Rank<0>) {
 // std::vector<std::string>& skip_actions`, without defaults. `when` is a
 // template parameter so that each call is dependent: an overload whose call
 // does not fit this release drops out instead of failing the build. Returns
-// false when no known signature fits. No context recorder: with
-// RecordContext::NEVER the allocator gathers no stacks.
-template <typename When>
-auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<3>)
-    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when, true, {}),
+// false when no known signature fits. The context recorder is memprofd's
+// (GatherMemprofdContext); RecordContext::ALLOC keeps one per allocation
+// (in the trace and on live blocks), none for frees.
+template <typename Recorder, typename When>
+auto RecordHistory(bool enabled, Recorder recorder, size_t max_entries, When when,
+                   Rank<3>)
+    -> decltype(cca::recordHistory(enabled, recorder, max_entries, when, true, {}),
                 bool()) {
   // clearHistory: start from an empty trace (see SetCudaHistory). No
   // skip_actions: every action is wanted.
-  cca::recordHistory(enabled, nullptr, max_entries, when, true, {});
+  cca::recordHistory(enabled, recorder, max_entries, when, true, {});
   return true;
 }
-template <typename When>
-auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<2>)
-    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when, true), bool()) {
-  cca::recordHistory(enabled, nullptr, max_entries, when, true);
+template <typename Recorder, typename When>
+auto RecordHistory(bool enabled, Recorder recorder, size_t max_entries, When when,
+                   Rank<2>)
+    -> decltype(cca::recordHistory(enabled, recorder, max_entries, when, true), bool()) {
+  cca::recordHistory(enabled, recorder, max_entries, when, true);
   return true;
 }
-template <typename When>
-auto RecordHistory(bool enabled, size_t max_entries, When when, Rank<1>)
-    -> decltype(cca::recordHistory(enabled, nullptr, max_entries, when), bool()) {
-  cca::recordHistory(enabled, nullptr, max_entries, when);
+template <typename Recorder, typename When>
+auto RecordHistory(bool enabled, Recorder recorder, size_t max_entries, When when,
+                   Rank<1>)
+    -> decltype(cca::recordHistory(enabled, recorder, max_entries, when), bool()) {
+  cca::recordHistory(enabled, recorder, max_entries, when);
   return true;
 }
-template <typename When>
-bool RecordHistory(bool, size_t, When, Rank<0>) {
+template <typename Recorder, typename When>
+bool RecordHistory(bool, Recorder, size_t, When, Rank<0>) {
   return false;
 }
 
 bool RecordHistory(bool enabled, size_t max_entries) {
-  return RecordHistory(enabled, max_entries, cca::RecordContext::NEVER, Rank<3>{});
+  cca::CreateContextFn recorder = enabled ? &GatherMemprofdContext : nullptr;
+  return RecordHistory(enabled, recorder, max_entries,
+                       enabled ? cca::RecordContext::ALLOC : cca::RecordContext::NEVER,
+                       Rank<3>{});
 }
 
 // The allocator's trace as memprofd's history sees it. The allocator empties
@@ -291,6 +323,7 @@ CudaAllocatorSnapshot CaptureCudaSnapshot() {
         vb.state = b.allocated ? VizBlockState::kActiveAllocated
                    : b.active  ? VizBlockState::kActivePendingFree
                                : VizBlockState::kInactive;
+        if (b.allocated) vb.origin = OriginOf(b.context_when_allocated);
         v.blocks.push_back(vb);
       }
       out.segments.push_back(std::move(v));

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/common/attribution.h"
 #include "core/common/phase.h"
 
 namespace memprofd {
@@ -21,7 +22,9 @@ inline constexpr int kCpuDevice = -1;
 
 enum class HistoryAction : uint8_t { kAlloc = 0, kFree = 1 };
 
-// One event. 40 bytes.
+// One event. 40 bytes. An alloc carries the attribution of the allocation;
+// a free the phase and step at the free with the block's module, op and
+// category (which a re-tag may have changed since the alloc).
 struct HistoryEntry {
   uint64_t addr = 0;
   int64_t size = 0;
@@ -30,13 +33,18 @@ struct HistoryEntry {
   HistoryAction action = HistoryAction::kAlloc;
   int8_t device = kCpuDevice;
   Phase phase = Phase::kIdle;
+  Category category = Category::kUnknown;
+  ModuleId module = 0;
+  OpId op = 0;
 };
+static_assert(sizeof(HistoryEntry) == 40, "HistoryEntry must stay 40 bytes");
 
 // An allocation alive at the time it was listed.
 struct LiveBlock {
   int device = kCpuDevice;
   uint64_t addr = 0;
   int64_t size = 0;
+  Attribution origin;  // As allocated, with re-tags applied.
 };
 
 // A copy of the ring, oldest entry first.

@@ -45,36 +45,52 @@ const char* ActionName(VizAction a) {
   return "alloc";
 }
 
-// Where an event came from, shown by the viewer as a one-line stack.
-struct Origin {
-  bool known = false;
-  Phase phase = Phase::kIdle;
-  int64_t step = 0;
-};
+// Where an event came from; unknown for the CUDA allocator's own entries
+// recorded without memprofd's context.
+using Origin = std::optional<Attribution>;
 
-// Writes an event's frames list: one frame naming the phase and step, or an
-// empty list when the origin is unknown. Each distinct list is written once
-// and referenced from the pickle memo afterwards.
+std::string FrameModule(ModuleId module) {
+  std::string name = ModuleName(module);
+  return name.empty() ? std::string("(no module)") : name;
+}
+
+std::string FrameOp(OpId op) {
+  std::string name = OpName(op);
+  return name.empty() ? std::string("(no op)") : name;
+}
+
+// Writes an event's frames list: {module, 0, op} then {"memprofd", step,
+// "<phase> step <step>"}, or an empty list when the origin is unknown. Each
+// distinct list is written once and referenced from the pickle memo after.
 class FramesWriter {
  public:
   void Write(PickleWriter& w, const Origin& o) {
-    const std::pair<int, int64_t> key =
-        o.known ? std::make_pair(static_cast<int>(o.phase), o.step)
-                : std::make_pair(-1, 0L);
+    const Key key =
+        o ? Key{o->step, (uint64_t{1} << 40) | (static_cast<uint64_t>(o->phase) << 32) |
+                             (static_cast<uint64_t>(o->module) << 16) | o->op}
+          : Key{0, 0};
     auto it = memo_.find(key);
     if (it != memo_.end()) {
       w.Recall(it->second);
       return;
     }
     w.BeginList();
-    if (o.known) {
+    if (o) {
+      w.BeginDict();
+      w.Key("filename");
+      w.Str(FrameModule(o->module));
+      w.Key("line");
+      w.Int(0);
+      w.Key("name");
+      w.Str(FrameOp(o->op));
+      w.EndDict();
       w.BeginDict();
       w.Key("filename");
       w.InternedStr("memprofd");
       w.Key("line");
-      w.Int(o.step);
+      w.Int(o->step);
       w.Key("name");
-      w.Str(absl::StrCat(PhaseName(o.phase), " step ", o.step));
+      w.Str(absl::StrCat(PhaseName(o->phase), " step ", o->step));
       w.EndDict();
     }
     w.EndList();
@@ -82,11 +98,18 @@ class FramesWriter {
   }
 
  private:
-  absl::flat_hash_map<std::pair<int, int64_t>, int64_t> memo_;
+  using Key = std::pair<int64_t, uint64_t>;
+  absl::flat_hash_map<Key, int64_t> memo_;
 };
 
+const char* CategoryOf(const Origin& o) {
+  // CategoryName returns views of string literals.
+  return o ? CategoryName(o->category).data() : "unknown";
+}
+
 void WriteTraceEntry(PickleWriter& w, FramesWriter& frames, const char* action,
-                     uint64_t addr, int64_t size, int64_t time_us, const Origin& origin) {
+                     uint64_t addr, int64_t size, int64_t time_us, const Origin& origin,
+                     const char* category) {
   w.BeginDict();
   w.Key("action");
   w.InternedStr(action);
@@ -100,24 +123,14 @@ void WriteTraceEntry(PickleWriter& w, FramesWriter& frames, const char* action,
   w.Int(time_us);
   w.Key("frames");
   frames.Write(w, origin);
+  w.Key("category");
+  w.InternedStr(category);
   w.EndDict();
 }
 
-struct LiveInfo {
-  int64_t size = 0;
-  Origin origin;
-};
-
-// One CPU viewer segment: [start, end) with the live blocks inside it.
-struct CpuSegment {
-  uint64_t start = 0;
-  uint64_t end = 0;
-};
-
 void WriteSegment(PickleWriter& w, FramesWriter& frames, int device, uint64_t address,
                   int64_t total_size, int64_t stream, const std::vector<VizBlock>& blocks,
-                  const std::vector<uint64_t>& block_addrs,
-                  const std::vector<Origin>& block_origins) {
+                  const std::vector<uint64_t>& block_addrs) {
   int64_t allocated = 0;
   for (const VizBlock& b : blocks) {
     if (b.state != VizBlockState::kInactive) allocated += b.size;
@@ -159,71 +172,30 @@ void WriteSegment(PickleWriter& w, FramesWriter& frames, int device, uint64_t ad
     w.Key("state");
     w.InternedStr(StateName(b.state));
     w.Key("frames");
-    frames.Write(w, block_origins[i]);
+    frames.Write(w, b.origin);
+    if (b.origin && b.state == VizBlockState::kActiveAllocated) {
+      // MemoryViz.js shows a block's frames only from its "history" (it
+      // resets "frames"), as PyTorch's older snapshots wrote them.
+      w.Key("history");
+      w.BeginList();
+      w.BeginDict();
+      w.Key("frames");
+      frames.Write(w, b.origin);
+      w.Key("real_size");
+      w.Int(b.requested_size);
+      w.EndDict();
+      w.EndList();
+    }
     w.EndDict();
   }
   w.EndList();
   w.EndDict();
 }
 
-// CPU segments: the union of live blocks and traced ranges, merged across
-// gaps up to kCpuSegmentMergeGap, tiled with the live blocks.
-void WriteCpuSegments(PickleWriter& w, FramesWriter& frames, int viz_device,
-                      const std::map<uint64_t, LiveInfo>& live,
-                      const std::vector<HistoryEntry>& cpu_events) {
-  std::vector<CpuSegment> ranges;
-  ranges.reserve(live.size() + cpu_events.size());
-  for (const auto& [addr, info] : live) {
-    ranges.push_back(
-        {addr, addr + static_cast<uint64_t>(std::max<int64_t>(info.size, 1))});
-  }
-  for (const HistoryEntry& e : cpu_events) {
-    ranges.push_back(
-        {e.addr, e.addr + static_cast<uint64_t>(std::max<int64_t>(e.size, 1))});
-  }
-  std::sort(ranges.begin(), ranges.end(),
-            [](const CpuSegment& a, const CpuSegment& b) { return a.start < b.start; });
-  std::vector<CpuSegment> merged;
-  for (const CpuSegment& r : ranges) {
-    if (!merged.empty() &&
-        r.start <= merged.back().end + static_cast<uint64_t>(kCpuSegmentMergeGap)) {
-      merged.back().end = std::max(merged.back().end, r.end);
-    } else {
-      merged.push_back(r);
-    }
-  }
-  auto it = live.begin();
-  for (const CpuSegment& seg : merged) {
-    std::vector<VizBlock> blocks;
-    std::vector<uint64_t> addrs;
-    std::vector<Origin> origins;
-    uint64_t cursor = seg.start;
-    for (; it != live.end() && it->first < seg.end; ++it) {
-      const uint64_t addr = it->first;
-      const int64_t size = it->second.size;
-      // Overlap can only come from a torn read; keep the tiling valid.
-      if (addr < cursor || size <= 0) continue;
-      if (addr > cursor) {
-        blocks.push_back(
-            {static_cast<int64_t>(addr - cursor), 0, VizBlockState::kInactive});
-        addrs.push_back(cursor);
-        origins.push_back({});
-      }
-      blocks.push_back({size, size, VizBlockState::kActiveAllocated});
-      addrs.push_back(addr);
-      origins.push_back(it->second.origin);
-      cursor = addr + static_cast<uint64_t>(size);
-    }
-    if (cursor < seg.end) {
-      blocks.push_back(
-          {static_cast<int64_t>(seg.end - cursor), 0, VizBlockState::kInactive});
-      addrs.push_back(cursor);
-      origins.push_back({});
-    }
-    WriteSegment(w, frames, viz_device, seg.start,
-                 static_cast<int64_t>(seg.end - seg.start), 0, blocks, addrs, origins);
-  }
-}
+struct LiveInfo {
+  int64_t size = 0;
+  Origin origin;
+};
 
 }  // namespace
 
@@ -240,17 +212,48 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
     return device == kCpuDevice ? cpu_viz_device : device;
   };
 
-  // The live CPU set, made consistent with the trace.
+  // The live CPU set, made consistent with the trace, and each alloc's final
+  // category: that of its free, or of the live block.
   std::map<uint64_t, LiveInfo> live;
   for (const LiveBlock& b : in.live_blocks) {
-    if (b.device == kCpuDevice) live[b.addr].size = b.size;
+    if (b.device == kCpuDevice) live[b.addr] = LiveInfo{b.size, b.origin};
   }
-  std::vector<HistoryEntry> cpu_events;
+  const std::map<uint64_t, LiveInfo> now = live;
+  std::vector<Category> final_category(in.history.size());
+  absl::flat_hash_map<std::pair<int, uint64_t>, size_t> open_alloc;
+  for (size_t i = 0; i < in.history.size(); ++i) {
+    const HistoryEntry& e = in.history[i];
+    final_category[i] = e.category;
+    const std::pair<int, uint64_t> key(e.device, e.addr);
+    if (e.action == HistoryAction::kAlloc) {
+      open_alloc[key] = i;
+    } else if (auto it = open_alloc.find(key); it != open_alloc.end()) {
+      final_category[it->second] = e.category;
+      open_alloc.erase(it);
+    }
+  }
+  for (const auto& [key, index] : open_alloc) {
+    if (key.first != kCpuDevice) continue;
+    auto it = now.find(key.second);
+    if (it != now.end() && it->second.origin) {
+      final_category[index] = it->second.origin->category;
+    }
+  }
   for (const HistoryEntry& e : in.history) {
     if (e.device != kCpuDevice) continue;
-    cpu_events.push_back(e);
     if (e.action == HistoryAction::kAlloc) {
-      live[e.addr] = LiveInfo{e.size, Origin{true, e.phase, e.step}};
+      auto it = now.find(e.addr);
+      Attribution a;
+      if (it != now.end() && it->second.size == e.size && it->second.origin) {
+        a = *it->second.origin;  // The block's record, re-tags included.
+      } else {
+        a.step = e.step;
+        a.phase = e.phase;
+        a.module = e.module;
+        a.op = e.op;
+        a.category = e.category;
+      }
+      live[e.addr] = LiveInfo{e.size, a};
     } else {
       live.erase(e.addr);
     }
@@ -268,31 +271,61 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
       addrs.push_back(a);
       a += static_cast<uint64_t>(b.size);
     }
-    WriteSegment(w, frames, s.device, s.address, s.total_size, s.stream, s.blocks, addrs,
-                 std::vector<Origin>(s.blocks.size()));
+    WriteSegment(w, frames, s.device, s.address, s.total_size, s.stream, s.blocks, addrs);
   }
-  WriteCpuSegments(w, frames, cpu_viz_device, live, cpu_events);
+  // One segment per live CPU block, exactly its size.
+  for (const auto& [addr, info] : live) {
+    if (info.size <= 0) continue;
+    VizBlock b{info.size, info.size, VizBlockState::kActiveAllocated, info.origin};
+    WriteSegment(w, frames, cpu_viz_device, addr, info.size, 0, {b}, {addr});
+  }
   w.EndList();
 
   w.Key("device_traces");
   w.BeginList();
+  const int64_t dump_time = in.history.empty() ? 0 : in.history.back().time_us;
   for (int d = 0; d <= cpu_viz_device; ++d) {
     w.BeginList();
+    bool wrote = false;
     if (d < cpu_viz_device && static_cast<size_t>(d) < in.cuda.device_traces.size()) {
       for (const VizTraceEntry& t : in.cuda.device_traces[static_cast<size_t>(d)]) {
         WriteTraceEntry(w, frames, ActionName(t.action), t.addr, t.size, t.time_us,
-                        Origin{});
+                        t.origin, CategoryOf(t.origin));
+        wrote = true;
       }
     }
-    for (const HistoryEntry& e : in.history) {
+    for (size_t i = 0; i < in.history.size(); ++i) {
+      const HistoryEntry& e = in.history[i];
       if (viz_device(e.device) != d) continue;
-      const Origin origin{true, e.phase, e.step};
+      Attribution a;
+      a.step = e.step;
+      a.phase = e.phase;
+      a.module = e.module;
+      a.op = e.op;
+      a.category = final_category[i];
+      const Origin origin = a;
+      const char* category = CategoryName(final_category[i]).data();
+      const bool cpu = e.device == kCpuDevice;
       if (e.action == HistoryAction::kAlloc) {
-        WriteTraceEntry(w, frames, "alloc", e.addr, e.size, e.time_us, origin);
+        if (cpu) {
+          WriteTraceEntry(w, frames, "segment_alloc", e.addr, e.size, e.time_us, origin,
+                          category);
+        }
+        WriteTraceEntry(w, frames, "alloc", e.addr, e.size, e.time_us, origin, category);
       } else {
-        WriteTraceEntry(w, frames, "free_requested", e.addr, e.size, e.time_us, origin);
-        WriteTraceEntry(w, frames, "free_completed", e.addr, e.size, e.time_us, origin);
+        WriteTraceEntry(w, frames, "free_requested", e.addr, e.size, e.time_us, origin,
+                        category);
+        WriteTraceEntry(w, frames, "free_completed", e.addr, e.size, e.time_us, origin,
+                        category);
+        if (cpu) {
+          WriteTraceEntry(w, frames, "segment_free", e.addr, e.size, e.time_us, origin,
+                          category);
+        }
       }
+      wrote = true;
+    }
+    if (wrote) {
+      WriteTraceEntry(w, frames, "snapshot", 0, 0, dump_time, Origin{}, "unknown");
     }
     w.EndList();
   }
@@ -300,6 +333,19 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
 
   w.Key("allocator_settings");
   w.BeginDict();
+  w.Key("device_names");
+  w.BeginList();
+  for (int d = 0; d < cpu_viz_device; ++d) w.Str(absl::StrCat("cuda:", d));
+  w.Str("cpu");
+  w.EndList();
+  w.Key("history_max_entries");
+  w.Int(in.history_max_entries);
+  w.Key("history_entries");
+  w.Int(static_cast<int64_t>(in.history.size()));
+  w.Key("history_dropped");
+  w.Int(in.history_dropped);
+  w.Key("recording");
+  w.Bool(in.recording);
   w.EndDict();
   w.EndDict();
   return w.Finish();
@@ -308,7 +354,11 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
 std::string CaptureMemoryVizPickle() {
   MemoryVizInput in;
   in.live_blocks = LiveCpuBlocks();
-  in.history = MemoryRecorder::Global().History().entries;
+  HistorySnapshot history = MemoryRecorder::Global().History();
+  in.history = std::move(history.entries);
+  in.history_max_entries = history.max_entries;
+  in.history_dropped = history.dropped;
+  in.recording = history.recording;
 #ifdef MEMPROFD_WITH_CUDA
   in.cuda = CaptureCudaSnapshot();
   in.num_cuda_devices = CudaDeviceCount();

@@ -12,9 +12,11 @@
 // devices 0..n-1, then CPU memory as device n (0 without CUDA).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/common/attribution.h"
 #include "core/memory/history.h"
 
 namespace memprofd {
@@ -33,6 +35,8 @@ struct VizBlock {
   int64_t size = 0;
   int64_t requested_size = 0;
   VizBlockState state = VizBlockState::kInactive;
+  // memprofd's context when the allocator kept one (CUDA history on).
+  std::optional<Attribution> origin;
 };
 
 // Blocks tile the segment: their sizes sum to total_size, in address order.
@@ -49,6 +53,9 @@ struct VizTraceEntry {
   uint64_t addr = 0;
   int64_t size = 0;
   int64_t time_us = 0;
+  // memprofd's context recorded with the entry (CUDA history on); nullopt:
+  // the viewer shows category "unknown" and no frames.
+  std::optional<Attribution> origin;
 };
 
 // What the CUDA caching allocator reports about itself (cuda_stats.h).
@@ -64,22 +71,30 @@ struct MemoryVizInput {
   std::vector<LiveBlock> live_blocks;
   CudaAllocatorSnapshot cuda;
   int num_cuda_devices = 0;
+  // The ring's state, written to allocator_settings.
+  int64_t history_max_entries = 0;
+  int64_t history_dropped = 0;
+  bool recording = false;
 };
-
-// CPU addresses closer than this share one viewer segment (the gap becomes an
-// "inactive" block); farther apart ones get their own segment, so that the
-// heap and distant mmap-ed regions do not make one terabyte-wide segment.
-inline constexpr int64_t kCpuSegmentMergeGap = 1 << 20;
 
 // Builds the pickle. Every trace alloc/free is on its device's trace; a
 // recorder event becomes "alloc", or "free_requested" directly followed by
-// "free_completed" (which the viewer merges into one free), with one frame
-// {filename: "memprofd", line: step, name: "<phase> step <step>"}. CPU
-// segments cover every live block and every address in the trace, with the
-// live blocks as "active_allocated" and the rest "inactive". The live set is
-// first made consistent with the trace (an address whose last event is an
-// alloc is live, one whose last event is a free is not), so allocs and frees
-// pair whatever raced with the dump. Never fails.
+// "free_completed" (which the viewer merges into one free). Each carries its
+// `category` (the block's final one: an alloc takes the category its block
+// had when freed, or has now, so that a storage autograd saved shows as
+// saved_activations) and two frames: {filename: module path, line: 0, name:
+// op} and {filename: "memprofd", line: step, name: "<phase> step <step>"}.
+// The CPU allocator has no cache, so each CPU block is its own segment: a
+// CPU alloc is preceded by its "segment_alloc" and a free followed by its
+// "segment_free", and the CPU segments of the dump are exactly the live
+// blocks (reserved == allocated). The live set is first made consistent with
+// the trace (an address whose last event is an alloc is live, one whose
+// last event is a free is not), so allocs and frees pair whatever raced with
+// the dump. Each device trace with categories ends with a "snapshot" marker
+// of category "unknown" (MemoryViz.js's `categores` typo throws unless some
+// event is "unknown"). allocator_settings names the devices ("device_names",
+// CPU last) and the ring (history_max_entries, history_entries,
+// history_dropped, recording). Never fails.
 std::string BuildMemoryVizPickle(const MemoryVizInput& input);
 
 // Collects the live CPU blocks, then MemoryRecorder::Global()'s history (in

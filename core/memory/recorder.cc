@@ -66,40 +66,186 @@ const MemoryRecorder::DeviceCounters* MemoryRecorder::Slot(int device) const {
   return &devices_[static_cast<size_t>(device + 1)];
 }
 
+MemoryRecorder::~MemoryRecorder() {
+  for (auto& c : cells_) delete c.load(std::memory_order_relaxed);
+}
+
+MemoryRecorder::Cells* MemoryRecorder::CellsOf(int device) {
+  if (device < kCpuDevice || device >= kMaxCudaDevices) return nullptr;
+  std::atomic<Cells*>& slot = cells_[static_cast<size_t>(device + 1)];
+  Cells* cells = slot.load(std::memory_order_acquire);
+  if (cells != nullptr) return cells;
+  auto* made = new Cells();
+  if (slot.compare_exchange_strong(cells, made, std::memory_order_acq_rel)) return made;
+  delete made;  // Another thread made it first.
+  return cells;
+}
+
+const MemoryRecorder::Cells* MemoryRecorder::CellsOf(int device) const {
+  if (device < kCpuDevice || device >= kMaxCudaDevices) return nullptr;
+  return cells_[static_cast<size_t>(device + 1)].load(std::memory_order_acquire);
+}
+
+namespace {
+
+inline size_t CellIndex(ModuleId module, Category category) {
+  return static_cast<size_t>(module) * kNumCategories + static_cast<size_t>(category);
+}
+
+inline void RaiseTo(std::atomic<int>& seen, int value) {
+  if (seen.load(std::memory_order_relaxed) < value) {
+    int s = seen.load(std::memory_order_relaxed);
+    while (s < value &&
+           !seen.compare_exchange_weak(s, value, std::memory_order_relaxed)) {
+    }
+  }
+}
+
+}  // namespace
+
 void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size) {
+  Attribution a;
+  a.step = CurrentStep();
+  a.phase = CurrentPhase();
+  RecordAlloc(device, addr, size, a);
+}
+
+void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size) {
+  RecordFree(device, addr, size, Attribution());
+}
+
+void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size,
+                                 const Attribution& origin) {
   DeviceCounters* c = Slot(device);
   if (c == nullptr) return;
-  const Phase phase = CurrentPhase();
+  const Phase phase = origin.phase;
   const int64_t now = c->current.fetch_add(size, std::memory_order_relaxed) + size;
   c->allocs.fetch_add(1, std::memory_order_relaxed);
   UpdateMax(c->peak, now);
   UpdateMax(c->phase_peak[static_cast<size_t>(PhaseIndex(phase))], now);
+  Cells* cells = CellsOf(device);
+  const size_t cell = CellIndex(origin.module, origin.category);
+  const int64_t held =
+      cells->live[cell].fetch_add(size, std::memory_order_relaxed) + size;
+  UpdateMax(cells->phase_peak[static_cast<size_t>(PhaseIndex(phase)) * kCells + cell],
+            held);
+  const int64_t category_held =
+      cells->category_live[static_cast<size_t>(origin.category)].fetch_add(
+          size, std::memory_order_relaxed) +
+      size;
+  UpdateMax(cells->category_peak[static_cast<size_t>(PhaseIndex(phase)) * kNumCategories +
+                                 static_cast<size_t>(origin.category)],
+            category_held);
+  RaiseTo(cells->modules_seen, origin.module + 1);
+  if (origin.op != 0) {
+    cells->op_bytes[origin.op].fetch_add(size, std::memory_order_relaxed);
+    RaiseTo(cells->ops_seen, origin.op + 1);
+  }
   if (recording_.load(std::memory_order_relaxed)) {
-    Record(HistoryAction::kAlloc, device, addr, size, phase);
+    Record(HistoryAction::kAlloc, device, addr, size, origin);
   }
 }
 
 void MemoryRecorder::Record(HistoryAction action, int device, uint64_t addr, int64_t size,
-                            Phase phase) {
+                            const Attribution& a) {
   HistoryEntry e;
   e.addr = addr;
   e.size = size;
   e.time_us = NowUs();
-  e.step = CurrentStep();
+  e.step = a.step;
   e.action = action;
   e.device = static_cast<int8_t>(device);
-  e.phase = phase;
+  e.phase = a.phase;
+  e.category = a.category;
+  e.module = a.module;
+  e.op = a.op;
   history_.Append(e);
 }
 
-void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size) {
+void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size,
+                                const Attribution& block) {
   DeviceCounters* c = Slot(device);
   if (c == nullptr) return;
   c->current.fetch_sub(size, std::memory_order_relaxed);
   c->frees.fetch_add(1, std::memory_order_relaxed);
+  Cells* cells = CellsOf(device);
+  cells->live[CellIndex(block.module, block.category)].fetch_sub(
+      size, std::memory_order_relaxed);
+  cells->category_live[static_cast<size_t>(block.category)].fetch_sub(
+      size, std::memory_order_relaxed);
   if (recording_.load(std::memory_order_relaxed)) {
-    Record(HistoryAction::kFree, device, addr, size, CurrentPhase());
+    Attribution at = block;
+    at.step = CurrentStep();
+    at.phase = CurrentPhase();
+    Record(HistoryAction::kFree, device, addr, size, at);
   }
+}
+
+void MemoryRecorder::Retag(int device, int64_t size, const Attribution& from,
+                           ModuleId to_module, Category to_category) {
+  if (Slot(device) == nullptr) return;
+  Cells* cells = CellsOf(device);
+  cells->live[CellIndex(from.module, from.category)].fetch_sub(size,
+                                                               std::memory_order_relaxed);
+  cells->category_live[static_cast<size_t>(from.category)].fetch_sub(
+      size, std::memory_order_relaxed);
+  const size_t cell = CellIndex(to_module, to_category);
+  const int64_t held =
+      cells->live[cell].fetch_add(size, std::memory_order_relaxed) + size;
+  UpdateMax(
+      cells->phase_peak[static_cast<size_t>(PhaseIndex(CurrentPhase())) * kCells + cell],
+      held);
+  const int64_t category_held =
+      cells->category_live[static_cast<size_t>(to_category)].fetch_add(
+          size, std::memory_order_relaxed) +
+      size;
+  UpdateMax(cells->category_peak[static_cast<size_t>(PhaseIndex(CurrentPhase())) *
+                                     kNumCategories +
+                                 static_cast<size_t>(to_category)],
+            category_held);
+  RaiseTo(cells->modules_seen, to_module + 1);
+}
+
+std::array<int64_t, kNumCategories> MemoryRecorder::CategoryBytesOf(int device) const {
+  std::array<int64_t, kNumCategories> out{};
+  const Cells* cells = CellsOf(device);
+  if (cells == nullptr) return out;
+  for (int i = 0; i < kNumCategories; ++i) {
+    out[static_cast<size_t>(i)] =
+        cells->category_live[static_cast<size_t>(i)].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+std::vector<CellBytes> MemoryRecorder::LiveCells() const {
+  std::vector<CellBytes> out;
+  for (int device = kCpuDevice; device < kMaxCudaDevices; ++device) {
+    const Cells* cells = CellsOf(device);
+    if (cells == nullptr) continue;
+    const int modules = cells->modules_seen.load(std::memory_order_relaxed);
+    for (int m = 0; m < modules; ++m) {
+      for (int k = 0; k < kNumCategories; ++k) {
+        const int64_t bytes =
+            cells->live[CellIndex(static_cast<ModuleId>(m), static_cast<Category>(k))]
+                .load(std::memory_order_relaxed);
+        if (bytes != 0) {
+          out.push_back(
+              {device, static_cast<ModuleId>(m), static_cast<Category>(k), bytes});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<StepAttribution> MemoryRecorder::StepRecords() const {
+  absl::MutexLock lock(&published_mu_);
+  return std::vector<StepAttribution>(step_records_.begin(), step_records_.end());
+}
+
+std::vector<OpBytes> MemoryRecorder::OpBytesTotal() const {
+  absl::MutexLock lock(&published_mu_);
+  return op_totals_;
 }
 
 void MemoryRecorder::FoldCudaPeaks(Phase ended_phase) {
@@ -133,6 +279,46 @@ void MemoryRecorder::OnStepBegin(int64_t /*global_step*/) {
     c.phase_peak[static_cast<size_t>(PhaseIndex(phase))].store(
         c.current.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
+  for (auto& slot : cells_) {
+    Cells* cells = slot.load(std::memory_order_acquire);
+    if (cells == nullptr) continue;
+    const size_t used =
+        static_cast<size_t>(cells->modules_seen.load(std::memory_order_relaxed)) *
+        kNumCategories;
+    for (int p = 0; p < kNumPhases; ++p) {
+      for (size_t i = 0; i < used; ++i) {
+        cells->phase_peak[static_cast<size_t>(p) * kCells + i].store(
+            0, std::memory_order_relaxed);
+      }
+    }
+    const int ops = cells->ops_seen.load(std::memory_order_relaxed);
+    for (int o = 0; o < ops; ++o) {
+      cells->op_bytes[static_cast<size_t>(o)].store(0, std::memory_order_relaxed);
+    }
+    for (auto& p : cells->category_peak) p.store(0, std::memory_order_relaxed);
+  }
+  SeedCellPeaks(phase);
+}
+
+void MemoryRecorder::SeedCellPeaks(Phase phase) {
+  for (auto& slot : cells_) {
+    Cells* cells = slot.load(std::memory_order_acquire);
+    if (cells == nullptr) continue;
+    const size_t used =
+        static_cast<size_t>(cells->modules_seen.load(std::memory_order_relaxed)) *
+        kNumCategories;
+    const size_t base = static_cast<size_t>(PhaseIndex(phase)) * kCells;
+    for (size_t i = 0; i < used; ++i) {
+      UpdateMax(cells->phase_peak[base + i],
+                cells->live[i].load(std::memory_order_relaxed));
+    }
+    for (int k = 0; k < kNumCategories; ++k) {
+      UpdateMax(
+          cells->category_peak[static_cast<size_t>(PhaseIndex(phase)) * kNumCategories +
+                               static_cast<size_t>(k)],
+          cells->category_live[static_cast<size_t>(k)].load(std::memory_order_relaxed));
+    }
+  }
 }
 
 void MemoryRecorder::OnPhase(Phase phase) {
@@ -144,6 +330,57 @@ void MemoryRecorder::OnPhase(Phase phase) {
     UpdateMax(c.phase_peak[static_cast<size_t>(PhaseIndex(phase))],
               c.current.load(std::memory_order_relaxed));
   }
+  SeedCellPeaks(phase);
+}
+
+StepAttribution MemoryRecorder::CollectStepAttribution(int64_t global_step,
+                                                       uint32_t phases_seen) const {
+  StepAttribution record;
+  record.step = global_step;
+  for (int device = kCpuDevice; device < kMaxCudaDevices; ++device) {
+    const Cells* cells = CellsOf(device);
+    if (cells == nullptr) continue;
+    const int modules = cells->modules_seen.load(std::memory_order_relaxed);
+    for (int m = 0; m < modules; ++m) {
+      for (int k = 0; k < kNumCategories; ++k) {
+        const auto module = static_cast<ModuleId>(m);
+        const auto category = static_cast<Category>(k);
+        const size_t cell = CellIndex(module, category);
+        const int64_t live = cells->live[cell].load(std::memory_order_relaxed);
+        if (live != 0) record.live_at_end.push_back({device, module, category, live});
+        for (int p = 0; p < kNumPhases; ++p) {
+          if ((phases_seen & (1u << p)) == 0) continue;
+          const int64_t peak =
+              cells->phase_peak[static_cast<size_t>(p) * kCells + cell].load(
+                  std::memory_order_relaxed);
+          if (peak > 0) {
+            record.phase_peaks.push_back(
+                {device, module, category, static_cast<Phase>(p), peak});
+          }
+        }
+      }
+    }
+    for (int p = 0; p < kNumPhases; ++p) {
+      if ((phases_seen & (1u << p)) == 0) continue;
+      for (int k = 0; k < kNumCategories; ++k) {
+        const int64_t peak = cells
+                                 ->category_peak[static_cast<size_t>(p) * kNumCategories +
+                                                 static_cast<size_t>(k)]
+                                 .load(std::memory_order_relaxed);
+        if (peak > 0) {
+          record.category_phase_peaks.push_back(
+              {device, 0, static_cast<Category>(k), static_cast<Phase>(p), peak});
+        }
+      }
+    }
+    const int ops = cells->ops_seen.load(std::memory_order_relaxed);
+    for (int o = 0; o < ops; ++o) {
+      const int64_t bytes =
+          cells->op_bytes[static_cast<size_t>(o)].load(std::memory_order_relaxed);
+      if (bytes > 0) record.op_bytes.push_back({device, static_cast<OpId>(o), bytes});
+    }
+  }
+  return record;
 }
 
 void MemoryRecorder::OnStepEnd(int64_t global_step) {
@@ -165,8 +402,22 @@ void MemoryRecorder::OnStepEnd(int64_t global_step) {
     }
     next.step_peaks.push_back({name, step_peak});
   }
+  StepAttribution record = CollectStepAttribution(global_step, seen);
   absl::MutexLock lock(&published_mu_);
   published_ = std::move(next);
+  for (const OpBytes& o : record.op_bytes) {
+    auto it = std::find_if(op_totals_.begin(), op_totals_.end(), [&](const OpBytes& t) {
+      return t.device == o.device && t.op == o.op;
+    });
+    if (it == op_totals_.end()) {
+      op_totals_.push_back(o);
+    } else {
+      it->bytes += o.bytes;
+    }
+  }
+  step_records_.push_back(std::move(record));
+  while (step_records_.size() > static_cast<size_t>(kStepRecords))
+    step_records_.pop_front();
 }
 
 void MemoryRecorder::ResetPeak() {
@@ -180,8 +431,30 @@ void MemoryRecorder::ResetPeak() {
 #endif
 }
 
+void MemoryRecorder::AppendLiveBlocks() {
+  const int64_t now = NowUs();
+  for (const LiveBlock& b : LiveCpuBlocks()) {
+    HistoryEntry e;
+    e.addr = b.addr;
+    e.size = b.size;
+    e.time_us = now;
+    e.step = b.origin.step;
+    e.action = HistoryAction::kAlloc;
+    e.device = static_cast<int8_t>(b.device);
+    e.phase = b.origin.phase;
+    e.category = b.origin.category;
+    e.module = b.origin.module;
+    e.op = b.origin.op;
+    history_.Append(e);
+  }
+}
+
 absl::Status MemoryRecorder::StartRecording(int64_t max_entries) {
+  const bool fresh = history_.size() == 0;
   absl::Status status = history_.Start(max_entries);
+  // The ring records from here, the recorder's own events only from the
+  // store below: the live blocks listed in between come first.
+  if (status.ok() && fresh && this == &Global()) AppendLiveBlocks();
   if (status.ok()) recording_.store(true, std::memory_order_relaxed);
 #ifdef MEMPROFD_WITH_CUDA
   if (status.ok() && track_cuda_.load(std::memory_order_relaxed)) {

@@ -8,18 +8,58 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/common/attribution.h"
 #include "core/common/phase.h"
 #include "core/memory/history.h"
 #include "core/memory/memory_stats.h"
 
 namespace memprofd {
 namespace memory {
+
+// Live bytes of one (device, module, category) cell.
+struct CellBytes {
+  int device = kCpuDevice;
+  ModuleId module = 0;
+  Category category = Category::kUnknown;
+  int64_t bytes = 0;
+};
+
+// The high-water mark of one (device, module, category) cell while a step was
+// in `phase`. Cells are independent: their peaks need not coincide in time.
+struct CellPhasePeak {
+  int device = kCpuDevice;
+  ModuleId module = 0;
+  Category category = Category::kUnknown;
+  Phase phase = Phase::kIdle;
+  int64_t peak_bytes = 0;
+};
+
+// Bytes allocated by one op on one device.
+struct OpBytes {
+  int device = kCpuDevice;
+  OpId op = 0;
+  int64_t bytes = 0;
+};
+
+// What one finished step held, by attribution: cells' peaks per phase, cells'
+// live bytes when it ended, bytes allocated per op. Only non-zero entries.
+struct StepAttribution {
+  int64_t step = 0;
+  // Per (device, category, phase): the category's own high-water mark.
+  std::vector<CellPhasePeak> category_phase_peaks;  // module = 0
+  std::vector<CellPhasePeak> phase_peaks;
+  std::vector<CellBytes> live_at_end;
+  std::vector<OpBytes> op_bytes;
+};
 
 // Receives every allocation and free of the instrumented allocators and the
 // phase/step boundaries (register it with SetPhaseListener(), or call
@@ -33,7 +73,9 @@ namespace memory {
 //
 // Invariant: for each device, current bytes == sum of sizes allocated minus
 // sum of sizes freed, over the events reported (so it returns to its baseline
-// when the tensors are gone).
+// when the tensors are gone); the per-category bytes of a device sum to its
+// current bytes, and each (module, category) cell is the sum of the sizes of
+// the live blocks attributed to it.
 class MemoryRecorder : public PhaseListener {
  public:
   static constexpr int kMaxCudaDevices = 16;
@@ -44,14 +86,37 @@ class MemoryRecorder : public PhaseListener {
 
   // Separate instances are for tests; only Global() receives allocator events.
   MemoryRecorder() = default;
+  ~MemoryRecorder();
   MemoryRecorder(const MemoryRecorder&) = delete;
   MemoryRecorder& operator=(const MemoryRecorder&) = delete;
 
   // One event of `size` bytes at `addr` on `device` (kCpuDevice or a CUDA
-  // ordinal < kMaxCudaDevices; others are ignored). The phase and step are
-  // CurrentPhase()/CurrentStep() of core/common/phase.h.
+  // ordinal < kMaxCudaDevices; others are ignored). An alloc is attributed to
+  // `origin` (CurrentAttribution() when the allocator took it); a free names
+  // the block's attribution as the allocator kept it (with re-tags), and
+  // happens in CurrentPhase()/CurrentStep(). Alloc and free of one block must
+  // name the same module and category (after Retag), so that every
+  // (module, category) cell returns to its baseline. The three-argument forms
+  // attribute to nothing (module 0, category unknown).
+  void RecordAlloc(int device, uint64_t addr, int64_t size, const Attribution& origin);
+  void RecordFree(int device, uint64_t addr, int64_t size, const Attribution& block);
   void RecordAlloc(int device, uint64_t addr, int64_t size);
   void RecordFree(int device, uint64_t addr, int64_t size);
+  // A live block of `size` bytes attributed to `from` now holds `to_module`'s
+  // `to_category` bytes (the allocator changed its record the same way).
+  void Retag(int device, int64_t size, const Attribution& from, ModuleId to_module,
+             Category to_category);
+
+  // Live bytes per category on `device` now; they sum to CurrentBytes(device)
+  // up to events in flight on other threads. Index = Category.
+  std::array<int64_t, kNumCategories> CategoryBytesOf(int device) const;
+  // Every non-zero (device, module, category) cell now.
+  std::vector<CellBytes> LiveCells() const;
+  // The last kStepRecords finished steps, oldest first.
+  static constexpr int kStepRecords = 16;
+  std::vector<StepAttribution> StepRecords() const;
+  // Bytes allocated per op over every finished step (non-zero only).
+  std::vector<OpBytes> OpBytesTotal() const;
 
   // PhaseListener. OnStepBegin clears this step's phase peaks; OnStepEnd
   // publishes them as "last step"; OnPhase seeds the entered phase's peak with
@@ -64,7 +129,11 @@ class MemoryRecorder : public PhaseListener {
   // Sets every device's peak to its current bytes.
   void ResetPeak();
 
-  // History (see HistoryRing): INVALID_ARGUMENT for a bad max_entries. With
+  // History (see HistoryRing): INVALID_ARGUMENT for a bad max_entries. On
+  // the global recorder, a start into an empty ring first appends a synthetic
+  // alloc for every live CPU block with its attribution (parameters under
+  // their names), so that nothing alive shows as a frameless ghost; a block
+  // allocated or freed while that list is taken may be missed. With
   // CUDA code paths and track_cuda (the default), also the CUDA allocator's
   // own history, which initialises CUDA if nothing did.
   absl::Status StartRecording(int64_t max_entries);
@@ -99,6 +168,19 @@ class MemoryRecorder : public PhaseListener {
     std::atomic<int64_t> peak_active{0};
     std::atomic<bool> seen{false};
   };
+  static constexpr int kCells = kMaxInternedNames * kNumCategories;
+  // Attribution counters of one device, made on its first attributed event.
+  struct Cells {
+    std::array<std::atomic<int64_t>, kNumCategories> category_live{};
+    std::array<std::atomic<int64_t>, kNumPhases * kNumCategories>
+        category_peak{};  // This step.
+    std::array<std::atomic<int64_t>, kCells>
+        live{};  // module * kNumCategories + category
+    std::array<std::atomic<int64_t>, kNumPhases * kCells> phase_peak{};  // This step.
+    std::array<std::atomic<int64_t>, kMaxInternedNames> op_bytes{};      // This step.
+    std::atomic<int> modules_seen{1};  // Highest module id seen + 1: bounds the scans.
+    std::atomic<int> ops_seen{1};
+  };
   struct Published {
     int64_t step = 0;
     std::vector<PhasePeak> phase_peaks;
@@ -106,12 +188,20 @@ class MemoryRecorder : public PhaseListener {
   };
 
   // Appends one history entry stamped with the time and step (recording on).
-  void Record(HistoryAction action, int device, uint64_t addr, int64_t size, Phase phase);
+  void Record(HistoryAction action, int device, uint64_t addr, int64_t size,
+              const Attribution& a);
   DeviceCounters* Slot(int device);
   const DeviceCounters* Slot(int device) const;
   void FoldCudaPeaks(Phase ended_phase);
+  Cells* CellsOf(int device);
+  const Cells* CellsOf(int device) const;
+  void AppendLiveBlocks();
+  void SeedCellPeaks(Phase phase);
+  StepAttribution CollectStepAttribution(int64_t global_step, uint32_t phases_seen) const;
 
   std::array<DeviceCounters, 1 + kMaxCudaDevices> devices_;
+  std::array<std::atomic<Cells*>, 1 + kMaxCudaDevices>
+      cells_{};  // Leaked with the recorder.
   std::atomic<bool> recording_{false};
   std::atomic<bool> track_cuda_{true};
   std::atomic<uint32_t> phases_seen_{0};                    // Bit per Phase, this step.
@@ -119,6 +209,8 @@ class MemoryRecorder : public PhaseListener {
   HistoryRing history_;
   mutable absl::Mutex published_mu_;
   Published published_ ABSL_GUARDED_BY(published_mu_);
+  std::deque<StepAttribution> step_records_ ABSL_GUARDED_BY(published_mu_);
+  std::vector<OpBytes> op_totals_ ABSL_GUARDED_BY(published_mu_);
 };
 
 // "cpu" or "cuda:N".

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <string>
 
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -24,7 +25,20 @@ at::Tensor RotateHalf(const at::Tensor& x) {
 }  // namespace
 
 LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
-    : config_(std::move(config)), device_(device) {}
+    : config_(std::move(config)), device_(device) {
+  embed_module_ = InternModule("model.embed_tokens");
+  norm_module_ = InternModule("model.norm");
+  head_module_ = InternModule("lm_head");
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    const std::string layer = "model.layers." + std::to_string(i);
+    auto sub = [&](const char* name) { return InternModule(layer + "." + name); };
+    layer_modules_.push_back(
+        {InternModule(layer), sub("input_layernorm"), sub("self_attn"),
+         sub("self_attn.q_proj"), sub("self_attn.k_proj"), sub("self_attn.v_proj"),
+         sub("self_attn.o_proj"), sub("post_attention_layernorm"), sub("mlp"),
+         sub("mlp.gate_proj"), sub("mlp.up_proj"), sub("mlp.down_proj")});
+  }
+}
 
 LlamaModel::~LlamaModel() = default;
 
@@ -44,7 +58,9 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
          (xf * torch::rsqrt(variance + config_.rms_norm_eps)).to(x.scalar_type());
 }
 
-at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h) const {
+at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules& m,
+                                 const at::Tensor& h) const {
+  ModuleScope module(m.self_attn);
   const int64_t b = h.size(0);
   const int64_t t = h.size(1);
   const int64_t heads = config_.num_attention_heads;
@@ -53,9 +69,13 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
   TORCH_CHECK(t <= config_.max_position_embeddings, "sequence length ", t,
               " exceeds max_position_embeddings ", config_.max_position_embeddings);
 
-  at::Tensor q = torch::linear(h, w.q_proj).view({b, t, heads, d}).transpose(1, 2);
-  at::Tensor k = torch::linear(h, w.k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
-  at::Tensor v = torch::linear(h, w.v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  auto project = [&](ModuleId id, const at::Tensor& weight) {
+    ModuleScope proj(id);
+    return torch::linear(h, weight);
+  };
+  at::Tensor q = project(m.q_proj, w.q_proj).view({b, t, heads, d}).transpose(1, 2);
+  at::Tensor k = project(m.k_proj, w.k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  at::Tensor v = project(m.v_proj, w.v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
 
   at::Tensor cos = rope_cos_.narrow(0, 0, t);
   at::Tensor sin = rope_sin_.narrow(0, 0, t);
@@ -68,7 +88,9 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
     at::Tensor out = at::scaled_dot_product_attention(
         q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
         /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
-    return torch::linear(out.transpose(1, 2).reshape({b, t, heads * d}), w.o_proj);
+    at::Tensor merged = out.transpose(1, 2).reshape({b, t, heads * d});
+    ModuleScope proj(m.o_proj);
+    return torch::linear(merged, w.o_proj);
   }
   if (kv_heads != heads) {
     // HF's repeat_kv: [B, KV, T, D] -> [B, KV * n_rep, T, D], grouped by kv head.
@@ -86,37 +108,62 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const at::Tensor& h
   scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   at::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * d});
+  ModuleScope proj(m.o_proj);
   return torch::linear(out, w.o_proj);
 }
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   const LlamaLayerWeights& home = layers_.at(index);
+  const LayerModules& m = layer_modules_.at(static_cast<size_t>(index));
+  ModuleScope layer(m.layer);
   LlamaLayerWeights w;
   for (const LayerParameter& param : kLayerParameters) {
     w.*param.member = Fetch(home.*param.member);
   }
+  at::Tensor normed;
+  {
+    ModuleScope norm(m.input_layernorm);
+    normed = RmsNorm(hidden, w.input_layernorm);
+  }
   // Residual adds in place into the projection outputs, which linear's
   // backward does not save; a + b == b + a exactly, so the result is that of
   // hidden + attention.
-  at::Tensor x = Attention(w, RmsNorm(hidden, w.input_layernorm)).add_(hidden);
-  at::Tensor h = RmsNorm(x, w.post_attention_layernorm);
-  at::Tensor mlp = torch::linear(
-      torch::silu(torch::linear(h, w.gate_proj)) * torch::linear(h, w.up_proj),
-      w.down_proj);
+  at::Tensor x = Attention(w, m, normed).add_(hidden);
+  at::Tensor h;
+  {
+    ModuleScope norm(m.post_attention_layernorm);
+    h = RmsNorm(x, w.post_attention_layernorm);
+  }
+  ModuleScope mlp_scope(m.mlp);
+  at::Tensor gate, up;
+  {
+    ModuleScope proj(m.gate_proj);
+    gate = torch::linear(h, w.gate_proj);
+  }
+  {
+    ModuleScope proj(m.up_proj);
+    up = torch::linear(h, w.up_proj);
+  }
+  at::Tensor act = torch::silu(gate) * up;
+  ModuleScope proj(m.down_proj);
+  at::Tensor mlp = torch::linear(act, w.down_proj);
   return mlp.add_(x);
 }
 
 at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq_len], got ",
               input_ids.sizes());
+  ModuleScope module(embed_module_);
   return torch::embedding(Fetch(embed_tokens_), input_ids);
 }
 
 at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {
+  ModuleScope module(norm_module_);
   return RmsNorm(hidden, Fetch(norm_));
 }
 
 at::Tensor LlamaModel::Head(const at::Tensor& hidden) const {
+  ModuleScope module(head_module_);
   return torch::linear(hidden, Fetch(lm_head_));
 }
 

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/common/attribution.h"
 #include "core/model/config.h"
 #include "core/model/placement.h"
 
@@ -167,8 +168,17 @@ class LlamaModel {
   // The parameter slots of `module`, by name; empty for an unknown module.
   std::vector<std::pair<std::string, at::Tensor*>> ModuleSlots(const std::string& module);
 
+  // The interned module paths of one decoder layer ("model.layers.N" and its
+  // submodules), pushed as ModuleScopes by the forward so that every
+  // allocation names its module (memory attribution).
+  struct LayerModules {
+    ModuleId layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj,
+        post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
+  };
+
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor Attention(const LlamaLayerWeights& w, const at::Tensor& h) const;
+  at::Tensor Attention(const LlamaLayerWeights& w, const LayerModules& m,
+                       const at::Tensor& h) const;
 
   const LlamaConfig config_;
   const c10::Device device_;
@@ -179,6 +189,10 @@ class LlamaModel {
   at::Tensor lm_head_;  // [vocab, hidden]; embed_tokens_ itself when tied
   at::Tensor rope_cos_;
   at::Tensor rope_sin_;
+  std::vector<LayerModules> layer_modules_;
+  ModuleId embed_module_ = 0;
+  ModuleId norm_module_ = 0;
+  ModuleId head_module_ = 0;
   // Modules placed away from the device (absent: kDevice).
   std::map<std::string, Placement> placement_;
 };

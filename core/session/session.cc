@@ -200,15 +200,12 @@ absl::StatusOr<ModelSummary> Session::DescribeModel() const {
 SessionCounters Session::Counters() const {
   absl::MutexLock lock(&mu_);
   SessionCounters c = counters_;
-  // The remainder against the allocator's total now, not at the last step:
-  // the attributed categories only change on the owner thread, between reads.
-  const memory::CategoryBytes& b = c.categories;
-  const int64_t attributed =
-      b.parameters + b.gradients + b.optimizer_state + categories_external_in_allocator_;
-  const c10::Device device(device_);
-  const int64_t total = memory::MemoryRecorder::Global().CurrentBytes(
-      device.is_cpu() ? memory::kCpuDevice : device.index());
-  c.categories.activations_and_temporaries = std::max<int64_t>(0, total - attributed);
+  // The allocator's categories as they are now, not at the last step.
+  const int64_t host = c.categories.offloaded_host;
+  const int64_t disk = c.categories.offloaded_disk;
+  c.categories = CategoriesNow();
+  c.categories.offloaded_host = host;
+  c.categories.offloaded_disk = disk;
   return c;
 }
 

@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/memory/breakdown.h"
 #include "core/memory/memory_stats.h"
 #include "core/session/operation.h"
 #include "core/session/session_types.h"
@@ -123,6 +124,20 @@ class Session {
   // memory_viz pickle. FAILED_PRECONDITION when nothing was recorded.
   absl::StatusOr<std::string> DumpMemoryHistory() const;
   static constexpr int64_t kDefaultHistoryEntries = 100000;
+  // Live bytes now and the last step's peaks on the compute device by module,
+  // op or category (see memory/breakdown.h), with the offloaded bytes
+  // outside the allocator. INVALID_ARGUMENT for a bad request (the message
+  // names the field). Thread-safe.
+  absl::StatusOr<memory::MemoryBreakdown> MemoryBreakdown(
+      const memory::BreakdownRequest& request) const;
+  // What grew between two of the last kStepRecords steps, by module and
+  // category. INVALID_ARGUMENT for steps < 1 or a bad top; NOT_FOUND for a
+  // step no longer (or not yet) kept. Thread-safe.
+  absl::StatusOr<memory::MemoryDiff> DiffMemory(int64_t step_a, int64_t step_b,
+                                                std::optional<int64_t> top) const;
+  // Live bytes on the compute device by module kind and category, for
+  // metrics. Thread-safe; O(attributed cells).
+  memory::ModuleKindBytes MemoryByModuleKind() const;
 
   // Published copies.
   std::optional<ModelSummary> Model() const;
@@ -179,6 +194,13 @@ class Session {
   std::vector<std::shared_ptr<SessionObserver>> Observers() const;
   void PublishModel();
   void PublishCategories();
+  // Attributes the loaded model's parameters and buffers to their names and
+  // tags the gradients AccumulateGrad adopts (memory attribution).
+  void TagModelMemory();
+  // The compute device's bytes by category now (offloaded_* left 0).
+  memory::CategoryBytes CategoriesNow() const;
+  // The recorder's number for the compute device.
+  int RecorderDevice() const;
   void ApplyRetention();
 
   const SessionOptions options_;
@@ -203,7 +225,7 @@ class Session {
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
-  // Bytes of counters_.categories that live outside the attributed tensors
+  // Unused since categories come from attribution.
   // but inside the measured allocator (async snapshot copies on CPU).
   int64_t categories_external_in_allocator_ ABSL_GUARDED_BY(mu_) = 0;
   // The snapshot directory disk-placed weights map (empty: none); it may not

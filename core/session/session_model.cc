@@ -15,7 +15,6 @@
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
-#include "core/memory/categories.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
@@ -145,6 +144,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
     mapped_directory_ = mapped_directory;
   }
   trainer_ = std::make_unique<Trainer>(model_.get());
+  TagModelMemory();
   PublishModel();
   PublishCategories();
   return absl::OkStatus();
@@ -227,33 +227,13 @@ void Session::PublishModel() {
 }
 
 void Session::PublishCategories() {
-  memory::CategoryInputs in;
-  if (model_) {
-    // Disk-placed weights are file mappings, outside the allocator.
-    for (const auto& [name, p] : model_->NamedParameters()) {
-      if (name == "lm_head.weight" && model_->config().tie_word_embeddings) continue;
-      if (model_->PlacementOf(ModuleOfParameter(name)) == Placement::kDisk) continue;
-      in.parameters.push_back(p);
-      in.gradients.push_back(p.grad());
-    }
-  }
-  if (trainer_) in.optimizer_state = trainer_->OptimizerState();
+  memory::CategoryBytes bytes = CategoriesNow();
   if (offloader_) {
-    in.offloaded_host_bytes = offloader_->host_bytes_held();
-    in.offloaded_disk_bytes = offloader_->disk_bytes_held();
+    bytes.offloaded_host = offloader_->host_bytes_held();
+    bytes.offloaded_disk = offloader_->disk_bytes_held();
   }
-  in.snapshot_staging_bytes = async_staging_bytes_.load();
-  const c10::Device device(device_);
-  in.allocator_device = device.type();
-  const int recorder_device = device.is_cpu() ? memory::kCpuDevice : device.index();
-  in.allocator_total_bytes =
-      memory::MemoryRecorder::Global().CurrentBytes(recorder_device);
-  // Async snapshot copies live in host memory the CPU allocator counts.
-  if (device.is_cpu()) in.external_bytes_in_allocator = in.snapshot_staging_bytes;
-  memory::CategoryBytes bytes = memory::ComputeCategories(in);
   absl::MutexLock lock(&mu_);
   counters_.categories = bytes;
-  categories_external_in_allocator_ = in.external_bytes_in_allocator;
 }
 
 }  // namespace memprofd

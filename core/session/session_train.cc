@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
+#include "core/memory/op_attribution.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
@@ -157,6 +158,9 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     RunBoundaryWork();
     return op->cancel_requested();
   };
+  // The op half of attribution, on this (the forward) thread; autograd's
+  // threads inherit it for the backward passes started here.
+  memory::OpAttribution op_attribution;
   absl::StatusOr<TrainResult> result = trainer_->Run(train, data, on_step, cancelled);
   trainer_->set_hooks(StepHooks());
   PublishCategories();

@@ -16,6 +16,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "core/common/attribution.h"
 #include "core/common/json.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
@@ -204,6 +205,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
     }
   };
 
+  CategoryScope category(Category::kSnapshotStaging);
   ASSIGN_OR_RETURN(auto staging, snapshot_internal::StagingBuffer::Create(
                                      options.staging_bytes, on_device));
   SnapshotManifest manifest;
@@ -285,6 +287,8 @@ absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tenso
     if (options.tie_word_embeddings && name == kTiedHead) continue;
     RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, tensor));
     at::Tensor copy;
+    ModuleScope module(InternModule(name));
+    CategoryScope category(Category::kSnapshotStaging);
     RETURN_IF_ERROR(TorchBoundary(absl::StrCat("copying ", name, " to host"), [&] {
       c10::NoGradGuard no_grad;
       copy = at::empty(tensor.sizes(), at::TensorOptions().dtype(OutputType(

@@ -4,8 +4,12 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
+
+#include "core/common/attribution.h"
+#include "core/memory/tagging.h"
 
 namespace memprofd {
 
@@ -37,6 +41,10 @@ void FusedAdamW::Step() {
       const at::Tensor& grad = s.param.grad();
       if (!grad.defined()) continue;
       if (!s.exp_avg.defined()) {
+        // Optimizer state, attributed to the parameter it belongs to.
+        const std::optional<Attribution> param = memory::StorageAttribution(s.param);
+        ModuleScope module(param ? param->module : 0);
+        CategoryScope category(Category::kOptimizerState);
         s.exp_avg = at::zeros_like(s.param, at::MemoryFormat::Preserve);
         s.exp_avg_sq = at::zeros_like(s.param, at::MemoryFormat::Preserve);
         s.step = at::zeros({}, s.param.options().dtype(at::kFloat));

@@ -5,13 +5,16 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/attribution.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/memory/tagging.h"
 #include "core/train/adamw.h"
 #include "core/train/checkpoint.h"
 
@@ -150,6 +153,8 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
         }
         std::shared_ptr<void> scope = Enter(hooks_.head_scope);
         at::Tensor logits = model_->Head(hidden);
+        static const ModuleId loss_module = InternModule("loss");
+        ModuleScope loss_scope(loss_module);
         loss = torch::nn::functional::cross_entropy(logits.view({-1, vocab}),
                                                     targets.view({-1}));
         if (options.grad_accumulation_steps > 1)
@@ -163,6 +168,13 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
           hooks_.before_backward(micro + 1 == options.grad_accumulation_steps);
         }
         loss.backward();
+        // Gradients AccumulateGrad made rather than adopted (a clone of a
+        // non-stealable gradient) are gradients too, named by their parameter.
+        for (const at::Tensor& p : model_->Parameters()) {
+          if (!p.grad().defined()) continue;
+          const std::optional<Attribution> param = memory::StorageAttribution(p);
+          if (param) memory::TagStorage(p.grad(), param->module, Category::kGradients);
+        }
         if (hooks_.after_backward && micro + 1 == options.grad_accumulation_steps) {
           absl::Status synced = hooks_.after_backward();
           if (!synced.ok()) {

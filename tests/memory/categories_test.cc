@@ -2,6 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <set>
+#include <string>
+
+#include "core/common/attribution.h"
 #include "core/memory/recorder.h"
 #include "gtest/gtest.h"
 #include "tests/memory/test_util.h"
@@ -64,21 +68,23 @@ TEST(CategoriesTest, RemainderIsClampedAtZero) {
   EXPECT_EQ(ComputeCategories(in).activations_and_temporaries, 0);
 }
 
-TEST(CategoriesTest, NamesAreTheMetricLabels) {
+TEST(CategoriesTest, NamesAreTheMetricLabelsAndTheAttributionCategories) {
   CategoryBytes c;
   c.parameters = 1;
-  c.activations_and_temporaries = 7;
+  c.saved_activations = 7;
   const auto named = c.Named();
-  ASSERT_EQ(named.size(), 7u);
+  ASSERT_EQ(named.size(), static_cast<size_t>(kNumCategories));
   EXPECT_EQ(named[0].first, "parameters");
   EXPECT_EQ(named[0].second, 1);
-  EXPECT_EQ(named[1].first, "gradients");
-  EXPECT_EQ(named[2].first, "optimizer_state");
-  EXPECT_EQ(named[3].first, "offloaded_host");
-  EXPECT_EQ(named[4].first, "offloaded_disk");
-  EXPECT_EQ(named[5].first, "snapshot_staging");
-  EXPECT_EQ(named[6].first, "activations_and_temporaries");
-  EXPECT_EQ(named[6].second, 7);
+  EXPECT_EQ(named[3].first, "saved_activations");
+  EXPECT_EQ(named[3].second, 7);
+  // Every name is a Category's, each once.
+  std::set<std::string> names;
+  for (const auto& [name, bytes] : named) {
+    EXPECT_TRUE(CategoryFromName(name).has_value()) << name;
+    names.insert(name);
+  }
+  EXPECT_EQ(names.size(), named.size());
 }
 
 }  // namespace

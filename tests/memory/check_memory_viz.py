@@ -88,31 +88,62 @@ def check(d):
 
     summary = {"devices": len(traces), "segments": len(segments), "allocs": 0,
                "frees": 0, "unmatched_frees": 0, "open_allocs": 0,
-               "live_bytes": {}, "first_alloc_frame": ""}
+               "live_bytes": {}, "first_alloc_frame": "", "first_alloc_module": "",
+               "first_alloc_op": "", "categories": [], "allocs_with_module": 0,
+               "allocs_with_aten_op": 0, "allocs_with_backward_op": 0,
+               "allocs_named_parameters": 0, "reserved_bytes": {}}
+    categories = set()
+    for seg in segments:
+        summary["reserved_bytes"][str(seg["device"])] = (
+            summary["reserved_bytes"].get(str(seg["device"]), 0) + seg["total_size"])
     for dev, trace in enumerate(traces):
         open_allocs = {}
         freed = set()
-        ranges = seg_ranges.get(dev, [])
-        for k, e in enumerate(trace):
+        # The segment view replays the trace backwards from the segments:
+        # every block event must fall in a segment that exists at that point.
+        segs = set(seg_ranges.get(dev, []))
+        for k in range(len(trace) - 1, -1, -1):
+            e = trace[k]
             w = "device %d event %d" % (dev, k)
             need(isinstance(e, dict), w + " not a dict")
+            a = e.get("action")
+            if a == "segment_alloc":
+                r = (e["addr"], e["addr"] + e["size"])
+                need(r in segs, w + ": segment_alloc of a segment that is not there later")
+                segs.discard(r)
+            elif a == "segment_free":
+                segs.add((e["addr"], e["addr"] + e["size"]))
+            elif a in ("alloc", "free_requested", "free_completed"):
+                need(any(s <= e["addr"] < t for s, t in segs),
+                     w + ": address %#x in no segment" % e["addr"])
+        for k, e in enumerate(trace):
+            w = "device %d event %d" % (dev, k)
             need(e.get("action") in TRACE_ACTIONS, w + ": action %r" % e.get("action"))
-            need("category" not in e, w + " has category")
+            if "category" in e:
+                need(isinstance(e["category"], str), w + ": category not a string")
+                categories.add(e["category"])
             for key in ("addr", "size", "stream", "time_us"):
                 need(is_int(e.get(key)), w + ": %s not an int" % key)
             check_frames(e.get("frames"), w)
             a = e["action"]
-            if a in ("alloc", "free_requested", "free_completed"):
-                # The segment view looks up the segment of every block it shows.
-                need(any(s <= e["addr"] < t for s, t in ranges),
-                     w + ": address %#x in no segment" % e["addr"])
             if a == "alloc":
                 need(e["addr"] not in open_allocs, w + ": alloc of a live address")
                 open_allocs[e["addr"]] = e["size"]
                 freed.discard(e["addr"])
                 summary["allocs"] += 1
+                if e["frames"] and e["frames"][0]["filename"].startswith("model."):
+                    summary["allocs_with_module"] += 1
+                if e["frames"] and e["frames"][0]["name"].startswith("aten::"):
+                    summary["allocs_with_aten_op"] += 1
+                if e["frames"] and "Backward" in e["frames"][0]["name"]:
+                    summary["allocs_with_backward_op"] += 1
+                if (e.get("category") == "parameters" and e["frames"]
+                        and e["frames"][0]["filename"].endswith(".weight")):
+                    summary["allocs_named_parameters"] += 1
                 if not summary["first_alloc_frame"] and e["frames"]:
-                    summary["first_alloc_frame"] = e["frames"][0]["name"]
+                    summary["first_alloc_frame"] = e["frames"][-1]["name"]
+                    summary["first_alloc_module"] = e["frames"][0]["filename"]
+                    summary["first_alloc_op"] = e["frames"][0]["name"]
             elif a == "free_requested":
                 need(k + 1 < len(trace) and trace[k + 1]["action"] == "free_completed"
                      and trace[k + 1]["addr"] == e["addr"],
@@ -132,6 +163,15 @@ def check(d):
             need(addr not in dev_live, "device %d: %#x freed but live in segments" % (dev, addr))
         summary["open_allocs"] += len(open_allocs)
         summary["live_bytes"][str(dev)] = sum(dev_live.values())
+    # MemoryViz.js pushes onto `snapshot.categores` (sic) when some event has
+    # a category but none is "unknown": a TypeError that blanks the viewer.
+    need(not categories or "unknown" in categories,
+         "events carry categories but none is 'unknown' (MemoryViz.js's categores typo)")
+    summary["categories"] = sorted(categories)
+    # The CPU is the last device: its segments are its live blocks.
+    cpu = str(len(traces) - 1)
+    summary["cpu_reserved_minus_live"] = (
+        summary["reserved_bytes"].get(cpu, 0) - summary["live_bytes"].get(cpu, 0))
     return summary
 
 

@@ -180,13 +180,15 @@ TEST(MemoryVizTest, RecordedStepDumpsAViewerReadableSnapshot) {
   // The CPU comes after the CUDA devices (none on a CPU-only build or host).
   const int cpu = CudaDevicesInDump();
   EXPECT_EQ(Field(summary, "devices"), cpu + 1) << summary;
-  EXPECT_EQ(Field(summary, "allocs"), 3) << summary;
+  // Recording started with a synthetic alloc for every block alive then
+  // (`before`, `freed_later` and the rest of the process's), so no free is
+  // unmatched: nothing alive shows as a frameless ghost.
+  EXPECT_GE(Field(summary, "allocs"), 3 + 2) << summary;
   EXPECT_EQ(Field(summary, "frees"), 2) << summary;
-  EXPECT_EQ(Field(summary, "unmatched_frees"), 1) << summary;
-  EXPECT_EQ(Field(summary, "open_allocs"), 2) << summary;
+  EXPECT_EQ(Field(summary, "unmatched_frees"), 0) << summary;
+  EXPECT_EQ(Field(summary, "open_allocs"), Field(summary, "allocs") - 2) << summary;
   EXPECT_EQ(Field(summary, std::to_string(cpu)), current) << summary;  // live CPU bytes
-  EXPECT_NE(summary.find("\"first_alloc_frame\": \"forward step 5\""), std::string::npos)
-      << summary;
+  EXPECT_EQ(Field(summary, "cpu_reserved_minus_live"), 0) << summary;
 }
 
 TEST(MemoryVizTest, TorchsMemoryVizHelpersAcceptTheDump) {
@@ -213,15 +215,15 @@ TEST(MemoryVizTest, CpuComesAfterCudaDevicesAndTheTraceWins) {
   seg.device = 1;
   seg.address = 0x7000000000;
   seg.total_size = 4096;
-  seg.blocks = {{1024, 1000, VizBlockState::kActiveAllocated},
-                {3072, 0, VizBlockState::kInactive}};
+  seg.blocks = {{1024, 1000, VizBlockState::kActiveAllocated, std::nullopt},
+                {3072, 0, VizBlockState::kInactive, std::nullopt}};
   in.cuda.segments.push_back(seg);
   in.cuda.device_traces.resize(2);
-  in.cuda.device_traces[1].push_back({VizAction::kAlloc, 0x7000000000, 1000, 0});
+  in.cuda.device_traces[1].push_back({VizAction::kAlloc, 0x7000000000, 1000, 0, {}});
   // Live according to the allocator but freed by the trace (a race): dropped.
-  in.live_blocks.push_back({kCpuDevice, 0x10000, 64});
+  in.live_blocks.push_back({kCpuDevice, 0x10000, 64, {}});
   // Live and untouched by the trace.
-  in.live_blocks.push_back({kCpuDevice, 0x20000, 128});
+  in.live_blocks.push_back({kCpuDevice, 0x20000, 128, {}});
   auto event = [](HistoryAction a, uint64_t addr, int64_t size) {
     HistoryEntry e;
     e.action = a;
@@ -234,7 +236,7 @@ TEST(MemoryVizTest, CpuComesAfterCudaDevicesAndTheTraceWins) {
   in.history.push_back(event(HistoryAction::kFree, 0x10000, 64));
   // Allocated in the trace, missing from the live list (a race): added.
   in.history.push_back(event(HistoryAction::kAlloc, 0x30000, 256));
-  // Far away: a separate segment, not one spanning the gap.
+  // Allocated and freed within the trace: its segment comes and goes with it.
   in.history.push_back(event(HistoryAction::kAlloc, 0x7f0000000000, 512));
   in.history.push_back(event(HistoryAction::kFree, 0x7f0000000000, 512));
   const std::string summary = CheckViz(BuildMemoryVizPickle(in), "synthetic.pkl");

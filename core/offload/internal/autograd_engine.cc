@@ -10,6 +10,7 @@
 #include <mutex>
 #include <utility>
 
+#include "core/memory/tagging.h"
 #include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
@@ -24,6 +25,9 @@ class SavedTensorHooks final : public torch::autograd::SavedVariableHooks {
       : store_(std::move(store)), exempt_(exempt) {}
 
   void call_pack_hook(const at::Tensor& tensor) override {
+    // Every saved storage passes here, offloaded or not: its bytes are saved
+    // activations from now on (parameters and the like keep their category).
+    memory::MarkSavedActivation(tensor);
     store_->Pack(tensor, exempt_, &packed_);
   }
   at::Tensor call_unpack_hook() override { return store_->Unpack(packed_); }

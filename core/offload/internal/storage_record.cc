@@ -10,6 +10,7 @@
 #include <chrono>
 #include <utility>
 
+#include "core/common/attribution.h"
 #include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
@@ -59,6 +60,8 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
   }
   TORCH_CHECK(!segments.empty(), "offloaded activation has no data (internal error)");
   const int64_t start = kReloadStart;
+  // A saved activation brought back for backward.
+  CategoryScope category(Category::kSavedActivations);
   at::Tensor out =
       at::empty({hi - start}, at::TensorOptions().dtype(at::kByte).device(device_));
   // Spill-file extents are read straight into a CPU buffer; a CUDA buffer is

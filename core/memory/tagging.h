@@ -1,0 +1,36 @@
+#ifndef MEMPROFD_CORE_MEMORY_TAGGING_H_
+#define MEMPROFD_CORE_MEMORY_TAGGING_H_
+
+// Re-attribution of live storages, for bytes whose purpose becomes known
+// after they were allocated: a storage autograd saves (the offloader's pack
+// hook sees every one), a gradient that AccumulateGrad adopts, parameters
+// created before they had a name. O(1) per call; no effect (false) on
+// storages the counting CPU allocator did not allocate (CUDA blocks, mmap-ed
+// or from_blob storages).
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+
+#include "core/common/attribution.h"
+
+namespace memprofd {
+namespace memory {
+
+// Attributes the storage of `t` to `module` and `category`. The caller holds
+// `t`; one thread at a time per storage. False for an undefined tensor, no
+// storage, or a storage the CPU wrapper did not allocate.
+bool TagStorage(const at::Tensor& t, ModuleId module, Category category);
+
+// Marks the storage of `t` as saved for backward: temporaries become
+// saved_activations (module unchanged); parameters, gradients, optimizer
+// state and everything else keep their category. True when it was re-tagged.
+bool MarkSavedActivation(const at::Tensor& t);
+
+// The attribution of the storage of `t`, when the CPU wrapper allocated it.
+std::optional<Attribution> StorageAttribution(const at::Tensor& t);
+
+}  // namespace memory
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MEMORY_TAGGING_H_
