@@ -19,8 +19,10 @@ venv="${MEMPROFD_VENV:-/opt/memprofd/venv}"
 requirements="$here/requirements.txt"
 
 packages=(
-  # toolchain
-  build-essential cmake pkg-config
+  # toolchain; clang with libFuzzer and the sanitizer runtimes for the fuzz
+  # and sanitizer builds (cmake/sanitizers.cmake); openssl makes the TLS
+  # tests' certificates; ccache speeds up the second build directory
+  build-essential cmake pkg-config clang libclang-rt-14-dev ccache openssl
   # libraries (DESIGN.md): gRPC, protobuf, Abseil, prometheus-cpp, GoogleTest,
   # nlohmann-json (header-only)
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev

@@ -46,4 +46,16 @@ bool IsValidUtf8(absl::string_view s, size_t* bad_offset) {
   return true;
 }
 
+std::string ToValidUtf8(absl::string_view s) {
+  std::string out;
+  size_t bad = 0;
+  while (!IsValidUtf8(s, &bad)) {
+    out.append(s.data(), bad);
+    out.append("\xEF\xBF\xBD");
+    s.remove_prefix(bad + 1);
+  }
+  out.append(s.data(), s.size());
+  return out;
+}
+
 }  // namespace memprofd

@@ -5,6 +5,7 @@
 // parser sees them (snapshot names, safetensors headers). No LibTorch.
 
 #include <cstddef>
+#include <string>
 
 #include "absl/strings/string_view.h"
 
@@ -14,6 +15,11 @@ namespace memprofd {
 // above U+10FFFF, no truncated sequence). On failure *bad_offset (if given)
 // is the offset of the first bad sequence. Pure and thread-safe.
 bool IsValidUtf8(absl::string_view s, size_t* bad_offset = nullptr);
+
+// `s` with every byte that does not start a valid UTF-8 sequence replaced by
+// U+FFFD (so the result is valid UTF-8 and keeps every valid character, in
+// order); `s` itself when it is valid. Pure and thread-safe.
+std::string ToValidUtf8(absl::string_view s);
 
 }  // namespace memprofd
 

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <utility>
 
+#include "core/common/utf8.h"
+
 namespace memprofd {
 namespace memory {
 namespace {
@@ -93,6 +95,12 @@ void PickleWriter::IntPair(int64_t a, int64_t b) {
 }
 
 void PickleWriter::Str(absl::string_view s) {
+  // BINUNICODE must hold UTF-8: Python's pickle.load and MemoryViz.js refuse
+  // the whole file over one bad string (a module or op name, a path).
+  if (!IsValidUtf8(s)) {
+    Str(ToValidUtf8(s));
+    return;
+  }
   OnValue();
   Put(kBinUnicode);
   PutLe(s.size(), 4);

@@ -39,6 +39,8 @@ class PickleWriter {
   // A 2-tuple of ints (what PyTorch writes for segment_pool_id).
   void IntPair(int64_t a, int64_t b);
 
+  // Bytes that are not valid UTF-8 are written as U+FFFD (ToValidUtf8), so
+  // that the pickle always loads.
   void Str(absl::string_view s);
   // A string written once and referenced from the memo afterwards (2-5 bytes
   // instead of 5 + size): for dict keys and enum-like values that repeat.

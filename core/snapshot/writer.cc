@@ -283,9 +283,11 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
 absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tensors,
                                                          const SnapshotOptions& options) {
   AsyncSnapshotSource out;
-  for (const auto& [name, tensor] : tensors) {
+  for (const auto& [name, source] : tensors) {
     if (options.tie_word_embeddings && name == kTiedHead) continue;
-    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, tensor));
+    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, source));
+    // C++17 lambdas cannot capture a structured binding (clang refuses it).
+    const at::Tensor& tensor = source;
     at::Tensor copy;
     ModuleScope module(InternModule(name));
     CategoryScope category(Category::kSnapshotStaging);

@@ -38,5 +38,20 @@ TEST(Utf8Test, RejectsOverlongSurrogatesAndTruncationAtTheirOffset) {
   }
 }
 
+TEST(Utf8Test, ToValidUtf8ReplacesEachBadByteAndKeepsTheRest) {
+  EXPECT_EQ(ToValidUtf8("caf\xc3\xa9"), "caf\xc3\xa9");
+  EXPECT_EQ(ToValidUtf8(""), "");
+  EXPECT_EQ(ToValidUtf8("a\xff"
+                        "b"),
+            "a\xef\xbf\xbd"
+            "b");
+  EXPECT_EQ(ToValidUtf8("ok\xe2\x82"), "ok\xef\xbf\xbd\xef\xbf\xbd");
+  EXPECT_EQ(ToValidUtf8("\xed\xa0\x80"
+                        "x"),
+            "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"
+            "x");
+  EXPECT_TRUE(IsValidUtf8(ToValidUtf8("\x80\xc3\x28\xf4\x90\x80\x80\xc3")));
+}
+
 }  // namespace
 }  // namespace memprofd

@@ -142,6 +142,33 @@ TEST(PickleWriterTest, UnbalancedContainersYieldNothing) {
   EXPECT_EQ(w.Finish(), std::string("\x80\x02]."));
 }
 
+// Found by fuzz/pickle_fuzz: a string that is not valid UTF-8 (a module or
+// op name, a path) was written as it came, and Python's pickle.load refused
+// the whole dump with UnicodeDecodeError.
+TEST(PickleWriterTest, InvalidUtf8IsWrittenAsReplacementCharacters) {
+  PickleWriter w;
+  w.BeginList();
+  w.Str("ok \xc3\xa9");
+  w.Str("bad \xff\xe2\x82 end");
+  w.InternedStr("k\xc3");
+  w.InternedStr("k\xc3");
+  w.EndList();
+  const std::string bytes = w.Finish();
+  ASSERT_FALSE(bytes.empty());
+  const TempDir dir;
+  std::string out;
+  EXPECT_EQ(RunPython({"-c",
+                       "import pickle, sys; "
+                       "print(ascii(pickle.load(open(sys.argv[1], 'rb'))))",
+                       dir.WriteFile("utf8.pkl", bytes)},
+                      &out),
+            0)
+      << out;
+  EXPECT_EQ(out,
+            "['ok \\xe9', 'bad \\ufffd\\ufffd\\ufffd end', 'k\\ufffd', "
+            "'k\\ufffd']\n");
+}
+
 // CUDA devices a captured dump lists before the CPU (the CPU's device
 // number in the dump).
 int CudaDevicesInDump() {
