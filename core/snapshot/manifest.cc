@@ -34,6 +34,8 @@ std::string ManifestToJson(const SnapshotManifest& m) {
       {"peak_extra_device_bytes", m.peak_extra_device_bytes},
       {"staging_bytes", m.staging_bytes},
       {"global_step", m.global_step},
+      {"kind", m.kind},
+      {"optimizer_bytes", m.optimizer_bytes},
       {"create_time",
        absl::FormatTime(absl::RFC3339_full, m.create_time, absl::UTCTimeZone())},
   };
@@ -86,6 +88,18 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
       !get_int("global_step", &m.global_step) ||
       !get_string("create_time", &create_time)) {
     return bad("a field is missing or has the wrong type");
+  }
+  // Optional: manifests from before checkpoints have neither.
+  if (const Json* kind = JsonFind(v, "kind"); kind != nullptr) {
+    if (!kind->is_string() || (kind->get<std::string>() != "weights" &&
+                               kind->get<std::string>() != "checkpoint")) {
+      return bad("kind is neither \"weights\" nor \"checkpoint\"");
+    }
+    m.kind = kind->get<std::string>();
+  }
+  if (JsonFind(v, "optimizer_bytes") != nullptr &&
+      !get_int("optimizer_bytes", &m.optimizer_bytes)) {
+    return bad("optimizer_bytes is not an integer");
   }
   const Json* tied = JsonFind(v, "dropped_tied_lm_head");
   if (tied == nullptr || !tied->is_boolean())

@@ -26,8 +26,9 @@ struct SnapshotFile {
 struct SnapshotManifest {
   std::string name;
   std::string directory;  // absolute path of the published snapshot
-  // model*.safetensors, the index when sharded, config.json (not the
-  // manifest itself), in write order.
+  // model*.safetensors, the index when sharded, config.json, and for a
+  // checkpoint optimizer*.safetensors (+ optimizer.index.json when sharded)
+  // and trainer_state.json (not the manifest itself), in write order.
   std::vector<SnapshotFile> files;
   int64_t total_size = 0;     // tensor data bytes, as in the index
   int64_t bytes_written = 0;  // sum of files[].bytes
@@ -48,6 +49,13 @@ struct SnapshotManifest {
   int64_t staging_bytes = 0;
   int64_t global_step = 0;
   absl::Time create_time = absl::UnixEpoch();
+  // "weights" or "checkpoint" (SnapshotKindName); manifests written before
+  // kinds existed read as "weights".
+  std::string kind = "weights";
+  // A checkpoint's optimizer tensor bytes (part of total_size).
+  int64_t optimizer_bytes = 0;
+
+  bool is_checkpoint() const { return kind == "checkpoint"; }
 };
 
 // The manifest as JSON (indent 2) and back. ManifestFromJson: DATA_LOSS naming

@@ -64,11 +64,12 @@ absl::StatusOr<int64_t> ParseShardSize(absl::string_view text) {
   return static_cast<int64_t>(bytes);
 }
 
-std::string ShardFileName(int index, int count) {
-  return absl::StrFormat("model-%05d-of-%05d.safetensors", index, count);
+std::string ShardFileName(int index, int count, absl::string_view prefix) {
+  return absl::StrFormat("%s-%05d-of-%05d.safetensors", prefix, index, count);
 }
 
-ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_size) {
+ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_size,
+                     absl::string_view prefix) {
   // Mirrors huggingface_hub split_state_dict_into_shards_factory.
   ShardPlan plan;
   std::vector<Shard> shards;
@@ -108,7 +109,8 @@ ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_s
   }
   const int count = static_cast<int>(shards.size());
   for (int i = 0; i < count; ++i) {
-    shards[i].file_name = count == 1 ? kSingleFileName : ShardFileName(i + 1, count);
+    shards[i].file_name = count == 1 ? absl::StrCat(prefix, ".safetensors")
+                                     : ShardFileName(i + 1, count, prefix);
     for (const std::string& n : shards[i].names) plan.weight_map[n] = shards[i].file_name;
   }
   plan.shards = std::move(shards);

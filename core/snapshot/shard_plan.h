@@ -59,14 +59,17 @@ struct ShardPlan {
   std::string IndexJson() const;
 };
 
-// "model-00001-of-00003.safetensors" (1-based `index`).
-std::string ShardFileName(int index, int count);
+// "model-00001-of-00003.safetensors" (1-based `index`); `prefix` replaces
+// "model" (a checkpoint's optimizer shards are "optimizer-...").
+std::string ShardFileName(int index, int count, absl::string_view prefix = "model");
 
 // Greedy in key order: a tensor larger than max_shard_size (strict >) gets a
 // shard of its own at once; otherwise the open shard is closed when the
 // tensor would make it exceed the limit. One shard is named
-// model.safetensors, several model-0000K-of-0000N.safetensors.
-ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_size);
+// model.safetensors, several model-0000K-of-0000N.safetensors (`prefix`
+// replaces "model").
+ShardPlan PlanShards(const std::vector<ShardEntry>& entries, int64_t max_shard_size,
+                     absl::string_view prefix = "model");
 
 }  // namespace snapshot
 }  // namespace memprofd

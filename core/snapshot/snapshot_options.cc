@@ -33,5 +33,29 @@ absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text) {
                                                  "\"; use keep, bf16, fp16 or fp32"));
 }
 
+absl::string_view SnapshotKindName(SnapshotKind kind) {
+  return kind == SnapshotKind::kCheckpoint ? "checkpoint" : "weights";
+}
+
+absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text) {
+  const std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (s == "weights") return SnapshotKind::kWeights;
+  if (s == "checkpoint") return SnapshotKind::kCheckpoint;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown snapshot kind \"", text, "\"; use weights or checkpoint"));
+}
+
+absl::Status CheckCheckpointDtype(const SnapshotOptions& options) {
+  if (options.kind != SnapshotKind::kCheckpoint ||
+      options.dtype == SnapshotDtype::kKeep || options.dtype == SnapshotDtype::kFloat32) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("a checkpoint keeps the float32 weights as they are so that training "
+                   "resumes exactly; dtype ",
+                   SnapshotDtypeName(options.dtype),
+                   " would convert them: use dtype keep, or take a weights snapshot"));
+}
+
 }  // namespace snapshot
 }  // namespace memprofd

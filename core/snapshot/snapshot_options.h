@@ -23,10 +23,32 @@ absl::string_view SnapshotDtypeName(SnapshotDtype dtype);
 // INVALID_ARGUMENT listing the choices otherwise.
 absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text);
 
+// What a snapshot holds. kWeights: the Hugging Face files (config.json,
+// model*.safetensors, the index when sharded). kCheckpoint: those plus the
+// training state a resume needs, optimizer*.safetensors (every parameter's
+// AdamW moments and step) and trainer_state.json (see core/train/
+// trainer_state.h); transformers loads either directory unchanged.
+enum class SnapshotKind { kWeights, kCheckpoint };
+
+// "weights" / "checkpoint".
+absl::string_view SnapshotKindName(SnapshotKind kind);
+// Parses those names (any case); INVALID_ARGUMENT listing them otherwise.
+absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text);
+
+struct SnapshotOptions;
+// OK unless `options` asks for a checkpoint whose weights would be converted:
+// INVALID_ARGUMENT then (a checkpoint keeps the model's float32 weights as
+// they are, since a resume from converted weights cannot be exact), saying
+// to use dtype keep or a weights snapshot.
+absl::Status CheckCheckpointDtype(const SnapshotOptions& options);
+
 struct SnapshotOptions {
   // Bytes per shard file (see ParseShardSize for the accepted strings).
   int64_t max_shard_size = kDefaultMaxShardSize;
   SnapshotDtype dtype = SnapshotDtype::kKeep;
+  // Recorded in the manifest; SnapshotWriter::Write with a CheckpointPayload
+  // sets it to kCheckpoint.
+  SnapshotKind kind = SnapshotKind::kWeights;
   // The one host buffer every tensor is streamed through; at least 4096.
   int64_t staging_bytes = int64_t{64} << 20;
   // Drop "lm_head.weight" (tied to the input embeddings), as transformers

@@ -129,6 +129,20 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
     absl::string_view name, const TensorList& tensors, absl::string_view config_json,
     const SnapshotOptions& options, const SnapshotProgressFn& progress,
     const SnapshotCancelFn& cancel) const {
+  return WriteImpl(name, tensors, config_json, nullptr, options, progress, cancel);
+}
+
+absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteCheckpoint(
+    absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+    const CheckpointPayload& checkpoint, const SnapshotOptions& options,
+    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const {
+  return WriteImpl(name, tensors, config_json, &checkpoint, options, progress, cancel);
+}
+
+absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
+    absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+    const CheckpointPayload* checkpoint, const SnapshotOptions& options,
+    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const {
   const absl::Time start = absl::Now();
   std::optional<PhaseScope> phase;
   if (options.enter_snapshot_phase) phase.emplace(Phase::kSnapshot);
@@ -164,6 +178,30 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   }
   ASSIGN_OR_RETURN(const std::string config, ConfigText(config_json, options.dtype));
 
+  // A checkpoint's optimizer tensors: always in their own dtype.
+  std::vector<snapshot_internal::ShardTensor> opt_items;
+  if (checkpoint != nullptr) {
+    for (const auto& item : items) {
+      if (item.out_dtype != item.tensor.scalar_type()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "a checkpoint keeps the weights in their own dtype so that training resumes "
+            "exactly, but dtype ",
+            SnapshotDtypeName(options.dtype), " would convert ", item.name,
+            "; use dtype keep, or take a weights snapshot"));
+      }
+    }
+    for (const auto& [tensor_name, tensor] : checkpoint->optimizer_tensors) {
+      if (!seen.insert(tensor_name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("optimizer tensor name ", tensor_name,
+                         " appears twice or is a weight's name"));
+      }
+      RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(tensor_name, tensor));
+      on_device = on_device || !tensor.device().is_cpu();
+      opt_items.push_back({tensor_name, tensor, tensor.scalar_type()});
+    }
+  }
+
   std::vector<ShardEntry> entries;
   std::map<std::string, const snapshot_internal::ShardTensor*> by_name;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -174,6 +212,19 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
     by_name[items[i].name] = &items[i];
   }
   const ShardPlan plan = PlanShards(entries, options.max_shard_size);
+  std::vector<ShardEntry> opt_entries;
+  std::map<std::string, const snapshot_internal::ShardTensor*> opt_by_name;
+  for (size_t i = 0; i < opt_items.size(); ++i) {
+    opt_entries.push_back(
+        {opt_items[i].name,
+         opt_items[i].tensor.numel() *
+             static_cast<int64_t>(c10::elementSize(opt_items[i].out_dtype)),
+         static_cast<int64_t>(items.size() + i)});
+    opt_by_name[opt_items[i].name] = &opt_items[i];
+  }
+  const ShardPlan opt_plan =
+      PlanShards(opt_entries, options.max_shard_size, kOptimizerFilePrefix);
+  const int64_t total_bytes = plan.total_size + (checkpoint ? opt_plan.total_size : 0);
 
   RETURN_IF_ERROR(PrepareRoot(root_));
   const std::string final_dir = (fs::path(root_) / std::string(name)).string();
@@ -211,8 +262,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   SnapshotManifest manifest;
   manifest.name = std::string(name);
   manifest.directory = fs::absolute(final_dir).lexically_normal().string();
-  manifest.total_size = plan.total_size;
-  manifest.num_tensors = static_cast<int64_t>(items.size());
+  manifest.total_size = total_bytes;
+  manifest.num_tensors = static_cast<int64_t>(items.size() + opt_items.size());
   manifest.num_shards = static_cast<int64_t>(plan.shards.size());
   manifest.dtype = std::string(SnapshotDtypeName(options.dtype));
   manifest.max_shard_size = options.max_shard_size;
@@ -220,31 +271,43 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   manifest.staging_bytes = staging->bytes();
   manifest.global_step = options.global_step;
   manifest.create_time = start;
+  manifest.kind = std::string(
+      SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint : SnapshotKind::kWeights));
+  manifest.optimizer_bytes = checkpoint ? opt_plan.total_size : 0;
 
   int64_t done = 0;
   auto check_cancel = [&]() -> absl::Status {
     if (cancel && cancel()) {
       return absl::CancelledError(absl::StrCat("snapshot ", name, " cancelled after ",
-                                               done, " of ", plan.total_size,
+                                               done, " of ", total_bytes,
                                                " bytes; nothing was published"));
     }
     return absl::OkStatus();
   };
-  if (progress) progress(0, plan.total_size);
+  if (progress) progress(0, total_bytes);
   RETURN_IF_ERROR(check_cancel());
-  for (const Shard& shard : plan.shards) {
-    std::vector<snapshot_internal::ShardTensor> shard_items;
-    for (const std::string& n : shard.names) shard_items.push_back(*by_name.at(n));
-    const std::string path = (fs::path(tmp_dir) / shard.file_name).string();
-    ASSIGN_OR_RETURN(
-        const int64_t size,
-        snapshot_internal::WriteShard(path, shard_items, *staging, [&](int64_t bytes) {
-          done += bytes;
-          if (progress) progress(done, plan.total_size);
-          return check_cancel();
-        }));
-    manifest.files.push_back({shard.file_name, size});
-  }
+  auto write_shards =
+      [&](const ShardPlan& shards,
+          const std::map<std::string, const snapshot_internal::ShardTensor*>& lookup,
+          const std::map<std::string, std::string>& metadata) -> absl::Status {
+    for (const Shard& shard : shards.shards) {
+      std::vector<snapshot_internal::ShardTensor> shard_items;
+      for (const std::string& n : shard.names) shard_items.push_back(*lookup.at(n));
+      const std::string path = (fs::path(tmp_dir) / shard.file_name).string();
+      ASSIGN_OR_RETURN(const int64_t size, snapshot_internal::WriteShard(
+                                               path, shard_items, *staging,
+                                               [&](int64_t bytes) {
+                                                 done += bytes;
+                                                 if (progress)
+                                                   progress(done, total_bytes);
+                                                 return check_cancel();
+                                               },
+                                               metadata));
+      manifest.files.push_back({shard.file_name, size});
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(write_shards(plan, by_name, {}));
   auto write_small = [&](const char* file, const std::string& text) -> absl::Status {
     RETURN_IF_ERROR(
         snapshot_internal::WriteFileSynced((fs::path(tmp_dir) / file).string(), text));
@@ -253,6 +316,13 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
   };
   if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
   if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
+  if (checkpoint != nullptr) {
+    RETURN_IF_ERROR(write_shards(opt_plan, opt_by_name, checkpoint->optimizer_metadata));
+    if (opt_plan.sharded()) {
+      RETURN_IF_ERROR(write_small(kOptimizerIndexFileName, opt_plan.IndexJson()));
+    }
+    RETURN_IF_ERROR(write_small(kTrainerStateFile, checkpoint->trainer_state_json));
+  }
   manifest.peak_extra_host_bytes = staging->allocated_bytes() + options.held_host_bytes;
   manifest.peak_extra_device_bytes = staging->peak_device_temp_bytes();
   for (const SnapshotFile& f : manifest.files) manifest.bytes_written += f.bytes;

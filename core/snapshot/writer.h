@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/manifest.h"
 #include "core/snapshot/safetensors.h"
 #include "core/snapshot/snapshot_options.h"
@@ -63,9 +64,29 @@ class SnapshotWriter {
                                          const SnapshotProgressFn& progress = nullptr,
                                          const SnapshotCancelFn& cancel = nullptr) const;
 
+  // The same, as a checkpoint: the weights as above, then the optimizer
+  // tensors of `checkpoint` sharded as the weights are (optimizer.safetensors,
+  // or optimizer-0000K-of-0000N.safetensors + optimizer.index.json), then
+  // trainer_state.json, all in the one temporary directory and published by
+  // the one rename; the manifest's kind is "checkpoint". Streams every
+  // optimizer tensor through the same staging buffer. Write's errors, and
+  // INVALID_ARGUMENT when options.dtype would convert a weight (a
+  // checkpoint keeps the weights' own dtype, which is what makes a resume
+  // exact) or an optimizer tensor name is also a weight name.
+  absl::StatusOr<SnapshotManifest> WriteCheckpoint(
+      absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+      const CheckpointPayload& checkpoint, const SnapshotOptions& options,
+      const SnapshotProgressFn& progress = nullptr,
+      const SnapshotCancelFn& cancel = nullptr) const;
+
   const std::string& root() const { return root_; }
 
  private:
+  absl::StatusOr<SnapshotManifest> WriteImpl(
+      absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+      const CheckpointPayload* checkpoint, const SnapshotOptions& options,
+      const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const;
+
   std::string root_;
 };
 

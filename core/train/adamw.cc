@@ -81,4 +81,50 @@ std::vector<at::Tensor> FusedAdamW::State() const {
   return out;
 }
 
+std::optional<FusedAdamW::ParamState> FusedAdamW::StateOf(const at::Tensor& param) const {
+  for (const Group& group : groups_) {
+    for (const Slot& s : group.slots) {
+      if (s.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      if (!s.exp_avg.defined()) return std::nullopt;
+      return ParamState{s.exp_avg, s.exp_avg_sq, s.step};
+    }
+  }
+  return std::nullopt;
+}
+
+bool FusedAdamW::SetStateOf(const at::Tensor& param, const ParamState& state) {
+  for (Group& group : groups_) {
+    for (Slot& s : group.slots) {
+      if (s.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
+      if (!state.exp_avg.sizes().equals(s.param.sizes()) ||
+          !state.exp_avg_sq.sizes().equals(s.param.sizes()) || state.step.numel() != 1) {
+        return false;
+      }
+      torch::NoGradGuard no_grad;
+      at::Tensor exp_avg = at::empty_like(s.param, at::MemoryFormat::Preserve);
+      at::Tensor exp_avg_sq = at::empty_like(s.param, at::MemoryFormat::Preserve);
+      at::Tensor step = at::empty({}, s.param.options().dtype(at::kFloat));
+      exp_avg.copy_(state.exp_avg);
+      exp_avg_sq.copy_(state.exp_avg_sq);
+      step.copy_(state.step.reshape({}));
+      s.exp_avg = std::move(exp_avg);
+      s.exp_avg_sq = std::move(exp_avg_sq);
+      s.step = std::move(step);
+      return true;
+    }
+  }
+  return false;
+}
+
+int FusedAdamW::GroupOf(const at::Tensor& param) const {
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    for (const Slot& s : groups_[g].slots) {
+      if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) {
+        return static_cast<int>(g);
+      }
+    }
+  }
+  return -1;
+}
+
 }  // namespace memprofd

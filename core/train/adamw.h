@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 namespace memprofd {
@@ -42,6 +43,28 @@ class FusedAdamW {
 
   // The state tensors (both moments of each updated parameter).
   std::vector<at::Tensor> State() const;
+
+  // One parameter's state: its two moments (shaped as the parameter) and its
+  // step count, a float32 scalar on the parameter's device, as
+  // torch.optim.AdamW(fused=True) keeps it (the kernel reads it for the bias
+  // corrections; restoring its exact bits is what makes a resumed run's
+  // updates equal the uninterrupted ones).
+  struct ParamState {
+    at::Tensor exp_avg;
+    at::Tensor exp_avg_sq;
+    at::Tensor step;
+  };
+  // The live state of `param` (matched by identity, not copied); nullopt
+  // when it is not one of the optimizer's parameters or has had no update.
+  std::optional<ParamState> StateOf(const at::Tensor& param) const;
+  // Replaces the state of `param` with copies of `state` made on the
+  // parameter's device (moments in its dtype, the step in float32). False,
+  // and nothing changed, when `param` is not one of the optimizer's or the
+  // shapes differ. Throws c10::Error like any ATen call.
+  bool SetStateOf(const at::Tensor& param, const ParamState& state);
+  // The options of group `group`, and which group holds `param` (-1: none).
+  const Options& options(size_t group) const { return groups_.at(group).options; }
+  int GroupOf(const at::Tensor& param) const;
 
  private:
   struct Slot {

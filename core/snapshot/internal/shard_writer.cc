@@ -28,7 +28,8 @@ absl::Status CheckTensorWritable(const std::string& name, const at::Tensor& tens
 absl::StatusOr<int64_t> WriteShard(const std::string& path,
                                    const std::vector<ShardTensor>& tensors,
                                    StagingBuffer& staging,
-                                   absl::FunctionRef<absl::Status(int64_t)> after_chunk) {
+                                   absl::FunctionRef<absl::Status(int64_t)> after_chunk,
+                                   const std::map<std::string, std::string>& metadata) {
   std::vector<snapshot::TensorSpec> specs;
   std::map<std::string, const ShardTensor*> by_name;
   for (const ShardTensor& t : tensors) {
@@ -39,8 +40,10 @@ absl::StatusOr<int64_t> WriteShard(const std::string& path,
          std::vector<int64_t>(t.tensor.sizes().begin(), t.tensor.sizes().end())});
     by_name[t.name] = &t;
   }
+  std::map<std::string, std::string> header_metadata = metadata;
+  for (const auto& [key, value] : snapshot::PtMetadata()) header_metadata[key] = value;
   ASSIGN_OR_RETURN(snapshot::SafetensorsLayout layout,
-                   snapshot::LayoutSafetensors(std::move(specs), snapshot::PtMetadata()));
+                   snapshot::LayoutSafetensors(std::move(specs), header_metadata));
   ASSIGN_OR_RETURN(OutputFile file, OutputFile::Create(path));
   RETURN_IF_ERROR(file.Write(layout.header_bytes.data(), layout.header_bytes.size()));
   for (const snapshot::TensorEntry& entry : layout.entries) {

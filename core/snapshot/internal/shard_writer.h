@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,15 +29,16 @@ struct ShardTensor {
 // INVALID_ARGUMENT or FAILED_PRECONDITION naming the tensor otherwise.
 absl::Status CheckTensorWritable(const std::string& name, const at::Tensor& tensor);
 
-// Lays `tensors` out as the reference writer does (metadata {"format":"pt"}),
+// Lays `tensors` out as the reference writer does (metadata {"format":"pt"}
+// plus `metadata`),
 // creates `path` (O_EXCL), writes header and data, fsyncs and closes it.
 // `after_chunk(bytes)` runs after every data chunk and may return an error
 // (cancellation) to stop. Returns the file's size. The caller removes the
 // file on failure.
-absl::StatusOr<int64_t> WriteShard(const std::string& path,
-                                   const std::vector<ShardTensor>& tensors,
-                                   StagingBuffer& staging,
-                                   absl::FunctionRef<absl::Status(int64_t)> after_chunk);
+absl::StatusOr<int64_t> WriteShard(
+    const std::string& path, const std::vector<ShardTensor>& tensors,
+    StagingBuffer& staging, absl::FunctionRef<absl::Status(int64_t)> after_chunk,
+    const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace snapshot_internal
 }  // namespace memprofd

@@ -1,0 +1,295 @@
+#include "core/train/trainer_state.h"
+
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/json.h"
+#include "core/common/status_macros.h"
+
+namespace memprofd {
+namespace {
+
+constexpr char kFormatName[] = "memprofd-trainer-state";
+
+struct DataKindName {
+  DataSpec::Kind kind;
+  const char* name;
+};
+constexpr DataKindName kDataKinds[] = {
+    {DataSpec::Kind::kEmbeddedCorpus, "embedded_corpus"},
+    {DataSpec::Kind::kTextFile, "text_file"},
+    {DataSpec::Kind::kTokenFile, "token_file"},
+    {DataSpec::Kind::kInlineTokens, "inline_tokens"},
+};
+
+Json DataToJson(const DataSpec& d) {
+  const char* kind = "embedded_corpus";
+  for (const auto& k : kDataKinds) {
+    if (k.kind == d.kind) kind = k.name;
+  }
+  return {{"kind", kind},
+          {"path", d.path},
+          {"bytes_per_token", d.bytes_per_token},
+          {"tokens", d.tokens}};
+}
+
+Json OptionsToJson(const TrainOptions& o) {
+  return {
+      {"steps", o.steps},
+      {"batch_size", o.batch_size},
+      {"seq_len", o.seq_len},
+      {"learning_rate", o.learning_rate},
+      {"seed", o.seed},
+      {"data", DataToJson(o.data)},
+      {"gradient_checkpointing", o.gradient_checkpointing},
+      {"attn_implementation",
+       std::string(AttentionImplementationName(o.attn_implementation))},
+      {"weight_decay", o.weight_decay},
+      {"beta1", o.beta1},
+      {"beta2", o.beta2},
+      {"adam_eps", o.adam_eps},
+      {"max_grad_norm", o.max_grad_norm},
+      {"grad_accumulation_steps", o.grad_accumulation_steps},
+  };
+}
+
+// Reads typed members of one JSON object; the first failure is kept and
+// named by its dotted path.
+class Reader {
+ public:
+  Reader(const Json& object, std::string where, absl::Status* error)
+      : object_(object), where_(std::move(where)), error_(error) {}
+
+  const Json* Get(const char* key) {
+    const Json* v = JsonFind(object_, key);
+    if (v == nullptr) Fail(key, "is missing");
+    return v;
+  }
+  int64_t Int(const char* key) {
+    const Json* v = Get(key);
+    int64_t out = 0;
+    if (v != nullptr && !JsonToInt64(*v, &out)) Fail(key, "is not an integer");
+    return out;
+  }
+  uint64_t Uint(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return 0;
+    if (!v->is_number_unsigned()) {
+      int64_t i = 0;
+      if (JsonToInt64(*v, &i) && i >= 0) return static_cast<uint64_t>(i);
+      Fail(key, "is not an unsigned integer");
+      return 0;
+    }
+    return v->get<uint64_t>();
+  }
+  double Double(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return 0;
+    if (!v->is_number()) {
+      Fail(key, "is not a number");
+      return 0;
+    }
+    return v->get<double>();
+  }
+  bool Bool(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return false;
+    if (!v->is_boolean()) {
+      Fail(key, "is not true or false");
+      return false;
+    }
+    return v->get<bool>();
+  }
+  std::string String(const char* key) {
+    const Json* v = Get(key);
+    if (v == nullptr) return {};
+    if (!v->is_string()) {
+      Fail(key, "is not a string");
+      return {};
+    }
+    return v->get<std::string>();
+  }
+  // A member that must be an object; nullptr (and the error set) otherwise.
+  const Json* Object(const char* key) {
+    const Json* v = Get(key);
+    if (v != nullptr && !v->is_object()) {
+      Fail(key, "is not an object");
+      return nullptr;
+    }
+    return v;
+  }
+  std::string Path(const char* key) const { return absl::StrCat(where_, key); }
+  void Fail(const char* key, absl::string_view why) {
+    if (error_->ok())
+      *error_ = absl::InvalidArgumentError(absl::StrCat(Path(key), " ", why));
+  }
+
+ private:
+  const Json& object_;
+  const std::string where_;
+  absl::Status* error_;
+};
+
+DataSpec DataFromJson(const Json& v, absl::Status* error) {
+  Reader r(v, "run.config.data.", error);
+  DataSpec d;
+  const std::string kind = r.String("kind");
+  bool known = false;
+  for (const auto& k : kDataKinds) {
+    if (kind == k.name) {
+      d.kind = k.kind;
+      known = true;
+    }
+  }
+  if (!known && error->ok()) r.Fail("kind", absl::StrCat("\"", kind, "\" is unknown"));
+  d.path = r.String("path");
+  d.bytes_per_token = static_cast<int>(r.Int("bytes_per_token"));
+  if (const Json* tokens = r.Get("tokens"); tokens != nullptr) {
+    if (!tokens->is_array()) r.Fail("tokens", "is not an array");
+    for (const Json& t : tokens->is_array() ? *tokens : Json::array()) {
+      int64_t id = 0;
+      if (!JsonToInt64(t, &id)) {
+        r.Fail("tokens", "holds a value that is not an integer");
+        break;
+      }
+      d.tokens.push_back(id);
+    }
+  }
+  return d;
+}
+
+TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
+  Reader r(v, "run.config.", error);
+  TrainOptions o;
+  o.steps = r.Int("steps");
+  o.batch_size = r.Int("batch_size");
+  o.seq_len = r.Int("seq_len");
+  o.learning_rate = r.Double("learning_rate");
+  o.seed = r.Uint("seed");
+  if (const Json* data = r.Object("data"); data != nullptr)
+    o.data = DataFromJson(*data, error);
+  o.gradient_checkpointing = r.Bool("gradient_checkpointing");
+  const std::string attn = r.String("attn_implementation");
+  if (error->ok()) {
+    absl::StatusOr<AttentionImplementation> parsed = ParseAttentionImplementation(attn);
+    if (parsed.ok()) {
+      o.attn_implementation = *parsed;
+    } else {
+      r.Fail("attn_implementation", parsed.status().message());
+    }
+  }
+  o.weight_decay = r.Double("weight_decay");
+  o.beta1 = r.Double("beta1");
+  o.beta2 = r.Double("beta2");
+  o.adam_eps = r.Double("adam_eps");
+  o.max_grad_norm = r.Double("max_grad_norm");
+  o.grad_accumulation_steps = r.Int("grad_accumulation_steps");
+  return o;
+}
+
+}  // namespace
+
+std::string TrainerStateToJson(const TrainerState& s) {
+  Json losses = Json::array();
+  for (const auto& [step, loss] : s.recent_losses) {
+    losses.push_back({{"global_step", step}, {"loss", loss}});
+  }
+  Json run = nullptr;
+  if (s.run) {
+    const DataSamplerState& d = s.run->sampler;
+    run = {
+        {"config", OptionsToJson(s.run->options)},
+        {"steps_completed", s.run->steps_completed},
+        {"data_tokens", s.run->data_tokens},
+        {"data_sampler",
+         {{"generator", "cpu_mt19937"},
+          {"seed", d.seed},
+          {"state_base64", absl::Base64Escape(d.generator_state)},
+          {"batches_drawn", d.batches_drawn},
+          {"windows_drawn", d.windows_drawn}}},
+    };
+  }
+  const Json v = {
+      {"format", kFormatName},
+      {"format_version", kTrainerStateFormatVersion},
+      {"memprofd_version", MEMPROFD_VERSION},
+      {"global_step", s.global_step},
+      {"run", std::move(run)},
+      {"recent_losses", std::move(losses)},
+  };
+  return DumpJson(v, 2) + "\n";
+}
+
+absl::StatusOr<TrainerState> TrainerStateFromJson(absl::string_view text,
+                                                  absl::string_view path) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("trainer state ", path, " is damaged: ", why,
+                                            "; take the checkpoint again or restore "
+                                            "the file"));
+  };
+  absl::StatusOr<Json> parsed = ParseJson(text);
+  if (!parsed.ok()) return bad(parsed.status().message());
+  const Json& v = *parsed;
+  if (!v.is_object()) return bad("not a JSON object");
+  absl::Status error;
+  Reader top(v, "", &error);
+  if (top.String("format") != kFormatName && error.ok()) {
+    return bad(absl::StrCat("format is not \"", kFormatName, "\""));
+  }
+  const int64_t version = top.Int("format_version");
+  if (error.ok() && version != kTrainerStateFormatVersion) {
+    return bad(absl::StrCat("format_version ", version, " is not ",
+                            kTrainerStateFormatVersion,
+                            " (written by another memprofd version)"));
+  }
+  TrainerState s;
+  s.global_step = top.Int("global_step");
+  const Json* run = top.Get("run");
+  if (run != nullptr && !run->is_null()) {
+    if (!run->is_object()) return bad("run is neither null nor an object");
+    Reader r(*run, "run.", &error);
+    RunState rs;
+    if (const Json* config = r.Object("config"); config != nullptr) {
+      rs.options = OptionsFromJson(*config, &error);
+    }
+    rs.steps_completed = r.Int("steps_completed");
+    rs.data_tokens = r.Int("data_tokens");
+    if (const Json* sampler = r.Object("data_sampler"); sampler != nullptr) {
+      Reader d(*sampler, "run.data_sampler.", &error);
+      if (d.String("generator") != "cpu_mt19937" && error.ok()) {
+        d.Fail("generator", "is not \"cpu_mt19937\"");
+      }
+      rs.sampler.seed = d.Uint("seed");
+      const std::string state = d.String("state_base64");
+      if (error.ok() && !absl::Base64Unescape(state, &rs.sampler.generator_state)) {
+        d.Fail("state_base64", "is not base64");
+      }
+      rs.sampler.batches_drawn = d.Int("batches_drawn");
+      rs.sampler.windows_drawn = d.Int("windows_drawn");
+    }
+    s.run = std::move(rs);
+  }
+  if (const Json* losses = top.Get("recent_losses"); losses != nullptr) {
+    if (!losses->is_array()) top.Fail("recent_losses", "is not an array");
+    for (const Json& l : losses->is_array() ? *losses : Json::array()) {
+      if (!l.is_object()) {
+        top.Fail("recent_losses", "holds a value that is not an object");
+        break;
+      }
+      Reader r(l, "recent_losses[].", &error);
+      const int64_t step = r.Int("global_step");
+      // A diverged step's NaN or infinite loss is written as null.
+      const Json* raw = JsonFind(l, "loss");
+      const double loss = raw != nullptr && raw->is_null()
+                              ? std::numeric_limits<double>::quiet_NaN()
+                              : r.Double("loss");
+      s.recent_losses.emplace_back(step, loss);
+    }
+  }
+  if (!error.ok()) return bad(error.message());
+  return s;
+}
+
+}  // namespace memprofd

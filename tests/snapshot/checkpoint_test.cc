@@ -1,0 +1,170 @@
+// Checkpoints: the weights plus the optimizer files and trainer_state.json,
+// written by the same atomic writer and read back by LoadCheckpointFiles
+// bit for bit, sharded like the model; what a weights-only directory or a
+// damaged file gives.
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "core/snapshot/checkpoint_files.h"
+#include "core/snapshot/loader.h"
+#include "core/snapshot/shard_plan.h"
+#include "core/snapshot/snapshot_store.h"
+#include "core/snapshot/writer.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/snapshot/test_util.h"
+#include "tests/testing/temp_dir.h"
+
+namespace memprofd {
+namespace snapshot {
+namespace {
+
+using ::memprofd::testing::TempDir;
+using testing::BitEqual;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const char kConfig[] =
+    R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "tie_word_embeddings": false,
+  "torch_dtype": "float32"})";
+
+// Moments shaped as the weights and a float32 step each, as the trainer
+// names them.
+CheckpointPayload MakePayload(const TensorList& weights) {
+  CheckpointPayload p;
+  at::manual_seed(4);
+  for (const auto& [name, w] : weights) {
+    p.optimizer_tensors.emplace_back(name + ".exp_avg", at::randn(w.sizes()));
+    p.optimizer_tensors.emplace_back(name + ".exp_avg_sq", at::rand(w.sizes()));
+    p.optimizer_tensors.emplace_back(name + ".step", at::full({}, 7.0f));
+  }
+  p.optimizer_metadata = {{"optimizer", "AdamW"}, {"group.decay.lr", "0.001"}};
+  p.trainer_state_json = "{\"global_step\": 7}\n";
+  return p;
+}
+
+TEST(CheckpointFilesTest,
+     WritesOptimizerAndTrainerStateBesideTheWeightsAndReadsThemBack) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(1, 2, 16, 64);
+  const CheckpointPayload payload = MakePayload(model);
+  SnapshotOptions options;
+  options.global_step = 7;
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, payload, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->kind, "checkpoint");
+  EXPECT_TRUE(m->is_checkpoint());
+  std::vector<std::string> files;
+  for (const SnapshotFile& f : m->files) files.push_back(f.name);
+  EXPECT_THAT(files, ElementsAre("model.safetensors", "config.json",
+                                 "optimizer.safetensors", "trainer_state.json"));
+  int64_t opt_bytes = 0;
+  for (const auto& [n, t] : payload.optimizer_tensors) opt_bytes += t.nbytes();
+  EXPECT_EQ(m->optimizer_bytes, opt_bytes);
+  EXPECT_EQ(m->num_tensors,
+            static_cast<int64_t>(model.size() + payload.optimizer_tensors.size()));
+
+  // The store reads the kind back; the weights load as before.
+  absl::StatusOr<SnapshotManifest> described = DescribeSnapshot(root.path(), "ck");
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->kind, "checkpoint");
+  EXPECT_EQ(described->optimizer_bytes, opt_bytes);
+  absl::StatusOr<LoadedWeights> weights = LoadSafetensorsDirectory(m->directory);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->tensors.size(), model.size());
+
+  absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->trainer_state_json, payload.trainer_state_json);
+  EXPECT_EQ(back->optimizer_metadata.at("optimizer"), "AdamW");
+  EXPECT_EQ(back->optimizer_metadata.at("group.decay.lr"), "0.001");
+  EXPECT_EQ(back->optimizer_metadata.count("format"), 0u);
+  std::map<std::string, at::Tensor> read(back->optimizer_tensors.begin(),
+                                         back->optimizer_tensors.end());
+  ASSERT_EQ(read.size(), payload.optimizer_tensors.size());
+  for (const auto& [name, t] : payload.optimizer_tensors) {
+    ASSERT_EQ(read.count(name), 1u) << name;
+    EXPECT_TRUE(BitEqual(t, read.at(name))) << name;
+  }
+}
+
+TEST(CheckpointFilesTest, OptimizerShardsLikeTheModelWithItsOwnIndex) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(2, 3, 32, 128);
+  SnapshotOptions options;
+  options.max_shard_size = 20000;
+  const CheckpointPayload payload = MakePayload(model);
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, payload, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  const std::vector<std::string> listing = testing::ListDir(m->directory);
+  int optimizer_shards = 0, indexes = 0;
+  for (const std::string& f : listing) {
+    optimizer_shards += f.rfind("optimizer-0000", 0) == 0;
+    indexes += f.size() > 23 && f.substr(f.size() - 23) == ".safetensors.index.json";
+  }
+  EXPECT_GT(optimizer_shards, 1);
+  EXPECT_EQ(indexes, 1);  // only the model's: transformers and accelerate want one
+  EXPECT_THAT(listing, ::testing::Contains("optimizer.index.json"));
+  EXPECT_THAT(listing, ::testing::Not(::testing::Contains("optimizer.safetensors")));
+  absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->optimizer_tensors.size(), payload.optimizer_tensors.size());
+  ASSERT_TRUE(LoadSafetensorsDirectory(m->directory).ok());
+
+  // A shard gone: DATA_LOSS naming it.
+  std::filesystem::remove(m->directory + "/" +
+                          ShardFileName(1, optimizer_shards, kOptimizerFilePrefix));
+  back = LoadCheckpointFiles(m->directory);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss) << back.status();
+  EXPECT_THAT(back.status().message(), HasSubstr("optimizer-00001-of-"));
+}
+
+TEST(CheckpointFilesTest, WeightsOnlyDirectoriesAndDamagedFilesAreRefused) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(3, 1, 16, 64);
+  SnapshotWriter writer(root.path());
+  absl::StatusOr<SnapshotManifest> w =
+      writer.Write("w", model, kConfig, SnapshotOptions());
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->kind, "weights");
+  absl::StatusOr<LoadedCheckpoint> r = LoadCheckpointFiles(w->directory);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("trainer_state.json and optimizer.safetensors"));
+
+  const CheckpointPayload payload = MakePayload(model);
+  absl::StatusOr<SnapshotManifest> c =
+      writer.WriteCheckpoint("c", model, kConfig, payload, SnapshotOptions());
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::string opt = c->directory + "/optimizer.safetensors";
+  std::filesystem::resize_file(opt, std::filesystem::file_size(opt) - 3);
+  r = LoadCheckpointFiles(c->directory);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+  EXPECT_THAT(r.status().message(), HasSubstr("optimizer.safetensors"));
+
+  // A converting dtype, and an optimizer name that is a weight's.
+  SnapshotOptions bf16;
+  bf16.dtype = SnapshotDtype::kBFloat16;
+  absl::StatusOr<SnapshotManifest> bad =
+      writer.WriteCheckpoint("bf16", model, kConfig, payload, bf16);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("dtype keep"));
+  bf16.kind = SnapshotKind::kCheckpoint;
+  EXPECT_EQ(CheckCheckpointDtype(bf16).code(), absl::StatusCode::kInvalidArgument);
+  bf16.dtype = SnapshotDtype::kFloat32;
+  EXPECT_TRUE(CheckCheckpointDtype(bf16).ok());
+  CheckpointPayload clash = payload;
+  clash.optimizer_tensors.emplace_back(model[0].first, model[0].second);
+  bad = writer.WriteCheckpoint("clash", model, kConfig, clash, SnapshotOptions());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  // Neither left anything behind.
+  EXPECT_EQ(testing::ListDir(root.path()), (std::vector<std::string>{"c", "w"}));
+}
+
+}  // namespace
+}  // namespace snapshot
+}  // namespace memprofd
