@@ -213,7 +213,7 @@ class AttributionTest(harness.DaemonTestCase):
         self.assertEqual(summary["cpu_reserved_minus_live"], 0)
 
     def test_6_memprofctl_memory_top_and_diff(self):
-        r = self.d.ctl("memory", "top", "--phase", "backward", "--top", "8")
+        r = self.d.ctl("memory", "top", "--phase", "backward", "--top", "300")
         self.assertEqual(r.returncode, 0, r.stderr)
         for needle in ("by module", "model.layers.", "saved_activations", "live by category"):
             self.assertIn(needle, r.stdout)
