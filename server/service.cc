@@ -314,9 +314,21 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
   if (absl::Status auth = auth_->Check(*ctx); !auth.ok()) {
     return RejectStream<v1::DumpChunk>(kMethod, auth);
   }
+  // Taken before the pickle is built, so that refused dumps cost nothing.
+  std::shared_ptr<void> slot = dump_slots_.TryAcquire();
+  if (slot == nullptr) {
+    return RejectStream<v1::DumpChunk>(
+        kMethod, absl::ResourceExhaustedError(absl::StrCat(
+                     kMaxConcurrentDumps,
+                     " memory history dumps are being sent already (each holds its "
+                     "pickle until the client reads it); retry when one is done, or "
+                     "cancel a client that stopped reading")));
+  }
   absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
   if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
-  return new ChunkStream(*std::move(pickle), CountWhenDone(kMethod));
+  StreamDoneFn count = CountWhenDone(kMethod);
+  return new ChunkStream(*std::move(pickle), [count, slot = std::move(slot)](
+                                                 const grpc::Status& s) { count(s); });
 }
 
 ServerUnaryReactor* MemprofdService::GetMemoryBreakdown(

@@ -17,6 +17,7 @@
 #include "server/auth.h"
 #include "server/metrics.h"
 #include "server/reactors.h"
+#include "server/stream_limit.h"
 
 namespace memprofd {
 
@@ -116,6 +117,10 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   const TokenAuth* const auth_;
   ServerMetrics* const metrics_;
   const ServiceInfo info_;
+  // DumpMemoryHistory streams hold their whole pickle until read: at most
+  // kMaxConcurrentDumps at once (stream_limit.h), the rest RESOURCE_EXHAUSTED.
+  static constexpr int kMaxConcurrentDumps = 4;
+  StreamLimit dump_slots_{kMaxConcurrentDumps};
 };
 
 }  // namespace memprofd

@@ -44,6 +44,13 @@ absl::Status StatusFromException(absl::string_view what, std::exception_ptr e) {
       return Make(absl::StatusCode::kResourceExhausted, what,
                   absl::StrCat("out of memory: ", msg));
     }
+    // A full disk under LibTorch (the offloader's spill file read back in
+    // backward carries its RESOURCE_EXHAUSTED status as text): out of a
+    // resource the caller can free, as the snapshot writer reports it.
+    if (absl::StrContains(msg, "RESOURCE_EXHAUSTED: ") ||
+        absl::StrContains(msg, "No space left on device")) {
+      return Make(absl::StatusCode::kResourceExhausted, what, msg);
+    }
     return Make(absl::StatusCode::kInternal, what, msg);
   } catch (const std::bad_alloc& err) {
     return Make(absl::StatusCode::kResourceExhausted, what,

@@ -17,6 +17,9 @@ namespace memprofd {
 // - out of memory (a c10::Error saying "can't allocate memory" or
 //   "out of memory", std::bad_alloc, c10::OutOfMemoryError on 2.x):
 //   RESOURCE_EXHAUSTED;
+// - a full disk (a c10::Error saying "No space left on device", or carrying
+//   a RESOURCE_EXHAUSTED status's text, as the offloader's spill file does):
+//   RESOURCE_EXHAUSTED with the message as it is;
 // - other c10::Error and std::exception: INTERNAL;
 // The message is prefixed with `what` ("forward pass") and truncated to
 // 1024 bytes. Thread-safe.

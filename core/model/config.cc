@@ -196,6 +196,36 @@ absl::StatusOr<AttentionImplementation> ParseAttentionImplementation(
       "attn_implementation must be \"sdpa\" or \"eager\", not \"", name, "\""));
 }
 
+namespace {
+
+// NumParameters' sum with every product checked: false when it overflows
+// int64 (a config.json with hidden_size 2^32 passed every other check and
+// made the plain sum signed overflow, found by fuzz/config_fuzz under UBSan).
+bool CountParameters(const LlamaConfig& c, int64_t* out) {
+  int64_t kv_dim, hh, hkv, hi, per_layer, layers, embed, total;
+  const bool overflow =
+      __builtin_mul_overflow(c.head_dim(), c.num_key_value_heads, &kv_dim) ||
+      __builtin_mul_overflow(c.hidden_size, c.hidden_size, &hh) ||
+      __builtin_mul_overflow(hh, int64_t{2}, &hh) ||  // q, o
+      __builtin_mul_overflow(c.hidden_size, kv_dim, &hkv) ||
+      __builtin_mul_overflow(hkv, int64_t{2}, &hkv) ||  // k, v
+      __builtin_mul_overflow(c.hidden_size, c.intermediate_size, &hi) ||
+      __builtin_mul_overflow(hi, int64_t{3}, &hi) ||  // gate, up, down
+      __builtin_add_overflow(hh, hkv, &per_layer) ||
+      __builtin_add_overflow(per_layer, hi, &per_layer) ||
+      __builtin_add_overflow(per_layer, 2 * c.hidden_size, &per_layer) ||  // norms
+      __builtin_mul_overflow(c.num_hidden_layers, per_layer, &layers) ||
+      __builtin_mul_overflow(c.vocab_size, c.hidden_size, &embed) ||
+      __builtin_mul_overflow(embed, int64_t{c.tie_word_embeddings ? 1 : 2}, &embed) ||
+      __builtin_add_overflow(embed, layers, &total) ||
+      __builtin_add_overflow(total, c.hidden_size, &total);
+  if (overflow) return false;
+  *out = total;
+  return true;
+}
+
+}  // namespace
+
 absl::Status LlamaConfig::Validate() const {
   if (architecture != kArchitecture) {
     return absl::InvalidArgumentError(absl::StrCat("unknown architecture \"",
@@ -239,6 +269,13 @@ absl::Status LlamaConfig::Validate() const {
         "torch_dtype",
         absl::StrCat("is \"", torch_dtype, "\"; use float32, bfloat16 or float16"));
   }
+  if (int64_t n; !CountParameters(*this, &n)) {
+    return FieldError("hidden_size",
+                      absl::StrCat("(", hidden_size, ") with intermediate_size (",
+                                   intermediate_size, "), vocab_size (", vocab_size,
+                                   ") and num_hidden_layers (", num_hidden_layers,
+                                   ") gives more than 2^63 parameters; check the sizes"));
+  }
   return absl::OkStatus();
 }
 
@@ -272,13 +309,8 @@ std::string LlamaConfig::ToJson() const {
 }
 
 int64_t LlamaConfig::NumParameters() const {
-  const int64_t kv_dim = head_dim() * num_key_value_heads;
-  const int64_t per_layer = 2 * hidden_size * hidden_size          // q, o
-                            + 2 * hidden_size * kv_dim             // k, v
-                            + 3 * hidden_size * intermediate_size  // gate, up, down
-                            + 2 * hidden_size;                     // norms
-  return vocab_size * hidden_size * (tie_word_embeddings ? 1 : 2) +
-         num_hidden_layers * per_layer + hidden_size;
+  int64_t n = 0;
+  return CountParameters(*this, &n) ? n : -1;
 }
 
 std::vector<std::string> LlamaConfig::PresetNames() {

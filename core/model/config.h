@@ -77,13 +77,15 @@ struct LlamaConfig {
   std::string ToJson() const;
 
   // OK, or INVALID_ARGUMENT saying which field is wrong and how to fix it:
-  // unknown architecture, non-positive sizes or epsilon/theta,
+  // unknown architecture, non-positive sizes or epsilon/theta, sizes whose
+  // parameter count overflows int64,
   // hidden_size % num_attention_heads != 0, odd head_dim (rotary embedding
   // needs pairs), num_attention_heads % num_key_value_heads != 0, an
   // unsupported torch_dtype.
   absl::Status Validate() const;
 
-  // The number of parameters (unique storages: a tied head counts once).
+  // The number of parameters (unique storages: a tied head counts once);
+  // -1 when it would not fit int64, which Validate() refuses.
   int64_t NumParameters() const;
 
   // Built-in models:

@@ -65,6 +65,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   }
   if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
   if (!options.snapshot_root.empty()) {
+    if (absl::Status s = snapshot::CheckSnapshotRoot(options.snapshot_root); !s.ok()) {
+      return s;
+    }
     // Fail at start, not at the first snapshot, when the root is unusable.
     std::error_code ec;
     std::filesystem::create_directories(options.snapshot_root, ec);

@@ -2,6 +2,8 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -29,6 +31,20 @@ absl::Status BadName(absl::string_view name, absl::string_view why) {
       "; use letters, digits, '-', '_' and '.' (not first), at most 200 bytes"));
 }
 
+// Snapshots are directories the writer made by rename; a symbolic link under
+// a snapshot's name was put there by someone else, and following it would
+// read (Describe, Load) or delete (Delete, retention) outside the root.
+absl::Status RefuseSymlink(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(dir, ec))) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir.string(),
+        " is a symbolic link, not a snapshot memprofd wrote; memprofd never follows "
+        "it: remove the link"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateSnapshotName(absl::string_view name) {
@@ -43,6 +59,18 @@ absl::Status ValidateSnapshotName(absl::string_view name) {
     if (c < 0x20 || c == 0x7F) return BadName(name, "it contains a control character");
   }
   if (!IsValidUtf8(name)) return BadName(name, "it is not valid UTF-8");
+  return absl::OkStatus();
+}
+
+absl::Status CheckSnapshotRoot(const std::string& root) {
+  struct stat st;
+  if (::lstat(root.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return absl::OkStatus();
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "snapshot root ", root, " is a symbolic link owned by uid ", st.st_uid,
+        ", neither this process's user nor root: someone else could point it anywhere. "
+        "Give the real directory, or replace the link with one of your own"));
+  }
   return absl::OkStatus();
 }
 
@@ -72,6 +100,7 @@ absl::StatusOr<SnapshotManifest> DescribeSnapshot(const std::string& root,
                                                   absl::string_view name) {
   RETURN_IF_ERROR(ValidateSnapshotName(name));
   const fs::path dir = fs::path(root) / std::string(name);
+  RETURN_IF_ERROR(RefuseSymlink(dir));
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat("no snapshot \"", name, "\" under ", root,
@@ -119,6 +148,7 @@ absl::StatusOr<std::vector<SnapshotManifest>> ListSnapshots(const std::string& r
 absl::Status DeleteSnapshot(const std::string& root, absl::string_view name) {
   RETURN_IF_ERROR(ValidateSnapshotName(name));
   const fs::path dir = fs::path(root) / std::string(name);
+  RETURN_IF_ERROR(RefuseSymlink(dir));
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat("no snapshot \"", name, "\" under ", root));

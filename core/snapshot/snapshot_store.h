@@ -28,6 +28,12 @@ inline constexpr char kTempPrefix[] = ".tmp-";
 // with '.'. INVALID_ARGUMENT saying what is wrong otherwise.
 absl::Status ValidateSnapshotName(absl::string_view name);
 
+// OK unless `root` is a symbolic link owned by a user other than this
+// process's and root (a link someone else planted, e.g. in /tmp, could send
+// every write and delete elsewhere): FAILED_PRECONDITION then. OK when `root`
+// does not exist. Call before creating or using the root.
+absl::Status CheckSnapshotRoot(const std::string& root);
+
 // Removes `<root>/.tmp-*` left by snapshots that were killed or failed.
 // Call once at daemon start, before any writer runs (it would remove a
 // running writer's directory). Returns how many were removed; OK when the
@@ -42,13 +48,15 @@ absl::StatusOr<std::vector<SnapshotManifest>> ListSnapshots(const std::string& r
 
 // The manifest of `name`. INVALID_ARGUMENT for a bad name, NOT_FOUND when
 // there is no such snapshot, FAILED_PRECONDITION when the directory is not
-// a memprofd snapshot (no manifest), DATA_LOSS when the manifest is damaged.
+// a memprofd snapshot (no manifest) or is a symbolic link (never followed),
+// DATA_LOSS when the manifest is damaged.
 absl::StatusOr<SnapshotManifest> DescribeSnapshot(const std::string& root,
                                                   absl::string_view name);
 
 // Deletes snapshot `name`: renames it to a hidden temporary directory first
 // (so it disappears at once, never half-deleted), then removes that.
-// INVALID_ARGUMENT for a bad name, NOT_FOUND when missing.
+// INVALID_ARGUMENT for a bad name, NOT_FOUND when missing,
+// FAILED_PRECONDITION when `<root>/<name>` is a symbolic link (left alone).
 absl::Status DeleteSnapshot(const std::string& root, absl::string_view name);
 
 // Deletes all but the newest `keep_last` snapshots (by create time);

@@ -50,5 +50,16 @@ TEST(TorchBoundaryTest, LongMessagesAreTruncated) {
   EXPECT_LE(s.message().size(), 1024u);
 }
 
+TEST(TorchBoundaryTest, AFullDiskIsResourceExhausted) {
+  for (const char* text :
+       {"cannot bring back an offloaded activation: RESOURCE_EXHAUSTED: "
+        "the spill directory \"/x\" is full",
+        "write failed: No space left on device"}) {
+    absl::Status s = TorchBoundary("backward", [&] { TORCH_CHECK(false, text); });
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << text;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(text));
+  }
+}
+
 }  // namespace
 }  // namespace memprofd

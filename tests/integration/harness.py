@@ -60,6 +60,7 @@ class Daemon:
             token_file = os.path.join(self.tmp.name, "token")
             with open(token_file, "w") as f:
                 f.write(token + "\n")
+            os.chmod(token_file, 0o600)  # memprofd refuses a token others can read
             args.append("--auth_token_file=" + token_file)
             self.token_file = token_file
         args.extend(flags)

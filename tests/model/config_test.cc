@@ -1,6 +1,8 @@
 #include "core/model/config.h"
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_replace.h"
 #include "core/common/json.h"
@@ -112,6 +114,24 @@ TEST(LlamaConfigTest, RejectsInconsistentShapes) {
   EXPECT_THAT(c.status().message(), HasSubstr("rms_norm_eps"));
   c = ParseWith("\"bfloat16\"", "\"int8\"");
   EXPECT_THAT(c.status().message(), HasSubstr("torch_dtype"));
+}
+
+// Found by fuzz/config_fuzz under UBSan: sizes that pass every other check
+// overflowed NumParameters() (signed overflow, undefined behaviour).
+TEST(LlamaConfigTest, RejectsSizesWhoseParameterCountOverflows) {
+  for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+           {"\"hidden_size\": 2048", "\"hidden_size\": 4294967296"},
+           {"\"intermediate_size\": 5632", "\"intermediate_size\": 4611686018427387904"},
+           {"\"vocab_size\": 32000", "\"vocab_size\": 9223372036854775807"},
+           {"\"num_hidden_layers\": 22", "\"num_hidden_layers\": 1099511627776"}}) {
+    absl::StatusOr<LlamaConfig> c = ParseWith(from, to);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << to;
+    EXPECT_THAT(c.status().message(), HasSubstr("more than 2^63 parameters")) << to;
+  }
+  absl::StatusOr<LlamaConfig> fits =
+      ParseWith("\"num_hidden_layers\": 22", "\"num_hidden_layers\": 1000000");
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_GT(fits->NumParameters(), 0);
 }
 
 TEST(LlamaConfigTest, RejectsUnsupportedOptions) {

@@ -3,6 +3,8 @@
 
 #include "server/server.h"
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -55,6 +57,30 @@ TEST(TokenAuthTest, FileErrorsAreClear) {
   auto disabled = TokenAuth::Create("");
   ASSERT_TRUE(disabled.ok());
   EXPECT_FALSE((*disabled)->enabled());
+}
+
+TEST(TokenAuthTest, RefusesATokenFileOtherUsersCanReadOrChange) {
+  const testing::TempDir tmp;
+  const std::string path = tmp.WriteFile("token", "s3cret\nsecond line ignored\n");
+  for (mode_t mode : {0644, 0604, 0620, 0666, 0602}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    auto auth = TokenAuth::Create(path);
+    EXPECT_EQ(auth.status().code(), absl::StatusCode::kFailedPrecondition) << mode;
+    EXPECT_THAT(auth.status().message(), HasSubstr("chmod 600")) << mode;
+  }
+  for (mode_t mode : {0600, 0400, 0440, 0640}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    auto auth = TokenAuth::Create(path);
+    ASSERT_TRUE(auth.ok()) << mode << ": " << auth.status();
+    EXPECT_TRUE((*auth)->enabled());
+  }
+}
+
+TEST(TokenAuthTest, RefusesADirectoryAsTokenFile) {
+  const testing::TempDir tmp;
+  auto auth = TokenAuth::Create(tmp.path());
+  EXPECT_EQ(auth.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(auth.status().message(), HasSubstr("regular file"));
 }
 
 class InProcessServerTest : public ::testing::Test {

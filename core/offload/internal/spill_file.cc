@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<SpillFile>> SpillFile::Open(const std::string& di
   // Unlinked at once: the space goes back to the file system when the fd
   // closes, even if the process dies.
   unlink(buf.data());
-  return std::unique_ptr<SpillFile>(new SpillFile(fd));
+  return std::unique_ptr<SpillFile>(new SpillFile(fd, dir.empty() ? "." : dir));
 }
 
 SpillFile::~SpillFile() { close(fd_); }
@@ -89,7 +89,15 @@ absl::Status SpillFile::Write(int64_t offset, const void* data, int64_t bytes) {
     const ssize_t n = pwrite(fd_, p, static_cast<size_t>(bytes), offset);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return ErrnoStatus("writing the spill file", errno);
+      const int err = errno;
+      if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+        // A full disk is the caller's to fix, not an internal error.
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "the spill directory \"", dir_, "\" is full (", std::strerror(err),
+            ") while offloading activations to disk: free space there, set spill_dir "
+            "to a larger file system, offload to host, or train without offloading"));
+      }
+      return ErrnoStatus("writing the spill file", err);
     }
     p += n;
     offset += n;

@@ -5,6 +5,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -40,9 +41,10 @@ class SpillFile {
   int64_t file_bytes() const;
 
  private:
-  explicit SpillFile(int fd) : fd_(fd) {}
+  SpillFile(int fd, std::string dir) : fd_(fd), dir_(std::move(dir)) {}
 
   const int fd_;
+  const std::string dir_;  // where it lives, for messages
   mutable absl::Mutex mu_;
   std::map<int64_t, int64_t> free_ ABSL_GUARDED_BY(mu_);  // offset -> bytes
   int64_t end_ ABSL_GUARDED_BY(mu_) = 0;

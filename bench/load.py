@@ -1,0 +1,208 @@
+"""Load on a training daemon (issue 15): prints figures, is not a test.
+
+N concurrent clients (default 64) for T minutes (default 10) against one
+memprofd that trains the whole time: GetStatus, GetMemoryStats, /metrics
+scrapes, StreamStepReports and WatchOperation streams (a few messages each,
+then cancelled), and DumpMemoryHistory (read to the end; one client in 16,
+so that the daemon's cap of 4 concurrent dumps is never what answers).
+Prints p50 and p99 latency per RPC, errors, the daemon's RSS slope (least
+squares over samples every 5 s, after the first minute's warm-up), and the
+training's tokens/s before and during the load.
+
+  /opt/memprofd/venv/bin/python bench/load.py [--clients 64] [--minutes 10]
+      [--build build] [--processes 4]
+
+Clients run in --processes processes (threads in each), so that one Python
+interpreter's lock does not become the bottleneck being measured; on a
+machine with few cores the clients still compete with the training for the
+CPU, which the table's header says (uptime).
+"""
+
+import argparse
+import multiprocessing
+import os
+import sys
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+
+
+def percentile(values, q):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def client_process(addr, metrics_port, op_id, first, count, deadline, queue):
+    import grpc
+    import harness
+    from harness import pb
+
+    channel = grpc.insecure_channel(addr)
+    stub = harness.memprofd_pb2_grpc.MemprofdStub(channel)
+    lat = {}
+    errors = {}
+
+    def record(name, start, ok, detail=""):
+        lat.setdefault(name, []).append(time.perf_counter() - start)
+        if not ok:
+            errors.setdefault(name, []).append(detail)
+
+    def run(i):
+        kinds = ["GetStatus", "GetMemoryStats", "metrics", "StreamStepReports", "WatchOperation"]
+        if i % 16 == 0:
+            kinds.append("DumpMemoryHistory")
+        k = i
+        while time.time() < deadline:
+            kind = kinds[k % len(kinds)]
+            k += 1
+            start = time.perf_counter()
+            try:
+                if kind == "GetStatus":
+                    stub.GetStatus(pb.GetStatusRequest(), timeout=30)
+                elif kind == "GetMemoryStats":
+                    stub.GetMemoryStats(pb.GetMemoryStatsRequest(), timeout=30)
+                elif kind == "metrics":
+                    with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port,
+                                                timeout=30) as r:
+                        r.read()
+                elif kind == "StreamStepReports":
+                    call = stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op_id),
+                                                  timeout=60)
+                    for n, _ in enumerate(call):
+                        if n >= 2:
+                            break
+                    call.cancel()
+                elif kind == "WatchOperation":
+                    call = stub.WatchOperation(pb.WatchOperationRequest(id=op_id), timeout=60)
+                    for n, _ in enumerate(call):
+                        if n >= 2:
+                            break
+                    call.cancel()
+                elif kind == "DumpMemoryHistory":
+                    for _ in stub.DumpMemoryHistory(pb.DumpMemoryHistoryRequest(), timeout=120):
+                        pass
+                record(kind, start, True)
+            except Exception as e:  # every failure counts, whatever its kind
+                record(kind, start, False, "%s: %s" % (type(e).__name__, str(e)[:200]))
+
+    threads = [threading.Thread(target=run, args=(first + j,)) for j in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    channel.close()
+    queue.put((lat, errors))
+
+
+def tokens_per_second(d, seconds):
+    from harness import pb
+    first = d.call("GetStatus", pb.GetStatusRequest()).last_step
+    time.sleep(seconds)
+    last = d.call("GetStatus", pb.GetStatusRequest()).last_step
+    steps = last.global_step - first.global_step
+    return steps * last.tokens / seconds if steps > 0 else 0.0
+
+
+def rss_mib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
+    ap.add_argument("--batch_size", type=int, default=4)
+    ap.add_argument("--seq_len", type=int, default=64)
+    args = ap.parse_args()
+    os.environ["MEMPROFD_BUILD_DIR"] = os.path.abspath(args.build)
+    import harness
+    from harness import pb
+
+    d = harness.Daemon()
+    try:
+        d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=20000))
+        op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=args.batch_size,
+                                             seq_len=args.seq_len))
+        while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
+            time.sleep(0.2)
+        baseline = tokens_per_second(d, 20)
+
+        seconds = args.minutes * 60
+        deadline = time.time() + seconds
+        queue = multiprocessing.Queue()
+        per = [args.clients // args.processes + (1 if p < args.clients % args.processes else 0)
+               for p in range(args.processes)]
+        procs, first = [], 0
+        for count in per:
+            p = multiprocessing.Process(target=client_process, args=(
+                d.addr, d.metrics_port, op.id, first, count, deadline, queue))
+            first += count
+            p.start()
+            procs.append(p)
+        samples = []  # (seconds since start, RSS MiB)
+        rates = []
+        start = time.time()
+        while time.time() < deadline - 5:
+            samples.append((time.time() - start, rss_mib(d.proc.pid)))
+            rates.append(tokens_per_second(d, 5))
+        lat, errors = {}, {}
+        for _ in procs:
+            l, e = queue.get()
+            for k, v in l.items():
+                lat.setdefault(k, []).extend(v)
+            for k, v in e.items():
+                errors.setdefault(k, []).extend(v)
+        for p in procs:
+            p.join()
+        after = tokens_per_second(d, 10)
+        d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+
+        warm = [(t, r) for t, r in samples if t >= min(60, seconds / 3)]
+        slope = float("nan")
+        if len(warm) >= 2:
+            mt = sum(t for t, _ in warm) / len(warm)
+            mr = sum(r for _, r in warm) / len(warm)
+            den = sum((t - mt) ** 2 for t, _ in warm)
+            slope = sum((t - mt) * (r - mr) for t, r in warm) / den * 60 if den else float("nan")
+
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[:3]
+        print("memprofd load: %d clients in %d processes, %.1f min, tiny preset training "
+              "batch %d x %d; %d cores, load average %s"
+              % (args.clients, args.processes, args.minutes, args.batch_size, args.seq_len,
+                 os.cpu_count(), " ".join(load)))
+        print("%-20s %9s %9s %9s %7s" % ("rpc", "calls", "p50 ms", "p99 ms", "errors"))
+        total_errors = 0
+        for k in sorted(lat):
+            v = lat[k]
+            n_err = len(errors.get(k, []))
+            total_errors += n_err
+            print("%-20s %9d %9.2f %9.2f %7d" % (k, len(v), 1e3 * percentile(v, 0.5),
+                                                  1e3 * percentile(v, 0.99), n_err))
+        print("errors: %d%s" % (total_errors, "".join(
+            "\n  %s: %s" % (k, v[0]) for k, v in errors.items() if v)))
+        print("daemon RSS: %.1f MiB at start of load, %.1f MiB at end; slope %.2f MiB/min "
+              "(least squares after warm-up, %d samples)"
+              % (samples[0][1] if samples else float("nan"),
+                 samples[-1][1] if samples else float("nan"), slope, len(warm)))
+        during = sum(rates) / len(rates) if rates else float("nan")
+        print("training tokens/s: %.0f before the load, %.0f during (mean of 5 s windows), "
+              "%.0f after; %.2fx under load" % (baseline, during, after,
+                                                during / baseline if baseline else float("nan")))
+    finally:
+        d.close()
+
+
+if __name__ == "__main__":
+    main()
