@@ -267,6 +267,18 @@ class CheckpointFilesTest(harness.DaemonTestCase):
         self.assertEqual(w.kind, pb.SNAPSHOT_KIND_WEIGHTS)
         self.assertEqual([f.name for f in w.files], ["model.safetensors", "config.json"])
 
+    def test_async_checkpoint_holds_host_copies_and_resumes(self):
+        m = self.snapshot(name="ck-async", kind=pb.SNAPSHOT_KIND_CHECKPOINT,
+                          mode=pb.SNAPSHOT_MODE_ASYNC)
+        self.assertEqual(m.kind, pb.SNAPSHOT_KIND_CHECKPOINT)
+        # The host copies: the weights and the optimizer state (three times
+        # the weights, less the scalar steps' padding).
+        self.assertGreaterEqual(m.peak_extra_host_bytes, m.total_size)
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+            hf_directory=m.directory, resume=True)).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(op.model.steps_trained, 3)
+
     def test_sharded_checkpoint_shards_the_optimizer_too(self):
         m = self.snapshot(name="ck-sharded", kind=pb.SNAPSHOT_KIND_CHECKPOINT,
                           max_shard_size="200KB")
