@@ -82,7 +82,8 @@ class Session {
   // are SessionStepReport, result TrainResult). INVALID_ARGUMENT for bad
   // options or data (read here, so the caller learns at once),
   // FAILED_PRECONDITION without a model, ABORTED while another training is
-  // queued or running. With spec.resume: FAILED_PRECONDITION when the model
+  // queued or running. With spec.resume: INVALID_ARGUMENT for a seed other
+  // than the run's; FAILED_PRECONDITION when the model
   // has no run to continue, when that run is complete and steps is unset, or
   // when its data source (reused) no longer has the same number of tokens.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);

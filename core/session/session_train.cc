@@ -46,6 +46,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
           "there is no training run to resume on this model: load a checkpoint with "
           "resume (LoadModel resume, memprofd --resume) or train without resume");
     }
+    // The generator goes on from its saved state: another seed could not
+    // take effect, so it is refused rather than ignored.
+    if (request.seed && *request.seed != run->options.seed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seed ", *request.seed,
+                       " cannot be given with resume: the run's data stream "
+                       "(seed ",
+                       run->options.seed,
+                       ") goes on from its saved generator state; drop "
+                       "seed, or train without resume to start a new stream"));
+    }
     // The checkpointed run's configuration fills what the request leaves
     // unset; by default the run goes on to its own total.
     defaults = run->options;

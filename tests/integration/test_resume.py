@@ -30,7 +30,8 @@ import unittest
 # One intra-op thread: exactness holds for any fixed count, and with one the
 # 40 micro steps take 0.4 s where two threads fighting other jobs for two
 # busy cores took 15 s (OpenMP's barriers spin).
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+if not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import grpc  # noqa: E402
@@ -413,8 +414,12 @@ class BadResumeTest(harness.DaemonTestCase):
             self.d.call("Train", pb.TrainRequest(resume=True))
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("no training run to resume", e.exception.details())
-        # A complete run needs steps to go on.
+        # A complete run needs steps to go on; another seed cannot take effect.
         self.assertEqual(self.load(self.ck).state, pb.OPERATION_STATE_SUCCEEDED)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("Train", pb.TrainRequest(resume=True, steps=1, seed=12345))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("seed 12345 cannot be given with resume", e.exception.details())
         with self.assertRaises(grpc.RpcError) as e:
             self.d.call("Train", pb.TrainRequest(resume=True))
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
