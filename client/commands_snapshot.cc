@@ -20,12 +20,14 @@ void PrintManifest(const Context& c, const v1::SnapshotManifest& m) {
     std::printf("%s\n", ToJsonLine(m).c_str());
     return;
   }
-  std::printf("%s  %s  %lld tensors, %s in %d file(s), %s, step %lld, %.2f s (%s/s)\n",
-              m.name().c_str(), m.directory().c_str(),
-              static_cast<long long>(m.num_tensors()),
-              HumanBytes(static_cast<double>(m.total_size())).c_str(), m.files_size(),
-              m.dtype().c_str(), static_cast<long long>(m.global_step()),
-              m.duration_seconds(), HumanBytes(m.throughput_bytes_per_second()).c_str());
+  std::printf(
+      "%s  %s  %s, %lld tensors, %s in %d file(s), %s, step %lld, %.2f s (%s/s)\n",
+      m.name().c_str(), m.directory().c_str(),
+      m.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? "checkpoint" : "weights",
+      static_cast<long long>(m.num_tensors()),
+      HumanBytes(static_cast<double>(m.total_size())).c_str(), m.files_size(),
+      m.dtype().c_str(), static_cast<long long>(m.global_step()), m.duration_seconds(),
+      HumanBytes(m.throughput_bytes_per_second()).c_str());
 }
 
 }  // namespace
@@ -53,6 +55,14 @@ int SnapshotCommand(const Context& c, const Args& args) {
     return Usage(absl::StrCat("--mode must be blocking or async, not '", mode, "'"));
   }
   req.set_mode(mode == "async" ? v1::SNAPSHOT_MODE_ASYNC : v1::SNAPSHOT_MODE_BLOCKING);
+  const std::string kind = absl::GetFlag(FLAGS_kind);
+  if (kind == "checkpoint") {
+    req.set_kind(v1::SNAPSHOT_KIND_CHECKPOINT);
+  } else if (kind == "weights") {
+    req.set_kind(v1::SNAPSHOT_KIND_WEIGHTS);
+  } else if (!kind.empty()) {
+    return Usage(absl::StrCat("--kind must be weights or checkpoint, not '", kind, "'"));
+  }
 
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);

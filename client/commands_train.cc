@@ -43,7 +43,9 @@ int TrainCommand(const Context& c, const Args& args) {
   // Only what the user gave, so that every other field keeps the daemon's
   // default; steps has no default there, so memprofctl always sends its own.
   v1::TrainRequest req;
-  req.set_steps(absl::GetFlag(FLAGS_steps));
+  req.set_resume(absl::GetFlag(FLAGS_resume));
+  // A resume without --steps runs the rest of the resumed run.
+  if (!req.resume() || GivenFlag(FLAGS_steps)) req.set_steps(absl::GetFlag(FLAGS_steps));
   std::optional<double> learning_rate;
   std::optional<bool> gradient_checkpointing;
   std::optional<int64_t> grad_accumulation_steps;
@@ -114,9 +116,12 @@ int TrainCommand(const Context& c, const Args& args) {
   auto ctx = c.client->NewContext(c.timeout);
   grpc::Status s = c.client->stub().Train(ctx.get(), req, &op);
   if (!s.ok()) return ReportRpcError("train", s);
-  if (!c.json)
+  if (!c.json && req.has_steps()) {
     std::printf("training %s: %lld steps\n", op.id().c_str(),
                 static_cast<long long>(req.steps()));
+  } else if (!c.json) {
+    std::printf("training %s: the rest of the resumed run\n", op.id().c_str());
+  }
 
   v1::StreamStepReportsRequest stream_req;
   stream_req.set_operation_id(op.id());
@@ -132,11 +137,16 @@ int TrainCommand(const Context& c, const Args& args) {
       continue;
     }
     seconds += r.step_seconds();
-    const double eta = seconds / static_cast<double>(r.step()) *
-                       static_cast<double>(req.steps() - r.step());
-    std::string line =
-        absl::StrFormat("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", r.step(),
-                        req.steps(), r.loss(), r.tokens_per_second(), Eta(eta));
+    std::string line;
+    if (req.has_steps()) {
+      const double eta = seconds / static_cast<double>(r.step()) *
+                         static_cast<double>(req.steps() - r.step());
+      line = absl::StrFormat("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", r.step(),
+                             req.steps(), r.loss(), r.tokens_per_second(), Eta(eta));
+    } else {
+      line = absl::StrFormat("step %d (global %d)  loss %.4f  %.0f tokens/s", r.step(),
+                             r.global_step(), r.loss(), r.tokens_per_second());
+    }
     if (r.offload().bytes_out() > 0 || req.has_offload()) {
       absl::StrAppend(
           &line, "  offloaded ", HumanBytes(static_cast<double>(r.offload().bytes_out())),

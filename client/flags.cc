@@ -70,6 +70,13 @@ ABSL_FLAG(std::string, max_shard_size, "",
           "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");
 ABSL_FLAG(std::string, dtype, "keep", "snapshot: keep, bf16, fp16 or fp32");
 ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
+ABSL_FLAG(std::string, kind, "",
+          "snapshot: weights or checkpoint (weights, optimizer and training state, to "
+          "resume from) [the daemon's: weights]");
+ABSL_FLAG(bool, resume, false,
+          "load: the directory is a checkpoint, restore its training state too; train: "
+          "continue the last run at its next step (unset flags, --steps included, take "
+          "that run's values)");
 
 ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
 ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");

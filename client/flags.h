@@ -71,6 +71,9 @@ ABSL_DECLARE_FLAG(std::string, placement);
 ABSL_DECLARE_FLAG(std::string, max_shard_size);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, mode);
+ABSL_DECLARE_FLAG(std::string, kind);
+// load and train
+ABSL_DECLARE_FLAG(bool, resume);
 // memory
 ABSL_DECLARE_FLAG(int64_t, max_entries);
 ABSL_DECLARE_FLAG(bool, clear);

@@ -85,26 +85,28 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   const v1::DataSource& d = r.data();
   switch (d.source_case()) {
     case v1::DataSource::SOURCE_NOT_SET:
+      break;  // the defaults' (the embedded corpus, or a resumed run's own)
     case v1::DataSource::kEmbeddedCorpus:
-      t.data.kind = DataSpec::Kind::kEmbeddedCorpus;
+      t.data.emplace().kind = DataSpec::Kind::kEmbeddedCorpus;
       break;
     case v1::DataSource::kTextFile:
-      t.data.kind = DataSpec::Kind::kTextFile;
-      t.data.path = d.text_file();
+      t.data.emplace().kind = DataSpec::Kind::kTextFile;
+      t.data->path = d.text_file();
       break;
     case v1::DataSource::kTokenFile:
-      t.data.kind = DataSpec::Kind::kTokenFile;
-      t.data.path = d.token_file().path();
+      t.data.emplace().kind = DataSpec::Kind::kTokenFile;
+      t.data->path = d.token_file().path();
       if (d.token_file().has_bytes_per_token()) {
-        t.data.bytes_per_token = d.token_file().bytes_per_token();
+        t.data->bytes_per_token = d.token_file().bytes_per_token();
       }
       break;
     case v1::DataSource::kInlineTokens:
-      t.data.kind = DataSpec::Kind::kInlineTokens;
-      t.data.tokens.assign(d.inline_tokens().ids().begin(),
-                           d.inline_tokens().ids().end());
+      t.data.emplace().kind = DataSpec::Kind::kInlineTokens;
+      t.data->tokens.assign(d.inline_tokens().ids().begin(),
+                            d.inline_tokens().ids().end());
       break;
   }
+  spec.resume = r.resume();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
     offload::OffloadRequest& req = spec.offload;
@@ -128,6 +130,7 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
   spec.preset = r.preset();
   spec.hf_directory = r.hf_directory();
   spec.seed = r.seed();
+  spec.resume = r.resume();
   for (const auto& p : r.placement()) {
     Placement placement = Placement::kDevice;
     if (p.placement() == v1::PLACEMENT_CPU) placement = Placement::kCpu;
@@ -160,6 +163,10 @@ absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
   }
   spec.mode = r.mode() == v1::SNAPSHOT_MODE_ASYNC ? SnapshotMode::kAsync
                                                   : SnapshotMode::kBlocking;
+  // Unspecified: weights (SnapshotSpec says why).
+  spec.options.kind = r.kind() == v1::SNAPSHOT_KIND_CHECKPOINT
+                          ? snapshot::SnapshotKind::kCheckpoint
+                          : snapshot::SnapshotKind::kWeights;
   return spec;
 }
 
@@ -273,6 +280,9 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& m, SnapshotMode m
   p.set_create_time_us(UnixMicros(m.create_time));
   p.set_mode(mode == SnapshotMode::kAsync ? v1::SNAPSHOT_MODE_ASYNC
                                           : v1::SNAPSHOT_MODE_BLOCKING);
+  p.set_kind(m.is_checkpoint() ? v1::SNAPSHOT_KIND_CHECKPOINT
+                               : v1::SNAPSHOT_KIND_WEIGHTS);
+  p.set_optimizer_bytes(m.optimizer_bytes);
   return p;
 }
 

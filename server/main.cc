@@ -39,6 +39,14 @@ ABSL_FLAG(std::string, snapshot_root, "",
 ABSL_FLAG(int64_t, keep_last, 0, "keep only the newest N snapshots (0 keeps all)");
 ABSL_FLAG(int64_t, snapshot_every_steps, 0, "snapshot every N training steps (0: never)");
 ABSL_FLAG(bool, snapshot_on_shutdown, false, "take a final snapshot on SIGTERM/SIGINT");
+ABSL_FLAG(std::string, auto_snapshot_kind, "checkpoint",
+          "what the daemon's own snapshots (--snapshot_every_steps, "
+          "--snapshot_on_shutdown) hold: checkpoint (weights, optimizer and training "
+          "state, to resume from) or weights");
+ABSL_FLAG(std::string, resume, "",
+          "at start, resume from a checkpoint under --snapshot_root instead of loading "
+          "--model: latest (the newest checkpoint; --model when there is none yet) or a "
+          "snapshot name; then Train with resume goes on at the next step");
 ABSL_FLAG(int64_t, snapshot_staging_bytes, int64_t{64} << 20,
           "the snapshot writer's staging buffer, in bytes");
 ABSL_FLAG(bool, offload, false, "offload saved activations by default in training");
@@ -125,6 +133,13 @@ int main(int argc, char** argv) {
   session.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
   session.snapshot_staging_bytes = absl::GetFlag(FLAGS_snapshot_staging_bytes);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
+  absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
+      memprofd::snapshot::ParseSnapshotKind(absl::GetFlag(FLAGS_auto_snapshot_kind));
+  if (!auto_kind.ok()) {
+    return Fail(absl::StrCat("--auto_snapshot_kind: ", auto_kind.status().message()));
+  }
+  session.auto_snapshot_kind = *auto_kind;
+  session.resume = absl::GetFlag(FLAGS_resume);
   if (session.keep_last < 0 || session.snapshot_every_steps < 0 ||
       session.snapshot_staging_bytes < 4096) {
     return Fail(

@@ -33,8 +33,8 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status", "health",  "reflection", "operations", "model",
-          "train",  "offload", "snapshots",  "memory"};
+  return {"status",  "health",    "reflection",  "operations", "model", "train",
+          "offload", "snapshots", "checkpoints", "resume",     "memory"};
 }
 
 template <typename Fn>

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/common/status_macros.h"
 #include "core/memory/history.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
@@ -90,11 +91,23 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     resolved.offload.target =
         *device == "cpu" ? offload::Target::kDisk : offload::Target::kHost;
   }
+  if (!options.resume.empty() && options.snapshot_root.empty()) {
+    return absl::InvalidArgumentError(
+        "--resume needs --snapshot_root: the directory the checkpoints are in");
+  }
   std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
-  if (!options.model.empty()) {
+  ASSIGN_OR_RETURN(const std::string resume_dir, session->ResumeDirectory());
+  if (!options.resume.empty() && resume_dir.empty()) {
+    LogInfo(absl::StrCat("--resume=latest: no checkpoint under ", options.snapshot_root,
+                         " yet; starting from --model"));
+  }
+  if (!resume_dir.empty() || !options.model.empty()) {
     LoadModelSpec spec;
     spec.seed = options.model_seed;
-    if (absl::StrContains(options.model, "/")) {
+    if (!resume_dir.empty()) {
+      spec.hf_directory = resume_dir;
+      spec.resume = true;
+    } else if (absl::StrContains(options.model, "/")) {
       spec.hf_directory = options.model;
     } else {
       spec.preset = options.model;
@@ -106,9 +119,37 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
         !posted.ok()) {
       return posted;
     }
-    if (absl::Status status = loaded.get_future().get(); !status.ok()) return status;
+    if (absl::Status status = loaded.get_future().get(); !status.ok()) {
+      if (spec.resume) {
+        return absl::Status(status.code(), absl::StrCat("--resume from ", resume_dir,
+                                                        ": ", status.message()));
+      }
+      return status;
+    }
+    if (spec.resume) {
+      LogInfo(absl::StrCat("resumed from checkpoint ", resume_dir, " at step ",
+                           session->Model()->steps_trained));
+    }
   }
   return session;
+}
+
+absl::StatusOr<std::string> Session::ResumeDirectory() const {
+  if (options_.resume.empty()) return std::string();
+  if (options_.resume == "latest") {
+    ASSIGN_OR_RETURN(std::vector<snapshot::SnapshotManifest> all,
+                     snapshot::ListSnapshots(options_.snapshot_root));
+    // Oldest first: the newest checkpoint is the last one. Snapshots killed
+    // while being written were never published (and CleanLeftovers removed
+    // their temporary directories), so it is complete.
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (it->is_checkpoint()) return it->directory;
+    }
+    return std::string();
+  }
+  ASSIGN_OR_RETURN(snapshot::SnapshotManifest m,
+                   snapshot::DescribeSnapshot(options_.snapshot_root, options_.resume));
+  return m.directory;
 }
 
 Session::Session(const SessionOptions& options, std::string device)

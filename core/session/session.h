@@ -29,6 +29,7 @@
 #include "core/memory/memory_stats.h"
 #include "core/session/operation.h"
 #include "core/session/session_types.h"
+#include "core/train/trainer_state.h"
 
 namespace at {
 class Tensor;
@@ -43,8 +44,9 @@ namespace offload {
 class Offloader;
 }
 namespace snapshot {
+struct CheckpointPayload;
 struct LoadedWeights;
-}
+}  // namespace snapshot
 
 class Session {
  public:
@@ -67,8 +69,13 @@ class Session {
   OperationRegistry& operations_for_testing() { return operations_; }
 
   // Queues a model load (LOAD_MODEL operation). INVALID_ARGUMENT for a spec
-  // without exactly one source, FAILED_PRECONDITION while training runs,
-  // UNIMPLEMENTED for placements this build cannot honour.
+  // without exactly one source or with resume but no hf_directory,
+  // FAILED_PRECONDITION while training runs, UNIMPLEMENTED for placements
+  // this build cannot honour. With resume, the operation fails with
+  // FAILED_PRECONDITION naming what is missing when the directory is not a
+  // checkpoint (weights only) or its optimizer state is of another model,
+  // and DATA_LOSS when a checkpoint file is corrupt; the loaded model stays
+  // as it was on every failure.
   absl::StatusOr<std::shared_ptr<Operation>> LoadModel(const LoadModelSpec& spec);
 
   // Merges the request over the defaults (TrainOptions', the daemon's
@@ -76,11 +83,15 @@ class Session {
   // are SessionStepReport, result TrainResult). INVALID_ARGUMENT for bad
   // options or data (read here, so the caller learns at once),
   // FAILED_PRECONDITION without a model, ABORTED while another training is
-  // queued or running.
+  // queued or running. With spec.resume: INVALID_ARGUMENT for a seed other
+  // than the run's; FAILED_PRECONDITION when the model
+  // has no run to continue, when that run is complete and steps is unset, or
+  // when its data source (reused) no longer has the same number of tokens.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Queues a snapshot at the next step boundary (SNAPSHOT operation; result
-  // SnapshotResult). INVALID_ARGUMENT for a bad name,
+  // SnapshotResult). INVALID_ARGUMENT for a bad name, a checkpoint with a
+  // converting dtype (CheckCheckpointDtype),
   // ALREADY_EXISTS when taken, FAILED_PRECONDITION without a model or a
   // snapshot root.
   absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec);
@@ -161,8 +172,8 @@ class Session {
   bool draining() const;
 
   // For --snapshot_on_shutdown: a blocking snapshot named `name` of the
-  // current model, taken on the owner thread before it stops. Call before
-  // Shutdown.
+  // current model (of SessionOptions::auto_snapshot_kind), taken on the
+  // owner thread before it stops. Call before Shutdown.
   absl::Status SnapshotNow(const std::string& name);
 
  private:
@@ -173,7 +184,12 @@ class Session {
   absl::Status LoadOnOwner(const LoadModelSpec& spec);
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                    const offload::OffloadOptions& offload_options,
-                   const TokenDataset& data);
+                   const TokenDataset& data, bool resume);
+  // The checkpoint --resume names (SessionOptions::resume): its directory,
+  // or empty for "latest" when the root holds no checkpoint yet.
+  absl::StatusOr<std::string> ResumeDirectory() const;
+  // Publishes the trainer's run for StartTraining's resume merge.
+  void PublishRun();
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
   void RunBoundaryWork();
   // Queues a snapshot to run at the next step boundary, or when idle.
@@ -182,8 +198,11 @@ class Session {
   void FinishSnapshot(const std::shared_ptr<Operation>& op,
                       absl::StatusOr<snapshot::SnapshotManifest> manifest,
                       SnapshotMode mode);
+  // `checkpoint`: null for a weights snapshot, else the payload with host
+  // copies of the optimizer tensors.
   void RunAsyncWrite(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec,
                      std::vector<std::pair<std::string, at::Tensor>> copies,
+                     std::shared_ptr<snapshot::CheckpointPayload> checkpoint,
                      std::string config_json, int64_t staged_bytes);
   // Places one module of a model being loaded; true when its weights map
   // the loaded directory's files.
@@ -224,6 +243,8 @@ class Session {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
+  // The trainer's run (Trainer::run()), published for resume merges.
+  std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   // Unused since categories come from attribution.
   // but inside the measured allocator (async snapshot copies on CPU).

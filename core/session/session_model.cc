@@ -20,9 +20,11 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/session.h"
+#include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/safetensors.h"
 #include "core/train/trainer.h"
+#include "core/train/trainer_state.h"
 
 namespace memprofd {
 namespace {
@@ -86,6 +88,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
                      absl::StrJoin(LlamaConfig::PresetNames(), ", "),
                      ") or a Hugging Face directory"));
   }
+  if (spec.resume && spec.hf_directory.empty()) {
+    return absl::InvalidArgumentError(
+        "resume needs hf_directory: the directory of a checkpoint (a preset has no "
+        "training state to resume)");
+  }
   RETURN_IF_ERROR(CheckPlacement(spec));
   if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());
   {
@@ -134,6 +141,19 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
                      PlaceModule(*model, module, placement, mapped ? &*mapped : nullptr));
     if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
   }
+  auto trainer = std::make_unique<Trainer>(model.get());
+  if (spec.resume) {
+    // All of the checkpoint is read and checked against the new model before
+    // the old one is replaced: any failure leaves the daemon as it was.
+    ASSIGN_OR_RETURN(snapshot::LoadedCheckpoint checkpoint,
+                     snapshot::LoadCheckpointFiles(spec.hf_directory));
+    ASSIGN_OR_RETURN(const TrainerState state,
+                     TrainerStateFromJson(checkpoint.trainer_state_json,
+                                          (std::filesystem::path(spec.hf_directory) /
+                                           snapshot::kTrainerStateFile)
+                                              .string()));
+    RETURN_IF_ERROR(trainer->Restore(state, checkpoint.optimizer_tensors));
+  }
   // The old model (and the optimizer state that points at it) goes first.
   trainer_.reset();
   offloader_.reset();
@@ -143,11 +163,19 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
     absl::MutexLock lock(&mu_);
     mapped_directory_ = mapped_directory;
   }
-  trainer_ = std::make_unique<Trainer>(model_.get());
+  trainer_ = std::move(trainer);
   TagModelMemory();
   PublishModel();
   PublishCategories();
+  PublishRun();
   return absl::OkStatus();
+}
+
+void Session::PublishRun() {
+  std::optional<RunState> run;
+  if (trainer_) run = trainer_->run();
+  absl::MutexLock lock(&mu_);
+  run_ = std::move(run);
 }
 
 absl::StatusOr<bool> Session::PlaceModule(LlamaModel& model, const std::string& module,

@@ -14,9 +14,11 @@
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
 #include "core/session/session.h"
+#include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
 #include "core/train/trainer.h"
+#include "core/train/trainer_state.h"
 
 namespace memprofd {
 namespace {
@@ -34,6 +36,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
     return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
   }
   RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
+  RETURN_IF_ERROR(snapshot::CheckCheckpointDtype(spec.options));
   if (!Model())
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) {
@@ -67,6 +70,7 @@ void Session::MaybeQueuePeriodicSnapshot(int64_t global_step) {
   }
   SnapshotSpec spec;
   spec.name = absl::StrCat("step-", global_step);
+  spec.options.kind = options_.auto_snapshot_kind;
   if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) return;
   absl::StatusOr<std::shared_ptr<Operation>> op = QueueSnapshot(spec);
   if (!op.ok())
@@ -85,6 +89,16 @@ void Session::RunSnapshot(const std::shared_ptr<Operation>& op,
   s.options.tie_word_embeddings = model_->config().tie_word_embeddings;
   s.options.global_step = trainer_ ? trainer_->global_step() : 0;
   const std::string config_json = model_->config().ToJson();
+  // A checkpoint's training state, taken here at the step boundary with the
+  // weights: the optimizer tensors are the live ones (streamed, never copied
+  // whole, in blocking mode), the trainer state a copy.
+  std::shared_ptr<snapshot::CheckpointPayload> checkpoint;
+  if (s.options.kind == snapshot::SnapshotKind::kCheckpoint) {
+    checkpoint = std::make_shared<snapshot::CheckpointPayload>();
+    checkpoint->optimizer_tensors = trainer_->NamedOptimizerState();
+    checkpoint->optimizer_metadata = trainer_->OptimizerMetadata();
+    checkpoint->trainer_state_json = TrainerStateToJson(trainer_->State());
+  }
   if (s.mode == SnapshotMode::kAsync) {
     // Copy every tensor to host memory now (the consistent point), then
     // write in the background while training goes on.
@@ -94,38 +108,59 @@ void Session::RunSnapshot(const std::shared_ptr<Operation>& op,
       FinishSnapshot(op, copy.status(), s.mode);
       return;
     }
-    async_staging_bytes_ += copy->host_bytes;
-    s.options.held_host_bytes = copy->host_bytes;
+    int64_t held = copy->host_bytes;
+    if (checkpoint) {
+      snapshot::SnapshotOptions keep;  // the optimizer state in its own dtype
+      absl::StatusOr<snapshot::AsyncSnapshotSource> opt_copy =
+          snapshot::CopyForAsyncSnapshot(checkpoint->optimizer_tensors, keep);
+      if (!opt_copy.ok()) {
+        FinishSnapshot(op, opt_copy.status(), s.mode);
+        return;
+      }
+      checkpoint->optimizer_tensors = std::move(opt_copy->tensors);
+      held += opt_copy->host_bytes;
+    }
+    async_staging_bytes_ += held;
+    s.options.held_host_bytes = held;
     s.options.enter_snapshot_phase = false;  // the phase belongs to the owner thread
     absl::MutexLock lock(&mu_);
     async_writers_.emplace_back(
-        [this, op, s, copy = *std::move(copy), config_json]() mutable {
-          RunAsyncWrite(op, s, std::move(copy.tensors), config_json, copy.host_bytes);
+        [this, op, s, copy = *std::move(copy), checkpoint, config_json, held]() mutable {
+          RunAsyncWrite(op, s, std::move(copy.tensors), std::move(checkpoint),
+                        config_json, held);
         });
     return;
   }
   snapshot::SnapshotWriter writer(options_.snapshot_root);
-  absl::StatusOr<snapshot::SnapshotManifest> manifest = writer.Write(
-      s.name, model_->NamedParameters(), config_json, s.options,
-      [&op](int64_t written, int64_t total) {
-        op->SetProgress(written, total, "bytes", "");
-      },
-      [&op] { return op->cancel_requested(); });
+  auto progress = [&op](int64_t written, int64_t total) {
+    op->SetProgress(written, total, "bytes", "");
+  };
+  auto cancel = [&op] { return op->cancel_requested(); };
+  absl::StatusOr<snapshot::SnapshotManifest> manifest =
+      checkpoint ? writer.WriteCheckpoint(s.name, model_->NamedParameters(), config_json,
+                                          *checkpoint, s.options, progress, cancel)
+                 : writer.Write(s.name, model_->NamedParameters(), config_json, s.options,
+                                progress, cancel);
   FinishSnapshot(op, std::move(manifest), s.mode);
 }
 
 void Session::RunAsyncWrite(const std::shared_ptr<Operation>& op,
                             const SnapshotSpec& spec,
                             std::vector<std::pair<std::string, at::Tensor>> copies,
+                            std::shared_ptr<snapshot::CheckpointPayload> checkpoint,
                             std::string config_json, int64_t staged_bytes) {
   snapshot::SnapshotWriter writer(options_.snapshot_root);
-  absl::StatusOr<snapshot::SnapshotManifest> manifest = writer.Write(
-      spec.name, copies, config_json, spec.options,
-      [&op](int64_t written, int64_t total) {
-        op->SetProgress(written, total, "bytes", "");
-      },
-      [&op] { return op->cancel_requested(); });
+  auto progress = [&op](int64_t written, int64_t total) {
+    op->SetProgress(written, total, "bytes", "");
+  };
+  auto cancel = [&op] { return op->cancel_requested(); };
+  absl::StatusOr<snapshot::SnapshotManifest> manifest =
+      checkpoint
+          ? writer.WriteCheckpoint(spec.name, copies, config_json, *checkpoint,
+                                   spec.options, progress, cancel)
+          : writer.Write(spec.name, copies, config_json, spec.options, progress, cancel);
   copies.clear();
+  checkpoint.reset();
   async_staging_bytes_ -= staged_bytes;
   FinishSnapshot(op, std::move(manifest), spec.mode);
 }
@@ -161,6 +196,7 @@ void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
 absl::Status Session::SnapshotNow(const std::string& name) {
   SnapshotSpec spec;
   spec.name = name;
+  spec.options.kind = options_.auto_snapshot_kind;
   ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, StartSnapshot(spec));
   OperationView view = op->View();
   while (!view.done) view = op->WaitForChange(view.version, absl::InfiniteFuture());

@@ -34,9 +34,46 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   }
-  ASSIGN_OR_RETURN(const TrainOptions train,
-                   MergeTrainRequest(TrainOptions(), spec.train,
-                                     model->config.max_position_embeddings));
+  TrainOptions defaults;
+  TrainRequest request = spec.train;
+  std::optional<RunState> run;
+  if (spec.resume) {
+    {
+      absl::MutexLock lock(&mu_);
+      run = run_;
+    }
+    if (!run) {
+      return absl::FailedPreconditionError(
+          "there is no training run to resume on this model: load a checkpoint with "
+          "resume (LoadModel resume, memprofd --resume) or train without resume");
+    }
+    // The generator goes on from its saved state: another seed could not
+    // take effect, so it is refused rather than ignored.
+    if (request.seed && *request.seed != run->options.seed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("seed ", *request.seed,
+                       " cannot be given with resume: the run's data stream "
+                       "(seed ",
+                       run->options.seed,
+                       ") goes on from its saved generator state; drop "
+                       "seed, or train without resume to start a new stream"));
+    }
+    // The checkpointed run's configuration fills what the request leaves
+    // unset; by default the run goes on to its own total.
+    defaults = run->options;
+    if (!request.steps) {
+      const int64_t rest = run->options.steps - run->steps_completed;
+      if (rest < 1) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("the run to resume is complete (", run->steps_completed, " of ",
+                         run->options.steps, " steps); give steps to train further"));
+      }
+      request.steps = rest;
+    }
+  }
+  ASSIGN_OR_RETURN(
+      const TrainOptions train,
+      MergeTrainRequest(defaults, request, model->config.max_position_embeddings));
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
                    offload::MergeOffloadRequest(options_.offload, spec.offload));
   // The data is read and checked here so that the caller hears of a missing
@@ -44,6 +81,15 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
                    TokenDataset::Create(train.data, model->config.vocab_size));
   RETURN_IF_ERROR(data->Validate(train.seq_len));
+  if (run && !request.data && data->size() != run->data_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run to resume read ", run->data_tokens,
+        " tokens from its data source, which "
+        "now has ",
+        data->size(),
+        ": the data changed, so the run cannot go on on the "
+        "same stream; restore the data, or give a data source and accept a new stream"));
+  }
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
@@ -58,8 +104,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back([this, op, train, offload_options, data] {
-      RunTraining(op, train, offload_options, *data);
+    queue_.push_back([this, op, train, offload_options, data, resume = spec.resume] {
+      RunTraining(op, train, offload_options, *data, resume);
     });
   }
   return op;
@@ -67,7 +113,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                           const offload::OffloadOptions& offload_options,
-                          const TokenDataset& data) {
+                          const TokenDataset& data, bool resume) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
   auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
@@ -151,6 +197,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
       if (model_summary_) model_summary_->steps_trained = report.global_step;
     }
     PublishCategories();
+    PublishRun();
     MaybeQueuePeriodicSnapshot(report.global_step);
   };
   auto cancelled = [&] {
@@ -161,9 +208,12 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // The op half of attribution, on this (the forward) thread; autograd's
   // threads inherit it for the backward passes started here.
   memory::OpAttribution op_attribution;
-  absl::StatusOr<TrainResult> result = trainer_->Run(train, data, on_step, cancelled);
+  absl::StatusOr<TrainResult> result =
+      resume ? trainer_->ContinueRun(train, data, on_step, cancelled)
+             : trainer_->Run(train, data, on_step, cancelled);
   trainer_->set_hooks(StepHooks());
   PublishCategories();
+  PublishRun();
   if (!result.ok()) {
     finish(result.status());
   } else if (result->cancelled) {

@@ -41,6 +41,16 @@ struct SessionOptions {
   int64_t keep_last = 0;
   // Take a snapshot every N steps of training (0: never).
   int64_t snapshot_every_steps = 0;
+  // What the daemon's own snapshots (every snapshot_every_steps, and
+  // SnapshotNow on shutdown) write: checkpoints by default, since they exist
+  // to resume from after a crash or a preemption.
+  snapshot::SnapshotKind auto_snapshot_kind = snapshot::SnapshotKind::kCheckpoint;
+  // At start, instead of `model`: resume from a checkpoint under
+  // snapshot_root. "latest": the newest checkpoint (by create time; the start
+  // model when there is none yet, so that one command line serves the first
+  // start and every restart); any other text: the checkpoint of that name.
+  // Empty: no resume.
+  std::string resume;
 };
 
 struct LoadModelSpec {
@@ -50,6 +60,10 @@ struct LoadModelSpec {
   uint64_t seed = 0;
   // Module name ("model.layers.3") -> placement; unlisted modules: kDevice.
   std::vector<std::pair<std::string, Placement>> placement;
+  // hf_directory is a checkpoint: also restore its optimizer state and
+  // training state (trainer_state.json), so that a Train with resume goes on
+  // where it stopped.
+  bool resume = false;
 };
 
 struct ParameterSummary {
@@ -78,6 +92,12 @@ struct TrainSpec {
   // Each field unset takes the session's default (SessionOptions::offload,
   // the daemon's flags); StartTraining merges and validates them.
   offload::OffloadRequest offload;
+  // Continue the model's last run (restored from a checkpoint, or the last
+  // run in this process) at its next step on the same data stream. Fields of
+  // `train` left unset take that run's values instead of TrainOptions'
+  // defaults; `steps` unset runs the rest of it (its total minus the steps
+  // done).
+  bool resume = false;
 };
 
 // One training step as the session reports it (the event type of TRAIN
@@ -93,7 +113,10 @@ enum class SnapshotMode { kBlocking, kAsync };
 
 struct SnapshotSpec {
   std::string name;
-  snapshot::SnapshotOptions options;  // staging and tie flags are filled in
+  // Staging and tie flags are filled in. options.kind: kWeights unless asked
+  // (an explicit snapshot is most often an export, and a checkpoint is three
+  // times the size: the weights plus two moments each).
+  snapshot::SnapshotOptions options;
   SnapshotMode mode = SnapshotMode::kBlocking;
 };
 

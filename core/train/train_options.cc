@@ -92,7 +92,7 @@ absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
   o.seq_len = request.seq_len.value_or(o.seq_len);
   o.learning_rate = request.learning_rate.value_or(o.learning_rate);
   o.seed = request.seed.value_or(o.seed);
-  o.data = request.data;
+  if (request.data) o.data = *request.data;
   o.gradient_checkpointing =
       request.gradient_checkpointing.value_or(o.gradient_checkpointing);
   if (request.attn_implementation) {

@@ -71,7 +71,8 @@ struct TrainRequest {
   std::optional<int64_t> seq_len;
   std::optional<double> learning_rate;
   std::optional<uint64_t> seed;
-  DataSpec data;
+  // Unset: the defaults' data (the embedded corpus, or a resumed run's own).
+  std::optional<DataSpec> data;
   std::optional<bool> gradient_checkpointing;
   // "sdpa" or "eager".
   std::optional<std::string> attn_implementation;

@@ -5,11 +5,14 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <optional>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/common/attribution.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
@@ -237,8 +240,37 @@ absl::StatusOr<TrainResult> Trainer::Run(
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
-  at::Generator generator = MakeDataGenerator(options.seed);
+  generator_ = MakeDataGenerator(options.seed);
+  RunState run;
+  run.options = options;
+  run.data_tokens = data.size();
+  run.sampler.seed = options.seed;
+  run_ = std::move(run);
+  return RunSteps(options, data, on_step, cancelled);
+}
 
+absl::StatusOr<TrainResult> Trainer::ContinueRun(
+    const TrainOptions& options, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled) {
+  RETURN_IF_ERROR(
+      ValidateTrainOptions(options, model_->config().max_position_embeddings));
+  RETURN_IF_ERROR(data.Validate(options.seq_len));
+  if (!run_ || !generator_.defined()) {
+    return absl::FailedPreconditionError(
+        "there is no training run to resume on this model: load a checkpoint with "
+        "resume (LoadModel resume, memprofd --resume) or train without resume");
+  }
+  run_->options = options;
+  run_->options.steps = run_->steps_completed + options.steps;
+  run_->data_tokens = data.size();
+  return RunSteps(options, data, on_step, cancelled);
+}
+
+absl::StatusOr<TrainResult> Trainer::RunSteps(
+    const TrainOptions& options, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled) {
   TrainResult result;
   const Clock::time_point start = Clock::now();
   for (int64_t step = 1; step <= options.steps; ++step) {
@@ -246,7 +278,14 @@ absl::StatusOr<TrainResult> Trainer::Run(
       result.cancelled = true;
       break;
     }
-    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator, step));
+    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator_, step));
+    // The cursor and the losses move before on_step, whose snapshots (taken
+    // at the next boundary) must see this step as done.
+    run_->steps_completed += 1;
+    run_->sampler.batches_drawn += options.grad_accumulation_steps;
+    run_->sampler.windows_drawn += options.grad_accumulation_steps * options.batch_size;
+    recent_losses_.emplace_back(report.global_step, report.loss);
+    while (recent_losses_.size() > kRecentLossesKept) recent_losses_.pop_front();
     if (step == 1) result.first_loss = report.loss;
     result.last_loss = report.loss;
     result.steps_completed = step;
@@ -258,6 +297,194 @@ absl::StatusOr<TrainResult> Trainer::Run(
       result.seconds > 0 ? static_cast<double>(result.tokens) / result.seconds : 0;
   result.global_step = global_step_;
   return result;
+}
+
+TrainerState Trainer::State() const {
+  TrainerState state;
+  state.global_step = global_step_;
+  if (run_) {
+    state.run = *run_;
+    if (generator_.defined()) {
+      // The CPU generator's whole state (CPUGeneratorImplState: the mt19937
+      // words and the cached normal samples), as torch.Generator.get_state.
+      const at::Tensor bytes = generator_.get_state();
+      state.run->sampler.generator_state.assign(
+          static_cast<const char*>(bytes.data_ptr()),
+          static_cast<size_t>(bytes.nbytes()));
+    }
+  }
+  state.recent_losses.assign(recent_losses_.begin(), recent_losses_.end());
+  return state;
+}
+
+namespace {
+
+constexpr const char* kStateParts[] = {"exp_avg", "exp_avg_sq", "step"};
+
+// The distinct parameters with their first name (a tied head is the
+// embedding), in state-dict order.
+std::vector<std::pair<std::string, at::Tensor>> DistinctParameters(
+    const LlamaModel& model) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, p] : model.NamedParameters()) {
+    bool seen = false;
+    for (const auto& [n, q] : out) {
+      seen = seen || q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
+    }
+    if (!seen) out.emplace_back(name, p);
+  }
+  return out;
+}
+
+std::string ShapeText(at::IntArrayRef shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    absl::StrAppend(&out, i ? ", " : "", shape[i]);
+  }
+  return out + "]";
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> Trainer::NamedOptimizerState() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (optimizer_ == nullptr) return out;
+  for (const auto& [name, p] : DistinctParameters(*model_)) {
+    std::optional<FusedAdamW::ParamState> s = optimizer_->StateOf(p);
+    if (!s) continue;
+    out.emplace_back(absl::StrCat(name, ".exp_avg"), s->exp_avg);
+    out.emplace_back(absl::StrCat(name, ".exp_avg_sq"), s->exp_avg_sq);
+    out.emplace_back(absl::StrCat(name, ".step"), s->step);
+  }
+  return out;
+}
+
+std::map<std::string, std::string> Trainer::OptimizerMetadata() const {
+  std::map<std::string, std::string> m;
+  m["optimizer"] = "AdamW";
+  m["implementation"] = "at::_fused_adamw_ (torch.optim.AdamW(fused=True))";
+  m["global_step"] = absl::StrCat(global_step_);
+  if (optimizer_ == nullptr) return m;
+  // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
+  const char* kGroups[] = {"decay", "no_decay"};
+  for (size_t g = 0; g < 2; ++g) {
+    const FusedAdamW::Options& o = optimizer_->options(g);
+    const std::string prefix = absl::StrCat("group.", kGroups[g], ".");
+    m[prefix + "lr"] = absl::StrFormat("%.17g", o.learning_rate);
+    m[prefix + "beta1"] = absl::StrFormat("%.17g", o.beta1);
+    m[prefix + "beta2"] = absl::StrFormat("%.17g", o.beta2);
+    m[prefix + "eps"] = absl::StrFormat("%.17g", o.eps);
+    m[prefix + "weight_decay"] = absl::StrFormat("%.17g", o.weight_decay);
+  }
+  return m;
+}
+
+absl::Status Trainer::Restore(
+    const TrainerState& state,
+    const std::vector<std::pair<std::string, at::Tensor>>& optimizer) {
+  // Every check first: a failed restore leaves the trainer as it was.
+  std::map<std::string, const at::Tensor*> given;
+  for (const auto& [name, t] : optimizer) given[name] = &t;
+  const std::vector<std::pair<std::string, at::Tensor>> params =
+      DistinctParameters(*model_);
+  std::map<std::string, at::Tensor> by_name;
+  for (const auto& [name, p] : params) by_name[name] = p;
+  for (const auto& [name, t] : given) {
+    std::string param;
+    bool is_step = false;
+    for (const char* part : kStateParts) {
+      const std::string suffix = absl::StrCat(".", part);
+      if (absl::EndsWith(name, suffix)) {
+        param = name.substr(0, name.size() - suffix.size());
+        is_step = suffix == ".step";
+        break;
+      }
+    }
+    auto it = by_name.find(param);
+    if (param.empty() || it == by_name.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint's optimizer state holds '", name,
+          "', which names no parameter of this model: the checkpoint is of another "
+          "model; resume from a checkpoint of this model"));
+    }
+    if (!it->second.requires_grad()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has optimizer state for ", param,
+                       ", which is frozen in this load (placed on disk); load the "
+                       "checkpoint with the placement it was trained with"));
+    }
+    if (is_step ? t->numel() != 1 : !t->sizes().equals(it->second.sizes())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint's optimizer state ", name, " has shape ", ShapeText(t->sizes()),
+          " but parameter ", param, " has shape ", ShapeText(it->second.sizes()),
+          ": the checkpoint is of another model shape; resume from a checkpoint of "
+          "this model"));
+    }
+  }
+  for (const auto& [name, p] : params) {
+    if (!p.requires_grad()) continue;
+    int present = 0;
+    for (const char* part : kStateParts)
+      present += given.count(absl::StrCat(name, ".", part));
+    if (present == 0 && state.global_step > 0 && !given.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the checkpoint has no optimizer state for ", name, " (no ", name,
+                       ".exp_avg): it is of another model; resume from a checkpoint "
+                       "of this model"));
+    }
+    if (present != 0 && present != 3) {
+      for (const char* part : kStateParts) {
+        if (given.count(absl::StrCat(name, ".", part)) == 0) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("the checkpoint's optimizer state lacks ", name, ".", part,
+                           "; take the checkpoint again"));
+        }
+      }
+    }
+  }
+  if (!given.empty() && !state.run) {
+    return absl::DataLossError(
+        "the checkpoint has optimizer state but no training run in trainer_state.json; "
+        "take the checkpoint again");
+  }
+  at::Generator generator;
+  if (state.run) {
+    const std::string& bytes = state.run->sampler.generator_state;
+    absl::Status status = TorchBoundary("restoring the data generator", [&] {
+      generator = MakeDataGenerator(state.run->sampler.seed);
+      at::Tensor t = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+      if (!bytes.empty()) std::memcpy(t.data_ptr(), bytes.data(), bytes.size());
+      generator.set_state(t);
+    });
+    if (!status.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("trainer_state.json's data generator state (", bytes.size(),
+                       " bytes) is not a CPU generator's: ", status.message(),
+                       "; take the checkpoint again"));
+    }
+  }
+
+  std::unique_ptr<FusedAdamW> saved_optimizer = std::move(optimizer_);
+  absl::Status status = TorchBoundary("restoring the optimizer state", [&] {
+    if (state.run) ConfigureOptimizer(state.run->options);
+    for (const auto& [name, p] : params) {
+      if (given.count(absl::StrCat(name, ".exp_avg")) == 0) continue;
+      FusedAdamW::ParamState s{*given.at(absl::StrCat(name, ".exp_avg")),
+                               *given.at(absl::StrCat(name, ".exp_avg_sq")),
+                               *given.at(absl::StrCat(name, ".step"))};
+      TORCH_CHECK(optimizer_->SetStateOf(p, s), "no optimizer slot for ", name);
+    }
+  });
+  if (!status.ok()) {
+    optimizer_ = std::move(saved_optimizer);
+    return status;
+  }
+  global_step_ = state.global_step;
+  run_ = state.run;
+  if (run_) run_->sampler.generator_state.clear();
+  generator_ = std::move(generator);
+  recent_losses_.assign(state.recent_losses.begin(), state.recent_losses.end());
+  return absl::OkStatus();
 }
 
 std::vector<at::Tensor> Trainer::OptimizerState() const {

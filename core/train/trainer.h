@@ -8,8 +8,13 @@
 #include <ATen/core/Generator.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -17,6 +22,7 @@
 #include "core/model/llama.h"
 #include "core/train/data.h"
 #include "core/train/train_options.h"
+#include "core/train/trainer_state.h"
 
 namespace memprofd {
 
@@ -97,6 +103,7 @@ class Trainer {
   // and returns OK with result.cancelled set and the steps done so far.
   // Errors: the options' or data's INVALID_ARGUMENT, or the first failed
   // step's status (the steps before it were reported through on_step).
+  // The run becomes the one ContinueRun continues and State() saves.
   absl::StatusOr<TrainResult> Run(
       const TrainOptions& options,
       const std::function<void(const StepReport&)>& on_step = {},
@@ -109,12 +116,51 @@ class Trainer {
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {});
 
+  // Continues the last run (started by Run, or restored by Restore) with
+  // `options` for options.steps more steps: the run's generator draws on
+  // from where it stopped, so the windows, and with the same options the
+  // losses, are those an uninterrupted run would have had. The run's total
+  // becomes the steps done so far plus options.steps. FAILED_PRECONDITION
+  // when there is no run to continue; otherwise Run's errors.
+  absl::StatusOr<TrainResult> ContinueRun(
+      const TrainOptions& options, const TokenDataset& data,
+      const std::function<void(const StepReport&)>& on_step = {},
+      const std::function<bool()>& cancelled = {});
+
   // The optimizer's state tensors (AdamW moments; empty before the first
   // step), for memory accounting. Owner thread only.
   std::vector<at::Tensor> OptimizerState() const;
 
+  // What a checkpoint stores of the trainer besides the optimizer tensors,
+  // as of now (the generator's bytes are copied). Call at a step boundary.
+  TrainerState State() const;
+  // The optimizer state by name, for a checkpoint: "<param>.exp_avg",
+  // "<param>.exp_avg_sq" and "<param>.step" (a float32 scalar) for every
+  // parameter that has had an update, in state-dict order, a tied head once
+  // under the embedding's name. The live tensors, not copies.
+  std::vector<std::pair<std::string, at::Tensor>> NamedOptimizerState() const;
+  // The optimizer's hyperparameters as string metadata (for the
+  // safetensors header of a checkpoint's optimizer file).
+  std::map<std::string, std::string> OptimizerMetadata() const;
+
+  // Restores a checkpoint into this trainer (made for the checkpoint's
+  // model): global step, run, generator, recent losses and, named as
+  // NamedOptimizerState names them, the optimizer state (copied onto the
+  // parameters' devices). Everything is checked before anything changes:
+  // FAILED_PRECONDITION naming the tensor when a name is not of a trainable
+  // parameter of the model, a shape differs from its parameter's, one of a
+  // parameter's three tensors is missing, or a trainable parameter has no
+  // state although the checkpoint has trained; DATA_LOSS when the generator
+  // state is not a CPU generator's. RESOURCE_EXHAUSTED when the copies do
+  // not fit. Call once, on a fresh trainer, before any step.
+  absl::Status Restore(const TrainerState& state,
+                       const std::vector<std::pair<std::string, at::Tensor>>& optimizer);
+
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }
+  // The run ContinueRun would continue; unset before the first run. Its
+  // sampler's generator_state is empty (State() fills it).
+  const std::optional<RunState>& run() const { return run_; }
   LlamaModel* model() const { return model_; }
   // Drops the optimizer state; the next step starts AdamW afresh.
   void ResetOptimizer();
@@ -123,6 +169,11 @@ class Trainer {
   absl::StatusOr<StepReport> StepUnchecked(const TrainOptions& options,
                                            const TokenDataset& data,
                                            at::Generator& generator, int64_t step_in_run);
+  // The steps of Run and ContinueRun, on run_ and generator_.
+  absl::StatusOr<TrainResult> RunSteps(
+      const TrainOptions& options, const TokenDataset& data,
+      const std::function<void(const StepReport&)>& on_step,
+      const std::function<bool()>& cancelled);
   // Creates the optimizer on first use; updates its hyperparameters after.
   void ConfigureOptimizer(const TrainOptions& options);
   void ClearGradients();
@@ -132,6 +183,11 @@ class Trainer {
   StepHooks hooks_;
   DataShard shard_;
   int64_t global_step_ = 0;
+  // The run ContinueRun continues (its sampler's generator_state is filled
+  // only by State()), and its generator.
+  std::optional<RunState> run_;
+  at::Generator generator_;
+  std::deque<std::pair<int64_t, double>> recent_losses_;
 };
 
 // A CPU generator seeded with `seed`, for TokenDataset::NextBatch.

@@ -113,7 +113,7 @@ TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {
   EXPECT_FALSE(n.max_grad_norm.has_value());
   EXPECT_FALSE(n.grad_accumulation_steps.has_value());
   EXPECT_FALSE(n.attn_implementation.has_value());
-  EXPECT_EQ(n.data.kind, DataSpec::Kind::kEmbeddedCorpus);
+  EXPECT_FALSE(n.data.has_value());  // the defaults' data (the embedded corpus)
 
   req.set_seq_len(48);
   absl::StatusOr<TrainSpec> one = FromProto(req);
@@ -191,26 +191,26 @@ TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
 TEST(ConvertTest, TrainRequestDataSourcesMapToDataSpecs) {
   v1::TrainRequest req;
   req.mutable_data()->set_embedded_corpus(true);
-  EXPECT_EQ(FromProto(req)->train.data.kind, DataSpec::Kind::kEmbeddedCorpus);
+  EXPECT_EQ(FromProto(req)->train.data->kind, DataSpec::Kind::kEmbeddedCorpus);
 
   req.mutable_data()->set_text_file("/data/corpus.txt");
-  DataSpec d = FromProto(req)->train.data;
+  DataSpec d = *FromProto(req)->train.data;
   EXPECT_EQ(d.kind, DataSpec::Kind::kTextFile);
   EXPECT_EQ(d.path, "/data/corpus.txt");
 
   req.mutable_data()->mutable_token_file()->set_path("/data/train.bin");
-  d = FromProto(req)->train.data;
+  d = *FromProto(req)->train.data;
   EXPECT_EQ(d.kind, DataSpec::Kind::kTokenFile);
   EXPECT_EQ(d.path, "/data/train.bin");
   EXPECT_EQ(d.bytes_per_token, DataSpec().bytes_per_token);  // unset: core's default
   req.mutable_data()->mutable_token_file()->set_bytes_per_token(4);
-  EXPECT_EQ(FromProto(req)->train.data.bytes_per_token, 4);
+  EXPECT_EQ(FromProto(req)->train.data->bytes_per_token, 4);
   req.mutable_data()->mutable_token_file()->set_bytes_per_token(0);
-  EXPECT_EQ(FromProto(req)->train.data.bytes_per_token,
+  EXPECT_EQ(FromProto(req)->train.data->bytes_per_token,
             0);  // set: the session refuses it
 
   for (int64_t id : {5, 0, 255}) req.mutable_data()->mutable_inline_tokens()->add_ids(id);
-  d = FromProto(req)->train.data;
+  d = *FromProto(req)->train.data;
   EXPECT_EQ(d.kind, DataSpec::Kind::kInlineTokens);
   EXPECT_THAT(d.tokens, ElementsAre(5, 0, 255));
 }
@@ -278,6 +278,40 @@ TEST(ConvertTest, SnapshotRequestShardSizeDtypeAndMode) {
   spec = FromProto(req);
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(spec.status().message(), HasSubstr("\"5GB\""));
+}
+
+TEST(ConvertTest, CheckpointKindAndResumeFlagsReachTheSession) {
+  v1::SnapshotRequest snap;
+  snap.set_name("s");
+  // Unspecified: weights (an explicit snapshot is most often an export).
+  EXPECT_EQ(FromProto(snap)->options.kind, snapshot::SnapshotKind::kWeights);
+  snap.set_kind(v1::SNAPSHOT_KIND_CHECKPOINT);
+  EXPECT_EQ(FromProto(snap)->options.kind, snapshot::SnapshotKind::kCheckpoint);
+  snap.set_kind(v1::SNAPSHOT_KIND_WEIGHTS);
+  EXPECT_EQ(FromProto(snap)->options.kind, snapshot::SnapshotKind::kWeights);
+
+  v1::LoadModelRequest load;
+  load.set_hf_directory("/ck");
+  EXPECT_FALSE(FromProto(load)->resume);
+  load.set_resume(true);
+  EXPECT_TRUE(FromProto(load)->resume);
+
+  v1::TrainRequest train;
+  EXPECT_FALSE(FromProto(train)->resume);
+  train.set_resume(true);
+  absl::StatusOr<TrainSpec> spec = FromProto(train);
+  EXPECT_TRUE(spec->resume);
+  EXPECT_FALSE(spec->train.steps.has_value());  // the session runs the rest of the run
+  EXPECT_FALSE(spec->train.data.has_value());   // the run's own data
+
+  snapshot::SnapshotManifest m;
+  m.kind = "checkpoint";
+  m.optimizer_bytes = 123;
+  v1::SnapshotManifest p = ToProto(m, SnapshotMode::kBlocking);
+  EXPECT_EQ(p.kind(), v1::SNAPSHOT_KIND_CHECKPOINT);
+  EXPECT_EQ(p.optimizer_bytes(), 123);
+  EXPECT_EQ(ToProto(snapshot::SnapshotManifest(), SnapshotMode::kBlocking).kind(),
+            v1::SNAPSHOT_KIND_WEIGHTS);
 }
 
 TEST(ConvertTest, FailedOperationCarriesItsErrorAndNoResult) {

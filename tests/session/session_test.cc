@@ -1,12 +1,14 @@
 // The engine end to end, in-process: device resolution, a CPU session's
 // memory history and stats, training stopped at a step boundary by shutdown,
 // memory categories and phase peaks against the allocator, and a snapshot's
-// extra memory bounded by the staging buffer whatever the model size.
+// extra memory bounded by the staging buffer whatever the model size, and a
+// checkpoint resumed in a new session with the uninterrupted losses.
 
 #include "core/session/session.h"
 
 #include <ATen/ATen.h>
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -206,6 +208,76 @@ TEST_F(TinySessionTest, SnapshotExtraMemoryIsBoundedByTheStagingBuffer) {
     // Larger than the staging buffer: a whole copy would break the bound.
     EXPECT_GT(manifest.total_size, int64_t{4} << 20) << preset;
   }
+}
+
+// The losses of a TRAIN operation by global step.
+std::map<int64_t, double> LossesOf(const Operation& op) {
+  std::map<int64_t, double> out;
+  int64_t first = 0;
+  for (const SessionStepReport& r : op.EventsFrom(1, 100000, &first)) {
+    out[r.step.global_step] = r.step.loss;
+  }
+  return out;
+}
+
+TEST_F(TinySessionTest, ACheckpointResumesTheRunInAnotherSessionBitForBit) {
+  TrainSpec run = Spec(12);
+  run.train.seed = 4;
+  run.train.gradient_checkpointing = true;
+  auto op = session_->StartTraining(run);
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_EQ(WaitDone(**op).state, OperationState::kSucceeded);
+  const std::map<int64_t, double> reference = LossesOf(**op);
+  ASSERT_EQ(reference.size(), 12u);
+
+  // The same run from a fresh model, checkpointed at a step boundary after
+  // step 3 while it trains on; then a new session resumes from that checkpoint.
+  LoadModelSpec fresh;
+  fresh.preset = "tiny";
+  ASSERT_EQ(WaitDone(**session_->LoadModel(fresh)).state, OperationState::kSucceeded);
+  op = session_->StartTraining(run);
+  ASSERT_TRUE(op.ok());
+  testing::WaitFor(
+      **op, [](const OperationView& v) { return v.completed >= 3; }, absl::Minutes(2));
+  SnapshotSpec ck;
+  ck.name = "ck";
+  ck.options.kind = snapshot::SnapshotKind::kCheckpoint;
+  auto snap = session_->StartSnapshot(ck);
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  OperationView sv = WaitDone(**snap);
+  ASSERT_EQ(sv.state, OperationState::kSucceeded) << sv.error;
+  const snapshot::SnapshotManifest manifest =
+      std::get<SnapshotResult>(sv.result).manifest;
+  EXPECT_TRUE(manifest.is_checkpoint());
+  WaitDone(**op);
+  session_.reset();
+
+  SessionOptions options;
+  options.device = "cpu";
+  options.model = "";
+  options.snapshot_root = root_;
+  options.resume = "ck";
+  auto resumed = Session::Create(options);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ((*resumed)->Model()->steps_trained, manifest.global_step);
+  TrainSpec rest;
+  rest.resume = true;  // nothing else: the run's own configuration and data
+  op = (*resumed)->StartTraining(rest);
+  ASSERT_TRUE(op.ok()) << op.status();
+  OperationView v = WaitDone(**op);
+  ASSERT_EQ(v.state, OperationState::kSucceeded) << v.error;
+  const std::map<int64_t, double> after = LossesOf(**op);
+  ASSERT_EQ(after.size(), static_cast<size_t>(12 - manifest.global_step));
+  for (const auto& [step, loss] : after) {
+    EXPECT_EQ(loss, reference.at(step)) << "global step " << step;
+  }
+  // The run is complete: going on needs steps.
+  EXPECT_EQ((*resumed)->StartTraining(rest).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  rest.train.steps = 1;
+  op = (*resumed)->StartTraining(rest);
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_EQ(WaitDone(**op).state, OperationState::kSucceeded);
 }
 
 TEST_F(TinySessionTest, DiskPlacedModulesAreFrozenAndCpuPlacedOnesTrain) {

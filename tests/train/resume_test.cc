@@ -1,0 +1,323 @@
+// What a checkpoint saves of training, round-tripped: the optimizer state
+// (FusedAdamW::StateOf / SetStateOf and the trainer's named tensors), the
+// trainer state with the data generator's bytes through trainer_state.json,
+// and a restored trainer continuing a run with the very losses of the run
+// that was never interrupted.
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/train/adamw.h"
+#include "core/train/trainer.h"
+#include "core/train/trainer_state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/llama.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeLlama;
+using testing::SmallLlamaConfig;
+
+TrainOptions Options(int64_t steps) {
+  TrainOptions o;
+  o.steps = steps;
+  o.batch_size = 4;
+  o.seq_len = 32;
+  o.seed = 11;
+  o.weight_decay = 0.1;
+  o.max_grad_norm = 1.0;
+  return o;
+}
+
+// Deep copies, as a checkpoint's files hold them (nothing shared with the
+// live tensors).
+std::vector<std::pair<std::string, at::Tensor>> Copies(
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& [name, t] : tensors) out.emplace_back(name, t.detach().clone());
+  return out;
+}
+
+bool BitEqual(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes().equals(b.sizes()) && a.scalar_type() == b.scalar_type() &&
+         std::memcmp(a.contiguous().data_ptr(), b.contiguous().data_ptr(), a.nbytes()) ==
+             0;
+}
+
+TEST(TrainerStateTest, JsonRoundTripKeepsEveryBit) {
+  TrainerState s;
+  s.global_step = 20;
+  RunState run;
+  run.options = Options(40);
+  run.options.learning_rate = 0.1;  // not exact in binary: the text must read back
+  run.options.seed = std::numeric_limits<uint64_t>::max();
+  run.options.data.kind = DataSpec::Kind::kInlineTokens;
+  run.options.data.tokens = {1, 2, 255};
+  run.options.gradient_checkpointing = true;
+  run.options.attn_implementation = AttentionImplementation::kEager;
+  run.steps_completed = 20;
+  run.data_tokens = 3;
+  run.sampler.seed = run.options.seed;
+  for (int i = 0; i < 5056; ++i)
+    run.sampler.generator_state.push_back(static_cast<char>(i * 7));
+  run.sampler.batches_drawn = 20;
+  run.sampler.windows_drawn = 80;
+  s.run = run;
+  s.recent_losses = {{19, 1.0 / 3.0},
+                     {20, 5.421010862427522e-20},
+                     {21, std::numeric_limits<double>::quiet_NaN()}};
+
+  const std::string text = TrainerStateToJson(s);
+  EXPECT_THAT(text, HasSubstr("\"memprofd_version\""));
+  EXPECT_THAT(text, HasSubstr("\"format_version\": 1"));
+  absl::StatusOr<TrainerState> back = TrainerStateFromJson(text, "x/trainer_state.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->global_step, 20);
+  ASSERT_TRUE(back->run.has_value());
+  const RunState& r = *back->run;
+  EXPECT_EQ(r.options.learning_rate, 0.1);
+  EXPECT_EQ(r.options.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(r.options.data.kind, DataSpec::Kind::kInlineTokens);
+  EXPECT_EQ(r.options.data.tokens, (std::vector<int64_t>{1, 2, 255}));
+  EXPECT_TRUE(r.options.gradient_checkpointing);
+  EXPECT_EQ(r.options.attn_implementation, AttentionImplementation::kEager);
+  EXPECT_EQ(r.options.weight_decay, 0.1);
+  EXPECT_EQ(r.options.max_grad_norm, 1.0);
+  EXPECT_EQ(r.options.steps, 40);
+  EXPECT_EQ(r.steps_completed, 20);
+  EXPECT_EQ(r.sampler.generator_state, run.sampler.generator_state);
+  EXPECT_EQ(r.sampler.windows_drawn, 80);
+  ASSERT_EQ(back->recent_losses.size(), 3u);
+  EXPECT_EQ(back->recent_losses[0].second, 1.0 / 3.0);
+  EXPECT_EQ(back->recent_losses[1].second, 5.421010862427522e-20);
+  EXPECT_TRUE(std::isnan(back->recent_losses[2].second));
+
+  TrainerState fresh;  // before any run
+  back = TrainerStateFromJson(TrainerStateToJson(fresh), "y");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_FALSE(back->run.has_value());
+}
+
+TEST(TrainerStateTest, DamagedTextIsDataLossNamingTheField) {
+  TrainerState s;
+  s.run = RunState();
+  std::string text = TrainerStateToJson(s);
+  for (const std::string& bad :
+       {std::string("{"), std::string("[]"),
+        [&] {  // a required field missing
+          std::string t = text;
+          t.replace(t.find("\"global_step\""), 13, "\"global_stepX\"");
+          return t;
+        }(),
+        [&] {
+          std::string t = text;
+          t.replace(t.find("\"format_version\": 1"), 19, "\"format_version\": 9");
+          return t;
+        }(),
+        [&] {
+          std::string t = text;
+          t.replace(t.find("\"batch_size\": 8"), 15, "\"batch_size\": \"8\"");
+          return t;
+        }()}) {
+    absl::StatusOr<TrainerState> r = TrainerStateFromJson(bad, "ck/trainer_state.json");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kDataLoss) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr("ck/trainer_state.json"));
+  }
+  std::string t = text;
+  t.replace(t.find("\"batch_size\": 8"), 15, "\"batch_size\": \"8\"");
+  EXPECT_THAT(TrainerStateFromJson(t, "p").status().message(),
+              HasSubstr("run.config.batch_size"));
+}
+
+TEST(FusedAdamWTest, StateCopiedIntoAFreshOptimizerContinuesBitForBit) {
+  torch::manual_seed(3);
+  std::vector<at::Tensor> a = {torch::randn({8, 5}).requires_grad_(),
+                               torch::randn({7}).requires_grad_()};
+  std::vector<at::Tensor> b;
+  for (const at::Tensor& p : a) b.push_back(p.detach().clone().requires_grad_());
+  FusedAdamW::Options o;
+  o.learning_rate = 1e-2;
+  o.weight_decay = 0.1;
+  FusedAdamW first({a}, {o});
+  auto grads = [](std::vector<at::Tensor>& ps, int k) {
+    torch::manual_seed(50 + k);
+    for (at::Tensor& p : ps) p.mutable_grad() = torch::randn(p.sizes());
+  };
+  for (int k = 0; k < 3; ++k) {
+    grads(a, k);
+    first.Step();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    torch::NoGradGuard no_grad;
+    b[i].copy_(a[i]);
+  }
+  FusedAdamW second({b}, {o});
+  EXPECT_FALSE(second.StateOf(b[0]).has_value());  // no update yet
+  for (size_t i = 0; i < a.size(); ++i) {
+    std::optional<FusedAdamW::ParamState> s = first.StateOf(a[i]);
+    ASSERT_TRUE(s.has_value());
+    EXPECT_EQ(s->step.item<float>(), 3.0f);
+    EXPECT_EQ(s->step.scalar_type(), at::kFloat);
+    FusedAdamW::ParamState copy{s->exp_avg.clone(), s->exp_avg_sq.clone(),
+                                s->step.clone()};
+    ASSERT_TRUE(second.SetStateOf(b[i], copy));
+  }
+  // A shape that does not fit is refused.
+  FusedAdamW::ParamState wrong{torch::zeros({2}), torch::zeros({2}), torch::zeros({})};
+  EXPECT_FALSE(second.SetStateOf(b[0], wrong));
+  EXPECT_FALSE(second.SetStateOf(torch::zeros({8, 5}), *first.StateOf(a[0])));
+  for (int k = 3; k < 6; ++k) {
+    grads(a, k);
+    grads(b, k);
+    first.Step();
+    second.Step();
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(BitEqual(a[i].detach(), b[i].detach())) << i;
+    EXPECT_TRUE(
+        BitEqual(first.StateOf(a[i])->exp_avg_sq, second.StateOf(b[i])->exp_avg_sq));
+  }
+}
+
+TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
+  for (bool checkpointing : {false, true}) {
+    SCOPED_TRACE(checkpointing ? "gradient checkpointing" : "plain");
+    TrainOptions o = Options(6);
+    o.gradient_checkpointing = checkpointing;
+    o.grad_accumulation_steps = 2;
+    // The run never interrupted.
+    std::vector<double> reference;
+    {
+      std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+      Trainer trainer(m.get());
+      ASSERT_TRUE(
+          trainer.Run(o, [&](const StepReport& r) { reference.push_back(r.loss); }).ok());
+    }
+    ASSERT_EQ(reference.size(), 6u);
+
+    // The same run stopped after 3 steps, its state saved as a checkpoint
+    // holds it (JSON text, tensor copies), the trainer destroyed.
+    std::string state_json;
+    std::vector<std::pair<std::string, at::Tensor>> weights, optimizer;
+    {
+      std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+      Trainer trainer(m.get());
+      int done = 0;
+      absl::StatusOr<TrainResult> r = trainer.Run(
+          o, [&](const StepReport&) { ++done; }, [&] { return done == 3; });
+      ASSERT_TRUE(r.ok());
+      ASSERT_TRUE(r->cancelled);
+      state_json = TrainerStateToJson(trainer.State());
+      weights = Copies(m->NamedParameters());
+      optimizer = Copies(trainer.NamedOptimizerState());
+      // Three per distinct parameter (the tied head is the embedding).
+      EXPECT_EQ(optimizer.size(), 3 * m->Parameters().size());
+      EXPECT_EQ(trainer.OptimizerMetadata().at("group.decay.weight_decay"),
+                "0.10000000000000001");
+    }
+
+    // A new model (other init seed) and trainer restored from it.
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 99);
+    ASSERT_TRUE(m->LoadStateDict(weights).ok());
+    Trainer trainer(m.get());
+    absl::StatusOr<TrainerState> state = TrainerStateFromJson(state_json, "t");
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(state->run->sampler.batches_drawn, 6);  // 3 steps x 2 micro-batches
+    EXPECT_EQ(state->run->sampler.windows_drawn, 24);
+    ASSERT_EQ(state->recent_losses.size(), 3u);
+    EXPECT_EQ(state->recent_losses[2].second, reference[2]);
+    ASSERT_TRUE(trainer.Restore(*state, optimizer).ok());
+    EXPECT_EQ(trainer.global_step(), 3);
+    absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+        TokenDataset::Create(o.data, 256);
+    ASSERT_TRUE(data.ok());
+    TrainOptions rest = o;
+    rest.steps = 3;
+    std::vector<double> resumed;
+    std::vector<int64_t> global;
+    absl::StatusOr<TrainResult> r =
+        trainer.ContinueRun(rest, **data, [&](const StepReport& s) {
+          resumed.push_back(s.loss);
+          global.push_back(s.global_step);
+        });
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(global, (std::vector<int64_t>{4, 5, 6}));
+    EXPECT_EQ(resumed, std::vector<double>(reference.begin() + 3, reference.end()));
+    EXPECT_EQ(trainer.run()->steps_completed, 6);
+    EXPECT_EQ(trainer.run()->options.steps, 6);
+  }
+}
+
+TEST(ResumeTest, RestoreRefusesAnotherModelsStateAndChangesNothing) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  ASSERT_TRUE(trainer.Run(Options(1)).ok());
+  const TrainerState state = trainer.State();
+  std::vector<std::pair<std::string, at::Tensor>> optimizer =
+      Copies(trainer.NamedOptimizerState());
+
+  LlamaConfig other = SmallLlamaConfig();
+  other.hidden_size *= 2;
+  other.intermediate_size *= 2;
+  std::unique_ptr<LlamaModel> wider = MakeLlama(other, 5);
+  Trainer fresh(wider.get());
+  absl::Status s = fresh.Restore(state, optimizer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("another model shape"));
+  EXPECT_THAT(s.message(), HasSubstr(".exp_avg"));
+  EXPECT_EQ(fresh.global_step(), 0);
+  EXPECT_FALSE(fresh.run().has_value());
+  EXPECT_TRUE(fresh.OptimizerState().empty());
+
+  // A missing part and an unknown name, on the right model.
+  std::unique_ptr<LlamaModel> same = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer again(same.get());
+  std::vector<std::pair<std::string, at::Tensor>> partial(optimizer.begin() + 1,
+                                                          optimizer.end());
+  s = again.Restore(state, partial);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("lacks model.embed_tokens.weight.exp_avg"));
+  std::vector<std::pair<std::string, at::Tensor>> extra = optimizer;
+  extra.emplace_back("model.layers.99.mlp.up_proj.weight.exp_avg", torch::zeros({1}));
+  s = again.Restore(state, extra);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.99.mlp.up_proj.weight.exp_avg"));
+  // None: a trained checkpoint without optimizer state for a parameter.
+  std::vector<std::pair<std::string, at::Tensor>> without(optimizer.begin() + 3,
+                                                          optimizer.end());
+  s = again.Restore(state, without);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no optimizer state for model.embed_tokens.weight"));
+  // A generator state of the wrong size.
+  TrainerState damaged = state;
+  damaged.run->sampler.generator_state = "short";
+  s = again.Restore(damaged, optimizer);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(again.global_step(), 0);
+  EXPECT_TRUE(again.Restore(state, optimizer).ok());
+  EXPECT_EQ(again.global_step(), 1);
+}
+
+TEST(ResumeTest, ContinueRunWithoutARunIsFailedPrecondition) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+      TokenDataset::Create(DataSpec(), 256);
+  ASSERT_TRUE(data.ok());
+  absl::StatusOr<TrainResult> r = trainer.ContinueRun(Options(1), **data);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("no training run to resume"));
+}
+
+}  // namespace
+}  // namespace memprofd
