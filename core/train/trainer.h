@@ -1,9 +1,10 @@
 #ifndef MEMPROFD_CORE_TRAIN_TRAINER_H_
 #define MEMPROFD_CORE_TRAIN_TRAINER_H_
 
-// Training steps over a LlamaModel: next-token cross-entropy, AdamW, optional
-// gradient clipping, accumulation and per-layer checkpointing, with phase
-// markers and hooks for the memory recorder and the activation offloader.
+// Training steps over a LlamaModel: next-token cross-entropy, AdamW with a
+// learning-rate schedule, optional gradient clipping, accumulation, per-layer
+// checkpointing, bf16 autocast and periodic evaluation, with phase markers
+// and hooks for the memory recorder and the activation offloader.
 
 #include <ATen/core/Generator.h>
 
@@ -81,11 +82,17 @@ class Trainer {
       const std::function<bool()>& cancelled = {});
 
   // The same over `data`, already checked by the caller (TokenDataset::Create
-  // and Validate(options.seq_len)); options are still validated.
+  // and Validate(options.seq_len)); options are still validated. With
+  // options.eval_every_steps > 0, after every eval_every_steps-th step of the
+  // run the model is evaluated on `eval_data` (EvaluateModel with
+  // EvalOptionsOf(options)) and the result goes in that step's report, before
+  // on_step; INVALID_ARGUMENT when eval_data is null or too short for
+  // seq_len, and an evaluation's failure ends the run like a step's.
   absl::StatusOr<TrainResult> Run(
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {});
+      const std::function<bool()>& cancelled = {},
+      const TokenDataset* eval_data = nullptr);
 
   // The optimizer's state tensors (AdamW moments; empty before the first
   // step), for memory accounting. Owner thread only.
@@ -101,8 +108,9 @@ class Trainer {
   absl::StatusOr<StepReport> StepUnchecked(const TrainOptions& options,
                                            const TokenDataset& data,
                                            at::Generator& generator, int64_t step_in_run);
-  // Creates the optimizer on first use; updates its hyperparameters after.
-  void ConfigureOptimizer(const TrainOptions& options);
+  // Creates the optimizer on first use; updates its hyperparameters after
+  // (the learning rate: this step's, from the schedule).
+  void ConfigureOptimizer(const TrainOptions& options, double learning_rate);
   void ClearGradients();
 
   LlamaModel* const model_;
@@ -110,6 +118,10 @@ class Trainer {
   StepHooks hooks_;
   int64_t global_step_ = 0;
 };
+
+// The evaluation a training run does every eval_every_steps: its eval_data,
+// batch_size, seq_len, attention and mixed precision, eval_max_batches.
+EvalOptions EvalOptionsOf(const TrainOptions& options);
 
 // A CPU generator seeded with `seed`, for TokenDataset::NextBatch.
 at::Generator MakeDataGenerator(uint64_t seed);
