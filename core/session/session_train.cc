@@ -43,6 +43,19 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
                    TokenDataset::Create(train.data, model->config.vocab_size));
   RETURN_IF_ERROR(data->Validate(train.seq_len));
+  std::shared_ptr<TokenDataset> eval_data;
+  if (train.eval_data) {
+    absl::StatusOr<std::unique_ptr<TokenDataset>> created =
+        TokenDataset::Create(*train.eval_data, model->config.vocab_size);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("eval_data: ", created.status().message()));
+    }
+    eval_data = *std::move(created);
+    if (absl::Status s = eval_data->Validate(train.seq_len); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("eval_data: ", s.message()));
+    }
+  }
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
@@ -57,8 +70,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back([this, op, train, offload_options, data] {
-      RunTraining(op, train, offload_options, *data);
+    queue_.push_back([this, op, train, offload_options, data, eval_data] {
+      RunTraining(op, train, offload_options, *data, eval_data.get());
     });
   }
   return op;
@@ -66,7 +79,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                           const offload::OffloadOptions& offload_options,
-                          const TokenDataset& data) {
+                          const TokenDataset& data, const TokenDataset* eval_data) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
   auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
@@ -149,6 +162,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
       counters_.last_step = r;
       if (model_summary_) model_summary_->steps_trained = report.global_step;
     }
+    if (report.eval) CountEvaluation(*report.eval);
     PublishCategories();
     MaybeQueuePeriodicSnapshot(report.global_step);
   };
@@ -157,7 +171,8 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     RunBoundaryWork();
     return op->cancel_requested();
   };
-  absl::StatusOr<TrainResult> result = trainer_->Run(train, data, on_step, cancelled);
+  absl::StatusOr<TrainResult> result =
+      trainer_->Run(train, data, on_step, cancelled, eval_data);
   trainer_->set_hooks(StepHooks());
   PublishCategories();
   if (!result.ok()) {
