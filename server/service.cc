@@ -32,8 +32,8 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status", "health",  "reflection", "operations", "model",
-          "train",  "offload", "snapshots",  "memory"};
+  return {"status",  "health",    "reflection", "operations",   "model",    "train",
+          "offload", "snapshots", "memory",     "lr_schedules", "evaluate", "bf16"};
 }
 
 template <typename Fn>
@@ -316,6 +316,18 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
   absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
   if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
   return new ChunkStream(*std::move(pickle), CountWhenDone(kMethod));
+}
+
+ServerUnaryReactor* MemprofdService::Evaluate(CallbackServerContext* ctx,
+                                              const v1::EvaluateRequest* req,
+                                              v1::Operation* resp) {
+  return Unary(ctx, "Evaluate", [&] {
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        session_->StartEvaluation(FromProto(*req));
+    if (!op.ok()) return op.status();
+    *resp = ToProto((*op)->View());
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace memprofd
