@@ -1,9 +1,14 @@
 // Training throughput, model FLOP utilisation and saved-activation bytes of
-// memprofd's trainer with attention "eager" vs "sdpa", side by side with the
-// PyTorch reference: transformers' LlamaForCausalLM built from the same
-// config.json (LlamaConfig::ToJson), float32, torch.optim.AdamW(fused=True)
-// with the same parameter groups (bench/train_bench_torch.py). Same presets,
-// shapes and thread count on both sides, in one run.
+// memprofd's trainer with attention "eager" vs "sdpa" in float32, and "sdpa"
+// under bf16 autocast (float32 master weights), side by side with the PyTorch
+// reference: transformers' LlamaForCausalLM built from the same config.json
+// (LlamaConfig::ToJson), float32 weights, torch.optim.AdamW(fused=True) with
+// the same parameter groups, the bf16 variant's forward under
+// torch.autocast(dtype=torch.bfloat16) (bench/train_bench_torch.py). Same
+// presets, shapes and thread count on both sides, in one run. MFU is against
+// the float32 matmul peak for every variant (bf16's own peak is not
+// measured), so for bf16 it says how the step time compares, not how close
+// to the bf16 hardware peak it runs.
 //
 // Model FLOPs per step (PaLM, appendix B), for tokens = batch * seq:
 //   tokens * (6 * N + 12 * L * hidden * seq)
@@ -58,8 +63,25 @@
 namespace memprofd {
 namespace {
 
-constexpr AttentionImplementation kAttentions[] = {AttentionImplementation::kEager,
-                                                   AttentionImplementation::kSdpa};
+// What each side runs, in this order (the tables' rows per preset).
+struct Variant {
+  AttentionImplementation attention;
+  MixedPrecision precision;
+};
+constexpr Variant kVariants[] = {
+    {AttentionImplementation::kEager, MixedPrecision::kNo},
+    {AttentionImplementation::kSdpa, MixedPrecision::kNo},
+    {AttentionImplementation::kSdpa, MixedPrecision::kBf16},
+};
+constexpr size_t kNumVariants = std::size(kVariants);
+
+// "eager", "sdpa", "sdpa:bf16" (the Python side's --attn spelling).
+std::string VariantName(const Variant& v) {
+  return v.precision == MixedPrecision::kNo
+             ? std::string(AttentionImplementationName(v.attention))
+             : absl::StrCat(AttentionImplementationName(v.attention), ":",
+                            MixedPrecisionName(v.precision));
+}
 
 struct Figures {
   double steps_per_second = 0;
@@ -131,12 +153,13 @@ double FlopsPerStep(const LlamaConfig& c, int64_t n, const Args& args) {
   return tokens * (6.0 * n + 12.0 * c.num_hidden_layers * c.hidden_size * args.seq);
 }
 
-TrainOptions Options(const Args& args, AttentionImplementation attention, int64_t steps) {
+TrainOptions Options(const Args& args, const Variant& variant, int64_t steps) {
   TrainOptions o;
   o.batch_size = args.batch;
   o.seq_len = args.seq;
   o.learning_rate = 1e-3;
-  o.attn_implementation = attention;
+  o.attn_implementation = variant.attention;
+  o.mixed_precision = variant.precision;
   o.steps = steps;
   return o;
 }
@@ -175,16 +198,16 @@ absl::StatusOr<int64_t> SavedBytesCpp(LlamaModel* model, Trainer& trainer,
 }
 
 absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,
-                                 AttentionImplementation attention, int64_t steps) {
+                                 const Variant& variant, int64_t steps) {
   absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(config, 0);
   if (!model.ok()) return model.status();
   Trainer trainer(model->get());
-  absl::StatusOr<TrainResult> warm = trainer.Run(Options(args, attention, args.warmup));
+  absl::StatusOr<TrainResult> warm = trainer.Run(Options(args, variant, args.warmup));
   if (!warm.ok()) return warm.status();
   Figures f;
   const std::clock_t cpu_start = std::clock();
   absl::StatusOr<TrainResult> r =
-      trainer.Run(Options(args, attention, steps), [&](const StepReport& s) {
+      trainer.Run(Options(args, variant, steps), [&](const StepReport& s) {
         f.forward += s.forward_seconds / steps;
         f.backward += s.backward_seconds / steps;
         f.optimizer += s.optimizer_seconds / steps;
@@ -195,7 +218,7 @@ absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,
   f.steps_per_second = r->steps_completed / r->seconds;
   f.tokens_per_second = r->mean_tokens_per_second;
   absl::StatusOr<int64_t> saved =
-      SavedBytesCpp(model->get(), trainer, Options(args, attention, 1));
+      SavedBytesCpp(model->get(), trainer, Options(args, variant, 1));
   if (!saved.ok()) return saved.status();
   f.saved_bytes = *saved;
   return f;
@@ -231,8 +254,8 @@ absl::StatusOr<Figures> ParseTorchFigures(const std::string& line) {
   return f;
 }
 
-// Runs the PyTorch reference for one preset (both implementations, in
-// kAttentions order) on the config.json in `config_dir`; fills *header with
+// Runs the PyTorch reference for one preset (every variant, in kVariants
+// order) on the config.json in `config_dir`; fills *header with
 // its thread settings line.
 absl::StatusOr<std::vector<Figures>> BenchTorch(const std::string& config_dir,
                                                 const Args& args, int64_t steps,
@@ -241,9 +264,7 @@ absl::StatusOr<std::vector<Figures>> BenchTorch(const std::string& config_dir,
       MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR "/bench/train_bench_torch.py --config ",
       config_dir, " --batch ", args.batch, " --seq ", args.seq, " --warmup ", args.warmup,
       " --steps ", steps, " --threads ", at::get_num_threads());
-  for (AttentionImplementation a : kAttentions) {
-    absl::StrAppend(&cmd, " --attn ", AttentionImplementationName(a));
-  }
+  for (const Variant& v : kVariants) absl::StrAppend(&cmd, " --attn ", VariantName(v));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", cmd));
   std::string out;
@@ -253,7 +274,7 @@ absl::StatusOr<std::vector<Figures>> BenchTorch(const std::string& config_dir,
   if (pclose(pipe) != 0)
     return absl::InternalError(absl::StrCat("failed: ", cmd, "\n", out));
   std::vector<std::string> lines = absl::StrSplit(out, '\n', absl::SkipEmpty());
-  if (lines.size() != 1 + std::size(kAttentions)) {
+  if (lines.size() != 1 + kNumVariants) {
     return absl::InternalError(absl::StrCat("unexpected output: ", out));
   }
   *header = lines[0];
@@ -307,35 +328,34 @@ void KeepBest(const Figures& f, Figures* best) {
   best->cpu_seconds_per_step = cpu;
 }
 
-// One preset's figures, kAttentions order in each array.
+// One preset's figures, kVariants order in each array.
 struct Row {
   std::string preset;
   int64_t steps = 0;
   int64_t n = 0;     // N of the header comment
   double flops = 0;  // per step
-  Figures cpp[2], torch[2];
+  Figures cpp[kNumVariants], torch[kNumVariants];
 };
 
 void PrintTables(const std::vector<Row>& rows, double peak) {
   std::printf(
       "Throughput (memprofd: FusedAdamW; PyTorch: transformers LlamaForCausalLM, %s)\n",
       rows.empty() ? "-" : rows[0].torch[0].optimizer_kind.c_str());
-  std::printf("%-6s %-5s %5s | %9s %8s %6s | %9s %8s %6s | %s\n", "preset", "attn",
+  std::printf("%-6s %-9s %5s | %9s %8s %6s | %9s %8s %6s | %s\n", "preset", "variant",
               "steps", "memprofd s", "tok/s", "MFU", "PyTorch s", "tok/s", "MFU",
               "step time memprofd/PyTorch");
   for (const Row& r : rows) {
-    for (size_t a = 0; a < std::size(kAttentions); ++a) {
+    for (size_t a = 0; a < kNumVariants; ++a) {
       const Figures& c = r.cpp[a];
       const Figures& t = r.torch[a];
-      std::printf("%-6s %-5s %5ld | %9.3f %8.0f %5.1f%% | %9.3f %8.0f %5.1f%% | %.3f\n",
-                  r.preset.c_str(),
-                  std::string(AttentionImplementationName(kAttentions[a])).c_str(),
-                  r.steps, 1 / c.steps_per_second, c.tokens_per_second,
+      std::printf("%-6s %-9s %5ld | %9.3f %8.0f %5.1f%% | %9.3f %8.0f %5.1f%% | %.3f\n",
+                  r.preset.c_str(), VariantName(kVariants[a]).c_str(), r.steps,
+                  1 / c.steps_per_second, c.tokens_per_second,
                   100 * r.flops * c.steps_per_second / peak, 1 / t.steps_per_second,
                   t.tokens_per_second, 100 * r.flops * t.steps_per_second / peak,
                   t.steps_per_second / c.steps_per_second);
       std::printf(
-          "%19s per step fwd/bwd/opt: memprofd %.3f/%.3f/%.3f s, PyTorch %.3f/%.3f/%.3f "
+          "%23s per step fwd/bwd/opt: memprofd %.3f/%.3f/%.3f s, PyTorch %.3f/%.3f/%.3f "
           "s;"
           " CPU s/step %.3f vs %.3f\n",
           "", c.forward, c.backward, c.optimizer, t.forward, t.backward, t.optimizer,
@@ -343,15 +363,24 @@ void PrintTables(const std::vector<Row>& rows, double peak) {
     }
   }
   std::printf(
+      "\nbf16 autocast vs float32 (sdpa; step time bf16/fp32, < 1: bf16 is faster)\n");
+  std::printf("%-6s | %12s %12s | %20s\n", "preset", "memprofd", "PyTorch",
+              "bf16 memprofd/PyTorch");
+  for (const Row& r : rows) {
+    std::printf("%-6s | %12.3f %12.3f | %20.3f\n", r.preset.c_str(),
+                r.cpp[1].steps_per_second / r.cpp[2].steps_per_second,
+                r.torch[1].steps_per_second / r.torch[2].steps_per_second,
+                r.torch[2].steps_per_second / r.cpp[2].steps_per_second);
+  }
+  std::printf(
       "\nModel FLOPs (achieved = FLOP/step / best step time; peak %.1f GFLOP/s)\n",
       peak / 1e9);
-  std::printf("%-6s %12s %12s | %-5s %16s %16s\n", "preset", "N", "GFLOP/step", "attn",
+  std::printf("%-6s %12s %12s | %-9s %16s %16s\n", "preset", "N", "GFLOP/step", "variant",
               "memprofd GFLOP/s", "PyTorch GFLOP/s");
   for (const Row& r : rows) {
-    for (size_t a = 0; a < std::size(kAttentions); ++a) {
-      std::printf("%-6s %12ld %12.2f | %-5s %16.2f %16.2f\n", r.preset.c_str(), r.n,
-                  r.flops / 1e9,
-                  std::string(AttentionImplementationName(kAttentions[a])).c_str(),
+    for (size_t a = 0; a < kNumVariants; ++a) {
+      std::printf("%-6s %12ld %12.2f | %-9s %16.2f %16.2f\n", r.preset.c_str(), r.n,
+                  r.flops / 1e9, VariantName(kVariants[a]).c_str(),
                   r.flops * r.cpp[a].steps_per_second / 1e9,
                   r.flops * r.torch[a].steps_per_second / 1e9);
     }
@@ -359,14 +388,16 @@ void PrintTables(const std::vector<Row>& rows, double peak) {
   std::printf(
       "\nSaved-activation bytes per step (memprofd: offloader peak resident saved bytes;"
       " PyTorch: distinct saved storages at end of forward)\n");
-  std::printf("%-6s | %12s %12s %10s | %12s %12s %10s\n", "preset", "memprofd eager",
-              "sdpa MiB", "sdpa/eager", "PyTorch eager", "sdpa MiB", "sdpa/eager");
+  std::printf("%-6s | %-9s | %12s %10s | %12s %10s\n", "preset", "variant",
+              "memprofd MiB", "/eager", "PyTorch MiB", "/eager");
   for (const Row& r : rows) {
-    std::printf("%-6s | %14.1f %12.1f %10.3f | %13.1f %12.1f %10.3f\n", r.preset.c_str(),
-                MiB(r.cpp[0].saved_bytes), MiB(r.cpp[1].saved_bytes),
-                static_cast<double>(r.cpp[1].saved_bytes) / r.cpp[0].saved_bytes,
-                MiB(r.torch[0].saved_bytes), MiB(r.torch[1].saved_bytes),
-                static_cast<double>(r.torch[1].saved_bytes) / r.torch[0].saved_bytes);
+    for (size_t a = 0; a < kNumVariants; ++a) {
+      std::printf("%-6s | %-9s | %12.1f %10.3f | %12.1f %10.3f\n", r.preset.c_str(),
+                  VariantName(kVariants[a]).c_str(), MiB(r.cpp[a].saved_bytes),
+                  static_cast<double>(r.cpp[a].saved_bytes) / r.cpp[0].saved_bytes,
+                  MiB(r.torch[a].saved_bytes),
+                  static_cast<double>(r.torch[a].saved_bytes) / r.torch[0].saved_bytes);
+    }
   }
   std::printf(
       "(step time memprofd/PyTorch <= 1.0: the daemon is no slower; MFU against the "
@@ -423,8 +454,8 @@ int Main(int argc, char** argv) {
     }
     for (int64_t round = 0; status.ok() && round < std::max<int64_t>(args.rounds, 1);
          ++round) {
-      for (size_t a = 0; status.ok() && a < std::size(kAttentions); ++a) {
-        absl::StatusOr<Figures> c = BenchCpp(*config, args, kAttentions[a], steps);
+      for (size_t a = 0; status.ok() && a < kNumVariants; ++a) {
+        absl::StatusOr<Figures> c = BenchCpp(*config, args, kVariants[a], steps);
         status = c.status();
         if (c.ok()) KeepBest(*c, &row.cpp[a]);
       }

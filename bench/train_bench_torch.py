@@ -2,8 +2,9 @@
 """PyTorch reference for bench/train_bench.cc: transformers' LlamaForCausalLM.
 
 Builds the model from the config.json that train_bench writes for a memprofd
-preset (LlamaConfig::ToJson), float32, once per attention implementation
-asked for ("sdpa", "eager"), and trains it with memprofd's step: next-token
+preset (LlamaConfig::ToJson), float32, once per variant asked for ("sdpa",
+"eager", or "sdpa:bf16": the forward under torch.autocast(dtype=bfloat16),
+weights and optimizer state float32), and trains it with memprofd's step: next-token
 cross-entropy, backward, global gradient norm, torch.optim.AdamW(fused=True)
 (foreach when fused is not available, which the JSON says) with memprofd's
 parameter groups (weight decay on tensors of 2 or more dimensions, none on
@@ -16,7 +17,7 @@ bytes; their sum at the end of the forward (when everything backward needs
 is saved) is the figure, comparable to memprofd's offloader accounting
 (peak resident saved bytes, storages counted once).
 
-Usage: train_bench_torch.py --config DIR --attn sdpa --attn eager --batch 8
+Usage: train_bench_torch.py --config DIR --attn sdpa --attn eager --attn sdpa:bf16 --batch 8
        --seq 128 --warmup 2 --steps 10 [--threads N]
 """
 
@@ -41,7 +42,15 @@ def make_optimizer(model):
         return torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.0, foreach=True), "foreach"
 
 
-def saved_bytes(model, x, y, vocab):
+def forward_loss(model, x, y, vocab, bf16):
+    """memprofd's loss: the forward under autocast when bf16, the
+    cross-entropy in float32 on logits upcast (a no-op in float32)."""
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(input_ids=x, use_cache=False).logits
+    return F.cross_entropy(logits.float().view(-1, vocab), y.reshape(-1))
+
+
+def saved_bytes(model, x, y, vocab, bf16):
     """Bytes of distinct non-parameter storages saved for backward by one step."""
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     storages = {}
@@ -53,15 +62,16 @@ def saved_bytes(model, x, y, vocab):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.view(-1, vocab), y.reshape(-1))
+        loss = forward_loss(model, x, y, vocab, bf16)
     total = sum(storages.values())
     loss.backward()
     model.zero_grad(set_to_none=True)
     return total
 
 
-def bench(config_dir, attn, args):
+def bench(config_dir, variant, args):
+    attn, _, precision = variant.partition(":")
+    bf16 = precision == "bf16"
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(config_dir, attn_implementation=attn)
     model = LlamaForCausalLM(config).to(torch.float32)
@@ -80,8 +90,7 @@ def bench(config_dir, attn, args):
     def step():
         x, y = batch()
         t0 = time.perf_counter()
-        logits = model(input_ids=x, use_cache=False).logits
-        loss = F.cross_entropy(logits.view(-1, vocab), y.reshape(-1))
+        loss = forward_loss(model, x, y, vocab, bf16)
         t1 = time.perf_counter()
         loss.backward()
         loss.item()
@@ -104,20 +113,21 @@ def bench(config_dir, attn, args):
     cpu_seconds = time.process_time() - cpu_start
     tokens = args.batch * args.seq * args.steps
     x, y = batch()
-    return {"attn": attn, "optimizer": opt_kind, "steps": args.steps, "seconds": seconds,
+    return {"attn": attn, "precision": precision or "no", "optimizer": opt_kind, "steps": args.steps, "seconds": seconds,
             "cpu_seconds_per_step": cpu_seconds / args.steps,
             "steps_per_second": args.steps / seconds, "tokens_per_second": tokens / seconds,
             "parameters": sum(p.numel() for p in model.parameters()),
             "forward_seconds": phases[0] / args.steps,
             "backward_seconds": phases[1] / args.steps,
             "optimizer_seconds": phases[2] / args.steps,
-            "saved_bytes": saved_bytes(model, x, y, vocab)}
+            "saved_bytes": saved_bytes(model, x, y, vocab, bf16)}
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True, help="folder holding config.json")
-    parser.add_argument("--attn", action="append", required=True, choices=["sdpa", "eager"])
+    parser.add_argument("--attn", action="append", required=True,
+                        choices=["sdpa", "eager", "sdpa:bf16", "eager:bf16"])
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--warmup", type=int, default=2)
@@ -132,8 +142,8 @@ def main():
                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
                       "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "")}),
           flush=True)
-    for attn in args.attn:
-        print(json.dumps(bench(args.config, attn, args)), flush=True)
+    for variant in args.attn:
+        print(json.dumps(bench(args.config, variant, args)), flush=True)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,14 @@ int MemoryCommand(const Context& c, const Args& args);
 // memory top / memory diff A B (commands_memory_top.cc).
 int MemoryTopCommand(const Context& c, const Args& args);
 int MemoryDiffCommand(const Context& c, const Args& args);
+int EvaluateCommand(const Context& c, const Args& args);
+
+// A DataSource from a text-file flag's and a token-file flag's values (both
+// empty: left unset, the embedded corpus; text "embedded": the embedded
+// corpus, said so); --bytes_per_token goes with the token file. False, with
+// *error set, when both are given.
+bool DataSourceFromFlags(const std::string& text_file, const std::string& token_file,
+                         v1::DataSource* source, std::string* error);
 
 // Prints `message` and the usage summary to stderr; returns kExitUsage.
 int Usage(const std::string& message);

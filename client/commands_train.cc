@@ -1,5 +1,6 @@
 // memprofctl train: starts training, shows a live progress line (or one JSON
-// object per step with --json) and a summary.
+// object per step with --json) and a summary. memprofctl evaluate: the loss of
+// the model on held-out data.
 
 #include <unistd.h>
 
@@ -38,6 +39,64 @@ bool Either(const absl::Flag<T>& flag, const absl::Flag<T>& alias,
 
 }  // namespace
 
+bool DataSourceFromFlags(const std::string& text_file, const std::string& token_file,
+                         v1::DataSource* source, std::string* error) {
+  if (!text_file.empty() && !token_file.empty()) {
+    *error = "give a text file or a token file, not both";
+    return false;
+  }
+  if (text_file == "embedded") {
+    source->set_embedded_corpus(true);
+  } else if (!text_file.empty()) {
+    source->set_text_file(text_file);
+  }
+  if (!token_file.empty()) {
+    source->mutable_token_file()->set_path(token_file);
+    if (auto v = GivenFlag(FLAGS_bytes_per_token)) {
+      source->mutable_token_file()->set_bytes_per_token(*v);
+    }
+  }
+  return true;
+}
+
+int EvaluateCommand(const Context& c, const Args& args) {
+  if (!args.empty()) return Usage("evaluate takes flags only (see usage)");
+  v1::EvaluateRequest req;
+  std::string error;
+  if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
+                           req.mutable_data(), &error)) {
+    return Usage(absl::StrCat("--data / --token_data: ", error));
+  }
+  if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
+  if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
+  if (auto v = GivenFlag(FLAGS_max_batches)) req.set_max_batches(*v);
+  if (auto v = GivenFlag(FLAGS_attn_implementation)) req.set_attn_implementation(*v);
+  if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
+  v1::Operation op;
+  auto ctx = c.client->NewContext(c.timeout);
+  grpc::Status s = c.client->stub().Evaluate(ctx.get(), req, &op);
+  if (!s.ok()) return ReportRpcError("evaluate", s);
+  s = WaitForOperation(c, op.id(), &op);
+  if (!s.ok()) return ReportRpcError("evaluate", s);
+  if (c.json) {
+    std::printf("%s\n", ToJsonLine(op).c_str());
+    return ExitForOperation(op);
+  }
+  if (op.has_evaluate()) {
+    const v1::EvaluateResult& e = op.evaluate();
+    std::printf(
+        "%s: loss %.4f, perplexity %.3f over %lld tokens (%lld batches) in %.2f s, at "
+        "step %lld\n",
+        op.id().c_str(), e.loss(), e.perplexity(), static_cast<long long>(e.tokens()),
+        static_cast<long long>(e.batches()), e.seconds(),
+        static_cast<long long>(e.global_step()));
+  }
+  if (op.has_error()) {
+    std::fprintf(stderr, "memprofctl: evaluate: %s\n", op.error().message().c_str());
+  }
+  return ExitForOperation(op);
+}
+
 int TrainCommand(const Context& c, const Args& args) {
   if (!args.empty()) return Usage("train takes flags only (see usage)");
   // Only what the user gave, so that every other field keeps the daemon's
@@ -72,15 +131,23 @@ int TrainCommand(const Context& c, const Args& args) {
   if (auto v = GivenFlag(FLAGS_adam_eps)) req.set_adam_eps(*v);
   if (auto v = GivenFlag(FLAGS_max_grad_norm)) req.set_max_grad_norm(*v);
   if (grad_accumulation_steps) req.set_grad_accumulation_steps(*grad_accumulation_steps);
-  const std::string data = absl::GetFlag(FLAGS_data);
-  const std::string token_data = absl::GetFlag(FLAGS_token_data);
-  if (!data.empty() && !token_data.empty())
-    return Usage("give --data or --token_data, not both");
-  if (!data.empty()) req.mutable_data()->set_text_file(data);
-  if (!token_data.empty()) {
-    req.mutable_data()->mutable_token_file()->set_path(token_data);
-    if (auto v = GivenFlag(FLAGS_bytes_per_token)) {
-      req.mutable_data()->mutable_token_file()->set_bytes_per_token(*v);
+  std::string error;
+  if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
+                           req.mutable_data(), &error)) {
+    return Usage(absl::StrCat("--data / --token_data: ", error));
+  }
+  if (auto v = GivenFlag(FLAGS_lr_scheduler_type)) req.set_lr_scheduler_type(*v);
+  if (auto v = GivenFlag(FLAGS_warmup_steps)) req.set_warmup_steps(*v);
+  if (auto v = GivenFlag(FLAGS_min_lr_ratio)) req.set_min_lr_ratio(*v);
+  if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
+  if (auto v = GivenFlag(FLAGS_eval_every_steps)) req.set_eval_every_steps(*v);
+  if (auto v = GivenFlag(FLAGS_eval_max_batches)) req.set_eval_max_batches(*v);
+  const std::string eval_data = absl::GetFlag(FLAGS_eval_data);
+  const std::string eval_token_data = absl::GetFlag(FLAGS_eval_token_data);
+  if (!eval_data.empty() || !eval_token_data.empty()) {
+    if (!DataSourceFromFlags(eval_data, eval_token_data, req.mutable_eval_data(),
+                             &error)) {
+      return Usage(absl::StrCat("--eval_data / --eval_token_data: ", error));
     }
   }
   const std::optional<bool> offload = GivenFlag(FLAGS_offload);
@@ -141,11 +208,16 @@ int TrainCommand(const Context& c, const Args& args) {
     if (req.has_steps()) {
       const double eta = seconds / static_cast<double>(r.step()) *
                          static_cast<double>(req.steps() - r.step());
-      line = absl::StrFormat("step %d/%d  loss %.4f  %.0f tokens/s  ETA %s", r.step(),
-                             req.steps(), r.loss(), r.tokens_per_second(), Eta(eta));
+      line = absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s", r.step(),
+                             req.steps(), r.loss(), r.learning_rate(), r.tokens_per_second(),
+                             Eta(eta));
     } else {
-      line = absl::StrFormat("step %d (global %d)  loss %.4f  %.0f tokens/s", r.step(),
-                             r.global_step(), r.loss(), r.tokens_per_second());
+      line = absl::StrFormat("step %d (global %d)  loss %.4f  lr %.3g  %.0f tokens/s", r.step(),
+                             r.global_step(), r.loss(), r.learning_rate(), r.tokens_per_second());
+    }
+    if (r.has_eval()) {
+      absl::StrAppend(&line, absl::StrFormat("  eval loss %.4f (ppl %.2f)",
+                                             r.eval().loss(), r.eval().perplexity()));
     }
     if (r.offload().bytes_out() > 0 || req.has_offload()) {
       absl::StrAppend(

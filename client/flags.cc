@@ -57,6 +57,23 @@ ABSL_FLAG(bool, offload_head, false,
 ABSL_FLAG(std::string, prefetch_depth, "",
           "train: offloaded storages backward reads ahead: auto, 0 (off) or N "
           "(default: the daemon's)");
+ABSL_FLAG(std::string, lr_scheduler_type, "constant",
+          "train: constant, constant_with_warmup, linear, cosine or cosine_with_min_lr "
+          "(transformers' names) [constant]");
+ABSL_FLAG(int64_t, warmup_steps, 0, "train: linear warmup steps from 0 [0]");
+ABSL_FLAG(double, min_lr_ratio, 0.0,
+          "train: cosine_with_min_lr's floor, a fraction of the learning rate [0]");
+ABSL_FLAG(std::string, mixed_precision, "no",
+          "train, evaluate: no (float32) or bf16 (autocast; float32 weights) [no]");
+ABSL_FLAG(int64_t, eval_every_steps, 0,
+          "train: evaluate on --eval_data / --eval_token_data every N steps [0: never]");
+ABSL_FLAG(std::string, eval_data, "",
+          "train: evaluation text file on the daemon's host, read as bytes; 'embedded' "
+          "for the embedded corpus");
+ABSL_FLAG(std::string, eval_token_data, "",
+          "train: evaluation token file (as --token_data, --bytes_per_token)");
+ABSL_FLAG(int64_t, eval_max_batches, 0, "train: evaluation batches each time [0: all]");
+ABSL_FLAG(int64_t, max_batches, 0, "evaluate: at most N batches [0: every window]");
 
 ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small, llama-1b)");
 ABSL_FLAG(std::string, hf_dir, "",

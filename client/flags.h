@@ -63,6 +63,17 @@ ABSL_DECLARE_FLAG(std::string, offload_target);
 ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
 ABSL_DECLARE_FLAG(bool, offload_head);
 ABSL_DECLARE_FLAG(std::string, prefetch_depth);
+ABSL_DECLARE_FLAG(std::string, lr_scheduler_type);
+ABSL_DECLARE_FLAG(int64_t, warmup_steps);
+ABSL_DECLARE_FLAG(double, min_lr_ratio);
+ABSL_DECLARE_FLAG(std::string, mixed_precision);
+ABSL_DECLARE_FLAG(int64_t, eval_every_steps);
+ABSL_DECLARE_FLAG(std::string, eval_data);
+ABSL_DECLARE_FLAG(std::string, eval_token_data);
+ABSL_DECLARE_FLAG(int64_t, eval_max_batches);
+// evaluate (and --data, --token_data, --bytes_per_token, --batch_size,
+// --seq_len, --attn_implementation, --mixed_precision)
+ABSL_DECLARE_FLAG(int64_t, max_batches);
 // load
 ABSL_DECLARE_FLAG(std::string, preset);
 ABSL_DECLARE_FLAG(std::string, hf_dir);

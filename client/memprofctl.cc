@@ -33,7 +33,7 @@ int main(int argc, char** argv) {
                    {"operations", OperationsCommand}, {"load", LoadCommand},
                    {"model", ModelCommand},           {"train", TrainCommand},
                    {"snapshot", SnapshotCommand},     {"snapshots", SnapshotsCommand},
-                   {"memory", MemoryCommand}};
+                   {"memory", MemoryCommand},         {"evaluate", EvaluateCommand}};
   auto it = kCommands.find(command);
   if (it == kCommands.end())
     return Usage(absl::StrCat("unknown command '", command, "'"));

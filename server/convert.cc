@@ -56,8 +56,58 @@ v1::Operation ToProto(const OperationView& view) {
     *op.mutable_model() = ToProto(*m, /*with_parameters=*/false);
   } else if (const auto* sr = std::get_if<SnapshotResult>(&view.result)) {
     *op.mutable_snapshot() = ToProto(sr->manifest, sr->mode);
+  } else if (const auto* er = std::get_if<EvalResult>(&view.result)) {
+    *op.mutable_evaluate() = ToProto(*er);
   }
   return op;
+}
+
+DataSpec FromProto(const v1::DataSource& d) {
+  DataSpec spec;
+  switch (d.source_case()) {
+    case v1::DataSource::SOURCE_NOT_SET:
+    case v1::DataSource::kEmbeddedCorpus:
+      spec.kind = DataSpec::Kind::kEmbeddedCorpus;
+      break;
+    case v1::DataSource::kTextFile:
+      spec.kind = DataSpec::Kind::kTextFile;
+      spec.path = d.text_file();
+      break;
+    case v1::DataSource::kTokenFile:
+      spec.kind = DataSpec::Kind::kTokenFile;
+      spec.path = d.token_file().path();
+      if (d.token_file().has_bytes_per_token()) {
+        spec.bytes_per_token = d.token_file().bytes_per_token();
+      }
+      break;
+    case v1::DataSource::kInlineTokens:
+      spec.kind = DataSpec::Kind::kInlineTokens;
+      spec.tokens.assign(d.inline_tokens().ids().begin(), d.inline_tokens().ids().end());
+      break;
+  }
+  return spec;
+}
+
+EvaluateRequest FromProto(const v1::EvaluateRequest& r) {
+  EvaluateRequest e;
+  e.data = FromProto(r.data());
+  if (r.has_batch_size()) e.batch_size = r.batch_size();
+  if (r.has_seq_len()) e.seq_len = r.seq_len();
+  if (r.has_max_batches()) e.max_batches = r.max_batches();
+  if (r.has_attn_implementation()) e.attn_implementation = r.attn_implementation();
+  if (r.has_mixed_precision()) e.mixed_precision = r.mixed_precision();
+  return e;
+}
+
+v1::EvaluateResult ToProto(const EvalResult& r) {
+  v1::EvaluateResult p;
+  p.set_loss(r.loss);
+  p.set_perplexity(r.perplexity);
+  p.set_tokens(r.tokens);
+  p.set_batches(r.batches);
+  p.set_seconds(r.seconds);
+  p.set_global_step(r.global_step);
+  return p;
 }
 
 absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
@@ -82,31 +132,15 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_grad_accumulation_steps()) {
     t.grad_accumulation_steps = r.grad_accumulation_steps();
   }
-  const v1::DataSource& d = r.data();
-  switch (d.source_case()) {
-    case v1::DataSource::SOURCE_NOT_SET:
-      break;  // the defaults' (the embedded corpus, or a resumed run's own)
-    case v1::DataSource::kEmbeddedCorpus:
-      t.data.emplace().kind = DataSpec::Kind::kEmbeddedCorpus;
-      break;
-    case v1::DataSource::kTextFile:
-      t.data.emplace().kind = DataSpec::Kind::kTextFile;
-      t.data->path = d.text_file();
-      break;
-    case v1::DataSource::kTokenFile:
-      t.data.emplace().kind = DataSpec::Kind::kTokenFile;
-      t.data->path = d.token_file().path();
-      if (d.token_file().has_bytes_per_token()) {
-        t.data->bytes_per_token = d.token_file().bytes_per_token();
-      }
-      break;
-    case v1::DataSource::kInlineTokens:
-      t.data.emplace().kind = DataSpec::Kind::kInlineTokens;
-      t.data->tokens.assign(d.inline_tokens().ids().begin(),
-                            d.inline_tokens().ids().end());
-      break;
-  }
+  if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET) t.data = FromProto(r.data());
   spec.resume = r.resume();
+  if (r.has_lr_scheduler_type()) t.lr_scheduler_type = r.lr_scheduler_type();
+  if (r.has_warmup_steps()) t.warmup_steps = r.warmup_steps();
+  if (r.has_min_lr_ratio()) t.min_lr_ratio = r.min_lr_ratio();
+  if (r.has_mixed_precision()) t.mixed_precision = r.mixed_precision();
+  if (r.has_eval_every_steps()) t.eval_every_steps = r.eval_every_steps();
+  if (r.has_eval_data()) t.eval_data = FromProto(r.eval_data());
+  if (r.has_eval_max_batches()) t.eval_max_batches = r.eval_max_batches();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
     offload::OffloadRequest& req = spec.offload;
@@ -245,6 +279,8 @@ v1::StepReport ToProto(const SessionStepReport& r) {
   p.set_grad_norm(r.step.grad_norm);
   *p.mutable_offload() = ToProto(r.offload);
   p.set_peak_allocated_bytes(r.peak_allocated_bytes);
+  p.set_learning_rate(r.step.learning_rate);
+  if (r.step.eval) *p.mutable_eval() = ToProto(*r.step.eval);
   return p;
 }
 

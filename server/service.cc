@@ -33,8 +33,9 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status",  "health",    "reflection",  "operations", "model", "train",
-          "offload", "snapshots", "checkpoints", "resume",     "memory"};
+  return {"status",      "health",  "reflection", "operations",   "model",
+          "train",       "offload", "snapshots",  "checkpoints",  "resume",
+          "memory",      "lr_schedules", "evaluate", "bf16"};
 }
 
 template <typename Fn>
@@ -353,6 +354,18 @@ ServerUnaryReactor* MemprofdService::DiffMemory(CallbackServerContext* ctx,
         session_->DiffMemory(req->step_a(), req->step_b(), top);
     if (!d.ok()) return d.status();
     *resp = ToProto(*d);
+    return absl::OkStatus();
+  });
+}
+
+ServerUnaryReactor* MemprofdService::Evaluate(CallbackServerContext* ctx,
+                                              const v1::EvaluateRequest* req,
+                                              v1::Operation* resp) {
+  return Unary(ctx, "Evaluate", [&] {
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        session_->StartEvaluation(FromProto(*req));
+    if (!op.ok()) return op.status();
+    *resp = ToProto((*op)->View());
     return absl::OkStatus();
   });
 }

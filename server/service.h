@@ -97,6 +97,9 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   grpc::ServerUnaryReactor* DiffMemory(grpc::CallbackServerContext* ctx,
                                        const v1::DiffMemoryRequest* req,
                                        v1::MemoryDiff* resp) override;
+  grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* ctx,
+                                     const v1::EvaluateRequest* req,
+                                     v1::Operation* resp) override;
 
  private:
   // Authenticates, runs `fn` unless auth failed, counts and finishes.

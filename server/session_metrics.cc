@@ -100,6 +100,27 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                 "Throughput of the last step, in tokens per second.", MetricType::Gauge),
         c.last_step->step.tokens_per_second);
   }
+  if (c.last_step) {
+    Families::Sample(
+        out.Add("memprofd_train_learning_rate",
+                "Learning rate of the last step (the schedule's).", MetricType::Gauge),
+        c.last_step->step.learning_rate);
+  }
+  Families::Sample(
+      out.Add("memprofd_eval_evaluations_total",
+              "Evaluations finished (Evaluate calls and training's periodic ones).",
+              MetricType::Counter),
+      static_cast<double>(c.evaluations_total));
+  if (c.last_eval) {
+    Families::Sample(
+        out.Add("memprofd_eval_last_loss", "Mean cross-entropy of the last evaluation.",
+                MetricType::Gauge),
+        c.last_eval->loss);
+    Families::Sample(out.Add("memprofd_eval_last_perplexity",
+                             "Perplexity (exp of the loss) of the last evaluation.",
+                             MetricType::Gauge),
+                     c.last_eval->perplexity);
+  }
   Families::Sample(out.Add("memprofd_operations_active", "Operations queued or running.",
                            MetricType::Gauge),
                    static_cast<double>(session_->ActiveOperationCount()));

@@ -22,6 +22,13 @@ at::Tensor RotateHalf(const at::Tensor& x) {
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
 
+// residual + branch, in place into `branch` (a projection's output, which
+// backward does not need) when their dtypes agree.
+at::Tensor Residual(const at::Tensor& residual, at::Tensor branch) {
+  if (branch.scalar_type() == residual.scalar_type()) return branch.add_(residual);
+  return residual + branch;
+}
+
 }  // namespace
 
 LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
@@ -127,8 +134,10 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   }
   // Residual adds in place into the projection outputs, which linear's
   // backward does not save; a + b == b + a exactly, so the result is that of
-  // hidden + attention.
-  at::Tensor x = Attention(w, m, normed).add_(hidden);
+  // hidden + attention. Under bf16 autocast the projections are bf16 and the
+  // residual stream float32: the sum is float32 (type promotion), as in
+  // transformers, so it cannot go in place.
+  at::Tensor x = Residual(hidden, Attention(w, m, normed));
   at::Tensor h;
   {
     ModuleScope norm(m.post_attention_layernorm);
@@ -147,7 +156,7 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   at::Tensor act = torch::silu(gate) * up;
   ModuleScope proj(m.down_proj);
   at::Tensor mlp = torch::linear(act, w.down_proj);
-  return mlp.add_(x);
+  return Residual(x, mlp);
 }
 
 at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {

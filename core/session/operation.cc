@@ -215,6 +215,8 @@ absl::string_view OperationKindName(OperationKind kind) {
       return "snapshot";
     case OperationKind::kLoadModel:
       return "load_model";
+    case OperationKind::kEvaluate:
+      return "evaluate";
   }
   return "unknown";
 }

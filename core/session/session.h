@@ -89,6 +89,14 @@ class Session {
   // when its data source (reused) no longer has the same number of tokens.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
+  // Merges the request over EvalOptions' defaults, validates, reads the
+  // data, and queues an evaluation of the model as it is at the next step
+  // boundary (EVALUATE operation; result EvalResult): at once when idle,
+  // between two steps while training runs. INVALID_ARGUMENT for bad options
+  // or data (read here), FAILED_PRECONDITION without a model.
+  absl::StatusOr<std::shared_ptr<Operation>> StartEvaluation(
+      const EvaluateRequest& request);
+
   // Queues a snapshot at the next step boundary (SNAPSHOT operation; result
   // SnapshotResult). INVALID_ARGUMENT for a bad name, a checkpoint with a
   // converting dtype (CheckCheckpointDtype),
@@ -101,7 +109,8 @@ class Session {
       const std::string& name) const;
   absl::Status DeleteSnapshot(const std::string& name);
 
-  // Operations (LOAD_MODEL, TRAIN, SNAPSHOT). NOT_FOUND for an unknown id.
+  // Operations (LOAD_MODEL, TRAIN, SNAPSHOT, EVALUATE). NOT_FOUND for an
+  // unknown id.
   absl::StatusOr<std::shared_ptr<Operation>> GetOperation(const std::string& id) const;
   // A TRAIN operation, whose events are its step reports: GetOperation's
   // errors, and INVALID_ARGUMENT for an operation of another kind.
@@ -184,12 +193,16 @@ class Session {
   absl::Status LoadOnOwner(const LoadModelSpec& spec);
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                    const offload::OffloadOptions& offload_options,
-                   const TokenDataset& data, bool resume);
+                   const TokenDataset& data, const TokenDataset* eval_data, bool resume);
   // The checkpoint --resume names (SessionOptions::resume): its directory,
   // or empty for "latest" when the root holds no checkpoint yet.
   absl::StatusOr<std::string> ResumeDirectory() const;
   // Publishes the trainer's run for StartTraining's resume merge.
   void PublishRun();
+  void RunEvaluation(const std::shared_ptr<Operation>& op, const EvalOptions& options,
+                     const TokenDataset& data);
+  // Counts a finished evaluation for Counters().
+  void CountEvaluation(const EvalResult& result);
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
   void RunBoundaryWork();
   // Queues a snapshot to run at the next step boundary, or when idle.

@@ -90,6 +90,19 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
         ": the data changed, so the run cannot go on on the "
         "same stream; restore the data, or give a data source and accept a new stream"));
   }
+  std::shared_ptr<TokenDataset> eval_data;
+  if (train.eval_data) {
+    absl::StatusOr<std::unique_ptr<TokenDataset>> created =
+        TokenDataset::Create(*train.eval_data, model->config.vocab_size);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("eval_data: ", created.status().message()));
+    }
+    eval_data = *std::move(created);
+    if (absl::Status s = eval_data->Validate(train.seq_len); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("eval_data: ", s.message()));
+    }
+  }
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
@@ -104,8 +117,9 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back([this, op, train, offload_options, data, resume = spec.resume] {
-      RunTraining(op, train, offload_options, *data, resume);
+    queue_.push_back(
+        [this, op, train, offload_options, data, eval_data, resume = spec.resume] {
+          RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
     });
   }
   return op;
@@ -113,7 +127,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                           const offload::OffloadOptions& offload_options,
-                          const TokenDataset& data, bool resume) {
+                          const TokenDataset& data, const TokenDataset* eval_data,
+                          bool resume) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
   auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
@@ -196,6 +211,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
       counters_.last_step = r;
       if (model_summary_) model_summary_->steps_trained = report.global_step;
     }
+    if (report.eval) CountEvaluation(*report.eval);
     PublishCategories();
     PublishRun();
     MaybeQueuePeriodicSnapshot(report.global_step);
@@ -209,8 +225,8 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // threads inherit it for the backward passes started here.
   memory::OpAttribution op_attribution;
   absl::StatusOr<TrainResult> result =
-      resume ? trainer_->ContinueRun(train, data, on_step, cancelled)
-             : trainer_->Run(train, data, on_step, cancelled);
+      resume ? trainer_->ContinueRun(train, data, on_step, cancelled, eval_data)
+             : trainer_->Run(train, data, on_step, cancelled, eval_data);
   trainer_->set_hooks(StepHooks());
   PublishCategories();
   PublishRun();

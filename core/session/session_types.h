@@ -138,6 +138,10 @@ struct SessionCounters {
   int64_t snapshot_bytes_total = 0;
   memory::CategoryBytes categories;
   std::optional<SessionStepReport> last_step;
+  // Evaluations finished (Evaluate operations and training's periodic ones)
+  // and the last one.
+  int64_t evaluations_total = 0;
+  std::optional<EvalResult> last_eval;
 };
 
 // Told of every training step and every published snapshot, for the

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/train/autocast.h"
+
 namespace memprofd {
 namespace {
 
@@ -26,6 +28,11 @@ class CheckpointedLayerFunction
     ctx->saved_data["model"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(model));
     ctx->saved_data["index"] = index;
     ctx->saved_data["num_params"] = static_cast<int64_t>(params.size());
+    // Backward runs outside the forward's autocast scope; the recomputation
+    // replays it (as torch.utils.checkpoint does), so that it computes in
+    // the same precision as the forward did.
+    ctx->saved_data["mixed_precision"] =
+        static_cast<int64_t>(CurrentMixedPrecision(model->device().type()));
     return model->Layer(index, hidden);
   }
 
@@ -42,6 +49,9 @@ class CheckpointedLayerFunction
     at::Tensor output;
     {
       torch::AutoGradMode enable_grad(true);
+      AutocastScope autocast(
+          static_cast<MixedPrecision>(ctx->saved_data["mixed_precision"].toInt()),
+          model->device().type());
       output = model->Layer(index, input);
     }
     // Frozen parameters (placed on disk, or requires_grad off) get no

@@ -55,27 +55,25 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   }
   RETURN_IF_ERROR(NonNegativeFinite("weight_decay", o.weight_decay));
   RETURN_IF_ERROR(NonNegativeFinite("max_grad_norm", o.max_grad_norm));
-  switch (o.data.kind) {
-    case DataSpec::Kind::kEmbeddedCorpus:
-    case DataSpec::Kind::kInlineTokens:
-      break;
-    case DataSpec::Kind::kTokenFile:
-      if (o.data.bytes_per_token != 2 && o.data.bytes_per_token != 4) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bytes_per_token must be 2 (uint16) or 4 (uint32), got ",
-                         o.data.bytes_per_token));
-      }
-      [[fallthrough]];
-    case DataSpec::Kind::kTextFile:
-      if (o.data.path.empty()) {
-        return absl::InvalidArgumentError(
-            "the data source is a file but no path was given");
-      }
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown data kind ", static_cast<int>(o.data.kind)));
+  RETURN_IF_ERROR(ValidateDataSpec("data", o.data));
+  RETURN_IF_ERROR(ValidateLrSchedule(o.lr_schedule, o.steps));
+  if (o.eval_every_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_every_steps must be >= 0 (0: no evaluation), got ", o.eval_every_steps));
   }
+  if (o.eval_max_batches < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eval_max_batches must be >= 0 (0: every window), got ", o.eval_max_batches));
+  }
+  if (o.eval_every_steps > 0 && !o.eval_data) {
+    return absl::InvalidArgumentError(
+        "eval_every_steps is set but eval_data is not: give the evaluation data");
+  }
+  if (o.eval_every_steps == 0 && o.eval_data) {
+    return absl::InvalidArgumentError(
+        "eval_data is given but eval_every_steps is not: say how often to evaluate");
+  }
+  if (o.eval_data) RETURN_IF_ERROR(ValidateDataSpec("eval_data", *o.eval_data));
   return absl::OkStatus();
 }
 
@@ -106,6 +104,18 @@ absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
   o.max_grad_norm = request.max_grad_norm.value_or(o.max_grad_norm);
   o.grad_accumulation_steps =
       request.grad_accumulation_steps.value_or(o.grad_accumulation_steps);
+  if (request.lr_scheduler_type) {
+    ASSIGN_OR_RETURN(o.lr_schedule.type,
+                     ParseLrSchedulerType(*request.lr_scheduler_type));
+  }
+  o.lr_schedule.warmup_steps = request.warmup_steps.value_or(o.lr_schedule.warmup_steps);
+  o.lr_schedule.min_lr_ratio = request.min_lr_ratio.value_or(o.lr_schedule.min_lr_ratio);
+  if (request.mixed_precision) {
+    ASSIGN_OR_RETURN(o.mixed_precision, ParseMixedPrecision(*request.mixed_precision));
+  }
+  o.eval_every_steps = request.eval_every_steps.value_or(o.eval_every_steps);
+  if (request.eval_data) o.eval_data = request.eval_data;
+  o.eval_max_batches = request.eval_max_batches.value_or(o.eval_max_batches);
   RETURN_IF_ERROR(ValidateTrainOptions(o, max_position_embeddings));
   return o;
 }

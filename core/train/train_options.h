@@ -12,27 +12,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/model/config.h"
+#include "core/train/eval_options.h"
+#include "core/train/lr_schedule.h"
 
 namespace memprofd {
-
-// Where training tokens come from.
-struct DataSpec {
-  enum class Kind {
-    // English prose compiled into the binary, read as bytes (ids 0..255).
-    kEmbeddedCorpus = 0,
-    // Any file read as bytes: byte-level tokens, ids 0..255.
-    kTextFile = 1,
-    // A flat file of little-endian token ids, bytes_per_token (2 or 4) each:
-    // nanoGPT's uint16 .bin convention, or uint32.
-    kTokenFile = 2,
-    // The ids in `tokens`.
-    kInlineTokens = 3,
-  };
-  Kind kind = Kind::kEmbeddedCorpus;
-  std::string path;             // kTextFile, kTokenFile
-  int bytes_per_token = 2;      // kTokenFile
-  std::vector<int64_t> tokens;  // kInlineTokens
-};
 
 // What one training run does, every field given. Fields are validated by
 // ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's.
@@ -60,6 +43,17 @@ struct TrainOptions {
   double max_grad_norm = 0.0;
   // Micro-batches of batch_size accumulated per optimizer step.
   int64_t grad_accumulation_steps = 1;
+  // The learning rate of each step: learning_rate is the peak (see
+  // lr_schedule.h); the default keeps it constant.
+  LrSchedule lr_schedule;
+  // Autocast of the forward passes (bf16: fp32 master weights and AdamW
+  // state).
+  MixedPrecision mixed_precision = MixedPrecision::kNo;
+  // Evaluate on eval_data every this many steps of the run (0: never), over
+  // at most eval_max_batches batches of batch_size x seq_len (0: all).
+  int64_t eval_every_steps = 0;
+  std::optional<DataSpec> eval_data;
+  int64_t eval_max_batches = 0;
 };
 
 // A training request as a client sends it: each field unset takes
@@ -82,6 +76,15 @@ struct TrainRequest {
   std::optional<double> adam_eps;
   std::optional<double> max_grad_norm;
   std::optional<int64_t> grad_accumulation_steps;
+  // transformers' get_scheduler names (lr_schedule.h).
+  std::optional<std::string> lr_scheduler_type;
+  std::optional<int64_t> warmup_steps;
+  std::optional<double> min_lr_ratio;
+  // "no" or "bf16".
+  std::optional<std::string> mixed_precision;
+  std::optional<int64_t> eval_every_steps;
+  std::optional<DataSpec> eval_data;
+  std::optional<int64_t> eval_max_batches;
 };
 
 // One optimizer step.
@@ -100,6 +103,10 @@ struct StepReport {
   double optimizer_seconds = 0.0;
   // Global L2 norm of the gradients before clipping.
   double grad_norm = 0.0;
+  // The learning rate this step's update used.
+  double learning_rate = 0.0;
+  // Set on the steps after which the run evaluated (eval_every_steps).
+  std::optional<EvalResult> eval;
 };
 
 // The outcome of a Run. When `cancelled`, the steps that ran are counted and
@@ -121,7 +128,9 @@ struct TrainResult {
 // max_position_embeddings; learning_rate > 0; betas in [0, 1); adam_eps > 0;
 // weight_decay and
 // max_grad_norm >= 0 and finite; bytes_per_token 2 or 4 for a token file; a
-// path for file kinds.
+// path for file kinds; the schedule's (ValidateLrSchedule); eval_every_steps
+// and eval_max_batches >= 0, eval_every_steps > 0 exactly when eval_data is
+// given.
 absl::Status ValidateTrainOptions(const TrainOptions& options,
                                   int64_t max_position_embeddings);
 

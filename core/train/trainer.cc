@@ -19,7 +19,9 @@
 #include "core/common/torch_boundary.h"
 #include "core/memory/tagging.h"
 #include "core/train/adamw.h"
+#include "core/train/autocast.h"
 #include "core/train/checkpoint.h"
+#include "core/train/evaluate.h"
 
 namespace memprofd {
 namespace {
@@ -50,6 +52,17 @@ std::shared_ptr<void> Enter(const std::function<std::shared_ptr<void>()>& scope)
 
 }  // namespace
 
+EvalOptions EvalOptionsOf(const TrainOptions& o) {
+  EvalOptions e;
+  if (o.eval_data) e.data = *o.eval_data;
+  e.batch_size = o.batch_size;
+  e.seq_len = o.seq_len;
+  e.max_batches = o.eval_max_batches;
+  e.attn_implementation = o.attn_implementation;
+  e.mixed_precision = o.mixed_precision;
+  return e;
+}
+
 at::Generator MakeDataGenerator(uint64_t seed) {
   return at::detail::createCPUGenerator(seed);
 }
@@ -60,10 +73,10 @@ Trainer::~Trainer() = default;
 
 void Trainer::ResetOptimizer() { optimizer_.reset(); }
 
-void Trainer::ConfigureOptimizer(const TrainOptions& o) {
+void Trainer::ConfigureOptimizer(const TrainOptions& o, double learning_rate) {
   auto options_for = [&](bool decay) {
     FusedAdamW::Options options;
-    options.learning_rate = o.learning_rate;
+    options.learning_rate = learning_rate;
     options.beta1 = o.beta1;
     options.beta2 = o.beta2;
     options.eps = o.adam_eps;
@@ -99,19 +112,23 @@ absl::StatusOr<StepReport> Trainer::Step(const TrainOptions& options,
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
-  return StepUnchecked(options, data, generator, 1);
+  return StepUnchecked(options, data, generator, 1, 0, options.steps);
 }
 
 absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
                                                   const TokenDataset& data,
                                                   at::Generator& generator,
-                                                  int64_t step_in_run) {
+                                                  int64_t step_in_run,
+                                                  int64_t schedule_position,
+                                                  int64_t schedule_steps) {
   const Clock::time_point start = Clock::now();
   model_->set_attention_implementation(options.attn_implementation);
   StepReport report;
   report.step = step_in_run;
   report.global_step = global_step_ + 1;
   report.tokens = options.batch_size * options.seq_len * options.grad_accumulation_steps;
+  report.learning_rate = LearningRateAt(options.lr_schedule, options.learning_rate,
+                                        schedule_position, schedule_steps);
 
   StepMarker marker(report.global_step);
   if (hooks_.before_step) hooks_.before_step(report.global_step);
@@ -122,7 +139,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
   // A data or after_backward error, carried out of the boundary.
   absl::Status batch_status;
   absl::Status status = TorchBoundary("training step", [&] {
-    ConfigureOptimizer(options);
+    ConfigureOptimizer(options, report.learning_rate);
     ClearGradients();
     for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
       absl::StatusOr<TokenBatch> batch =
@@ -141,6 +158,9 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
       Clock::time_point t0 = Clock::now();
       {
         PhaseScope phase(Phase::kForward);
+        // Autocast covers the forward only; backward runs outside it, as
+        // with torch.autocast (gradient checkpointing replays it).
+        AutocastScope autocast(options.mixed_precision, device.type());
         at::Tensor hidden;
         {
           std::shared_ptr<void> scope = Enter(hooks_.body_scope);
@@ -158,8 +178,10 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
         at::Tensor logits = model_->Head(hidden);
         static const ModuleId loss_module = InternModule("loss");
         ModuleScope loss_scope(loss_module);
-        loss = torch::nn::functional::cross_entropy(logits.view({-1, vocab}),
-                                                    targets.view({-1}));
+        // A float32 loss, as transformers' ForCausalLMLoss upcasts the
+        // logits (a no-op without mixed precision).
+        loss = torch::nn::functional::cross_entropy(
+            logits.to(torch::kFloat32).view({-1, vocab}), targets.view({-1}));
         if (options.grad_accumulation_steps > 1)
           loss = loss / static_cast<double>(options.grad_accumulation_steps);
       }
@@ -230,32 +252,51 @@ absl::StatusOr<TrainResult> Trainer::Run(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
                    TokenDataset::Create(options.data, model_->config().vocab_size));
-  return Run(options, *data, on_step, cancelled);
+  std::unique_ptr<TokenDataset> eval_data;
+  if (options.eval_data) {
+    ASSIGN_OR_RETURN(
+        eval_data, TokenDataset::Create(*options.eval_data, model_->config().vocab_size));
+  }
+  return Run(options, *data, on_step, cancelled, eval_data.get());
 }
 
 absl::StatusOr<TrainResult> Trainer::Run(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
+  if (options.eval_every_steps > 0) {
+    if (eval_data == nullptr) {
+      return absl::InvalidArgumentError(
+          "eval_every_steps is set but no evaluation data was passed");
+    }
+    RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
+  }
   generator_ = MakeDataGenerator(options.seed);
   RunState run;
   run.options = options;
   run.data_tokens = data.size();
   run.sampler.seed = options.seed;
   run_ = std::move(run);
-  return RunSteps(options, data, on_step, cancelled);
+  return RunSteps(options, data, on_step, cancelled, eval_data);
 }
 
 absl::StatusOr<TrainResult> Trainer::ContinueRun(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
+  if (options.eval_every_steps > 0) {
+    if (eval_data == nullptr) {
+      return absl::InvalidArgumentError(
+          "eval_every_steps is set but no evaluation data was passed");
+    }
+    RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
+  }
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "
@@ -264,13 +305,13 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
   run_->options = options;
   run_->options.steps = run_->steps_completed + options.steps;
   run_->data_tokens = data.size();
-  return RunSteps(options, data, on_step, cancelled);
+  return RunSteps(options, data, on_step, cancelled, eval_data);
 }
 
 absl::StatusOr<TrainResult> Trainer::RunSteps(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
   TrainResult result;
   const Clock::time_point start = Clock::now();
   for (int64_t step = 1; step <= options.steps; ++step) {
@@ -278,7 +319,8 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
       result.cancelled = true;
       break;
     }
-    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator_, step));
+    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator_, step, run_->steps_completed,
+                                   run_->options.steps));
     // The cursor and the losses move before on_step, whose snapshots (taken
     // at the next boundary) must see this step as done.
     run_->steps_completed += 1;
@@ -286,6 +328,11 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
     run_->sampler.windows_drawn += options.grad_accumulation_steps * options.batch_size;
     recent_losses_.emplace_back(report.global_step, report.loss);
     while (recent_losses_.size() > kRecentLossesKept) recent_losses_.pop_front();
+    if (options.eval_every_steps > 0 && run_->steps_completed % options.eval_every_steps == 0) {
+      ASSIGN_OR_RETURN(report.eval,
+                       EvaluateModel(*model_, *eval_data, EvalOptionsOf(options)));
+      report.eval->global_step = global_step_;
+    }
     if (step == 1) result.first_loss = report.loss;
     result.last_loss = report.loss;
     result.steps_completed = step;

@@ -1,9 +1,10 @@
 #ifndef MEMPROFD_CORE_TRAIN_TRAINER_H_
 #define MEMPROFD_CORE_TRAIN_TRAINER_H_
 
-// Training steps over a LlamaModel: next-token cross-entropy, AdamW, optional
-// gradient clipping, accumulation and per-layer checkpointing, with phase
-// markers and hooks for the memory recorder and the activation offloader.
+// Training steps over a LlamaModel: next-token cross-entropy, AdamW with a
+// learning-rate schedule, optional gradient clipping, accumulation, per-layer
+// checkpointing, bf16 autocast and periodic evaluation, with phase markers
+// and hooks for the memory recorder and the activation offloader.
 
 #include <ATen/core/Generator.h>
 
@@ -110,11 +111,17 @@ class Trainer {
       const std::function<bool()>& cancelled = {});
 
   // The same over `data`, already checked by the caller (TokenDataset::Create
-  // and Validate(options.seq_len)); options are still validated.
+  // and Validate(options.seq_len)); options are still validated. With
+  // options.eval_every_steps > 0, after every eval_every_steps-th step of the
+  // run the model is evaluated on `eval_data` (EvaluateModel with
+  // EvalOptionsOf(options)) and the result goes in that step's report, before
+  // on_step; INVALID_ARGUMENT when eval_data is null or too short for
+  // seq_len, and an evaluation's failure ends the run like a step's.
   absl::StatusOr<TrainResult> Run(
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {});
+      const std::function<bool()>& cancelled = {},
+      const TokenDataset* eval_data = nullptr);
 
   // Continues the last run (started by Run, or restored by Restore) with
   // `options` for options.steps more steps: the run's generator draws on
@@ -125,7 +132,8 @@ class Trainer {
   absl::StatusOr<TrainResult> ContinueRun(
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {});
+      const std::function<bool()>& cancelled = {},
+      const TokenDataset* eval_data = nullptr);
 
   // The optimizer's state tensors (AdamW moments; empty before the first
   // step), for memory accounting. Owner thread only.
@@ -166,16 +174,23 @@ class Trainer {
   void ResetOptimizer();
 
  private:
+  // One step; its learning rate is the schedule's at 0-based
+  // schedule_position of schedule_steps.
   absl::StatusOr<StepReport> StepUnchecked(const TrainOptions& options,
                                            const TokenDataset& data,
-                                           at::Generator& generator, int64_t step_in_run);
-  // The steps of Run and ContinueRun, on run_ and generator_.
+                                           at::Generator& generator, int64_t step_in_run,
+                                           int64_t schedule_position, int64_t schedule_steps);
+  // The steps of Run and ContinueRun, on run_ and generator_. A step's
+  // learning rate is the schedule's at its position in the whole run (the
+  // steps of the run before it plus its own), so a resumed run gets the
+  // rates an uninterrupted one would have had.
   absl::StatusOr<TrainResult> RunSteps(
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step,
-      const std::function<bool()>& cancelled);
-  // Creates the optimizer on first use; updates its hyperparameters after.
-  void ConfigureOptimizer(const TrainOptions& options);
+      const std::function<bool()>& cancelled, const TokenDataset* eval_data);
+  // Creates the optimizer on first use; updates its hyperparameters after
+  // (the learning rate: this step's, from the schedule).
+  void ConfigureOptimizer(const TrainOptions& options, double learning_rate);
   void ClearGradients();
 
   LlamaModel* const model_;
@@ -189,6 +204,10 @@ class Trainer {
   at::Generator generator_;
   std::deque<std::pair<int64_t, double>> recent_losses_;
 };
+
+// The evaluation a training run does every eval_every_steps: its eval_data,
+// batch_size, seq_len, attention and mixed precision, eval_max_batches.
+EvalOptions EvalOptionsOf(const TrainOptions& options);
 
 // A CPU generator seeded with `seed`, for TokenDataset::NextBatch.
 at::Generator MakeDataGenerator(uint64_t seed);

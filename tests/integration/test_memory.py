@@ -252,8 +252,11 @@ class DashboardTest(unittest.TestCase):
         try:
             with harness.Prometheus(d.metrics_port) as prom:
                 # Train (with offloading) while Prometheus scrapes, and snapshot.
-                op = d.call("Train", pb.TrainRequest(steps=1000, batch_size=2, seq_len=32,
-                                                     offload=pb.OffloadOptions(enabled=True)))
+                # A cosine schedule and evaluations feed the rate and eval panels.
+                op = d.call("Train", pb.TrainRequest(
+                    steps=1000, batch_size=2, seq_len=32, offload=pb.OffloadOptions(enabled=True),
+                    lr_scheduler_type="cosine", warmup_steps=10, eval_every_steps=5,
+                    eval_data=pb.DataSource(embedded_corpus=True), eval_max_batches=1))
                 snap = d.call("Snapshot", pb.SnapshotRequest(name="dash"))
                 wait_done(d, snap.id)
                 missing = exprs

@@ -1,0 +1,33 @@
+#include "core/train/autocast.h"
+
+#include <ATen/autocast_mode.h>
+
+namespace memprofd {
+
+AutocastScope::AutocastScope(MixedPrecision precision, c10::DeviceType device_type)
+    : active_(precision == MixedPrecision::kBf16), device_type_(device_type) {
+  if (!active_) return;
+  // torch.autocast.__enter__: remember the state, set it, count the nesting.
+  previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, at::kBFloat16);
+  at::autocast::increment_nesting();
+}
+
+AutocastScope::~AutocastScope() {
+  if (!active_) return;
+  // torch.autocast.__exit__: the outermost exit drops the cached casts.
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
+}
+
+MixedPrecision CurrentMixedPrecision(c10::DeviceType device_type) {
+  return at::autocast::is_autocast_enabled(device_type) &&
+                 at::autocast::get_autocast_dtype(device_type) == at::kBFloat16
+             ? MixedPrecision::kBf16
+             : MixedPrecision::kNo;
+}
+
+}  // namespace memprofd

@@ -1,0 +1,46 @@
+#ifndef MEMPROFD_CORE_TRAIN_AUTOCAST_H_
+#define MEMPROFD_CORE_TRAIN_AUTOCAST_H_
+
+// Mixed precision for the forward passes: LibTorch's autocast (the C++ side
+// of torch.autocast), entered and left as a scope.
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include "core/train/eval_options.h"
+
+namespace memprofd {
+
+// While alive, ops on `device_type` autocast as torch.autocast(device_type,
+// dtype=bfloat16) does (the same op lists: matmuls and linear in bf16,
+// reductions, norms and losses in float32); with MixedPrecision::kNo it does
+// nothing. Restores the thread's previous autocast state when destroyed and
+// clears autocast's cache of casted weights when the outermost scope ends, as
+// torch.autocast's __exit__ does, so that no bf16 copy of a weight outlives
+// the forward pass (or survives into a later one with stale values).
+//
+// Autocast state is thread-local: a scope covers the ops of the thread that
+// made it. Backward runs outside it, as in PyTorch (gradient checkpointing
+// re-enters it for its recomputation). Not copyable; one thread.
+class AutocastScope {
+ public:
+  AutocastScope(MixedPrecision precision, c10::DeviceType device_type);
+  ~AutocastScope();
+  AutocastScope(const AutocastScope&) = delete;
+  AutocastScope& operator=(const AutocastScope&) = delete;
+
+ private:
+  const bool active_;
+  const c10::DeviceType device_type_;
+  bool previous_enabled_ = false;
+  c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
+};
+
+// The thread's autocast state on `device_type`, as a MixedPrecision: kBf16
+// when autocast is on with bfloat16 (what a checkpointed layer saves to
+// replay its forward), else kNo.
+MixedPrecision CurrentMixedPrecision(c10::DeviceType device_type);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_TRAIN_AUTOCAST_H_

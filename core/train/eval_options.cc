@@ -1,0 +1,89 @@
+#include "core/train/eval_options.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace memprofd {
+
+absl::Status ValidateDataSpec(absl::string_view field, const DataSpec& spec) {
+  switch (spec.kind) {
+    case DataSpec::Kind::kEmbeddedCorpus:
+    case DataSpec::Kind::kInlineTokens:
+      return absl::OkStatus();
+    case DataSpec::Kind::kTokenFile:
+      if (spec.bytes_per_token != 2 && spec.bytes_per_token != 4) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": bytes_per_token must be 2 (uint16) or 4 (uint32), got ",
+            spec.bytes_per_token));
+      }
+      [[fallthrough]];
+    case DataSpec::Kind::kTextFile:
+      if (spec.path.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": the data source is a file but no path was given"));
+      }
+      return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown data kind ", static_cast<int>(spec.kind)));
+}
+
+absl::string_view MixedPrecisionName(MixedPrecision precision) {
+  switch (precision) {
+    case MixedPrecision::kNo:
+      return "no";
+    case MixedPrecision::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<MixedPrecision> ParseMixedPrecision(absl::string_view name) {
+  for (MixedPrecision p : {MixedPrecision::kNo, MixedPrecision::kBf16}) {
+    if (name == MixedPrecisionName(p)) return p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("mixed_precision: unknown value '", name,
+                                                 "'; use no (float32) or bf16"));
+}
+
+absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embeddings) {
+  if (o.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch_size must be at least 1, got ", o.batch_size));
+  }
+  if (o.seq_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("seq_len must be at least 1, got ", o.seq_len));
+  }
+  if (o.seq_len > max_position_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "seq_len ", o.seq_len, " exceeds the model's max_position_embeddings (",
+        max_position_embeddings, "); use a seq_len of at most ",
+        max_position_embeddings));
+  }
+  if (o.max_batches < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_batches must be >= 0 (0: every window), got ", o.max_batches));
+  }
+  return ValidateDataSpec("data", o.data);
+}
+
+absl::StatusOr<EvalOptions> MergeEvaluateRequest(const EvaluateRequest& request,
+                                                 int64_t max_position_embeddings) {
+  EvalOptions o;
+  o.data = request.data;
+  o.batch_size = request.batch_size.value_or(o.batch_size);
+  o.seq_len = request.seq_len.value_or(o.seq_len);
+  o.max_batches = request.max_batches.value_or(o.max_batches);
+  if (request.attn_implementation) {
+    ASSIGN_OR_RETURN(o.attn_implementation,
+                     ParseAttentionImplementation(*request.attn_implementation));
+  }
+  if (request.mixed_precision) {
+    ASSIGN_OR_RETURN(o.mixed_precision, ParseMixedPrecision(*request.mixed_precision));
+  }
+  RETURN_IF_ERROR(ValidateEvalOptions(o, max_position_embeddings));
+  return o;
+}
+
+}  // namespace memprofd

@@ -1,0 +1,69 @@
+#include "core/train/evaluate.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
+#include "core/model/llama.h"
+#include "core/train/autocast.h"
+#include "core/train/data.h"
+
+namespace memprofd {
+
+int64_t EvalWindows(const TokenDataset& data, const EvalOptions& o) {
+  if (o.seq_len < 1 || data.size() < o.seq_len + 1) return 0;
+  const int64_t windows = (data.size() - 1) / o.seq_len;
+  return o.max_batches > 0 ? std::min(windows, o.max_batches * o.batch_size) : windows;
+}
+
+absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
+                                         const EvalOptions& o) {
+  RETURN_IF_ERROR(ValidateEvalOptions(o, model.config().max_position_embeddings));
+  RETURN_IF_ERROR(data.Validate(o.seq_len));
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t windows = EvalWindows(data, o);
+  const int64_t vocab = model.config().vocab_size;
+  const c10::Device device = model.device();
+  model.set_attention_implementation(o.attn_implementation);
+
+  EvalResult result;
+  double loss_sum = 0.0;
+  RETURN_IF_ERROR(TorchBoundary("evaluation", [&] {
+    torch::NoGradGuard no_grad;
+    for (int64_t first = 0; first < windows; first += o.batch_size) {
+      const int64_t n = std::min(o.batch_size, windows - first);
+      // Window i is tokens[i * seq_len, i * seq_len + seq_len] (seq_len + 1
+      // tokens, so consecutive windows share one token, as input and target).
+      at::Tensor rows = data.tokens()
+                            .narrow(0, first * o.seq_len, n * o.seq_len + 1)
+                            .unfold(0, o.seq_len + 1, o.seq_len)
+                            .to(device, torch::kInt64)
+                            .contiguous();
+      at::Tensor inputs = rows.narrow(1, 0, o.seq_len);
+      at::Tensor targets = rows.narrow(1, 1, o.seq_len);
+      at::Tensor logits;
+      {
+        AutocastScope autocast(o.mixed_precision, device.type());
+        logits = model.Forward(inputs);
+      }
+      // float32 loss, as transformers' ForCausalLMLoss upcasts the logits.
+      at::Tensor loss = torch::nn::functional::cross_entropy(
+          logits.to(torch::kFloat32).view({-1, vocab}), targets.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
+      loss_sum += loss.item<double>();
+      result.tokens += n * o.seq_len;
+      result.batches += 1;
+    }
+  }));
+  result.loss = loss_sum / static_cast<double>(result.tokens);
+  result.perplexity = std::exp(result.loss);
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+}  // namespace memprofd

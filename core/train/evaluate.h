@@ -1,0 +1,39 @@
+#ifndef MEMPROFD_CORE_TRAIN_EVALUATE_H_
+#define MEMPROFD_CORE_TRAIN_EVALUATE_H_
+
+// The evaluation loss of a model on held-out tokens: forward passes only,
+// without gradients, through the model's own placement (weights placed on
+// the CPU or on disk are fetched for each layer's forward, as in training).
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "core/train/eval_options.h"
+
+namespace memprofd {
+
+class LlamaModel;
+class TokenDataset;
+
+// The number of evaluation windows of seq_len + 1 tokens in `data` that
+// EvaluateModel reads with `options` (consecutive, window i from token
+// i * seq_len; at most max_batches * batch_size of them when max_batches >
+// 0).
+int64_t EvalWindows(const TokenDataset& data, const EvalOptions& options);
+
+// Mean next-token cross-entropy (and its exp, the perplexity) of `model`
+// over EvalWindows(data, options) windows, batch_size a batch, with
+// options.attn_implementation and mixed precision; `data` must hold at least
+// one window (data.Validate(seq_len)). No autograd graph is built, so
+// nothing is saved for backward and the model is unchanged (its attention
+// implementation is set from the options). Runs inside TorchBoundary:
+// RESOURCE_EXHAUSTED when a batch does not fit, INTERNAL for other LibTorch
+// errors; INVALID_ARGUMENT for options or data that ValidateEvalOptions or
+// data.Validate reject. result.global_step is left 0 for the caller. Owner
+// thread only.
+absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
+                                         const EvalOptions& options);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_TRAIN_EVALUATE_H_
