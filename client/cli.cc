@@ -69,7 +69,7 @@ int Usage(const std::string& message) {
       "  snapshot NAME [--max_shard_size 2GB] [--dtype bf16] [--mode blocking|async]\n"
       "  snapshots [list] | snapshots describe|delete NAME\n"
       "  memory [reset-peak | record start [--max_entries N] | record stop [--clear]\n"
-      "         | dump -o FILE]\n"
+      "         | dump -o FILE | oom]\n"
       "exit codes: 0 ok, 1 the daemon answered an error, 2 usage, 3 unreachable,\n"
       "            4 the operation failed or was cancelled\n");
   return kExitUsage;

@@ -33,7 +33,7 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
 
 std::vector<std::string> MemprofdService::Features() {
   return {"status", "health",  "reflection", "operations", "model",
-          "train",  "offload", "snapshots",  "memory"};
+          "train",  "offload", "snapshots",  "memory",     "oom_reports"};
 }
 
 template <typename Fn>
@@ -316,6 +316,17 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
   absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
   if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
   return new ChunkStream(*std::move(pickle), CountWhenDone(kMethod));
+}
+
+ServerUnaryReactor* MemprofdService::GetLastOomReport(CallbackServerContext* ctx,
+                                                      const v1::GetLastOomReportRequest*,
+                                                      v1::OomReport* resp) {
+  return Unary(ctx, "GetLastOomReport", [&] {
+    absl::StatusOr<OomReportRecord> record = session_->LastOomReport();
+    if (!record.ok()) return record.status();
+    *resp = ToProto(*record);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace memprofd

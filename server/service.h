@@ -90,6 +90,9 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
       v1::StopMemoryRecordingResponse* resp) override;
   grpc::ServerWriteReactor<v1::DumpChunk>* DumpMemoryHistory(
       grpc::CallbackServerContext* ctx, const v1::DumpMemoryHistoryRequest* req) override;
+  grpc::ServerUnaryReactor* GetLastOomReport(grpc::CallbackServerContext* ctx,
+                                             const v1::GetLastOomReportRequest* req,
+                                             v1::OomReport* resp) override;
 
  private:
   // Authenticates, runs `fn` unless auth failed, counts and finishes.
