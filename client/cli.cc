@@ -86,7 +86,7 @@ int Usage(const std::string& message) {
       "  memory [reset-peak | record start [--max_entries N] | record stop [--clear]\n"
       "         | dump -o FILE\n"
       "         | top [--by module|op|category] [--phase P] [--top N]\n"
-      "         | diff STEP_A STEP_B [--top N]]\n"
+      "         | diff STEP_A STEP_B [--top N] | oom]\n"
       "exit codes: 0 ok, 1 the daemon answered an error, 2 usage, 3 unreachable,\n"
       "            4 the operation failed or was cancelled\n");
   return kExitUsage;

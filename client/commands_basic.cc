@@ -52,6 +52,13 @@ int StatusCommand(const Context& c, const Args&) {
         HumanBytes(static_cast<double>(o.dedup_bytes_saved())).c_str(),
         HumanBytes(static_cast<double>(o.bytes_in())).c_str(),
         HumanBytes(static_cast<double>(o.bytes_prefetched())).c_str());
+    if (o.bytes_out() > 0) {
+      std::printf(
+          "            %s of it freed on the device, %s moved but kept alive by "
+          "another reference\n",
+          HumanBytes(static_cast<double>(o.effective_bytes())).c_str(),
+          HumanBytes(static_cast<double>(o.ineffective_bytes())).c_str());
+    }
   }
   std::printf("operations: %lld active\n",
               static_cast<long long>(status.active_operations()));

@@ -1,5 +1,6 @@
 // memprofctl memory: current and peak bytes per device, phase and category;
-// reset-peak; record start|stop; dump -o FILE (a memory_viz pickle).
+// reset-peak; record start|stop; dump -o FILE (a memory_viz pickle); oom (the
+// newest OOM report).
 
 #include <cstdio>
 #include <fstream>
@@ -94,6 +95,74 @@ int Dump(const Context& c) {
   return kExitOk;
 }
 
+// The newest OOM report: a summary, or with --json the OomReport message.
+int Oom(const Context& c) {
+  v1::OomReport report;
+  auto ctx = c.client->NewContext(c.timeout);
+  grpc::Status s = c.client->stub().GetLastOomReport(
+      ctx.get(), v1::GetLastOomReportRequest(), &report);
+  if (!s.ok()) return ReportRpcError("memory oom", s);
+  if (c.json) {
+    std::printf("%s\n", ToJsonLine(report).c_str());
+    return kExitOk;
+  }
+  std::printf("step %lld ran out of memory: %s\n",
+              static_cast<long long>(report.global_step()), report.error().c_str());
+  if (report.captured()) {
+    std::printf("request:  %s on %s in %s\n",
+                HumanBytes(static_cast<double>(report.requested_bytes())).c_str(),
+                report.device().c_str(),
+                report.phase().empty() ? "an unknown phase" : report.phase().c_str());
+  } else {
+    std::printf("request:  not seen by an allocator (the size is unknown)\n");
+  }
+  auto or_unknown = [](bool has, int64_t v) {
+    return has ? HumanBytes(static_cast<double>(v)) : std::string("unknown");
+  };
+  std::printf("device:   %s allocated, %s reserved, %s free of %s\n",
+              HumanBytes(static_cast<double>(report.allocated_bytes())).c_str(),
+              or_unknown(report.has_reserved_bytes(), report.reserved_bytes()).c_str(),
+              or_unknown(report.has_free_bytes(), report.free_bytes()).c_str(),
+              or_unknown(report.has_total_bytes(), report.total_bytes()).c_str());
+  std::printf("live:     %lld allocations, %s\n",
+              static_cast<long long>(report.live_allocations()),
+              HumanBytes(static_cast<double>(report.live_bytes())).c_str());
+  if (report.largest_allocations_size() > 0) {
+    std::printf("\nlargest live allocations:\n");
+    for (const auto& a : report.largest_allocations()) {
+      const std::string origin = a.phase().empty()
+                                     ? std::string("-")
+                                     : absl::StrCat(a.phase(), " step ", a.step());
+      std::printf("  %12s  %-28s %-20s %s%s%s\n",
+                  HumanBytes(static_cast<double>(a.bytes())).c_str(),
+                  a.category().c_str(), origin.c_str(), a.module().c_str(),
+                  a.op().empty() ? "" : " ", a.op().c_str());
+    }
+  }
+  std::printf("\nby category:\n");
+  for (const auto& cat : report.categories()) {
+    std::printf("  %-28s %12s\n", cat.category().c_str(),
+                HumanBytes(static_cast<double>(cat.bytes())).c_str());
+  }
+  if (report.recent_steps_size() > 0) {
+    std::printf("\nlast steps' peaks:\n");
+    for (const auto& step : report.recent_steps()) {
+      std::string line;
+      for (const auto& p : step.phase_peaks()) {
+        absl::StrAppend(&line, " ", p.device(), "/", p.phase(), " ",
+                        HumanBytes(static_cast<double>(p.peak_bytes())));
+      }
+      std::printf("  step %-6lld%s\n", static_cast<long long>(step.step()), line.c_str());
+    }
+  }
+  if (!report.path().empty()) {
+    std::printf("\nreport: %s\n", report.path().c_str());
+  } else if (!report.write_error().empty()) {
+    std::printf("\nreport not written: %s\n", report.write_error().c_str());
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int MemoryCommand(const Context& c, const Args& args) {
@@ -103,6 +172,11 @@ int MemoryCommand(const Context& c, const Args& args) {
   if (verb == "dump") return Dump(c);
   if (verb == "top") return MemoryTopCommand(c, args);
   if (verb == "diff") return MemoryDiffCommand(c, args);
+  if (verb == "oom") {
+    if (args.size() != 1)
+      return Usage("memory oom takes no arguments (--json is a flag)");
+    return Oom(c);
+  }
   if (verb == "reset-peak") {
     v1::ResetPeakMemoryResponse resp;
     auto ctx = c.client->NewContext(c.timeout);

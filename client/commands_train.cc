@@ -224,6 +224,11 @@ int TrainCommand(const Context& c, const Args& args) {
           &line, "  offloaded ", HumanBytes(static_cast<double>(r.offload().bytes_out())),
           " (dedup saved ",
           HumanBytes(static_cast<double>(r.offload().dedup_bytes_saved())), ")");
+      if (r.offload().ineffective_bytes() > 0) {
+        absl::StrAppend(&line, ", ",
+                        HumanBytes(static_cast<double>(r.offload().ineffective_bytes())),
+                        " of it still held on the device");
+      }
     }
     // A live line on a terminal; one line per step otherwise (logs, pipes).
     std::printf(tty ? "\r\033[K%s" : "%s\n", line.c_str());

@@ -261,6 +261,8 @@ v1::OffloadStats ToProto(const offload::OffloadStats& s) {
   o.set_bytes_prefetched(s.bytes_prefetched);
   o.set_reload_wait_seconds(static_cast<double>(s.reload_wait_ns) * 1e-9);
   o.set_trl_baseline_bytes_out(s.trl_baseline_bytes_out);
+  o.set_effective_bytes(s.effective_bytes);
+  o.set_ineffective_bytes(s.ineffective_bytes);
   o.set_peak_resident_saved_bytes(s.peak_resident_saved_bytes);
   return o;
 }
@@ -352,6 +354,56 @@ v1::MemoryStats ToProto(const memory::MemoryStatsView& s,
   p.set_history_entries(s.history_entries);
   p.set_history_max_entries(s.history_max_entries);
   p.set_history_dropped(s.history_dropped);
+  return p;
+}
+
+v1::OomReport ToProto(const OomReportRecord& record) {
+  const memory::OomReport& r = record.report;
+  v1::OomReport p;
+  p.set_json(record.json);
+  p.set_path(record.path);
+  p.set_write_error(record.write_error);
+  p.set_global_step(r.global_step);
+  p.set_error(r.error);
+  p.set_device(r.device);
+  p.set_requested_bytes(r.requested_bytes);
+  if (r.phase) p.set_phase(std::string(PhaseName(*r.phase)));
+  p.set_module(r.module);
+  p.set_op(r.op);
+  p.set_captured(r.captured);
+  p.set_failed_at_unix_ms(r.failed_at_unix_ms);
+  p.set_written_at_unix_ms(record.written_at_unix_ms);
+  p.set_allocated_bytes(r.allocated_bytes);
+  if (r.reserved_bytes >= 0) p.set_reserved_bytes(r.reserved_bytes);
+  if (r.free_bytes >= 0) p.set_free_bytes(r.free_bytes);
+  if (r.total_bytes >= 0) p.set_total_bytes(r.total_bytes);
+  p.set_live_allocations(r.live_allocations);
+  p.set_live_bytes(r.live_bytes);
+  for (const memory::LiveAllocation& a : r.largest) {
+    v1::OomAllocation* pa = p.add_largest_allocations();
+    pa->set_address(a.addr);
+    pa->set_bytes(a.bytes);
+    pa->set_category(a.category);
+    if (a.phase) pa->set_phase(std::string(PhaseName(*a.phase)));
+    if (a.step) pa->set_step(*a.step);
+    pa->set_module(a.module);
+    pa->set_op(a.op);
+  }
+  for (const auto& [name, bytes] : r.categories.Named()) {
+    v1::CategoryBytes* c = p.add_categories();
+    c->set_category(name);
+    c->set_bytes(bytes);
+  }
+  for (const memory::StepPeaks& s : r.recent_steps) {
+    v1::OomStepPeaks* ps = p.add_recent_steps();
+    ps->set_step(s.step);
+    for (const auto& pp : s.phase_peaks) {
+      v1::PhasePeak* pk = ps->add_phase_peaks();
+      pk->set_device(pp.device);
+      pk->set_phase(std::string(PhaseName(pp.phase)));
+      pk->set_peak_bytes(pp.peak_bytes);
+    }
+  }
   return p;
 }
 

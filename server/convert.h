@@ -9,6 +9,7 @@
 #include "core/session/operation.h"
 #include "core/session/session.h"
 #include "memprofd/v1/memory.pb.h"
+#include "memprofd/v1/memprofd.pb.h"
 #include "memprofd/v1/model.pb.h"
 #include "memprofd/v1/operation.pb.h"
 #include "memprofd/v1/snapshot.pb.h"
@@ -43,6 +44,7 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& manifest,
                              SnapshotMode mode);
 v1::MemoryStats ToProto(const memory::MemoryStatsView& stats,
                         const memory::CategoryBytes& categories);
+v1::OomReport ToProto(const OomReportRecord& record);
 
 }  // namespace memprofd
 

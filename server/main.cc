@@ -63,6 +63,12 @@ ABSL_FLAG(bool, offload_head, false, "also offload the LM head's activations");
 ABSL_FLAG(std::string, spill_dir, "/tmp", "directory of the offloader's spill file");
 ABSL_FLAG(int64_t, host_limit_bytes, 0,
           "host target: spill to disk beyond this many bytes held (0: no limit)");
+ABSL_FLAG(std::string, report_dir, memprofd::SessionOptions().report_dir,
+          "where a training step that runs out of memory writes its OOM report "
+          "(empty: kept in memory only, for GetLastOomReport)");
+ABSL_FLAG(std::string, peak_file, "",
+          "write the last completed step's peaks there (JSON, replaced atomically "
+          "every step; empty: off)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace {
@@ -132,6 +138,8 @@ int main(int argc, char** argv) {
   session.keep_last = absl::GetFlag(FLAGS_keep_last);
   session.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
   session.snapshot_staging_bytes = absl::GetFlag(FLAGS_snapshot_staging_bytes);
+  session.report_dir = absl::GetFlag(FLAGS_report_dir);
+  session.peak_file = absl::GetFlag(FLAGS_peak_file);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
       memprofd::snapshot::ParseSnapshotKind(absl::GetFlag(FLAGS_auto_snapshot_kind));

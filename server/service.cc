@@ -33,9 +33,9 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status",      "health",  "reflection", "operations",   "model",
-          "train",       "offload", "snapshots",  "checkpoints",  "resume",
-          "memory",      "lr_schedules", "evaluate", "bf16"};
+  return {"status",  "health",       "reflection", "operations", "model",
+          "train",   "offload",      "snapshots",  "checkpoints", "resume",
+          "memory",  "lr_schedules", "evaluate",   "bf16",        "oom_reports"};
 }
 
 template <typename Fn>
@@ -366,6 +366,17 @@ ServerUnaryReactor* MemprofdService::Evaluate(CallbackServerContext* ctx,
         session_->StartEvaluation(FromProto(*req));
     if (!op.ok()) return op.status();
     *resp = ToProto((*op)->View());
+    return absl::OkStatus();
+  });
+}
+
+ServerUnaryReactor* MemprofdService::GetLastOomReport(CallbackServerContext* ctx,
+                                                      const v1::GetLastOomReportRequest*,
+                                                      v1::OomReport* resp) {
+  return Unary(ctx, "GetLastOomReport", [&] {
+    absl::StatusOr<OomReportRecord> record = session_->LastOomReport();
+    if (!record.ok()) return record.status();
+    *resp = ToProto(*record);
     return absl::OkStatus();
   });
 }

@@ -100,6 +100,9 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   grpc::ServerUnaryReactor* Evaluate(grpc::CallbackServerContext* ctx,
                                      const v1::EvaluateRequest* req,
                                      v1::Operation* resp) override;
+  grpc::ServerUnaryReactor* GetLastOomReport(grpc::CallbackServerContext* ctx,
+                                             const v1::GetLastOomReportRequest* req,
+                                             v1::OomReport* resp) override;
 
  private:
   // Authenticates, runs `fn` unless auth failed, counts and finishes.

@@ -231,6 +231,15 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
               "Bytes the TRL baseline (TRL's offloader) would have moved out.",
               MetricType::Counter),
       static_cast<double>(o.trl_baseline_bytes_out));
+  MetricFamily& effectiveness =
+      out.Add("memprofd_offload_effectiveness_bytes_total",
+              "Bytes moved out, by whether their compute-device storage went free "
+              "(effective) or something else kept it alive (ineffective).",
+              MetricType::Counter);
+  Families::Sample(effectiveness, static_cast<double>(o.effective_bytes),
+                   {{"outcome", "effective"}});
+  Families::Sample(effectiveness, static_cast<double>(o.ineffective_bytes),
+                   {{"outcome", "ineffective"}});
   if (c.last_step) {
     Families::Sample(
         out.Add("memprofd_offload_peak_resident_saved_bytes",
@@ -238,6 +247,12 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                 MetricType::Gauge),
         static_cast<double>(c.last_step->offload.peak_resident_saved_bytes));
   }
+
+  Families::Sample(out.Add("memprofd_oom_reports_total",
+                           "Training steps that ran out of memory (each wrote an OOM "
+                           "report; GetLastOomReport serves the newest).",
+                           MetricType::Counter),
+                   static_cast<double>(c.oom_reports_total));
 
   // Snapshots.
   MetricFamily& snaps =

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 
+#include "core/memory/oom_report.h"
 #include "core/memory/recorder.h"
 
 namespace memprofd {
@@ -90,7 +91,15 @@ class CountingCpuAllocator final : public c10::Allocator {
  private:
   c10::DataPtr Allocate(size_t n) const {
     if (n == 0 || n > SIZE_MAX - kHeaderBytes) return underlying_->allocate(n);
-    c10::DataPtr raw = underlying_->allocate(n + kHeaderBytes);
+    c10::DataPtr raw;
+    try {
+      raw = underlying_->allocate(n + kHeaderBytes);
+    } catch (...) {
+      // Seen here, before the exception unwinds the step and frees what
+      // filled the memory: what is live now goes into the OOM report.
+      NoteAllocationFailure(kCpuDevice, static_cast<int64_t>(n));
+      throw;
+    }
     char* base = static_cast<char*>(raw.get());
     const c10::Device device = raw.device();
     auto* h = reinterpret_cast<BlockHeader*>(base);

@@ -10,7 +10,9 @@
 // Blind to what does not go through c10's CPU allocator: pinned memory,
 // from_blob, mmap-ed storages, oneDNN scratch, third-party malloc. Storages
 // allocated before installation are freed through their original deleter and
-// never counted. The header is not included in the reported sizes.
+// never counted. The header is not included in the reported sizes. A failed
+// allocation is told to NoteAllocationFailure (oom_report.h) before the
+// exception goes on.
 
 #include <cstdint>
 #include <optional>

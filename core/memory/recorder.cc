@@ -481,6 +481,11 @@ void MemoryRecorder::ClearHistory() {
 
 HistorySnapshot MemoryRecorder::History() const { return history_.Copy(); }
 
+int64_t MemoryRecorder::HistoryPosition() const {
+  const HistorySnapshot meta = history_.Copy(/*include_entries=*/false);
+  return meta.dropped + meta.size;
+}
+
 MemoryStatsView MemoryRecorder::Stats() const {
   MemoryStatsView view;
   const DeviceCounters& cpu = *Slot(kCpuDevice);

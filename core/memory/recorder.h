@@ -146,6 +146,10 @@ class MemoryRecorder : public PhaseListener {
   void StopRecording();
   void ClearHistory();
   HistorySnapshot History() const;
+  // Events appended to the history since its last Clear() (dropped ones
+  // included): the index the next event will get. Entry i of a later
+  // History() copy has index copy.dropped + i.
+  int64_t HistoryPosition() const;
 
   // Published statistics; safe from scrape threads.
   MemoryStatsView Stats() const;

@@ -122,6 +122,8 @@ void OffloadStats::Add(const OffloadStats& other) {
   bytes_prefetched += other.bytes_prefetched;
   reload_wait_ns += other.reload_wait_ns;
   trl_baseline_bytes_out += other.trl_baseline_bytes_out;
+  effective_bytes += other.effective_bytes;
+  ineffective_bytes += other.ineffective_bytes;
   peak_resident_saved_bytes =
       std::max(peak_resident_saved_bytes, other.peak_resident_saved_bytes);
   resident_saved_bytes = other.resident_saved_bytes;

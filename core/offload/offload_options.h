@@ -190,6 +190,17 @@ struct OffloadStats {
   // Offloaded bytes held in host memory and in the spill file right now.
   int64_t host_bytes_held = 0;
   int64_t disk_bytes_held = 0;
+  // Offload effectiveness: the bytes_out of storages whose compute-device
+  // memory really went free once copied (nothing but saved tensors' hooks
+  // referred to them), and of storages something else kept alive (a view held
+  // elsewhere, a tensor kept in a custom function's ctx or by the caller): the
+  // bytes moved, the device memory stayed. Decided once per storage, at the
+  // end of forward (Offloader::MarkForwardEnd) or, for a storage offloaded
+  // after it (the checkpoint recompute in backward) or without it, at its
+  // first reload or release. Once every storage of the period is decided,
+  // effective_bytes + ineffective_bytes == bytes_out.
+  int64_t effective_bytes = 0;
+  int64_t ineffective_bytes = 0;
 
   // Adds `other`'s counters, keeps the larger peak and takes `other`'s gauges
   // (`other` is the later period).

@@ -53,6 +53,7 @@ void Offloader::BeginStep(const std::vector<at::Tensor>& params_and_buffers) {
   store_->BeginStep(params_and_buffers);
 }
 
+void Offloader::MarkForwardEnd() { store_->MarkForwardEnd(); }
 OffloadStats Offloader::EndStep() { return store_->EndStep(); }
 OffloadStats Offloader::Totals() const { return store_->Totals(); }
 int64_t Offloader::host_bytes_held() const { return store_->Current().host_bytes_held; }

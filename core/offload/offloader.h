@@ -18,6 +18,7 @@
 //   ASSIGN_OR_RETURN(auto offloader, Offloader::Create(options, device));
 //   offloader->BeginStep(params_and_buffers);
 //   { OffloadScope scope(offloader.get()); loss = model(x); }
+//   offloader->MarkForwardEnd();  // optional: effectiveness at end of forward
 //   loss.backward();
 //   OffloadStats stats = offloader->EndStep();
 
@@ -67,6 +68,14 @@ class Offloader {
   // trainable or frozen, and buffers) are never copied, nor any view of them;
   // dedup restarts. Tensors without storage are ignored.
   void BeginStep(const std::vector<at::Tensor>& params_and_buffers);
+  // Marks the end of a forward pass (of each micro-batch), before its
+  // backward: decides for every storage offloaded so far this step whether
+  // copying it freed its device memory (OffloadStats::effective_bytes) or
+  // something else still holds it (ineffective_bytes). Storages offloaded
+  // later (checkpoint recompute), or in steps that never call it, are decided
+  // at their first reload or release. Owner thread; cost O(storages
+  // offloaded this step), no copy is waited for.
+  void MarkForwardEnd();
   // Ends a step, after its backward: drops the read-ahead still queued and
   // waits for the load under way (so the counters are complete), then returns
   // this step's statistics (counters since the previous EndStep or Create,

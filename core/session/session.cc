@@ -86,6 +86,18 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
                            options.snapshot_root));
     }
   }
+  if (!options.peak_file.empty()) {
+    // Fail at start, not silently at every step, when it cannot be written.
+    std::filesystem::path dir = std::filesystem::path(options.peak_file).parent_path();
+    if (dir.empty()) dir = ".";
+    if (std::filesystem::is_directory(options.peak_file) ||
+        ::access(dir.c_str(), W_OK | X_OK) != 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--peak_file='", options.peak_file,
+                       "' cannot be written (its directory must exist and be writable, "
+                       "and it must not be a directory); give a file path there"));
+    }
+  }
   SessionOptions resolved = options;
   if (resolved.offload_target_auto) {
     resolved.offload.target =

@@ -159,6 +159,10 @@ class Session {
   // metrics. Thread-safe; O(attributed cells).
   memory::ModuleKindBytes MemoryByModuleKind() const;
 
+  // The report of the newest training step that ran out of memory since
+  // start (a copy). NOT_FOUND when none did.
+  absl::StatusOr<OomReportRecord> LastOomReport() const;
+
   // Published copies.
   std::optional<ModelSummary> Model() const;
   // The loaded model; FAILED_PRECONDITION when none is.
@@ -233,6 +237,13 @@ class Session {
   memory::CategoryBytes CategoriesNow() const;
   // The recorder's number for the compute device.
   int RecorderDevice() const;
+  // After a step that ran out of memory, before its gradients are cleared:
+  // builds the OOM report from the allocator's capture, writes it under
+  // report_dir and publishes it (session_oom.cc).
+  void RecordOutOfMemory(const absl::Status& status, int64_t global_step);
+  // After each completed step (categories published): keeps its peaks for
+  // OOM reports and writes the peak file (session_oom.cc).
+  void RecordStepPeaks(const SessionStepReport& report);
   void ApplyRetention();
 
   const SessionOptions options_;
@@ -248,6 +259,8 @@ class Session {
   int64_t placement_files_ = 0;
   // Host bytes held by async snapshot copies not yet written.
   std::atomic<int64_t> async_staging_bytes_{0};
+  // The last steps' peaks, oldest first (at most OomReport::kRecentSteps).
+  std::deque<memory::StepPeaks> recent_peaks_;
 
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
@@ -259,6 +272,7 @@ class Session {
   // The trainer's run (Trainer::run()), published for resume merges.
   std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
+  std::optional<OomReportRecord> last_oom_ ABSL_GUARDED_BY(mu_);
   // Unused since categories come from attribution.
   // but inside the measured allocator (async snapshot copies on CPU).
   int64_t categories_external_in_allocator_ ABSL_GUARDED_BY(mu_) = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
+#include "core/memory/oom_report.h"
 #include "core/memory/op_attribution.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
@@ -154,6 +155,10 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     offloader_ = *std::move(created);
   }
   offload::Offloader* offloader = offloader_.get();
+  // The model is on its device by now, so the CUDA allocator is set up and
+  // takes the observer; an allocation failure before this run is stale.
+  if (!c10::Device(device_).is_cpu()) memory::InstallCudaOomObserver();
+  memory::TakeOomCapture();
 
   offload::OffloadStats step_offload;
   StepHooks hooks;
@@ -179,6 +184,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
                : std::static_pointer_cast<void>(
                      std::make_shared<ExemptHeadScope>(offloader));
   };
+  hooks.after_forward = [offloader] { offloader->MarkForwardEnd(); };
   hooks.before_step = [this, offloader](int64_t) {
     std::vector<at::Tensor> pinned = model_->Parameters();
     for (const auto& b : model_->Buffers()) pinned.push_back(b);
@@ -186,6 +192,9 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   };
   hooks.after_step = [offloader, &step_offload](StepReport&) {
     step_offload = offloader->EndStep();
+  };
+  hooks.on_failure = [this](const absl::Status& status, int64_t global_step) {
+    if (absl::IsResourceExhausted(status)) RecordOutOfMemory(status, global_step);
   };
   trainer_->set_hooks(hooks);
 
@@ -214,6 +223,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     if (report.eval) CountEvaluation(*report.eval);
     PublishCategories();
     PublishRun();
+    RecordStepPeaks(r);
     MaybeQueuePeriodicSnapshot(report.global_step);
   };
   auto cancelled = [&] {

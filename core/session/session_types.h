@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/memory/category_bytes.h"
+#include "core/memory/oom_report.h"
 #include "core/model/config.h"
 #include "core/model/placement.h"
 #include "core/offload/offload_options.h"
@@ -51,6 +52,14 @@ struct SessionOptions {
   // start and every restart); any other text: the checkpoint of that name.
   // Empty: no resume.
   std::string resume;
+  // Where a step that runs out of memory writes its OOM report
+  // (oom-step<N>-<unix ms>.json), created when first needed. Empty: reports
+  // are only kept in memory (LastOomReport).
+  std::string report_dir = "/tmp/memprofd-reports";
+  // When set, the last completed step's peaks are written there after every
+  // step, replacing the file atomically (a reader, or a process killed at any
+  // point, sees a whole file). Its directory must exist and be writable.
+  std::string peak_file;
 };
 
 struct LoadModelSpec {
@@ -126,6 +135,17 @@ struct SnapshotResult {
   SnapshotMode mode = SnapshotMode::kBlocking;
 };
 
+// The newest OOM report (Session::LastOomReport).
+struct OomReportRecord {
+  memory::OomReport report;
+  std::string json;  // OomReportToJson, as written to the file
+  // Where it was written; empty when report_dir is empty or writing failed,
+  // and then write_error says why (the latter case).
+  std::string path;
+  std::string write_error;
+  int64_t written_at_unix_ms = 0;  // when the report was built and written
+};
+
 // Counters for /metrics, cumulative since start.
 struct SessionCounters {
   int64_t steps_total = 0;
@@ -142,6 +162,8 @@ struct SessionCounters {
   // and the last one.
   int64_t evaluations_total = 0;
   std::optional<EvalResult> last_eval;
+  // Steps that ran out of memory (each wrote an OOM report).
+  int64_t oom_reports_total = 0;
 };
 
 // Told of every training step and every published snapshot, for the

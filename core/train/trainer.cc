@@ -185,6 +185,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
         if (options.grad_accumulation_steps > 1)
           loss = loss / static_cast<double>(options.grad_accumulation_steps);
       }
+      if (hooks_.after_forward) hooks_.after_forward();
       Clock::time_point t1 = Clock::now();
       report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
       {
@@ -231,6 +232,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
     optimizer_->Step();
     report.optimizer_seconds = SecondsSince(t2);
   });
+  if (!status.ok() && hooks_.on_failure) hooks_.on_failure(status, report.global_step);
   ClearGradients();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(batch_status);

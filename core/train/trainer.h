@@ -39,11 +39,17 @@ struct StepHooks {
   // Held during the lm_head forward and the loss (large, cheap to recompute
   // activations that the offloader leaves alone).
   std::function<std::shared_ptr<void>()> head_scope;
+  // After each micro-batch's forward (the loss computed, every scope above
+  // closed), before its backward.
+  std::function<void()> after_forward;
   // After BeginStep(global_step), before the first micro-batch.
   std::function<void(int64_t global_step)> before_step;
   // After a successful step, before EndStep and before Run's on_step; may add
   // to the report.
   std::function<void(StepReport&)> after_step;
+  // After a step failed inside the boundary (`status`, not OK), before its
+  // gradients are cleared and before EndStep: the OOM report's moment.
+  std::function<void(const absl::Status& status, int64_t global_step)> on_failure;
   // Before each micro-batch's backward; `last` for the step's final one,
   // whose gradients are complete (data parallel starts its all-reduces from
   // there).

@@ -48,9 +48,10 @@ def free_port():
 
 
 class Daemon:
-    """One memprofd process on free ports, stopped by stop() or at exit."""
+    """One memprofd process on free ports, stopped by stop() or at exit.
+    `preexec_fn` runs in the child before memprofd starts (resource limits)."""
 
-    def __init__(self, *flags, token=None, start_timeout=60):
+    def __init__(self, *flags, token=None, start_timeout=60, preexec_fn=None):
         self.tmp = tempfile.TemporaryDirectory(prefix="memprofd-it-")
         self.port_file = os.path.join(self.tmp.name, "ports.json")
         self.token = token
@@ -66,7 +67,8 @@ class Daemon:
         args.extend(flags)
         self.log_path = os.path.join(self.tmp.name, "memprofd.log")
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
         deadline = time.time() + start_timeout
         while not os.path.exists(self.port_file):
             if self.proc.poll() is not None:

@@ -60,6 +60,52 @@ TEST(ConvertTest, OffloadStatsCarryEachReasonsCount) {
   }
 }
 
+TEST(ConvertTest, OffloadStatsCarryEffectiveness) {
+  offload::OffloadStats s;
+  s.bytes_out = 300;
+  s.effective_bytes = 200;
+  s.ineffective_bytes = 100;
+  const v1::OffloadStats o = ToProto(s);
+  EXPECT_EQ(o.effective_bytes(), 200);
+  EXPECT_EQ(o.ineffective_bytes(), 100);
+}
+
+TEST(ConvertTest, OomReportLeavesUnknownFiguresAndOriginsAbsent) {
+  OomReportRecord record;
+  memory::OomReport& r = record.report;
+  r.captured = true;
+  r.device = "cpu";
+  r.requested_bytes = 1 << 20;
+  r.phase = Phase::kBackward;
+  r.allocated_bytes = 5000;
+  r.reserved_bytes = 5000;
+  r.free_bytes = -1;  // unknown
+  r.total_bytes = -1;
+  memory::LiveAllocation known;
+  known.bytes = 4000;
+  known.category = "parameters";
+  known.phase = Phase::kLoad;
+  known.step = 0;
+  memory::LiveAllocation unknown;
+  unknown.bytes = 1000;
+  unknown.category = "activations_and_temporaries";
+  r.largest = {known, unknown};
+  record.json = "{}";
+  record.path = "/r/oom-step1-2.json";
+  const v1::OomReport p = ToProto(record);
+  EXPECT_EQ(p.phase(), "backward");
+  EXPECT_TRUE(p.has_reserved_bytes());
+  EXPECT_FALSE(p.has_free_bytes());
+  EXPECT_FALSE(p.has_total_bytes());
+  ASSERT_EQ(p.largest_allocations_size(), 2);
+  EXPECT_EQ(p.largest_allocations(0).phase(), "load");
+  EXPECT_EQ(p.largest_allocations(1).phase(), "");
+  EXPECT_EQ(p.largest_allocations(1).category(), "activations_and_temporaries");
+  EXPECT_EQ(p.path(), "/r/oom-step1-2.json");
+  ASSERT_EQ(p.categories_size(), 7);  // every category, in Named() order
+  EXPECT_EQ(p.categories(0).category(), "parameters");
+}
+
 TEST(ConvertTest, TrainRequestOffloadCarriesOnlyTheFieldsSet) {
   v1::TrainRequest req;
   req.set_steps(1);

@@ -49,6 +49,7 @@ void SavedTensorStore::StartCopy(const std::shared_ptr<StorageRecord>& record,
     job.done = StartCopyToHost(source, job.staging);
   } else {
     job.source = storage;
+    ++record->source_refs_;
     job.data = static_cast<const char*>(storage.data()) + span.begin;
   }
   job.file_offset = spill_->Allocate(span.size());
@@ -60,6 +61,8 @@ void SavedTensorStore::StartCopy(const std::shared_ptr<StorageRecord>& record,
     const absl::Status status = spill_->Write(
         job.file_offset, job.staging.defined() ? job.staging.data_ptr() : job.data,
         job.bytes);
+    if (job.source) --record->source_refs_;
+    job.source = c10::Storage();
     FinishCopy(record.get(), index, status.ok() ? "" : status.ToString());
     return;
   }
@@ -111,12 +114,14 @@ void SavedTensorStore::WriterLoop() {
     const absl::Status status = spill_->Write(
         job.file_offset, job.staging.defined() ? job.staging.data_ptr() : job.data,
         job.bytes);
-    // Release the source before the copy counts as finished: Flush() returning
-    // means the device bytes are free.
-    job.source = c10::Storage();
     job.staging.reset();
     {
       absl::MutexLock lock(&mu_);
+      // Release the source before the copy counts as finished (Flush()
+      // returning means the device bytes are free), and under mu_ with its
+      // count, so that DecideEffectiveness sees both or neither.
+      if (job.source) --job.record->source_refs_;
+      job.source = c10::Storage();
       FinishCopy(job.record.get(), job.segment, status.ok() ? "" : status.ToString());
     }
     // Maybe the last reference to the record (its destructor takes mu_): it

@@ -202,6 +202,10 @@ int64_t SavedTensorStore::CopyUncoveredBytes(const std::shared_ptr<StorageRecord
     moved += gap.size();
   }
   step_.bytes_out += moved;
+  // Bytes added to a record already decided follow its verdict.
+  if (record->decided_) {
+    (record->effective_ ? step_.effective_bytes : step_.ineffective_bytes) += moved;
+  }
   return moved;
 }
 

@@ -85,8 +85,37 @@ void SavedTensorStore::AddResident(int64_t bytes) {
   step_.peak_resident_saved_bytes = std::max(step_.peak_resident_saved_bytes, resident_);
 }
 
+void SavedTensorStore::DecideEffectiveness(StorageRecord* record) {
+  if (record->kept_ || record->decided_) return;
+  // Strong references: saved tensors hold none (an offloaded PackedTensor
+  // keeps only the record), so what is left besides the store's queued
+  // sources is another holder. Each of those drops under mu_, so the two
+  // counts agree here.
+  const int64_t others =
+      static_cast<int64_t>(record->storage_.use_count()) - record->source_refs_;
+  int64_t copied = 0;
+  for (const Segment& segment : record->segments_) copied += segment.span.size();
+  record->decided_ = true;
+  record->effective_ = others <= 0;
+  (record->effective_ ? step_.effective_bytes : step_.ineffective_bytes) += copied;
+}
+
+void SavedTensorStore::MarkForwardEnd() {
+  RecordsToReleaseUnlocked to_release;  // destroyed after the lock is released
+  absl::MutexLock lock(&mu_);
+  for (const std::weak_ptr<StorageRecord>& weak : forward_order_) {
+    std::shared_ptr<StorageRecord> record = weak.lock();
+    if (record == nullptr) continue;
+    DecideEffectiveness(record.get());
+    to_release.push_back(std::move(record));
+  }
+}
+
 void SavedTensorStore::ForgetRecord(StorageRecord* record) {
   absl::MutexLock lock(&mu_);
+  // Released before any decision (no MarkForwardEnd, never unpacked): decided
+  // now, counted in the period it ends in.
+  DecideEffectiveness(record);
   auto& map = record->kept_ ? kept_ : offloaded_;
   auto it = map.find(record->key_);
   if (it != map.end() && it->second.raw == record) map.erase(it);

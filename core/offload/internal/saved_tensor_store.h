@@ -70,6 +70,9 @@ class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
   at::Tensor Unpack(const PackedTensor& packed);
 
   void BeginStep(const std::vector<at::Tensor>& params_and_buffers);
+  // Decides the effectiveness of every record of this step not decided yet
+  // (Offloader::MarkForwardEnd). Forward thread.
+  void MarkForwardEnd();
   OffloadStats EndStep();
   OffloadStats Totals() const;
   OffloadStats Current() const;
@@ -170,6 +173,10 @@ class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
 
   // --- Accounting and records (saved_tensor_store.cc) ---
   void AddResident(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `record`'s copied bytes as effective when its storage has no
+  // reference left but the store's own (source_refs_): the device memory went
+  // free; else as ineffective. Once per record; no-op for kept records.
+  void DecideEffectiveness(StorageRecord* record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetRecord(StorageRecord* record) ABSL_LOCKS_EXCLUDED(mu_);
   OffloadStats WithGauges(OffloadStats stats) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -49,6 +49,9 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
     store_->RetireCopiesToHost(SavedTensorStore::CopyWait::kAll, &to_release);
     store_->mu_.Await(absl::Condition(
         +[](StorageRecord* r) { return r->pending_ == 0; }, this));
+    // First reload without a decision (a checkpoint recompute's records, or
+    // no MarkForwardEnd): whatever forward kept is gone by now.
+    store_->DecideEffectiveness(this);
     if (reloaded_.defined()) return Loaded{reloaded_, reload_base_, reload_done_};
     segments = segments_;
     generation = generation_;

@@ -92,6 +92,12 @@ class StorageRecord {
   int64_t step_id_ = 0;
   int64_t sequence_ = -1;
   bool prefetch_queued_ = false;
+  // Offload effectiveness (offloaded records): references to the storage the
+  // store itself holds (CPU sources of queued spill-file writes), whether the
+  // record was decided, and how (see SavedTensorStore::DecideEffectiveness).
+  int source_refs_ = 0;
+  bool decided_ = false;
+  bool effective_ = false;
   absl::Mutex reload_mu_;  // serializes loads of this record
 };
 

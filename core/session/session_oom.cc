@@ -1,0 +1,150 @@
+// Session: OOM reports (built after a step ran out of memory, from the
+// allocator's capture) and the per-step peak record behind them and the
+// peak file.
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/json.h"
+#include "core/common/log.h"
+#include "core/memory/history.h"
+#include "core/memory/oom_report.h"
+#include "core/memory/recorder.h"
+#include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/session/session.h"
+#include "core/train/trainer.h"
+
+namespace memprofd {
+namespace {
+
+int64_t NowUnixMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Adds the data address of `t`'s storage on `device` under `category`
+// (first category wins, as in ComputeCategories).
+void AddAddress(const at::Tensor& t, int device, const char* category,
+                absl::flat_hash_map<uint64_t, std::string>* out) {
+  if (!t.defined() || !t.has_storage() || t.storage().data() == nullptr) return;
+  const c10::Device d = t.device();
+  const int index = d.is_cpu() ? memory::kCpuDevice : d.index();
+  if (index != device) return;
+  out->emplace(reinterpret_cast<uint64_t>(t.storage().data()), category);
+}
+
+}  // namespace
+
+absl::StatusOr<OomReportRecord> Session::LastOomReport() const {
+  absl::MutexLock lock(&mu_);
+  if (!last_oom_) {
+    return absl::NotFoundError(
+        "no training step has run out of memory since memprofd started");
+  }
+  return *last_oom_;
+}
+
+void Session::RecordOutOfMemory(const absl::Status& status, int64_t global_step) {
+  std::optional<memory::OomCapture> capture = memory::TakeOomCapture();
+  // A capture from another step (a failure LibTorch recovered from) is not
+  // this one's.
+  if (capture && capture->step != global_step) capture.reset();
+  memory::OomReportInputs in;
+  in.error = std::string(status.message());
+  in.global_step = global_step;
+  const c10::Device device(device_);
+  const int index =
+      capture ? capture->device : (device.is_cpu() ? memory::kCpuDevice : device.index());
+  // The gradients are still there (the trainer clears them after this).
+  if (model_) {
+    for (const auto& [name, p] : model_->NamedParameters()) {
+      AddAddress(p, index, "parameters", &in.category_of);
+    }
+    for (const at::Tensor& p : model_->Parameters()) {
+      AddAddress(p.grad(), index, "gradients", &in.category_of);
+    }
+  }
+  if (trainer_) {
+    for (const at::Tensor& t : trainer_->OptimizerState()) {
+      AddAddress(t, index, "optimizer_state", &in.category_of);
+    }
+  }
+  if (offloader_) {
+    in.offloaded_host_bytes = offloader_->host_bytes_held();
+    in.offloaded_disk_bytes = offloader_->disk_bytes_held();
+  }
+  in.snapshot_staging_bytes = async_staging_bytes_.load();
+  memory::HistorySnapshot history = memory::MemoryRecorder::Global().History();
+  in.history = std::move(history.entries);
+  in.history_dropped = history.dropped;
+  in.recent_steps.assign(recent_peaks_.begin(), recent_peaks_.end());
+
+  OomReportRecord record;
+  record.report = memory::BuildOomReport(capture, in);
+  record.written_at_unix_ms = NowUnixMs();
+  Json json = memory::OomReportToJson(record.report);
+  json["written_at_unix_ms"] = record.written_at_unix_ms;
+  record.json = DumpJson(json, 2);
+  if (!options_.report_dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(options_.report_dir, ec);
+    const std::string path = absl::StrCat(options_.report_dir, "/oom-step", global_step,
+                                          "-", record.report.failed_at_unix_ms, ".json");
+    absl::Status written = ec ? absl::FailedPreconditionError(absl::StrCat(
+                                    "cannot create --report_dir='", options_.report_dir,
+                                    "': ", ec.message()))
+                              : memory::WriteFileAtomically(path, record.json + "\n");
+    if (written.ok()) {
+      record.path = path;
+      LogWarning(
+          absl::StrCat("step ", global_step, " ran out of memory; report: ", path));
+    } else {
+      record.write_error = std::string(written.message());
+      LogWarning(absl::StrCat(
+          "step ", global_step,
+          " ran out of memory; the report could not be written: ", written.message()));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  last_oom_ = std::move(record);
+  counters_.oom_reports_total += 1;
+}
+
+void Session::RecordStepPeaks(const SessionStepReport& report) {
+  const memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+  memory::StepPeaks peaks;
+  peaks.step = report.step.global_step;
+  peaks.peaks = stats.last_step_peaks;
+  peaks.phase_peaks = stats.last_step_phase_peaks;
+  peaks.categories_at_end = Counters().categories;
+  recent_peaks_.push_back(peaks);
+  while (recent_peaks_.size() > static_cast<size_t>(memory::OomReport::kRecentSteps)) {
+    recent_peaks_.pop_front();
+  }
+  if (options_.peak_file.empty()) return;
+  Json json = memory::StepPeaksToJson(peaks);
+  json["kind"] = "memprofd.peak_file";
+  json["version"] = 1;
+  json["written_at_unix_ms"] = NowUnixMs();
+  Json offload = Json::object();
+  offload["bytes_out"] = report.offload.bytes_out;
+  offload["effective_bytes"] = report.offload.effective_bytes;
+  offload["ineffective_bytes"] = report.offload.ineffective_bytes;
+  offload["peak_resident_saved_bytes"] = report.offload.peak_resident_saved_bytes;
+  json["offload"] = std::move(offload);
+  // No fsync: the page cache outlives the process (SIGKILL, the OOM killer);
+  // only a host crash could lose the newest step, and a sync per step would
+  // cost more than the step on small models.
+  if (absl::Status s = memory::WriteFileAtomically(options_.peak_file, DumpJson(json, 2));
+      !s.ok()) {
+    LogWarning(absl::StrCat("--peak_file: ", s.message()));
+  }
+}
+
+}  // namespace memprofd
