@@ -3,10 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <exception>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/common/log.h"
 #include "core/common/status_macros.h"
 #include "core/memory/oom_report.h"
 #include "core/memory/op_attribution.h"
@@ -194,7 +196,16 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     step_offload = offloader->EndStep();
   };
   hooks.on_failure = [this](const absl::Status& status, int64_t global_step) {
-    if (absl::IsResourceExhausted(status)) RecordOutOfMemory(status, global_step);
+    if (!absl::IsResourceExhausted(status)) return;
+    // Memory may still be short: a report that cannot be built must not take
+    // the owner thread down with it.
+    try {
+      RecordOutOfMemory(status, global_step);
+    } catch (const std::exception& e) {
+      LogWarning(
+          absl::StrCat("step ", global_step,
+                       " ran out of memory; no OOM report could be built: ", e.what()));
+    }
   };
   trainer_->set_hooks(hooks);
 

@@ -65,6 +65,9 @@ class Daemon:
             args.append("--auth_token_file=" + token_file)
             self.token_file = token_file
         args.extend(flags)
+        if not any(f.startswith("--report_dir") for f in flags):
+            # OOM reports stay in the test's directory, not the default /tmp one.
+            args.append("--report_dir=" + os.path.join(self.tmp.name, "reports"))
         self.log_path = os.path.join(self.tmp.name, "memprofd.log")
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,

@@ -239,7 +239,14 @@ class TrainingTest(harness.DaemonTestCase):
                           if f.name.startswith("skipped_"))
             self.assertEqual(step.tensors_seen, step.tensors_offloaded + skipped)
             self.assertGreater(step.trl_baseline_bytes_out, 0)
-        self.assertRegex(self.d.metrics_text(), r"memprofd_offload_prefetched_bytes_total [0-9]")
+            # Every byte moved was judged once: its device storage went free
+            # (the trainer's activations) or something else kept it.
+            self.assertEqual(step.effective_bytes + step.ineffective_bytes, step.bytes_out)
+            self.assertGreater(step.effective_bytes, step.bytes_out // 2)
+        metrics = self.d.metrics_text()
+        self.assertRegex(metrics, r"memprofd_offload_prefetched_bytes_total [0-9]")
+        self.assertRegex(metrics,
+                         r'memprofd_offload_effectiveness_bytes_total\{outcome="effective"\} [1-9]')
 
 
 class OffloadDefaultsTest(unittest.TestCase):

@@ -120,7 +120,10 @@ TEST_F(OffloadEffectivenessTest,
               << ", bytes out " << s.bytes_out << "\n";
     EXPECT_EQ(kept.stats.bytes_out, 0);
     EXPECT_EQ(kept.stats.effective_bytes + kept.stats.ineffective_bytes, 0);
-    if (!checkpoint) EXPECT_GT(s.effective_bytes, kept.live_at_end_of_forward / 2);
+    // Most of what forward keeps moved, and freed (checkpointing keeps little).
+    if (!checkpoint) {
+      EXPECT_GT(s.effective_bytes, kept.live_at_end_of_forward / 2);
+    }
     EXPECT_EQ(s.effective_bytes + s.ineffective_bytes, s.bytes_out);
     const int64_t sum = moved.live_at_end_of_forward + s.effective_bytes;
     EXPECT_LE(std::llabs(sum - kept.live_at_end_of_forward),
