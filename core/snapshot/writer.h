@@ -2,9 +2,10 @@
 #define MEMPROFD_CORE_SNAPSHOT_WRITER_H_
 
 // Writes save_pretrained-style snapshots: safetensors shards (+ index),
-// config.json and memprofd_manifest.json, atomically, streaming every tensor
-// from wherever it lives (device, CPU, a mapped file) through one fixed
-// staging buffer.
+// config.json and memprofd_manifest.json, and for a checkpoint the optimizer
+// files and trainer_state.json (checkpoint_files.h), atomically, streaming
+// every tensor from wherever it lives (device, CPU, a mapped file) through
+// one fixed staging buffer.
 
 #include <cstdint>
 #include <functional>
