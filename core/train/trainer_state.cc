@@ -52,6 +52,15 @@ Json OptionsToJson(const TrainOptions& o) {
       {"adam_eps", o.adam_eps},
       {"max_grad_norm", o.max_grad_norm},
       {"grad_accumulation_steps", o.grad_accumulation_steps},
+      // The schedule's position is the run's steps_completed: only its
+      // shape is kept.
+      {"lr_scheduler_type", std::string(LrSchedulerTypeName(o.lr_schedule.type))},
+      {"warmup_steps", o.lr_schedule.warmup_steps},
+      {"min_lr_ratio", o.lr_schedule.min_lr_ratio},
+      {"mixed_precision", std::string(MixedPrecisionName(o.mixed_precision))},
+      {"eval_every_steps", o.eval_every_steps},
+      {"eval_data", o.eval_data ? DataToJson(*o.eval_data) : Json(nullptr)},
+      {"eval_max_batches", o.eval_max_batches},
   };
 }
 
@@ -186,6 +195,35 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
   o.adam_eps = r.Double("adam_eps");
   o.max_grad_norm = r.Double("max_grad_norm");
   o.grad_accumulation_steps = r.Int("grad_accumulation_steps");
+  const std::string schedule = r.String("lr_scheduler_type");
+  if (error->ok()) {
+    absl::StatusOr<LrSchedulerType> parsed = ParseLrSchedulerType(schedule);
+    if (parsed.ok()) {
+      o.lr_schedule.type = *parsed;
+    } else {
+      r.Fail("lr_scheduler_type", parsed.status().message());
+    }
+  }
+  o.lr_schedule.warmup_steps = r.Int("warmup_steps");
+  o.lr_schedule.min_lr_ratio = r.Double("min_lr_ratio");
+  const std::string precision = r.String("mixed_precision");
+  if (error->ok()) {
+    absl::StatusOr<MixedPrecision> parsed = ParseMixedPrecision(precision);
+    if (parsed.ok()) {
+      o.mixed_precision = *parsed;
+    } else {
+      r.Fail("mixed_precision", parsed.status().message());
+    }
+  }
+  o.eval_every_steps = r.Int("eval_every_steps");
+  if (const Json* eval = r.Get("eval_data"); eval != nullptr && !eval->is_null()) {
+    if (eval->is_object()) {
+      o.eval_data = DataFromJson(*eval, error);
+    } else {
+      r.Fail("eval_data", "is not an object or null");
+    }
+  }
+  o.eval_max_batches = r.Int("eval_max_batches");
   return o;
 }
 

@@ -64,6 +64,15 @@ TEST(TrainerStateTest, JsonRoundTripKeepsEveryBit) {
   run.options.data.tokens = {1, 2, 255};
   run.options.gradient_checkpointing = true;
   run.options.attn_implementation = AttentionImplementation::kEager;
+  run.options.lr_schedule.type = LrSchedulerType::kCosineWithMinLr;
+  run.options.lr_schedule.warmup_steps = 4;
+  run.options.lr_schedule.min_lr_ratio = 0.1;
+  run.options.mixed_precision = MixedPrecision::kBf16;
+  run.options.eval_every_steps = 5;
+  run.options.eval_data = DataSpec();
+  run.options.eval_data->kind = DataSpec::Kind::kTextFile;
+  run.options.eval_data->path = "/data/eval.txt";
+  run.options.eval_max_batches = 3;
   run.steps_completed = 20;
   run.data_tokens = 3;
   run.sampler.seed = run.options.seed;
@@ -90,6 +99,17 @@ TEST(TrainerStateTest, JsonRoundTripKeepsEveryBit) {
   EXPECT_EQ(r.options.data.tokens, (std::vector<int64_t>{1, 2, 255}));
   EXPECT_TRUE(r.options.gradient_checkpointing);
   EXPECT_EQ(r.options.attn_implementation, AttentionImplementation::kEager);
+  // The schedule's shape, precision and evaluation survive too, so a resumed
+  // run's learning rates and evaluations are the uninterrupted run's.
+  EXPECT_EQ(r.options.lr_schedule.type, LrSchedulerType::kCosineWithMinLr);
+  EXPECT_EQ(r.options.lr_schedule.warmup_steps, 4);
+  EXPECT_EQ(r.options.lr_schedule.min_lr_ratio, 0.1);
+  EXPECT_EQ(r.options.mixed_precision, MixedPrecision::kBf16);
+  EXPECT_EQ(r.options.eval_every_steps, 5);
+  ASSERT_TRUE(r.options.eval_data.has_value());
+  EXPECT_EQ(r.options.eval_data->kind, DataSpec::Kind::kTextFile);
+  EXPECT_EQ(r.options.eval_data->path, "/data/eval.txt");
+  EXPECT_EQ(r.options.eval_max_batches, 3);
   EXPECT_EQ(r.options.weight_decay, 0.1);
   EXPECT_EQ(r.options.max_grad_norm, 1.0);
   EXPECT_EQ(r.options.steps, 40);
@@ -190,18 +210,32 @@ TEST(FusedAdamWTest, StateCopiedIntoAFreshOptimizerContinuesBitForBit) {
 }
 
 TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
-  for (bool checkpointing : {false, true}) {
-    SCOPED_TRACE(checkpointing ? "gradient checkpointing" : "plain");
+  for (int variant : {0, 1, 2}) {
+    const bool checkpointing = variant == 1;
+    SCOPED_TRACE(variant == 0   ? "plain"
+                 : variant == 1 ? "gradient checkpointing"
+                                : "cosine schedule with warmup");
     TrainOptions o = Options(6);
     o.gradient_checkpointing = checkpointing;
     o.grad_accumulation_steps = 2;
+    if (variant == 2) {
+      // The rate of a resumed step is the schedule's at its place in the
+      // whole run (steps 4..6 of 6), not at the start of a new one.
+      o.lr_schedule.type = LrSchedulerType::kCosine;
+      o.lr_schedule.warmup_steps = 2;
+    }
     // The run never interrupted.
-    std::vector<double> reference;
+    std::vector<double> reference, reference_lr;
     {
       std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
       Trainer trainer(m.get());
-      ASSERT_TRUE(
-          trainer.Run(o, [&](const StepReport& r) { reference.push_back(r.loss); }).ok());
+      ASSERT_TRUE(trainer
+                      .Run(o,
+                           [&](const StepReport& r) {
+                             reference.push_back(r.loss);
+                             reference_lr.push_back(r.learning_rate);
+                           })
+                      .ok());
     }
     ASSERT_EQ(reference.size(), 6u);
 
@@ -243,16 +277,19 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     ASSERT_TRUE(data.ok());
     TrainOptions rest = o;
     rest.steps = 3;
-    std::vector<double> resumed;
+    std::vector<double> resumed, resumed_lr;
     std::vector<int64_t> global;
     absl::StatusOr<TrainResult> r =
         trainer.ContinueRun(rest, **data, [&](const StepReport& s) {
           resumed.push_back(s.loss);
+          resumed_lr.push_back(s.learning_rate);
           global.push_back(s.global_step);
         });
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(global, (std::vector<int64_t>{4, 5, 6}));
     EXPECT_EQ(resumed, std::vector<double>(reference.begin() + 3, reference.end()));
+    EXPECT_EQ(resumed_lr, std::vector<double>(reference_lr.begin() + 3, reference_lr.end()));
+    if (variant == 2) EXPECT_NE(reference_lr[3], reference_lr[5]);
     EXPECT_EQ(trainer.run()->steps_completed, 6);
     EXPECT_EQ(trainer.run()->options.steps, 6);
   }
