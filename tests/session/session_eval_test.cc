@@ -122,6 +122,30 @@ TEST(SessionEvalTest, EvaluationsAreDeterministicCountedAndSeeTraining) {
   EXPECT_EQ(c.last_eval->loss, after.loss);
 }
 
+TEST(SessionEvalTest, AnEvaluationAskedForDuringTrainingRunsBetweenTwoSteps) {
+  std::unique_ptr<Session> session = CpuSession("tiny");
+  ASSERT_NE(session, nullptr);
+  TrainSpec spec;
+  spec.train.steps = 100000;
+  spec.train.batch_size = 1;
+  spec.train.seq_len = 16;
+  absl::StatusOr<std::shared_ptr<Operation>> train = session->StartTraining(spec);
+  ASSERT_TRUE(train.ok()) << train.status();
+  testing::WaitFor(
+      **train, [](const OperationView& v) { return v.completed >= 2; }, absl::Minutes(2));
+  const EvalResult during = Evaluated(*session, SmallEval());
+  // Training was neither stopped nor finished: the evaluation saw the model
+  // after some step, and training goes on after it.
+  EXPECT_GE(during.global_step, 2);
+  const int64_t steps_then = (*train)->events_total();
+  testing::WaitFor(
+      **train, [&](const OperationView& v) { return v.completed > steps_then; },
+      absl::Minutes(2));
+  EXPECT_FALSE((*train)->done());
+  ASSERT_TRUE(session->CancelOperation((*train)->id()).ok());
+  EXPECT_EQ(WaitDone(**train).state, OperationState::kCancelled);
+}
+
 std::vector<double> TrainBf16(bool offload_and_checkpointing,
                               offload::OffloadStats* offloaded) {
   std::unique_ptr<Session> session = CpuSession("tiny");
