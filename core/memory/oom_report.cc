@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/common/attribution.h"
 #include "core/memory/cpu_allocator.h"
 #include "core/memory/recorder.h"
 #ifdef MEMPROFD_WITH_CUDA
@@ -25,7 +26,9 @@ namespace memprofd {
 namespace memory {
 namespace {
 
-constexpr absl::string_view kRemainder = "activations_and_temporaries";
+// A block with no attribution (made before it was installed) and no
+// category by address.
+constexpr absl::string_view kRemainder = "unknown";
 
 // The newest capture. std::mutex: taken on the failing thread, which may be
 // any thread.
@@ -117,14 +120,24 @@ void AddToCategory(CategoryBytes* c, absl::string_view name, int64_t bytes) {
     c->gradients += bytes;
   } else if (name == "optimizer_state") {
     c->optimizer_state += bytes;
+  } else if (name == "saved_activations") {
+    c->saved_activations += bytes;
+    c->activations_and_temporaries += bytes;
+  } else if (name == "temporaries") {
+    c->temporaries += bytes;
+    c->activations_and_temporaries += bytes;
   } else if (name == "offloaded_host") {
     c->offloaded_host += bytes;
   } else if (name == "offloaded_disk") {
     c->offloaded_disk += bytes;
   } else if (name == "snapshot_staging") {
     c->snapshot_staging += bytes;
+  } else if (name == "other") {
+    c->other += bytes;
+  } else if (name == "unknown") {
+    c->unknown += bytes;
   } else {
-    c->activations_and_temporaries += bytes;
+    c->unknown += bytes;
   }
 }
 
@@ -137,6 +150,8 @@ void NoteAllocationFailure(int device, int64_t requested_bytes, int64_t free_byt
   c.requested_bytes = requested_bytes;
   c.phase = CurrentPhase();
   c.step = CurrentStep();
+  // The failing thread's module and op: what asked for the bytes.
+  c.request_origin = CurrentAttribution();
   c.unix_time_ms = NowUnixMs();
   c.history_position = MemoryRecorder::Global().HistoryPosition();
   try {
@@ -192,6 +207,8 @@ OomReport BuildOomReport(const std::optional<OomCapture>& capture,
   r.device = DeviceName(c.device);
   r.requested_bytes = c.requested_bytes;
   r.phase = c.phase;
+  r.module = ModuleName(c.request_origin.module);
+  r.op = OpName(c.request_origin.op);
   r.allocated_bytes = c.allocated_bytes;
   r.reserved_bytes = c.reserved_bytes;
   r.free_bytes = c.free_bytes;
@@ -222,12 +239,23 @@ OomReport BuildOomReport(const std::optional<OomCapture>& capture,
     LiveAllocation a;
     a.addr = b.addr;
     a.bytes = b.size;
-    auto category = inputs.category_of.find(b.addr);
-    a.category =
-        category != inputs.category_of.end() ? category->second : std::string(kRemainder);
-    if (auto o = origin.find(b.addr); o != origin.end()) {
-      a.phase = o->second.phase;
-      a.step = o->second.step;
+    // The block's own attribution (module, op, category, phase, step, kept
+    // by the allocator since it was made) where it has one; otherwise the
+    // category by address and the phase and step from the history.
+    a.module = ModuleName(b.origin.module);
+    a.op = OpName(b.origin.op);
+    if (b.origin.category != Category::kUnknown) {
+      a.category = std::string(CategoryName(b.origin.category));
+      a.phase = b.origin.phase;
+      a.step = b.origin.step;
+    } else {
+      auto category = inputs.category_of.find(b.addr);
+      a.category =
+          category != inputs.category_of.end() ? category->second : std::string(kRemainder);
+      if (auto o = origin.find(b.addr); o != origin.end()) {
+        a.phase = o->second.phase;
+        a.step = o->second.step;
+      }
     }
     AddToCategory(&r.categories, a.category, a.bytes);
     r.live_bytes += a.bytes;

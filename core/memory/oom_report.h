@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "core/common/attribution.h"
 #include "core/common/json.h"
 #include "core/common/phase.h"
 #include "core/memory/category_bytes.h"
@@ -31,6 +32,8 @@ struct OomCapture {
   int64_t requested_bytes = 0;
   Phase phase = Phase::kIdle;  // CurrentPhase() / CurrentStep() of the failure
   int64_t step = 0;
+  // The failing thread's attribution (its module and op asked for the bytes).
+  Attribution request_origin;
   int64_t unix_time_ms = 0;
   // MemoryRecorder::HistoryPosition() at the failure: the history events
   // before it are those the live allocations come from (the step's unwinding
@@ -72,11 +75,12 @@ std::optional<OomCapture> TakeOomCapture();
 // OutOfMemoryError). Idempotent; a no-op in builds without CUDA code paths.
 void InstallCudaOomObserver();
 
-// One live allocation as a report lists it. Filled from what the recorder
-// knows: category by address (parameters, gradients, optimizer state; the
-// rest is activations_and_temporaries), phase and step from the history ring
-// when recording is on. module and op stay empty until allocations carry
-// their attribution.
+// One live allocation as a report lists it, from the attribution the
+// allocator keeps per block (module, op, category, phase, step). A block
+// without one (allocated before attribution was installed) gets its
+// category by address (parameters, gradients, optimizer state; the rest is
+// unknown) and its phase and step from the history ring
+// when recording is on; its module and op stay empty.
 struct LiveAllocation {
   uint64_t addr = 0;
   int64_t bytes = 0;
@@ -100,7 +104,7 @@ struct OomReportInputs {
   std::string error;        // the failed step's status message
   int64_t global_step = 0;  // the step that failed
   // Category of each attributed allocation, by address (CategoryBytes::Named
-  // names). Unlisted addresses are "activations_and_temporaries".
+  // names). Unlisted addresses are "unknown".
   absl::flat_hash_map<uint64_t, std::string> category_of;
   // Bytes outside the allocator, for the per-category totals.
   int64_t offloaded_host_bytes = 0;
@@ -121,7 +125,8 @@ struct OomReport {
   std::string error;
   int64_t global_step = 0;
   int64_t failed_at_unix_ms = 0;
-  // The failed request. module and op: empty (see LiveAllocation).
+  // The failed request; module and op of the thread that asked (empty
+  // outside any module scope).
   std::string device;
   int64_t requested_bytes = 0;
   std::optional<Phase> phase;

@@ -151,12 +151,12 @@ TEST(OomReportTest, ReportListsTheLargestWithCategoriesOriginsAndTotals) {
   ASSERT_EQ(r.largest.size(), 20u);
   for (size_t i = 0; i < r.largest.size(); ++i) {
     EXPECT_EQ(r.largest[i].bytes, 100 * (25 - static_cast<int64_t>(i)));
-    EXPECT_EQ(r.largest[i].module, "");  // no attribution yet
+    EXPECT_EQ(r.largest[i].module, "");  // these blocks carry no attribution
     EXPECT_EQ(r.largest[i].op, "");
   }
   EXPECT_EQ(r.largest[0].category, "parameters");
   EXPECT_EQ(r.largest[1].category, "gradients");
-  EXPECT_EQ(r.largest[2].category, "activations_and_temporaries");
+  EXPECT_EQ(r.largest[2].category, "unknown");
   ASSERT_TRUE(r.largest[2].phase.has_value());
   EXPECT_EQ(*r.largest[2].phase, Phase::kForward);
   EXPECT_EQ(*r.largest[2].step, 12);
@@ -170,7 +170,7 @@ TEST(OomReportTest, ReportListsTheLargestWithCategoriesOriginsAndTotals) {
   EXPECT_EQ(r.categories.optimizer_state, 100);
   EXPECT_EQ(r.categories.offloaded_disk, 777);
   EXPECT_EQ(r.categories.parameters + r.categories.gradients +
-                r.categories.optimizer_state + r.categories.activations_and_temporaries,
+                r.categories.optimizer_state + r.categories.unknown,
             r.live_bytes);
   ASSERT_EQ(r.recent_steps.size(), 10u);
   EXPECT_EQ(r.recent_steps.front().step, 2);
@@ -221,6 +221,56 @@ TEST(OomReportTest, WriteFileAtomicallyReplacesWholeAndLeavesNoTemporary) {
   const absl::Status missing = WriteFileAtomically(dir.Join("no/such/dir/f"), "x");
   EXPECT_TRUE(absl::IsNotFound(missing)) << missing;
   EXPECT_NE(missing.message().find("no/such/dir"), std::string::npos) << missing;
+}
+
+// Blocks that carry the allocator's attribution are reported with it: their
+// module, op, category, phase and step as they were when allocated, and the
+// failed request with the module and op of the thread that asked.
+TEST(OomReportTest, AttributedBlocksNameTheirModuleOpAndCategory) {
+  OomCapture c;
+  c.device = kCpuDevice;
+  c.requested_bytes = 1 << 20;
+  c.phase = Phase::kBackward;
+  c.step = 3;
+  c.request_origin.module = InternModule("model.layers.1.mlp.up_proj");
+  c.request_origin.op = InternOp("MmBackward0");
+  Attribution saved;
+  saved.module = InternModule("model.layers.0.self_attn.v_proj");
+  saved.op = InternOp("aten::linear");
+  saved.category = Category::kSavedActivations;
+  saved.phase = Phase::kForward;
+  saved.step = 3;
+  Attribution param;
+  param.module = InternModule("model.embed_tokens.weight");
+  param.category = Category::kParameters;
+  c.live.push_back({kCpuDevice, 0x1000, 4096, saved});
+  c.live.push_back({kCpuDevice, 0x9000, 8192, param});
+  c.live.push_back({kCpuDevice, 0x5000, 100, Attribution()});  // none: fallback
+  c.allocated_bytes = 4096 + 8192 + 100;
+  OomReportInputs in;
+  in.category_of[0x1000] = "gradients";  // the block's own category wins
+
+  const OomReport r = BuildOomReport(c, in);
+  EXPECT_EQ(r.module, "model.layers.1.mlp.up_proj");
+  EXPECT_EQ(r.op, "MmBackward0");
+  ASSERT_EQ(r.largest.size(), 3u);
+  EXPECT_EQ(r.largest[0].module, "model.embed_tokens.weight");
+  EXPECT_EQ(r.largest[0].category, "parameters");
+  EXPECT_EQ(r.largest[1].module, "model.layers.0.self_attn.v_proj");
+  EXPECT_EQ(r.largest[1].op, "aten::linear");
+  EXPECT_EQ(r.largest[1].category, "saved_activations");
+  ASSERT_TRUE(r.largest[1].phase.has_value());
+  EXPECT_EQ(*r.largest[1].phase, Phase::kForward);
+  EXPECT_EQ(*r.largest[1].step, 3);
+  EXPECT_EQ(r.largest[2].module, "");
+  EXPECT_EQ(r.largest[2].category, "unknown");
+  EXPECT_EQ(r.categories.parameters, 8192);
+  EXPECT_EQ(r.categories.saved_activations, 4096);
+  EXPECT_EQ(r.categories.unknown, 100);
+  absl::StatusOr<Json> json = ParseJson(DumpJson(OomReportToJson(r), 2));
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ((*json)["request"]["module"], "model.layers.1.mlp.up_proj");
+  EXPECT_EQ((*json)["largest_allocations"][1]["op"], "aten::linear");
 }
 
 }  // namespace
