@@ -515,7 +515,8 @@ absl::Status Trainer::Restore(
 
   std::unique_ptr<FusedAdamW> saved_optimizer = std::move(optimizer_);
   absl::Status status = TorchBoundary("restoring the optimizer state", [&] {
-    if (state.run) ConfigureOptimizer(state.run->options);
+    // The learning rate is set again by each step from the schedule.
+    if (state.run) ConfigureOptimizer(state.run->options, state.run->options.learning_rate);
     for (const auto& [name, p] : params) {
       if (given.count(absl::StrCat(name, ".exp_avg")) == 0) continue;
       FusedAdamW::ParamState s{*given.at(absl::StrCat(name, ".exp_avg")),

@@ -44,8 +44,8 @@ TEST(ConvertEvalTest, TrainRequestScheduleEvalAndPrecisionOnlyWhenSet) {
   EXPECT_EQ(t.eval_data->path, "/data/val.bin");
   EXPECT_EQ(t.eval_data->bytes_per_token, 4);
   EXPECT_EQ(t.eval_max_batches, std::optional<int64_t>(3));
-  // The training data stays the embedded corpus.
-  EXPECT_EQ(t.data.kind, DataSpec::Kind::kEmbeddedCorpus);
+  // The training data is left unset: the defaults' (or a resumed run's).
+  EXPECT_FALSE(t.data.has_value());
 }
 
 TEST(ConvertEvalTest, EvaluateRequestCarriesOnlyTheFieldsSet) {
