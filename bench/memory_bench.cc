@@ -1,4 +1,5 @@
-// memory_bench: what memory accounting costs. Prints
+// memory_bench: what memory accounting costs (`--attribution`: only the
+// per-event costs and the tiny step with op attribution off vs on). Prints
 //  - ns per recorded event (one alloc or one free) in the recorder alone,
 //    history recording off vs on, on 1 and 2 threads;
 //  - ns per alloc+free pair through LibTorch's CPU allocator: the default
@@ -285,6 +286,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (argc == 3 && std::string(argv[1]) == "--dump") return DumpSample(argv[2]);
+  // `memory_bench --attribution`: only the per-event costs and the tiny step
+  // with attribution off vs on (issue 12's figures), a few minutes.
+  const bool attribution_only = argc == 2 && std::string(argv[1]) == "--attribution";
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   MemoryRecorder& g = MemoryRecorder::Global();
   const char* omp = std::getenv("OMP_NUM_THREADS");
   std::printf("memory_bench: LibTorch threads=%d, OMP_NUM_THREADS=%s, hw threads=%u\n",
@@ -297,6 +302,19 @@ int main(int argc, char** argv) {
     const double on = RecorderNsPerEvent(true, threads);
     std::printf("  %d thread(s): recording off %6.1f ns, on %6.1f ns (+%.1f ns/event)\n",
                 threads, off, on, on - off);
+  }
+
+  std::printf("\n[recorder alone, attributed events] ns per event (alloc or free)\n");
+  for (int threads : {1, 2}) {
+    const double off = AttributedNsPerEvent(false, threads);
+    const double on = AttributedNsPerEvent(true, threads);
+    std::printf("  %d thread(s): recording off %6.1f ns, on %6.1f ns (+%.1f ns/event)\n",
+                threads, off, on, on - off);
+  }
+  if (attribution_only) {
+    AttributionBench("tiny Llama (the daemon's default model), batch 8 x 128, AdamW",
+                     TinyLlamaStep());
+    return 0;
   }
 
   std::printf("\n[CPU allocator] ns per alloc+free pair, 256 B and 64 KiB\n");
@@ -313,14 +331,6 @@ int main(int argc, char** argv) {
         "  %6zu B: default %6.1f ns, wrapper+off %6.1f ns (x%.2f), wrapper+on %6.1f ns "
         "(x%.2f)\n",
         bytes, raw, off, off / raw, on, on / raw);
-  }
-
-  std::printf("\n[recorder alone, attributed events] ns per event (alloc or free)\n");
-  for (int threads : {1, 2}) {
-    const double off = AttributedNsPerEvent(false, threads);
-    const double on = AttributedNsPerEvent(true, threads);
-    std::printf("  %d thread(s): recording off %6.1f ns, on %6.1f ns (+%.1f ns/event)\n",
-                threads, off, on, on - off);
   }
 
   AttributionBench("tiny Llama (the daemon's default model), batch 8 x 128, AdamW",

@@ -106,7 +106,11 @@ void OnEnd(const at::RecordFunction& /*fn*/, at::ObserverContext* /*ctx*/) {
 }  // namespace
 
 OpAttribution::OpAttribution() {
-  handle_ = at::addThreadLocalCallback(
+  // A global callback rather than a thread-local one: LibTorch copies
+  // thread-local callbacks into every at::parallel_for worker and autograd
+  // thread with its ThreadLocalState, which rebuilds their callback lists
+  // per parallel region (memory_bench: +4.6% to +7.7% on the tiny step).
+  handle_ = at::addGlobalCallback(
       at::RecordFunctionCallback(&OnStart, &OnEnd)
           .needsInputs(false)
           .needsOutputs(false)

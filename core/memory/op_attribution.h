@@ -19,11 +19,10 @@
 namespace memprofd {
 namespace memory {
 
-// Installs the callbacks as thread-local callbacks of the calling thread for
-// its lifetime. Autograd's worker threads run them too while they run a
-// backward started from this thread (LibTorch propagates thread-local
-// callbacks with its ThreadLocalState). Create and destroy on one thread;
-// one per thread at a time.
+// Installs the callbacks process-wide (a LibTorch global callback) for its
+// lifetime: every thread's ops set that thread's op, autograd's worker
+// threads included. Threads that push no module scope get ops without a
+// module. Create and destroy on one thread; one at a time in a process.
 class OpAttribution {
  public:
   OpAttribution();

@@ -273,9 +273,6 @@ class Session {
   std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   std::optional<OomReportRecord> last_oom_ ABSL_GUARDED_BY(mu_);
-  // Unused since categories come from attribution.
-  // but inside the measured allocator (async snapshot copies on CPU).
-  int64_t categories_external_in_allocator_ ABSL_GUARDED_BY(mu_) = 0;
   // The snapshot directory disk-placed weights map (empty: none); it may not
   // be deleted while mapped.
   std::string mapped_directory_ ABSL_GUARDED_BY(mu_);

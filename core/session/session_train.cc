@@ -242,8 +242,8 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     RunBoundaryWork();
     return op->cancel_requested();
   };
-  // The op half of attribution, on this (the forward) thread; autograd's
-  // threads inherit it for the backward passes started here.
+  // The op half of attribution for the training's lifetime (every thread's
+  // ops, autograd's included; the module scopes come from the forward).
   memory::OpAttribution op_attribution;
   absl::StatusOr<TrainResult> result =
       resume ? trainer_->ContinueRun(train, data, on_step, cancelled, eval_data)

@@ -265,6 +265,37 @@ TEST(AttributionTest, LargestLiveBlocksNameTheirOrigin) {
   for (size_t i = 1; i < top.size(); ++i) EXPECT_LE(top[i].size, top[i - 1].size);
 }
 
+TEST(AttributionTest, BlocksKeepTheirOriginAcrossStopAndClear) {
+  EnsureAccountingInstalled();
+  const ModuleId module = InternModule("test.clear.kept");
+  R().ClearHistory();
+  ASSERT_TRUE(R().StartRecording(1000).ok());
+  at::Tensor kept;
+  {
+    ModuleScope m(module);
+    kept = at::empty({4321}, at::kByte);
+  }
+  R().StopRecording();
+  R().ClearHistory();
+  // A fresh recording lists every live block first, with the origin its
+  // header kept: the block allocated before the clear is no ghost.
+  ASSERT_TRUE(R().StartRecording(100000).ok());
+  const HistorySnapshot h = R().History();
+  R().StopRecording();
+  R().ClearHistory();
+  const auto addr = reinterpret_cast<uint64_t>(kept.data_ptr());
+  bool found = false;
+  for (const HistoryEntry& e : h.entries) {
+    if (e.addr == addr && e.action == HistoryAction::kAlloc) {
+      found = true;
+      EXPECT_EQ(e.module, module);
+      EXPECT_EQ(e.size, 4321);
+      EXPECT_EQ(e.category, Category::kOther);
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace memory
 }  // namespace memprofd

@@ -18,6 +18,7 @@
 #include "core/snapshot/shard_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/convert_memory.h"
 
 namespace memprofd {
 namespace {
@@ -534,6 +535,53 @@ TEST(ConvertTest, MemoryStatsCarryDevicesCategoriesAndPhasePeaks) {
   EXPECT_EQ(p.history_entries(), 12);
   EXPECT_EQ(p.history_max_entries(), 100);
   EXPECT_EQ(p.history_dropped(), 1);
+}
+
+TEST(ConvertTest, BreakdownRequestsSendOnlyWhatWasGivenAndRowsKeepTheirKind) {
+  v1::GetMemoryBreakdownRequest req;
+  memory::BreakdownRequest r = FromProto(req);
+  EXPECT_FALSE(r.by || r.phase || r.top);  // core's defaults apply
+  req.set_by("op");
+  req.set_top(0);  // given, so core refuses it rather than defaulting it
+  r = FromProto(req);
+  EXPECT_EQ(r.by, "op");
+  EXPECT_EQ(r.top, 0);
+  EXPECT_FALSE(r.phase);
+
+  memory::MemoryBreakdown b;
+  b.device = "cpu";
+  b.step = 4;
+  b.phase = Phase::kBackward;
+  memory::BreakdownRow row;
+  row.key = "model.layers.1.mlp";
+  row.category = Category::kSavedActivations;
+  row.live_bytes = 10;
+  row.peak_bytes = 30;
+  row.peak_phase = Phase::kBackward;
+  b.rows.push_back(row);
+  b.categories.emplace_back(Category::kSavedActivations, 10);
+  b.attributed_bytes = 10;
+  b.allocator_bytes = 10;
+  const v1::MemoryBreakdown p = ToProto(b);
+  EXPECT_EQ(p.by(), "module");
+  EXPECT_EQ(p.phase(), "backward");
+  ASSERT_EQ(p.rows_size(), 1);
+  EXPECT_EQ(p.rows(0).category(), "saved_activations");
+  EXPECT_EQ(p.rows(0).module_kind(), "mlp");
+  EXPECT_EQ(p.rows(0).peak_phase(), "backward");
+  EXPECT_EQ(p.categories(0).category(), "saved_activations");
+
+  memory::MemoryDiff d;
+  d.step_a = 1;
+  d.step_b = 2;
+  d.rows.push_back({"lm_head", Category::kTemporaries, 5, 9, 0, 0});
+  d.steps_kept = {1, 2};
+  const v1::MemoryDiff pd = ToProto(d);
+  ASSERT_EQ(pd.rows_size(), 1);
+  EXPECT_EQ(pd.rows(0).module(), "lm_head");
+  EXPECT_EQ(pd.rows(0).category(), "temporaries");
+  EXPECT_EQ(pd.rows(0).peak_b() - pd.rows(0).peak_a(), 4);
+  EXPECT_EQ(pd.steps_kept_size(), 2);
 }
 
 }  // namespace
