@@ -163,6 +163,16 @@ class PeakFileTest(unittest.TestCase):
             self.assertGreater(phases["backward"], 0)
             self.assertEqual(cpu["peak_bytes"], max(phases.values()))
             self.assertGreater(after["category_bytes_at_end"]["parameters"], 0)
+            # Per category and phase, each category's own peak: parameters
+            # throughout, gradients in backward; no category's peak in a phase
+            # exceeds the device's peak in it.
+            cat_peaks = after["category_phase_peak_bytes"]
+            self.assertGreater(cat_peaks["forward"]["parameters"], 0)
+            self.assertGreater(cat_peaks["backward"]["gradients"], 0)
+            for phase, by_category in cat_peaks.items():
+                for category, peak in by_category.items():
+                    self.assertLessEqual(peak, phases.get(phase, cpu["peak_bytes"]),
+                                         (phase, category))
             offload = after["offload"]
             self.assertGreater(offload["bytes_out"], 0)
             self.assertEqual(offload["effective_bytes"] + offload["ineffective_bytes"],
