@@ -115,12 +115,9 @@ absl::StatusOr<StepReport> Trainer::Step(const TrainOptions& options,
   return StepUnchecked(options, data, generator, 1, 0, options.steps);
 }
 
-absl::StatusOr<StepReport> Trainer::StepUnchecked(const TrainOptions& options,
-                                                  const TokenDataset& data,
-                                                  at::Generator& generator,
-                                                  int64_t step_in_run,
-                                                  int64_t schedule_position,
-                                                  int64_t schedule_steps) {
+absl::StatusOr<StepReport> Trainer::StepUnchecked(
+    const TrainOptions& options, const TokenDataset& data, at::Generator& generator,
+    int64_t step_in_run, int64_t schedule_position, int64_t schedule_steps) {
   const Clock::time_point start = Clock::now();
   model_->set_attention_implementation(options.attn_implementation);
   StepReport report;
@@ -266,16 +263,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
-  RETURN_IF_ERROR(
-      ValidateTrainOptions(options, model_->config().max_position_embeddings));
-  RETURN_IF_ERROR(data.Validate(options.seq_len));
-  if (options.eval_every_steps > 0) {
-    if (eval_data == nullptr) {
-      return absl::InvalidArgumentError(
-          "eval_every_steps is set but no evaluation data was passed");
-    }
-    RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
-  }
+  RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
   generator_ = MakeDataGenerator(options.seed);
   RunState run;
   run.options = options;
@@ -285,10 +273,9 @@ absl::StatusOr<TrainResult> Trainer::Run(
   return RunSteps(options, data, on_step, cancelled, eval_data);
 }
 
-absl::StatusOr<TrainResult> Trainer::ContinueRun(
-    const TrainOptions& options, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
+absl::Status Trainer::CheckRunInputs(const TrainOptions& options,
+                                     const TokenDataset& data,
+                                     const TokenDataset* eval_data) const {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
@@ -299,6 +286,14 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
     }
     RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TrainResult> Trainer::ContinueRun(
+    const TrainOptions& options, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
+  RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "
@@ -321,7 +316,8 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
       result.cancelled = true;
       break;
     }
-    ASSIGN_OR_RETURN(StepReport report, StepUnchecked(options, data, generator_, step, run_->steps_completed,
+    ASSIGN_OR_RETURN(StepReport report,
+                     StepUnchecked(options, data, generator_, step, run_->steps_completed,
                                    run_->options.steps));
     // The cursor and the losses move before on_step, whose snapshots (taken
     // at the next boundary) must see this step as done.
@@ -330,7 +326,8 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
     run_->sampler.windows_drawn += options.grad_accumulation_steps * options.batch_size;
     recent_losses_.emplace_back(report.global_step, report.loss);
     while (recent_losses_.size() > kRecentLossesKept) recent_losses_.pop_front();
-    if (options.eval_every_steps > 0 && run_->steps_completed % options.eval_every_steps == 0) {
+    if (options.eval_every_steps > 0 &&
+        run_->steps_completed % options.eval_every_steps == 0) {
       ASSIGN_OR_RETURN(report.eval,
                        EvaluateModel(*model_, *eval_data, EvalOptionsOf(options)));
       report.eval->global_step = global_step_;
@@ -516,7 +513,8 @@ absl::Status Trainer::Restore(
   std::unique_ptr<FusedAdamW> saved_optimizer = std::move(optimizer_);
   absl::Status status = TorchBoundary("restoring the optimizer state", [&] {
     // The learning rate is set again by each step from the schedule.
-    if (state.run) ConfigureOptimizer(state.run->options, state.run->options.learning_rate);
+    if (state.run)
+      ConfigureOptimizer(state.run->options, state.run->options.learning_rate);
     for (const auto& [name, p] : params) {
       if (given.count(absl::StrCat(name, ".exp_avg")) == 0) continue;
       FusedAdamW::ParamState s{*given.at(absl::StrCat(name, ".exp_avg")),

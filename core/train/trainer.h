@@ -185,7 +185,12 @@ class Trainer {
   absl::StatusOr<StepReport> StepUnchecked(const TrainOptions& options,
                                            const TokenDataset& data,
                                            at::Generator& generator, int64_t step_in_run,
-                                           int64_t schedule_position, int64_t schedule_steps);
+                                           int64_t schedule_position,
+                                           int64_t schedule_steps);
+  // The checks Run and ContinueRun make before a step: the options, the
+  // data against seq_len, and evaluation data present exactly when due.
+  absl::Status CheckRunInputs(const TrainOptions& options, const TokenDataset& data,
+                              const TokenDataset* eval_data) const;
   // The steps of Run and ContinueRun, on run_ and generator_. A step's
   // learning rate is the schedule's at its position in the whole run (the
   // steps of the run before it plus its own), so a resumed run gets the
