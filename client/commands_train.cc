@@ -208,12 +208,13 @@ int TrainCommand(const Context& c, const Args& args) {
     if (req.has_steps()) {
       const double eta = seconds / static_cast<double>(r.step()) *
                          static_cast<double>(req.steps() - r.step());
-      line = absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s", r.step(),
-                             req.steps(), r.loss(), r.learning_rate(), r.tokens_per_second(),
-                             Eta(eta));
+      line = absl::StrFormat("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s  ETA %s",
+                             r.step(), req.steps(), r.loss(), r.learning_rate(),
+                             r.tokens_per_second(), Eta(eta));
     } else {
-      line = absl::StrFormat("step %d (global %d)  loss %.4f  lr %.3g  %.0f tokens/s", r.step(),
-                             r.global_step(), r.loss(), r.learning_rate(), r.tokens_per_second());
+      line = absl::StrFormat("step %d (global %d)  loss %.4f  lr %.3g  %.0f tokens/s",
+                             r.step(), r.global_step(), r.loss(), r.learning_rate(),
+                             r.tokens_per_second());
     }
     if (r.has_eval()) {
       absl::StrAppend(&line, absl::StrFormat("  eval loss %.4f (ppl %.2f)",

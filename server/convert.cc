@@ -132,7 +132,8 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_grad_accumulation_steps()) {
     t.grad_accumulation_steps = r.grad_accumulation_steps();
   }
-  if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET) t.data = FromProto(r.data());
+  if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET)
+    t.data = FromProto(r.data());
   spec.resume = r.resume();
   if (r.has_lr_scheduler_type()) t.lr_scheduler_type = r.lr_scheduler_type();
   if (r.has_warmup_steps()) t.warmup_steps = r.warmup_steps();

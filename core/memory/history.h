@@ -123,7 +123,7 @@ class HistoryRing {
   std::vector<std::unique_ptr<Buffer>> buffers_;  // The current one last;
                                                   // older ones may still be
                                                   // written by a racing Append.
-  int64_t cleared_at_ = 0;  // next_ at the last Clear().
+  int64_t cleared_at_ = 0;                        // next_ at the last Clear().
   int64_t valid_from_ = 0;  // Entries before this index were lost to a resize.
 };
 

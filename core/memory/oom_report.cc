@@ -98,8 +98,10 @@ void FillCudaFigures(OomCapture* c) {
     uint64_t addr = segment.address;
     for (const VizBlock& block : segment.blocks) {
       if (block.state == VizBlockState::kActiveAllocated) {
+        // The caching allocator's blocks carry no memprofd attribution.
         c->live.push_back({c->device, addr,
-                           block.requested_size > 0 ? block.requested_size : block.size});
+                           block.requested_size > 0 ? block.requested_size : block.size,
+                           Attribution()});
       }
       addr += static_cast<uint64_t>(block.size);
     }
@@ -250,8 +252,8 @@ OomReport BuildOomReport(const std::optional<OomCapture>& capture,
       a.step = b.origin.step;
     } else {
       auto category = inputs.category_of.find(b.addr);
-      a.category =
-          category != inputs.category_of.end() ? category->second : std::string(kRemainder);
+      a.category = category != inputs.category_of.end() ? category->second
+                                                        : std::string(kRemainder);
       if (auto o = origin.find(b.addr); o != origin.end()) {
         a.phase = o->second.phase;
         a.step = o->second.step;

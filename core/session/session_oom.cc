@@ -135,12 +135,13 @@ void Session::RecordStepPeaks(const SessionStepReport& report) {
   // Each category's own high-water mark in each phase of the step on the
   // compute device (attribution at allocation time): {phase: {category: bytes}}.
   Json category_peaks = Json::object();
-  for (const memory::StepAttribution& record : memory::MemoryRecorder::Global().StepRecords()) {
+  for (const memory::StepAttribution& record :
+       memory::MemoryRecorder::Global().StepRecords()) {
     if (record.step != report.step.global_step) continue;
     for (const memory::CellPhasePeak& p : record.category_phase_peaks) {
       if (p.device != RecorderDevice()) continue;
-      category_peaks[std::string(PhaseName(p.phase))][std::string(CategoryName(p.category))] =
-          p.peak_bytes;
+      category_peaks[std::string(PhaseName(p.phase))]
+                    [std::string(CategoryName(p.category))] = p.peak_bytes;
     }
   }
   json["category_phase_peak_bytes"] = std::move(category_peaks);

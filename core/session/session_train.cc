@@ -123,7 +123,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     queue_.push_back(
         [this, op, train, offload_options, data, eval_data, resume = spec.resume] {
           RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
-    });
+        });
   }
   return op;
 }

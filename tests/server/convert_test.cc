@@ -104,7 +104,8 @@ TEST(ConvertTest, OomReportLeavesUnknownFiguresAndOriginsAbsent) {
   EXPECT_EQ(p.largest_allocations(1).category(), "activations_and_temporaries");
   EXPECT_EQ(p.path(), "/r/oom-step1-2.json");
   // Every category, in Named() order.
-  ASSERT_EQ(p.categories_size(), static_cast<int>(memory::CategoryBytes().Named().size()));
+  ASSERT_EQ(p.categories_size(),
+            static_cast<int>(memory::CategoryBytes().Named().size()));
   EXPECT_EQ(p.categories(0).category(), "parameters");
 }
 

@@ -288,8 +288,11 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(global, (std::vector<int64_t>{4, 5, 6}));
     EXPECT_EQ(resumed, std::vector<double>(reference.begin() + 3, reference.end()));
-    EXPECT_EQ(resumed_lr, std::vector<double>(reference_lr.begin() + 3, reference_lr.end()));
-    if (variant == 2) EXPECT_NE(reference_lr[3], reference_lr[5]);
+    EXPECT_EQ(resumed_lr,
+              std::vector<double>(reference_lr.begin() + 3, reference_lr.end()));
+    if (variant == 2) {
+      EXPECT_NE(reference_lr[3], reference_lr[5]);
+    }
     EXPECT_EQ(trainer.run()->steps_completed, 6);
     EXPECT_EQ(trainer.run()->options.steps, 6);
   }
