@@ -301,12 +301,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
         if (prog.open_.size() >= 32) break;
         w.BeginDict();
-        prog.open_.push_back({Json{{"d", Json::array()}}, true});
+        prog.open_.push_back({Json{{"d", Json::array()}}, true, true, Json()});
         break;
       case 2:
         if (prog.open_.size() >= 32) break;
         w.BeginList();
-        prog.open_.push_back({Json{{"l", Json::array()}}, false});
+        prog.open_.push_back({Json{{"l", Json::array()}}, false, true, Json()});
         break;
       case 3:
         if (prog.open_.empty() || prog.open_.back().is_dict) break;
