@@ -99,7 +99,8 @@ TEST(OomReportTest, ReportListsTheLargestWithCategoriesOriginsAndTotals) {
   c.history_position = 8;  // the 2 entries dropped and the 6 below; the last is after
   // 25 blocks of 100, 200, ... 2500 bytes at 0x1000, 0x2000, ...
   for (int i = 1; i <= 25; ++i) {
-    c.live.push_back({kCpuDevice, static_cast<uint64_t>(0x1000 * i), 100 * i, Attribution()});
+    c.live.push_back(
+        {kCpuDevice, static_cast<uint64_t>(0x1000 * i), 100 * i, Attribution()});
     c.allocated_bytes += 100 * i;
   }
   OomReportInputs in;
