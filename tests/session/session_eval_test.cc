@@ -11,21 +11,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/operation.h"
+#include "tests/testing/session.h"
 
 namespace memprofd {
 namespace {
 
+using ::memprofd::testing::CpuSession;
 using ::memprofd::testing::WaitDone;
 using ::testing::HasSubstr;
-
-std::unique_ptr<Session> CpuSession(const std::string& model) {
-  SessionOptions options;
-  options.device = "cpu";
-  options.model = model;
-  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options);
-  EXPECT_TRUE(s.ok()) << s.status();
-  return s.ok() ? *std::move(s) : nullptr;
-}
 
 EvaluateRequest SmallEval() {
   EvaluateRequest r;
