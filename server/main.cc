@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/dist/world.h"
 #include "server/options.h"
 #include "server/server.h"
 
@@ -69,6 +70,9 @@ ABSL_FLAG(std::string, report_dir, memprofd::SessionOptions().report_dir,
 ABSL_FLAG(std::string, peak_file, "",
           "write the last completed step's peaks there (JSON, replaced atomically "
           "every step; empty: off)");
+ABSL_FLAG(double, collective_timeout_seconds, 60,
+          "data parallel: the bound on the rendezvous and on every collective; a rank "
+          "that died or hangs makes the others fail within it");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace {
@@ -123,10 +127,20 @@ int main(int argc, char** argv) {
   }
   memprofd::SetLogLevel(level);
 
+  // Rank and world from the launcher's environment (torchrun, Kubeflow, a
+  // StatefulSet); none is a single process.
+  absl::StatusOr<memprofd::WorldSpec> world =
+      memprofd::ReadWorldSpec(memprofd::ProcessEnvironment());
+  if (!world.ok()) return Fail(std::string(world.status().message()));
+  // Ranks that share a host must not share ports or files: "{rank}" in these
+  // flags becomes this rank's number.
+  auto per_rank = [&world](const std::string& flag) {
+    return memprofd::ExpandRankPlaceholders(flag, *world);
+  };
   memprofd::ServerOptions options;
-  options.listen = absl::GetFlag(FLAGS_listen);
-  options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
-  options.port_file = absl::GetFlag(FLAGS_port_file);
+  options.listen = per_rank(absl::GetFlag(FLAGS_listen));
+  options.metrics_listen = per_rank(absl::GetFlag(FLAGS_metrics_listen));
+  options.port_file = per_rank(absl::GetFlag(FLAGS_port_file));
   options.auth_token_file = absl::GetFlag(FLAGS_auth_token_file);
   options.tls_cert = absl::GetFlag(FLAGS_tls_cert);
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
@@ -138,8 +152,14 @@ int main(int argc, char** argv) {
   session.keep_last = absl::GetFlag(FLAGS_keep_last);
   session.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
   session.snapshot_staging_bytes = absl::GetFlag(FLAGS_snapshot_staging_bytes);
-  session.report_dir = absl::GetFlag(FLAGS_report_dir);
-  session.peak_file = absl::GetFlag(FLAGS_peak_file);
+  session.report_dir = per_rank(absl::GetFlag(FLAGS_report_dir));
+  session.peak_file = per_rank(absl::GetFlag(FLAGS_peak_file));
+  session.world = *world;
+  const double collective_timeout = absl::GetFlag(FLAGS_collective_timeout_seconds);
+  if (!(collective_timeout > 0)) {
+    return Fail("--collective_timeout_seconds must be > 0");
+  }
+  session.collective_timeout = absl::Seconds(collective_timeout);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
       memprofd::snapshot::ParseSnapshotKind(absl::GetFlag(FLAGS_auto_snapshot_kind));
@@ -174,7 +194,7 @@ int main(int argc, char** argv) {
   }
   offload.prefetch_depth = *prefetch;
   offload.offload_head = absl::GetFlag(FLAGS_offload_head);
-  offload.spill_dir = absl::GetFlag(FLAGS_spill_dir);
+  offload.spill_dir = per_rank(absl::GetFlag(FLAGS_spill_dir));
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
   if (absl::Status s = memprofd::offload::ValidateOffloadOptions(offload, "--");
       !s.ok()) {

@@ -6,6 +6,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "core/common/status_macros.h"
 
 namespace memprofd {
@@ -171,6 +172,12 @@ std::string DescribeWorld(const WorldSpec& w) {
       w.local_rank, " of ", w.local_world_size, ", node ", w.node_rank, "), store ",
       w.master_addr, ":", w.master_port, w.use_agent_store ? " (torchrun agent's)" : "",
       ", attempt ", w.restart_count);
+}
+
+std::string ExpandRankPlaceholders(absl::string_view text, const WorldSpec& world) {
+  return absl::StrReplaceAll(text, {{"{rank}", absl::StrCat(world.rank)},
+                                    {"{local_rank}", absl::StrCat(world.local_rank)},
+                                    {"{node_rank}", absl::StrCat(world.node_rank)}});
 }
 
 }  // namespace memprofd

@@ -74,6 +74,12 @@ absl::StatusOr<WorldSpec> ReadWorldSpec(const EnvLookup& env);
 // 127.0.0.1:29500, attempt 0".
 std::string DescribeWorld(const WorldSpec& world);
 
+// `text` with "{rank}", "{local_rank}" and "{node_rank}" replaced by the
+// world's numbers: the paths and addresses that ranks sharing one host must
+// not share (--port_file=/run/memprofd-{rank}.json). Text without them is
+// returned as it is.
+std::string ExpandRankPlaceholders(absl::string_view text, const WorldSpec& world);
+
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_DIST_WORLD_H_

@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
+#include "core/dist/world.h"
 #include "core/memory/category_bytes.h"
 #include "core/memory/oom_report.h"
 #include "core/model/config.h"
@@ -60,6 +62,12 @@ struct SessionOptions {
   // step, replacing the file atomically (a reader, or a process killed at any
   // point, sees a whole file). Its directory must exist and be writable.
   std::string peak_file;
+  // Where this daemon sits in a data-parallel run (ReadWorldSpec of the
+  // launcher's environment). A world of one rank is a single process.
+  WorldSpec world;
+  // The bound on the run's rendezvous and on every collective: a rank that
+  // died or hangs makes the others fail within it.
+  absl::Duration collective_timeout = absl::Seconds(60);
 };
 
 struct LoadModelSpec {

@@ -73,6 +73,17 @@ TEST(WorldSpecTest, WorldOfOneIsOneProcess) {
   EXPECT_FALSE(w->distributed());
 }
 
+TEST(WorldSpecTest, ExpandsRankPlaceholders) {
+  WorldSpec w;
+  w.rank = 3;
+  w.local_rank = 1;
+  w.node_rank = 2;
+  EXPECT_EQ(ExpandRankPlaceholders("/run/m-{rank}.json", w), "/run/m-3.json");
+  EXPECT_EQ(ExpandRankPlaceholders("{node_rank}/{local_rank}/{rank}{rank}", w), "2/1/33");
+  EXPECT_EQ(ExpandRankPlaceholders("/tmp/plain", w), "/tmp/plain");
+  EXPECT_EQ(ExpandRankPlaceholders("{ranks}", w), "3s");
+}
+
 TEST(WorldSpecTest, KubeflowTrainerRankIsNodeTimesProcsPlusLocal) {
   absl::StatusOr<WorldSpec> w =
       ReadWorldSpec(Env({{"PET_NNODES", "3"},
