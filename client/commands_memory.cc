@@ -18,8 +18,9 @@ namespace {
 int Show(const Context& c) {
   v1::MemoryStats stats;
   auto ctx = c.client->NewContext(c.timeout);
-  grpc::Status s =
-      c.client->stub().GetMemoryStats(ctx.get(), v1::GetMemoryStatsRequest(), &stats);
+  v1::GetMemoryStatsRequest request;
+  request.set_all_ranks(absl::GetFlag(FLAGS_all_ranks));
+  grpc::Status s = c.client->stub().GetMemoryStats(ctx.get(), request, &stats);
   if (!s.ok()) return ReportRpcError("memory", s);
   if (c.json) {
     std::printf("%s\n", ToJsonLine(stats).c_str());
@@ -39,6 +40,24 @@ int Show(const Context& c) {
                   static_cast<long long>(d.alloc_retries_total()),
                   static_cast<long long>(d.ooms_total()));
     }
+  }
+  if (stats.ranks_size() > 0) {
+    std::printf("\n%-5s %-5s %12s %12s %15s %7s %8s\n", "rank", "node", "current", "peak",
+                "last step peak", "steps", "age");
+    for (const auto& r : stats.ranks()) {
+      if (!r.ok()) {
+        std::printf("%-5d %s\n", r.rank(), r.error().c_str());
+        continue;
+      }
+      std::printf("%-5d %-5d %12s %12s %15s %7lld %7.1fs\n", r.rank(), r.node_rank(),
+                  HumanBytes(static_cast<double>(r.current_bytes())).c_str(),
+                  HumanBytes(static_cast<double>(r.peak_bytes())).c_str(),
+                  HumanBytes(static_cast<double>(r.last_step_peak_bytes())).c_str(),
+                  static_cast<long long>(r.steps_total()), r.age_seconds());
+    }
+    std::printf("imbalance (max - min): last step peak %s, current %s\n",
+                HumanBytes(static_cast<double>(stats.step_peak_imbalance_bytes())).c_str(),
+                HumanBytes(static_cast<double>(stats.current_imbalance_bytes())).c_str());
   }
   if (stats.last_step_phase_peaks_size() > 0) {
     std::printf("\nlast step's peak by phase:\n");

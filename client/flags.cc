@@ -97,6 +97,9 @@ ABSL_FLAG(bool, resume, false,
 
 ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
 ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");
+ABSL_FLAG(bool, all_ranks, false,
+          "memory (on rank 0 of a data-parallel run): every rank's memory and the "
+          "spread across ranks");
 ABSL_FLAG(std::string, o, "", "memory dump: output file");
 ABSL_FLAG(std::string, by, "module", "memory top: group by module, op or category");
 ABSL_FLAG(std::string, phase, "",

@@ -88,6 +88,7 @@ ABSL_DECLARE_FLAG(bool, resume);
 // memory
 ABSL_DECLARE_FLAG(int64_t, max_entries);
 ABSL_DECLARE_FLAG(bool, clear);
+ABSL_DECLARE_FLAG(bool, all_ranks);
 ABSL_DECLARE_FLAG(std::string, o);
 ABSL_DECLARE_FLAG(std::string, by);
 ABSL_DECLARE_FLAG(std::string, phase);

@@ -408,4 +408,41 @@ v1::OomReport ToProto(const OomReportRecord& record) {
   return p;
 }
 
+v1::DataParallelStatus ToProto(const WorldSpec& world,
+                               const DataParallelCounters& counters) {
+  v1::DataParallelStatus p;
+  p.set_rank(world.rank);
+  p.set_world_size(world.world_size);
+  p.set_local_rank(world.local_rank);
+  p.set_node_rank(world.node_rank);
+  p.set_role(!world.distributed() ? "single" : world.rank == 0 ? "leader" : "follower");
+  p.set_launcher(LauncherName(world.launcher));
+  if (world.distributed()) {
+    p.set_store(absl::StrCat(world.master_addr, ":", world.master_port));
+  }
+  p.set_has_parameter_drift(counters.parameter_drift.has_value());
+  p.set_parameter_drift(counters.parameter_drift.value_or(0));
+  p.set_allreduce_bytes(counters.allreduce_bytes);
+  p.set_allreduce_exposed_seconds(counters.allreduce_exposed_seconds);
+  return p;
+}
+
+void AddRanks(const MemoryAcrossRanks& ranks, v1::MemoryStats* stats) {
+  for (const RankMemory& m : ranks.ranks) {
+    v1::RankMemory* p = stats->add_ranks();
+    p->set_rank(m.rank);
+    p->set_node_rank(m.node_rank);
+    p->set_ok(m.ok);
+    p->set_error(m.error);
+    p->set_device(m.device);
+    p->set_current_bytes(m.current_bytes);
+    p->set_peak_bytes(m.peak_bytes);
+    p->set_last_step_peak_bytes(m.last_step_peak_bytes);
+    p->set_steps_total(m.steps_total);
+    p->set_age_seconds(m.age_seconds);
+  }
+  stats->set_step_peak_imbalance_bytes(ranks.step_peak_imbalance_bytes);
+  stats->set_current_imbalance_bytes(ranks.current_imbalance_bytes);
+}
+
 }  // namespace memprofd

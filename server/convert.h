@@ -45,6 +45,10 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& manifest,
 v1::MemoryStats ToProto(const memory::MemoryStatsView& stats,
                         const memory::CategoryBytes& categories);
 v1::OomReport ToProto(const OomReportRecord& record);
+v1::DataParallelStatus ToProto(const WorldSpec& world,
+                               const DataParallelCounters& counters);
+// Every rank's memory (GetMemoryStats with all_ranks) into `stats`.
+void AddRanks(const MemoryAcrossRanks& ranks, v1::MemoryStats* stats);
 
 }  // namespace memprofd
 

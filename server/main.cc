@@ -220,6 +220,9 @@ int main(int argc, char** argv) {
   ssize_t unused = write(g_signal_pipe[1], &wake, 1);
   (void)unused;
   signal_thread.join();
-  memprofd::LogInfo("stopped");
-  return 0;
+  const int exit_code = server.exit_code();
+  memprofd::LogInfo(exit_code == 0 ? "stopped"
+                                   : "stopped: the data-parallel run is broken; exiting "
+                                     "non-zero so that every rank is restarted");
+  return exit_code;
 }

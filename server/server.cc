@@ -37,7 +37,31 @@ bool IsLoopback(const std::string& address) {
 
 Server::Server(ServerOptions options) : options_(std::move(options)) {}
 
-Server::~Server() { Shutdown(); }
+Server::~Server() {
+  // A shutdown the run's end started finishes first.
+  std::thread stopper;
+  {
+    absl::MutexLock lock(&mu_);
+    stopper.swap(stopper_);
+  }
+  if (stopper.joinable()) stopper.join();
+  Shutdown();
+}
+
+int Server::exit_code() {
+  absl::MutexLock lock(&mu_);
+  return exit_code_;
+}
+
+void Server::OnRunEnded(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    exit_code_ = 1;
+    if (server_) server_->GetHealthCheckService()->SetServingStatus(false);
+  }
+  if (shut_down_ || stopper_.joinable()) return;
+  stopper_ = std::thread([this] { Shutdown(); });
+}
 
 absl::Status Server::Start() {
   RETURN_IF_ERROR(ValidateListenAddress("listen", options_.listen));
@@ -96,6 +120,7 @@ absl::Status Server::Start() {
   }
   server_->GetHealthCheckService()->SetServingStatus(kServiceName, true);
   RETURN_IF_ERROR(WritePortFile());
+  session_->SetFatalHandler([this](const absl::Status& status) { OnRunEnded(status); });
   LogInfo(absl::StrCat(
       "serving gRPC on port ", grpc_port_, " (", options_.listen, "), metrics on http://",
       options_.metrics_listen.substr(0, options_.metrics_listen.rfind(':')), ":",
@@ -135,7 +160,10 @@ void Server::Shutdown() {
   if (server_) {
     server_->GetHealthCheckService()->SetServingStatus(false);
   }
-  if (session_ && options_.snapshot_on_shutdown) {
+  // A broken data-parallel run has no consistent state to save; a follower
+  // leaves the run's snapshot to rank 0.
+  if (session_ && options_.snapshot_on_shutdown && !session_->follower() &&
+      !session_->fatal_status()) {
     const std::string name = absl::StrCat("shutdown-", absl::ToUnixSeconds(absl::Now()));
     absl::Status s = session_->SnapshotNow(name);
     if (s.ok()) {

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +41,11 @@ class Server {
   // Idempotent.
   void Shutdown();
 
+  // What the process should exit with once Wait returns: 0, or 1 when a
+  // data-parallel run broke (so that torchrun or Kubernetes restarts every
+  // rank).
+  int exit_code();
+
   int grpc_port() const { return grpc_port_; }
   // The engine; null before Start. For tests and the signal path.
   Session* session() { return session_.get(); }
@@ -47,6 +53,9 @@ class Server {
 
  private:
   absl::Status WritePortFile() const;
+  // The session's run ended under it (Session::SetFatalHandler): health
+  // NOT_SERVING at once, then Shutdown on a thread of its own.
+  void OnRunEnded(const absl::Status& status);
 
   const ServerOptions options_;
   std::unique_ptr<Session> session_;
@@ -59,6 +68,8 @@ class Server {
 
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread stopper_ ABSL_GUARDED_BY(mu_);
 };
 
 // The service name health answers for besides "".

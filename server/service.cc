@@ -98,6 +98,7 @@ ServerUnaryReactor* MemprofdService::GetStatus(CallbackServerContext* ctx,
     SessionCounters counters = session_->Counters();
     if (counters.last_step) *resp->mutable_last_step() = ToProto(*counters.last_step);
     *resp->mutable_offload_totals() = ToProto(counters.offload_totals);
+    *resp->mutable_data_parallel() = ToProto(session_->world(), counters.data_parallel);
     return absl::OkStatus();
   });
 }
@@ -272,10 +273,17 @@ ServerWriteReactor<v1::Operation>* MemprofdService::WatchOperation(
 }
 
 ServerUnaryReactor* MemprofdService::GetMemoryStats(CallbackServerContext* ctx,
-                                                    const v1::GetMemoryStatsRequest*,
+                                                    const v1::GetMemoryStatsRequest* req,
                                                     v1::MemoryStats* resp) {
   return Unary(ctx, "GetMemoryStats", [&] {
+    std::optional<MemoryAcrossRanks> ranks;
+    if (req->all_ranks()) {
+      absl::StatusOr<MemoryAcrossRanks> gathered = session_->MemoryOfAllRanks();
+      if (!gathered.ok()) return gathered.status();
+      ranks = *std::move(gathered);
+    }
     *resp = ToProto(session_->MemoryStats(), session_->Counters().categories);
+    if (ranks) AddRanks(*ranks, resp);
     return absl::OkStatus();
   });
 }

@@ -264,6 +264,37 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   Families::Sample(out.Add("memprofd_snapshot_written_bytes_total",
                            "Bytes written by published snapshots.", MetricType::Counter),
                    static_cast<double>(c.snapshot_bytes_total));
+  // Data parallel: only once a data-parallel run trained here.
+  const DataParallelCounters& dp = c.data_parallel;
+  if (dp.active) {
+    if (dp.parameter_drift) {
+      Families::Sample(
+          out.Add("memprofd_dp_parameter_drift",
+                  "Spread across ranks of a float64 checksum of the parameters at the "
+                  "last check (every 10 steps and a run's last step); 0 while the "
+                  "replicas are bit-identical.",
+                  MetricType::Gauge),
+          *dp.parameter_drift);
+    }
+    Families::Sample(out.Add("memprofd_dp_drift_checks_total",
+                             "Parameter drift checks made across ranks.",
+                             MetricType::Counter),
+                     static_cast<double>(dp.drift_checks_total));
+    Families::Sample(out.Add("memprofd_dp_allreduce_bytes",
+                             "Gradient bytes all-reduced in the last step.",
+                             MetricType::Gauge),
+                     static_cast<double>(dp.allreduce_bytes));
+    Families::Sample(out.Add("memprofd_dp_allreduce_exposed_seconds",
+                             "Time the last step's gradient all-reduce added after "
+                             "backward (the part not overlapped with it).",
+                             MetricType::Gauge),
+                     dp.allreduce_exposed_seconds);
+    Families::Sample(out.Add("memprofd_dp_allreduce_exposed_seconds_total",
+                             "Gradient all-reduce time not overlapped with backward, "
+                             "over all steps.",
+                             MetricType::Counter),
+                     dp.allreduce_exposed_seconds_total);
+  }
   std::vector<MetricFamily> families = out.Take();
   for (MetricFamily& f : histograms_->Collect()) families.push_back(std::move(f));
   return families;

@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Attach(ProcessGroup*
                                                                    int64_t bucket_bytes) {
   LlamaModel* model = trainer->model();
   RETURN_IF_ERROR(TakeRankZeroParameters(*group, model->NamedParameters()));
+  RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
   ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync,
                    GradientSync::Create(group, model->Parameters(), bucket_bytes));
   std::unique_ptr<DataParallel> dp(new DataParallel(group, trainer, std::move(sync)));

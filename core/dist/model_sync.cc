@@ -34,24 +34,49 @@ int64_t Fingerprint(const NamedTensors& parameters) {
 
 }  // namespace
 
-absl::Status TakeRankZeroParameters(ProcessGroup& group, const NamedTensors& parameters) {
+namespace {
+
+// Checks every rank holds tensors of the same names, shapes and dtypes, then
+// broadcasts rank 0's. `mismatch(r, theirs, ours)` words the error when rank
+// r's differ (counts of tensors).
+template <typename Mismatch>
+absl::Status TakeRankZeroTensors(ProcessGroup& group, const NamedTensors& tensors,
+                                 Mismatch mismatch) {
   at::Tensor mine = at::tensor(
-      {Fingerprint(parameters), static_cast<int64_t>(parameters.size())}, at::kLong);
+      {Fingerprint(tensors), static_cast<int64_t>(tensors.size())}, at::kLong);
   ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group.AllGather(mine));
   for (int r = 1; r < group.world_size(); ++r) {
     if (!at::equal(all[r], all[0])) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "rank ", r, " holds another model than rank 0 (", all[r][1].item<int64_t>(),
-          " parameters against ", all[0][1].item<int64_t>(),
-          ", or other names or shapes): start every rank with the same model config"));
+      return mismatch(r, all[r][1].item<int64_t>(), all[0][1].item<int64_t>());
     }
   }
   at::NoGradGuard no_grad;
-  for (const auto& [name, tensor] : parameters) {
-    // Broadcast in place needs a dense tensor; parameters are.
+  for (const auto& [name, tensor] : tensors) {
+    // Broadcast in place needs a dense tensor; parameters and optimizer
+    // state are.
     RETURN_IF_ERROR(group.Broadcast(tensor.detach(), 0));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status TakeRankZeroParameters(ProcessGroup& group, const NamedTensors& parameters) {
+  return TakeRankZeroTensors(group, parameters, [](int r, int64_t theirs, int64_t ours) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", r, " holds another model than rank 0 (", theirs,
+        " parameters against ", ours,
+        ", or other names or shapes): start every rank with the same model config"));
+  });
+}
+
+absl::Status TakeRankZeroOptimizerState(ProcessGroup& group, const NamedTensors& state) {
+  return TakeRankZeroTensors(group, state, [](int r, int64_t theirs, int64_t ours) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", r, " holds other optimizer state than rank 0 (", theirs,
+        " tensors against ", ours,
+        "): every rank must resume from the same checkpoint, or none"));
+  });
 }
 
 absl::StatusOr<double> ParameterDrift(ProcessGroup& group,

@@ -27,6 +27,12 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // rank 0's, and what to fix; the collective's status when a rank fails.
 absl::Status TakeRankZeroParameters(ProcessGroup& group, const NamedTensors& parameters);
 
+// The same for the optimizer's state (Trainer::NamedOptimizerState: empty on
+// every rank before the first step, the same tensors on every rank after a
+// resume from one checkpoint). FAILED_PRECONDITION naming the first rank
+// whose state differs from rank 0's (one resumed and another did not).
+absl::Status TakeRankZeroOptimizerState(ProcessGroup& group, const NamedTensors& state);
+
 // max - min over ranks of the sum of every parameter (in float64). 0 when the
 // replicas agree bit for bit (the same sums of the same values in the same
 // order), which is what data parallel keeps.

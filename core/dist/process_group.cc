@@ -16,6 +16,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/common/log.h"
 
 namespace memprofd {
@@ -236,25 +237,71 @@ absl::Status ProcessGroup::Barrier() {
   });
 }
 
-absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
+namespace {
+
+absl::Status StoreSet(c10d::Store& store, int rank, const std::string& key,
+                      const std::string& value) {
   try {
-    impl_->store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+    store.set(key, std::vector<uint8_t>(value.begin(), value.end()));
   } catch (const std::exception& e) {
-    return CollectiveFailure(absl::StrCat("setting store key '", key, "'"), rank(), e);
+    return CollectiveFailure(absl::StrCat("setting store key '", key, "'"), rank, e);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
-                                                  absl::Duration timeout) {
+absl::StatusOr<std::string> StoreWait(c10d::Store& store, int rank,
+                                      const std::string& key, absl::Duration timeout) {
   try {
-    impl_->store->wait({key}, ToChrono(timeout));
-    std::vector<uint8_t> value = impl_->store->get(key);
+    store.wait({key}, ToChrono(timeout));
+    std::vector<uint8_t> value = store.get(key);
     return std::string(value.begin(), value.end());
   } catch (const std::exception& e) {
-    return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank(),
-                             e);
+    return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank, e);
   }
+}
+
+}  // namespace
+
+absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
+  return StoreSet(*impl_->store, rank(), key, value);
+}
+
+absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
+                                                  absl::Duration timeout) {
+  return StoreWait(*impl_->store, rank(), key, timeout);
+}
+
+struct StoreChannel::Impl {
+  absl::Mutex mu;
+  c10::intrusive_ptr<c10d::Store> store ABSL_GUARDED_BY(mu);
+};
+
+StoreChannel::StoreChannel(int rank, std::unique_ptr<Impl> impl)
+    : rank_(rank), impl_(std::move(impl)) {}
+
+StoreChannel::~StoreChannel() = default;
+
+absl::Status StoreChannel::SetKey(const std::string& key, const std::string& value) {
+  absl::MutexLock lock(&impl_->mu);
+  return StoreSet(*impl_->store, rank_, key, value);
+}
+
+absl::StatusOr<std::string> StoreChannel::WaitKey(const std::string& key,
+                                                  absl::Duration timeout) {
+  absl::MutexLock lock(&impl_->mu);
+  return StoreWait(*impl_->store, rank_, key, timeout);
+}
+
+absl::StatusOr<std::unique_ptr<StoreChannel>> ProcessGroup::OpenChannel() {
+  auto impl = std::make_unique<StoreChannel::Impl>();
+  try {
+    // PrefixStore's clone keeps the prefix over a new TCPStore connection.
+    absl::MutexLock lock(&impl->mu);
+    impl->store = impl_->store->clone();
+  } catch (const std::exception& e) {
+    return CollectiveFailure("opening a second store connection", rank(), e);
+  }
+  return std::unique_ptr<StoreChannel>(new StoreChannel(rank(), std::move(impl)));
 }
 
 }  // namespace memprofd

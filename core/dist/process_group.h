@@ -64,6 +64,29 @@ class PendingCollective {
   std::unique_ptr<State> state_;
 };
 
+// A connection of its own to the run's key-value store (this attempt's
+// prefix), for a thread other than the one that issues collectives: c10d
+// serialises the calls on one store connection, so a follower waiting for
+// its next command on the group's connection would hold up everything else
+// there. Thread-safe (calls on one channel are serialised).
+class StoreChannel {
+ public:
+  ~StoreChannel();
+  StoreChannel(const StoreChannel&) = delete;
+  StoreChannel& operator=(const StoreChannel&) = delete;
+
+  // As ProcessGroup::SetKey and WaitKey.
+  absl::Status SetKey(const std::string& key, const std::string& value);
+  absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
+
+ private:
+  friend class ProcessGroup;
+  struct Impl;
+  StoreChannel(int rank, std::unique_ptr<Impl> impl);
+  const int rank_;
+  std::unique_ptr<Impl> impl_;
+};
+
 class ProcessGroup {
  public:
   // Joins the run `world` describes: rank 0 hosts the TCP store at
@@ -104,6 +127,9 @@ class ProcessGroup {
   // UNAVAILABLE when the store (rank 0, or torchrun's agent) is gone.
   absl::Status SetKey(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
+  // A second connection to the same store, for another thread. UNAVAILABLE
+  // when the store cannot be reached.
+  absl::StatusOr<std::unique_ptr<StoreChannel>> OpenChannel();
 
  private:
   struct Impl;

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
+#include "core/dist/process_group.h"
 #include "core/memory/history.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
@@ -78,7 +79,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
           ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
           "; give a writable directory"));
     }
-    absl::StatusOr<int> cleaned = snapshot::CleanLeftovers(options.snapshot_root);
+    // Rank 0 alone writes and cleans snapshots; a follower may share its
+    // root (shared storage) and must not touch what rank 0 is writing.
+    absl::StatusOr<int> cleaned = 0;
+    if (!options.world.distributed() || options.world.rank == 0) {
+      cleaned = snapshot::CleanLeftovers(options.snapshot_root);
+    }
     if (!cleaned.ok()) return cleaned.status();
     if (*cleaned > 0) {
       LogInfo(absl::StrCat("removed ", *cleaned, " leftover temporary snapshot director",
@@ -108,7 +114,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
         "--resume needs --snapshot_root: the directory the checkpoints are in");
   }
   std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
-  ASSIGN_OR_RETURN(const std::string resume_dir, session->ResumeDirectory());
+  // Data parallel: join the run before loading, so that every rank resumes
+  // from the checkpoint rank 0 chose.
+  ASSIGN_OR_RETURN(const std::string resume_dir, options.world.distributed()
+                                                     ? session->JoinRun()
+                                                     : session->ResumeDirectory());
   if (!options.resume.empty() && resume_dir.empty()) {
     LogInfo(absl::StrCat("--resume=latest: no checkpoint under ", options.snapshot_root,
                          " yet; starting from --model"));
@@ -142,6 +152,21 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
       LogInfo(absl::StrCat("resumed from checkpoint ", resume_dir, " at step ",
                            session->Model()->steps_trained));
     }
+  }
+  if (session->group_ != nullptr) {
+    // Every rank checks it holds the same model and takes rank 0's weights
+    // and optimizer state, before anything is served.
+    std::promise<absl::Status> aligned;
+    Session* s = session.get();
+    RETURN_IF_ERROR(
+        session->Post([s, &aligned] { aligned.set_value(s->AlignWithRankZero()); }));
+    RETURN_IF_ERROR(aligned.get_future().get());
+    if (session->follower()) {
+      session->follower_ = std::thread([s] { s->FollowerLoop(); });
+    }
+    LogInfo(absl::StrCat("data parallel: ", DescribeWorld(options.world),
+                         session->follower() ? "; following rank 0's commands"
+                                             : "; serving the run's API"));
   }
   return session;
 }
@@ -207,7 +232,13 @@ void Session::Shutdown() {
   for (const auto& op : operations_.List(nullptr, /*active_only=*/true)) {
     op->RequestCancel();
   }
-  if (owner_.joinable()) owner_.join();
+  if (owner_.joinable()) {
+    owner_.join();
+    // Training stopped at a step boundary on every rank (the cancel went to
+    // all of them there); now the followers may go.
+    ReleaseFollowers();
+  }
+  if (follower_.joinable()) follower_.join();
 }
 
 void Session::OwnerLoop() {

@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "core/memory/breakdown.h"
 #include "core/memory/memory_stats.h"
@@ -37,7 +38,10 @@ class Tensor;
 
 namespace memprofd {
 
+class DataParallel;
 class LlamaModel;
+class ProcessGroup;
+class StoreChannel;
 class TokenDataset;
 class Trainer;
 namespace offload {
@@ -65,6 +69,29 @@ class Session {
 
   const std::string& device() const { return device_; }
   absl::Time start_time() const { return start_time_; }
+
+  // Data parallel (session_dist.cc). In a run of several ranks, rank 0
+  // serves the whole API and hands every Train and LoadModel to the other
+  // ranks, which follow it step by step; they serve only what reads
+  // (status, memory, operations, snapshots' listing): Train, LoadModel,
+  // Snapshot, DeleteSnapshot, Evaluate and CancelOperation there are
+  // FAILED_PRECONDITION naming rank 0. A world of one rank is a single
+  // process, as before.
+  const WorldSpec& world() const { return options_.world; }
+  bool follower() const { return options_.world.distributed() && options_.world.rank != 0; }
+  // Called once, from the thread that saw it, when the data-parallel run is
+  // broken (a collective failed or timed out, a rank died or left): the
+  // operation has failed with that status and the session will not train
+  // again; the daemon should stop serving and exit non-zero, so that the
+  // launcher restarts every rank (and they resume from the last checkpoint).
+  // Set it before training starts.
+  void SetFatalHandler(std::function<void(const absl::Status&)> handler);
+  // Set once the run is broken (see SetFatalHandler).
+  std::optional<absl::Status> fatal_status() const;
+  // Every rank's memory (rank 0's now, the others' as they last published
+  // it, about once a second), with the spread across ranks. On a single
+  // process, that process alone. FAILED_PRECONDITION on a follower.
+  absl::StatusOr<MemoryAcrossRanks> MemoryOfAllRanks() const;
   // For tests that drive operations by hand (the server's stream tests).
   OperationRegistry& operations_for_testing() { return operations_; }
 
@@ -193,6 +220,46 @@ class Session {
   explicit Session(const SessionOptions& options, std::string device);
   void OwnerLoop();
 
+  // Data parallel (session_dist.cc). Joins the run at Create (before the
+  // start model loads): the process group, the resume point rank 0 chose,
+  // and the follower's command thread.
+  // Returns the checkpoint directory to resume from (rank 0's choice; empty
+  // for none).
+  absl::StatusOr<std::string> JoinRun();
+  // After the start model loaded: every rank checks it holds rank 0's model
+  // and takes its weights and optimizer state (owner thread).
+  absl::Status AlignWithRankZero();
+  // FAILED_PRECONDITION naming rank 0 on a follower, for `what` ("Train").
+  absl::Status CheckLeader(absl::string_view what) const;
+  // Rank 0, owner thread: hands a command (JSON) to the followers, in the
+  // order the owner runs them.
+  absl::Status PublishCommand(const std::string& command);
+  // The commands rank 0 publishes for a Train and a LoadModel; empty on a
+  // single process.
+  std::string TrainCommand(const TrainOptions& train,
+                           const offload::OffloadRequest& offload, bool resume) const;
+  std::string LoadCommand(const LoadModelSpec& spec) const;
+  // Parameter drift is checked every this many steps of a data-parallel run
+  // (and at its last step): one all-gather of a float64 checksum.
+  static constexpr int64_t kDriftEverySteps = 10;
+  // The follower's thread: waits for rank 0's commands and queues them, and
+  // publishes this rank's memory about once a second.
+  void FollowerLoop();
+  absl::Status FollowCommand(const std::string& command);
+  // Before each training step, every rank: one all-reduce tells all whether
+  // to stop (a cancel on any rank) and whether rank 0 has boundary work
+  // (snapshots, evaluations), which the followers then wait for. True:
+  // stop.
+  absl::StatusOr<bool> SyncStepBoundary(const std::shared_ptr<Operation>& op);
+  bool HasBoundaryWork() const;
+  // The run is broken: records it and calls the fatal handler once.
+  void FailRun(const absl::Status& status);
+  // This rank's memory, as MemoryOfAllRanks reports it.
+  RankMemory OwnRankMemory() const;
+  // Rank 0 tells the followers to stop (Shutdown), and waits a little for
+  // them to read it.
+  void ReleaseFollowers();
+
   // Owner thread only.
   absl::Status LoadOnOwner(const LoadModelSpec& spec);
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
@@ -278,6 +345,21 @@ class Session {
   std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
+
+  // Data parallel. The group: its collectives and store calls are the owner
+  // thread's (and Create's, before the owner runs anything). The command
+  // channel: the follower's thread (followers), Shutdown (rank 0). The
+  // memory channel: MemoryOfAllRanks' readers (rank 0).
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<StoreChannel> command_channel_;
+  std::unique_ptr<StoreChannel> memory_channel_;
+  // Commands published (rank 0, owner thread) or followed (followers'
+  // thread), and step boundaries synchronised (owner thread).
+  int64_t commands_ = 0;
+  int64_t boundaries_ = 0;
+  std::thread follower_;
   std::thread owner_;
 };
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
 #include "core/session/session.h"
@@ -50,6 +51,7 @@ absl::StatusOr<absl::Duration> Session::OperationWaitTimeout(
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::CancelOperation(
     const std::string& id) {
+  RETURN_IF_ERROR(CheckLeader("CancelOperation"));
   absl::StatusOr<std::shared_ptr<Operation>> op = operations_.Get(id);
   if (!op.ok()) return op.status();
   if ((*op)->done()) {

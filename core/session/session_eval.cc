@@ -16,6 +16,7 @@ namespace memprofd {
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
     const EvaluateRequest& request) {
+  RETURN_IF_ERROR(CheckLeader("Evaluate"));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");

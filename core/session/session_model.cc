@@ -82,6 +82,7 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpec& spec) {
+  RETURN_IF_ERROR(CheckLeader("LoadModel"));
   if (spec.preset.empty() == spec.hf_directory.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("give exactly one model source: a preset (",
@@ -94,6 +95,13 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
         "training state to resume)");
   }
   RETURN_IF_ERROR(CheckPlacement(spec));
+  if (options_.world.distributed() && !spec.placement.empty()) {
+    // Every rank overwrites its weights with rank 0's in place, which a
+    // module mapped from disk cannot take.
+    return absl::UnimplementedError(
+        "module placement is not supported in a data-parallel run: load the model "
+        "without placement (every module on the compute device)");
+  }
   if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());
   {
     absl::MutexLock lock(&mu_);
@@ -104,8 +112,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     }
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
-  RETURN_IF_ERROR(Post([this, op, spec] {
+  RETURN_IF_ERROR(Post([this, op, spec, command = LoadCommand(spec)] {
     op->MarkRunning();
+    // Data parallel: the followers load the same (and the next Train checks
+    // they did), in the order the owner runs things.
+    if (!command.empty()) {
+      if (absl::Status s = PublishCommand(command); !s.ok()) {
+        op->Finish(s);
+        FailRun(s);
+        return;
+      }
+    }
     absl::Status status = LoadOnOwner(spec);
     if (!status.ok()) {
       op->Finish(status);

@@ -32,6 +32,7 @@ absl::Status SnapshotsOff(absl::StatusCode code) {
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
     const SnapshotSpec& spec) {
+  RETURN_IF_ERROR(CheckLeader("Snapshot"));
   if (options_.snapshot_root.empty()) {
     return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
   }
@@ -64,7 +65,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec s
 }
 
 void Session::MaybeQueuePeriodicSnapshot(int64_t global_step) {
-  if (options_.snapshot_every_steps <= 0 || options_.snapshot_root.empty() ||
+  // Data parallel: rank 0 writes the run's snapshots, the followers wait.
+  if (follower() || options_.snapshot_every_steps <= 0 || options_.snapshot_root.empty() ||
       global_step % options_.snapshot_every_steps != 0) {
     return;
   }
@@ -194,6 +196,7 @@ void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
 }
 
 absl::Status Session::SnapshotNow(const std::string& name) {
+  if (follower()) return absl::OkStatus();  // rank 0 writes the run's snapshot
   SnapshotSpec spec;
   spec.name = name;
   spec.options.kind = options_.auto_snapshot_kind;
@@ -217,6 +220,7 @@ absl::StatusOr<snapshot::SnapshotManifest> Session::DescribeSnapshot(
 }
 
 absl::Status Session::DeleteSnapshot(const std::string& name) {
+  RETURN_IF_ERROR(CheckLeader("DeleteSnapshot"));
   if (options_.snapshot_root.empty()) {
     return SnapshotsOff(absl::StatusCode::kNotFound);
   }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
+#include "core/dist/data_parallel.h"
 #include "core/memory/oom_report.h"
 #include "core/memory/op_attribution.h"
 #include "core/memory/recorder.h"
@@ -33,6 +34,7 @@ int64_t StepPeakBytes(const std::string& device) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpec& spec) {
+  RETURN_IF_ERROR(CheckLeader("Train"));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
@@ -120,10 +122,26 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    queue_.push_back(
-        [this, op, train, offload_options, data, eval_data, resume = spec.resume] {
-          RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
-        });
+    // Data parallel: the followers get the merged options and the request's
+    // own offload fields (each merges them over its own flags), published
+    // by the owner thread when it starts the run, in the order it runs
+    // things.
+    queue_.push_back([this, op, train, offload_options, data, eval_data,
+                      resume = spec.resume,
+                      command = TrainCommand(train, spec.offload, spec.resume)] {
+      if (!command.empty()) {
+        if (absl::Status s = PublishCommand(command); !s.ok()) {
+          {
+            absl::MutexLock lock(&mu_);
+            training_active_ = false;
+          }
+          op->Finish(s);
+          FailRun(s);
+          return;
+        }
+      }
+      RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
+    });
   }
   return op;
 }
@@ -141,7 +159,9 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     }
     op->Finish(std::move(status), std::move(result));
   };
-  if (op->cancel_requested()) {
+  // Data parallel: every rank runs what rank 0 runs, so a cancel before the
+  // start is left to the first step boundary, which all ranks see alike.
+  if (group_ == nullptr && op->cancel_requested()) {
     finish(absl::CancelledError("cancelled before it started"), TrainResult{});
     return;
   }
@@ -209,6 +229,25 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   };
   trainer_->set_hooks(hooks);
 
+  // Data parallel: every rank takes rank 0's weights and optimizer state and
+  // averages gradients in buckets during backward (DataParallel); a failure
+  // of the run is recorded here and ends it at the next boundary.
+  std::unique_ptr<DataParallel> data_parallel;
+  absl::Status run_failure;
+  if (group_ != nullptr) {
+    absl::StatusOr<std::unique_ptr<DataParallel>> attached =
+        DataParallel::Attach(group_.get(), trainer_.get());
+    if (!attached.ok()) {
+      trainer_->set_hooks(StepHooks());
+      finish(attached.status());
+      FailRun(attached.status());
+      return;
+    }
+    data_parallel = *std::move(attached);
+    absl::MutexLock lock(&mu_);
+    counters_.data_parallel.active = true;
+  }
+
   const int64_t steps = train.steps;
   const std::vector<std::shared_ptr<SessionObserver>> observers = Observers();
   auto on_step = [&](const StepReport& report) {
@@ -218,6 +257,16 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     r.peak_allocated_bytes = StepPeakBytes(device_);
     op->AppendEvent(r);
     for (const auto& observer : observers) observer->OnStep(r);
+    std::optional<double> drift;
+    if (data_parallel != nullptr && run_failure.ok() &&
+        (report.global_step % kDriftEverySteps == 0 || report.step == steps)) {
+      absl::StatusOr<double> d = data_parallel->Drift();
+      if (d.ok()) {
+        drift = *d;
+      } else {
+        run_failure = d.status();
+      }
+    }
     op->SetProgress(report.step, steps, "steps",
                     absl::StrFormat("step %d/%d, loss %.4f, %.0f tokens/s", report.step,
                                     steps, report.loss, report.tokens_per_second));
@@ -230,6 +279,19 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
       counters_.offload_totals.Add(step_offload);
       counters_.last_step = r;
       if (model_summary_) model_summary_->steps_trained = report.global_step;
+      if (data_parallel != nullptr) {
+        DataParallelCounters& dp = counters_.data_parallel;
+        const GradientSyncStats& sync = data_parallel->last_step();
+        dp.allreduce_bytes = sync.bytes;
+        dp.buckets = sync.buckets;
+        dp.buckets_overlapped = sync.buckets_started_in_backward;
+        dp.allreduce_exposed_seconds = sync.exposed_seconds;
+        dp.allreduce_exposed_seconds_total += sync.exposed_seconds;
+        if (drift) {
+          dp.parameter_drift = drift;
+          dp.drift_checks_total += 1;
+        }
+      }
     }
     if (report.eval) CountEvaluation(*report.eval);
     PublishCategories();
@@ -239,8 +301,14 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   };
   auto cancelled = [&] {
     // Step boundary: snapshots and other boundary work run here.
-    RunBoundaryWork();
-    return op->cancel_requested();
+    if (data_parallel == nullptr) {
+      RunBoundaryWork();
+      return op->cancel_requested();
+    }
+    if (!run_failure.ok()) return true;
+    absl::StatusOr<bool> stop = SyncStepBoundary(op);
+    if (!stop.ok()) run_failure = stop.status();
+    return !stop.ok() || *stop;
   };
   // The op half of attribution for the training's lifetime (every thread's
   // ops, autograd's included; the module scopes come from the forward).
@@ -248,9 +316,21 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   absl::StatusOr<TrainResult> result =
       resume ? trainer_->ContinueRun(train, data, on_step, cancelled, eval_data)
              : trainer_->Run(train, data, on_step, cancelled, eval_data);
+  data_parallel.reset();  // puts the hooks and the data shard back
   trainer_->set_hooks(StepHooks());
   PublishCategories();
   PublishRun();
+  if (group_ != nullptr) {
+    // A step that failed on one rank leaves the others in a collective that
+    // will not complete: the run cannot go on. (Bad options fail alike on
+    // every rank before any collective, and do not break it.)
+    absl::Status failure = !run_failure.ok() ? run_failure : result.status();
+    if (!failure.ok() && !absl::IsInvalidArgument(failure)) {
+      finish(failure);
+      FailRun(failure);
+      return;
+    }
+  }
   if (!result.ok()) {
     finish(result.status());
   } else if (result->cancelled) {

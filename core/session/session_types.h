@@ -154,6 +154,48 @@ struct OomReportRecord {
   int64_t written_at_unix_ms = 0;  // when the report was built and written
 };
 
+// Data parallel, for status and /metrics (session_dist.cc).
+struct DataParallelCounters {
+  // A training run is data-parallel now or was last.
+  bool active = false;
+  // The spread across ranks of a float64 checksum of the parameters, taken
+  // every kDriftEverySteps steps and at a run's last step: 0 while the
+  // replicas are bit-identical. Unset before the first check.
+  std::optional<double> parameter_drift;
+  int64_t drift_checks_total = 0;
+  // The last step's gradient all-reduce: bytes, buckets (and how many
+  // started inside backward), and the time it added after backward.
+  int64_t allreduce_bytes = 0;
+  int64_t buckets = 0;
+  int64_t buckets_overlapped = 0;
+  double allreduce_exposed_seconds = 0;
+  double allreduce_exposed_seconds_total = 0;
+};
+
+// One rank's memory, as MemoryOfAllRanks gathers it.
+struct RankMemory {
+  int rank = 0;
+  int node_rank = 0;
+  // False when the rank's figures could not be read (then `error` says why).
+  bool ok = true;
+  std::string error;
+  std::string device;
+  int64_t current_bytes = 0;
+  int64_t peak_bytes = 0;
+  // The last completed step's peak on the compute device.
+  int64_t last_step_peak_bytes = 0;
+  int64_t steps_total = 0;
+  // How old the figures are (0 for the rank that answers).
+  double age_seconds = 0;
+};
+
+struct MemoryAcrossRanks {
+  std::vector<RankMemory> ranks;  // by rank
+  // max - min over the ranks read of last_step_peak_bytes and current_bytes.
+  int64_t step_peak_imbalance_bytes = 0;
+  int64_t current_imbalance_bytes = 0;
+};
+
 // Counters for /metrics, cumulative since start.
 struct SessionCounters {
   int64_t steps_total = 0;
@@ -172,6 +214,7 @@ struct SessionCounters {
   std::optional<EvalResult> last_eval;
   // Steps that ran out of memory (each wrote an OOM report).
   int64_t oom_reports_total = 0;
+  DataParallelCounters data_parallel;
 };
 
 // Told of every training step and every published snapshot, for the

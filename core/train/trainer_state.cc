@@ -229,6 +229,21 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
 
 }  // namespace
 
+std::string TrainOptionsToJson(const TrainOptions& options) {
+  return DumpJson(OptionsToJson(options), -1);
+}
+
+absl::StatusOr<TrainOptions> TrainOptionsFromJson(absl::string_view text) {
+  absl::StatusOr<Json> parsed = ParseJson(text);
+  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
+  if (!parsed->is_object())
+    return absl::InvalidArgumentError("training options are not a JSON object");
+  absl::Status error;
+  TrainOptions options = OptionsFromJson(*parsed, &error);
+  if (!error.ok()) return absl::InvalidArgumentError(error.message());
+  return options;
+}
+
 std::string TrainerStateToJson(const TrainerState& s) {
   Json losses = Json::array();
   for (const auto& [step, loss] : s.recent_losses) {

@@ -68,6 +68,12 @@ std::string TrainerStateToJson(const TrainerState& state);
 // Parses trainer_state.json. DATA_LOSS naming `path` when the text is not
 // JSON, a field is missing or has the wrong type, or the format version is
 // not kTrainerStateFormatVersion. Unknown fields are ignored.
+// Merged training options alone, as trainer_state.json's run.config holds
+// them (the data source included): how rank 0 hands a Train to the other
+// ranks of a data-parallel run. The reader's errors are INVALID_ARGUMENT.
+std::string TrainOptionsToJson(const TrainOptions& options);
+absl::StatusOr<TrainOptions> TrainOptionsFromJson(absl::string_view text);
+
 absl::StatusOr<TrainerState> TrainerStateFromJson(absl::string_view text,
                                                   absl::string_view path);
 

@@ -51,7 +51,12 @@ class Daemon:
     """One memprofd process on free ports, stopped by stop() or at exit.
     `preexec_fn` runs in the child before memprofd starts (resource limits)."""
 
-    def __init__(self, *flags, token=None, start_timeout=60, preexec_fn=None):
+    def __init__(self, *flags, token=None, start_timeout=60, preexec_fn=None, env=None,
+                 wait=True, wrapper=()):
+        """`env`: variables added to the environment (a rank's RANK, WORLD_SIZE...).
+        `wait=False` returns at once; wait_ready() then waits for the ports (the
+        ranks of a run only serve once all of them have joined). `wrapper`: a
+        command memprofd runs under (["ip", "netns", "exec", "h1"])."""
         self.tmp = tempfile.TemporaryDirectory(prefix="memprofd-it-")
         self.port_file = os.path.join(self.tmp.name, "ports.json")
         self.token = token
@@ -70,9 +75,19 @@ class Daemon:
             args.append("--report_dir=" + os.path.join(self.tmp.name, "reports"))
         self.log_path = os.path.join(self.tmp.name, "memprofd.log")
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec_fn)
-        deadline = time.time() + start_timeout
+        child_env = None
+        if env is not None:
+            child_env = dict(os.environ)
+            child_env.update(env)
+        self.proc = subprocess.Popen(list(wrapper) + args, stdout=self.log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn, env=child_env)
+        self.start_timeout = start_timeout
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self):
+        """Waits for the port file, then connects; raises if memprofd exits first."""
+        deadline = time.time() + self.start_timeout
         while not os.path.exists(self.port_file):
             if self.proc.poll() is not None:
                 raise RuntimeError("memprofd exited with %d:\n%s" % (self.proc.returncode, self.output()))

@@ -1,0 +1,495 @@
+"""Data parallel over the wire: real memprofd daemons as the ranks of one
+c10d run (Gloo on loopback, one intra-op thread each), started the way a
+launcher starts them — with plain RANK / WORLD_SIZE / MASTER_ADDR /
+MASTER_PORT, and by torchrun itself — and driven through rank 0's gRPC API
+by this independent client.
+
+- 2 ranks x batch 2 train as 1 process x batch 4: every step's loss (the
+  mean of the ranks' halves) within 1e-6 relative, the weights within a
+  bound relative to how far training moved them (AdamW's 1/sqrt(v)
+  amplifies the last-bit differences of sums taken in another order), and
+  parameter drift 0 between the ranks.
+- A snapshot asked of rank 0 mid-run is written once and loads in the real
+  transformers; the followers serve status and memory and refuse changes
+  with FAILED_PRECONDITION naming rank 0.
+- A rank SIGKILLed mid-run makes rank 0 fail within the collective timeout,
+  go NOT_SERVING and exit non-zero, with nothing partial published; both
+  ranks restarted with --resume=latest end with the uninterrupted run's
+  weights, bit for bit.
+- torchrun --no-python starts a run, and two ranks on two "hosts" (network
+  namespaces joined by a veth pair) train as one."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+if not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import grpc  # noqa: E402
+
+import harness  # noqa: E402
+from harness import Daemon, free_port, pb, wait_done  # noqa: E402
+
+# The micro model of test_resume (0.14 M parameters): every run here takes
+# seconds.
+MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "tie_word_embeddings": True, "torch_dtype": "float32"}
+_TMP = tempfile.TemporaryDirectory(prefix="memprofd-dist-")
+MICRO_DIR = os.path.join(_TMP.name, "micro")
+os.mkdir(MICRO_DIR)
+with open(os.path.join(MICRO_DIR, "config.json"), "w") as _f:
+    json.dump(MICRO, _f)
+
+RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=0.0)
+def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None):
+    """`world` daemons joined as one run on a fresh store port. Rank 0 first;
+    all are started before any is waited for (each blocks in its rendezvous
+    until all have joined). Each rank gets --model_seed=rank unless told:
+    rank 0's weights must win."""
+    port = free_port()
+    daemons = []
+    for rank in range(world):
+        env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port)}
+        wrapper, listen = (), []
+        if hosts is not None:
+            # One rank per host (TwoHostsTest): the host's namespace, its
+            # address, and the interface Gloo must use there.
+            namespace, address, interface = hosts[rank]
+            wrapper = ("ip", "netns", "exec", namespace)
+            env.update({"MASTER_ADDR": hosts[0][1], "GLOO_SOCKET_IFNAME": interface,
+                        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
+            listen = ["--listen=%s:0" % address, "--metrics_listen=%s:0" % address]
+        seed = rank if model_seed is None else model_seed
+        daemons.append(Daemon("--model=" + MICRO_DIR, "--model_seed=%d" % seed,
+                              "--collective_timeout_seconds=%d" % timeout, *listen, *flags,
+                              env=env, wait=False, start_timeout=120, wrapper=wrapper))
+    for d in daemons:
+        d.wait_ready()
+    return daemons
+
+
+def close_all(daemons):
+    for d in daemons:
+        d.close()
+
+
+def weights(directory):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(directory, "model.safetensors"))
+
+
+def max_difference(a, b):
+    assert set(a) == set(b), (sorted(a), sorted(b))
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def snapshot(d, name, **kwargs):
+    op = wait_done(d, d.call("Snapshot", pb.SnapshotRequest(name=name, **kwargs)).id)
+    assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.error.message
+    return op.snapshot
+
+
+def train(d, **kwargs):
+    request = dict(RUN)
+    request.update(kwargs)
+    return d.call("Train", pb.TrainRequest(**request))
+
+
+def metric(text, name):
+    """The value of the one sample of `name` (any labels) in /metrics text."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(name + "{") or line.startswith(name + " ")]
+    assert len(values) == 1, (name, values)
+    return values[0]
+
+
+class TwoRanksTest(unittest.TestCase):
+    """One 2-rank run for the cases that only read it."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.root = tempfile.TemporaryDirectory(prefix="memprofd-dist-root-")
+        cls.ranks = start_ranks(2, "--snapshot_root=" + cls.root.name)
+        cls.leader, cls.follower = cls.ranks
+        # A longer run, so that a snapshot can be asked for in the middle.
+        cls.op = train(cls.leader, steps=30, batch_size=2)
+        reports = cls.leader.stub.StreamStepReports(
+            pb.StreamStepReportsRequest(operation_id=cls.op.id), timeout=300)
+        for r in reports:
+            if r.step >= 3:
+                reports.cancel()
+                break
+        cls.mid = snapshot(cls.leader, "mid-run")
+        cls.done = wait_done(cls.leader, cls.op.id)
+
+    @classmethod
+    def tearDownClass(cls):
+        close_all(cls.ranks)
+        cls.root.cleanup()
+
+    def test_every_rank_trains_and_the_replicas_agree(self):
+        self.assertEqual(self.done.state, pb.OPERATION_STATE_SUCCEEDED, self.done.error.message)
+        for d in self.ranks:
+            status = d.call("GetStatus", pb.GetStatusRequest())
+            self.assertEqual(status.model.steps_trained, 30)
+            self.assertEqual(status.data_parallel.world_size, 2)
+            self.assertTrue(status.data_parallel.has_parameter_drift)
+            self.assertEqual(status.data_parallel.parameter_drift, 0.0)
+            self.assertGreater(status.data_parallel.allreduce_bytes, 0)
+            self.assertEqual(metric(d.metrics_text(), "memprofd_dp_parameter_drift"), 0.0)
+            self.assertEqual(metric(d.metrics_text(), "memprofd_dp_drift_checks_total"), 3)
+        self.assertEqual(self.leader.call("GetStatus", pb.GetStatusRequest()).data_parallel.role,
+                         "leader")
+        follower = self.follower.call("GetStatus", pb.GetStatusRequest()).data_parallel
+        self.assertEqual((follower.rank, follower.role, follower.launcher),
+                         (1, "follower", "torchrun"))
+        # The follower ran the same operation, step for step.
+        ops = self.follower.call("ListOperations", pb.ListOperationsRequest()).operations
+        trains = [o for o in ops if o.kind == pb.OPERATION_KIND_TRAIN]
+        self.assertEqual(len(trains), 1)
+        self.assertEqual(trains[0].state, pb.OPERATION_STATE_SUCCEEDED)
+
+    def test_snapshot_mid_run_is_written_once_and_loads_in_transformers(self):
+        names = [s.name for s in
+                 self.leader.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots]
+        self.assertEqual(names.count("mid-run"), 1, names)
+        self.assertGreaterEqual(self.mid.global_step, 3)
+        self.assertLess(self.mid.global_step, 30)
+        # The follower sees the same root, and wrote nothing of its own.
+        self.assertEqual(
+            [s.name for s in
+             self.follower.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots], names)
+        import transformers
+        from transformers import AutoModelForCausalLM
+        transformers.logging.set_verbosity_error()
+        model, info = AutoModelForCausalLM.from_pretrained(self.mid.directory,
+                                                           output_loading_info=True)
+        for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            self.assertEqual(set(info[key]), set(), key)
+
+    def test_followers_read_and_refuse_changes_naming_rank_zero(self):
+        f = self.follower
+        refused = [
+            ("Train", pb.TrainRequest(steps=1)),
+            ("Snapshot", pb.SnapshotRequest(name="from-rank-1")),
+            ("LoadModel", pb.LoadModelRequest(preset="tiny")),
+            ("DeleteSnapshot", pb.DeleteSnapshotRequest(name="mid-run")),
+            ("CancelOperation", pb.CancelOperationRequest(id=self.op.id)),
+            ("Evaluate", pb.EvaluateRequest()),
+            ("GetMemoryStats", pb.GetMemoryStatsRequest(all_ranks=True)),
+        ]
+        for method, request in refused:
+            with self.subTest(method=method):
+                with self.assertRaises(grpc.RpcError) as e:
+                    f.call(method, request)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+                self.assertIn("rank 0", e.exception.details())
+        # What reads works, and the follower serves.
+        f.call("GetMemoryStats", pb.GetMemoryStatsRequest())
+        f.call("DescribeModel", pb.DescribeModelRequest())
+        health = f.health.Check(harness.health_pb2.HealthCheckRequest(service=""), timeout=10)
+        self.assertEqual(health.status, harness.health_pb2.HealthCheckResponse.SERVING)
+        self.assertIn("memprofd_train_steps_total", f.metrics_text())
+        # Nothing was lost: the snapshot is still there.
+        self.leader.call("DescribeSnapshot", pb.DescribeSnapshotRequest(name="mid-run"))
+
+    def test_rank_zero_gathers_every_ranks_memory(self):
+        deadline = time.time() + 30
+        while True:
+            stats = self.leader.call("GetMemoryStats", pb.GetMemoryStatsRequest(all_ranks=True))
+            if all(r.ok and r.steps_total == 30 for r in stats.ranks) or time.time() > deadline:
+                break
+            time.sleep(0.5)  # followers publish about once a second
+        self.assertEqual([r.rank for r in stats.ranks], [0, 1])
+        for r in stats.ranks:
+            self.assertTrue(r.ok, r.error)
+            self.assertEqual(r.steps_total, 30)
+            self.assertGreater(r.current_bytes, 0)
+            self.assertGreater(r.last_step_peak_bytes, 0)
+            self.assertLess(r.age_seconds, 10)
+        peaks = [r.last_step_peak_bytes for r in stats.ranks]
+        self.assertEqual(stats.step_peak_imbalance_bytes, max(peaks) - min(peaks))
+        now = [r.current_bytes for r in stats.ranks]
+        self.assertEqual(stats.current_imbalance_bytes, max(now) - min(now))
+        # Without all_ranks the reply is this rank's alone, as before.
+        self.assertEqual(len(self.leader.call("GetMemoryStats",
+                                              pb.GetMemoryStatsRequest()).ranks), 0)
+
+
+def step_losses(d, kind_filter=pb.OPERATION_KIND_TRAIN):
+    """{step: loss} of the newest training operation on `d` (its step stream)."""
+    ops = d.call("ListOperations", pb.ListOperationsRequest(kind=kind_filter)).operations
+    op = ops[0]  # newest first
+    stream = d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
+                                      timeout=60)
+    return {r.step: r.loss for r in stream}
+
+
+class EquivalenceTest(unittest.TestCase):
+    STEPS = 6
+
+    def test_two_ranks_match_one_process_with_twice_the_batch(self):
+        root = tempfile.TemporaryDirectory(prefix="memprofd-dist-eq-")
+        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"))
+        single = Daemon("--model=" + MICRO_DIR, "--model_seed=0",
+                        "--snapshot_root=" + os.path.join(root.name, "one"))
+        try:
+            start = weights(snapshot(single, "start").directory)
+            wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2).id)
+            wait_done(single, train(single, steps=self.STEPS, batch_size=4).id)
+            two = weights(snapshot(ranks[0], "end").directory)
+            one = weights(snapshot(single, "end").directory)
+            # Each rank's loss is its half of the batch's: their mean is the
+            # double batch's loss.
+            rank_losses = [step_losses(d) for d in ranks]
+            one_losses = step_losses(single)
+        finally:
+            close_all(ranks + [single])
+            root.cleanup()
+        self.assertEqual(sorted(one_losses), list(range(1, self.STEPS + 1)))
+        loss_gaps = [abs((rank_losses[0][k] + rank_losses[1][k]) / 2 - one_losses[k])
+                     / one_losses[k] for k in sorted(one_losses)]
+        difference = max_difference(two, one)
+        moved = max_difference(one, start)
+        print("\n2 ranks x batch 2 vs 1 x batch 4, %d AdamW steps at lr 1e-2:" % self.STEPS)
+        print("  step 1 loss (same weights): relative gap %.3g" % loss_gaps[0])
+        print("  later steps' losses: largest relative gap %.3g" % max(loss_gaps))
+        print("  weights: max |dw| %.3g, training moved them by %.3g (ratio %.2g)"
+              % (difference, moved, difference / moved))
+        # Step 1 runs both on the same weights: its loss differs only by the
+        # order of float32 sums.
+        self.assertLess(loss_gaps[0], 1e-6)
+        # The weights then differ by rounding that AdamW's 1/sqrt(v) turns
+        # into up to a fraction of lr for nearly cancelled gradients (see
+        # tests/dist/data_parallel_test.cc): a bound relative to how far
+        # training moved them. A real fault (a gradient not averaged, a
+        # shard read twice) changes every update by about lr, a ratio of
+        # order 1/STEPS = 0.17, a hundred times the bound.
+        self.assertLess(difference, 2e-3 * moved)
+        # Every step's loss stays within 1e-6 (measured: 1.5e-7).
+        self.assertLess(max(loss_gaps), 1e-6)
+        self.assertGreater(moved, 1e-3)
+
+
+class RankFailureTest(unittest.TestCase):
+    # Long enough that rank 1 is killed mid-run however fast the steps are
+    # (micro steps take tens of milliseconds); a checkpoint every 5.
+    STEPS = 100
+
+    def test_killed_rank_fails_the_run_and_a_restart_resumes_exactly(self):
+        tmp = tempfile.TemporaryDirectory(prefix="memprofd-dist-kill-")
+        flags = ["--snapshot_every_steps=5", "--keep_last=2", "--resume=latest"]
+        try:
+            # The uninterrupted run.
+            ranks = start_ranks(2, "--snapshot_root=" + os.path.join(tmp.name, "whole"), *flags)
+            try:
+                op = wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                uninterrupted = weights(snapshot(ranks[0], "end").directory)
+            finally:
+                close_all(ranks)
+
+            # The same run, rank 1 SIGKILLed once rank 0 reported step 12.
+            root = os.path.join(tmp.name, "killed")
+            ranks = start_ranks(2, "--snapshot_root=" + root, *flags)
+            leader, victim = ranks
+            try:
+                op = train(leader, steps=self.STEPS, batch_size=2)
+                stream = leader.stub.StreamStepReports(
+                    pb.StreamStepReportsRequest(operation_id=op.id), timeout=300)
+                for r in stream:
+                    if r.global_step >= 12:
+                        victim.proc.kill()
+                        killed_at = time.time()
+                        stream.cancel()
+                        break
+                # Rank 0 fails the step within the collective timeout (10 s),
+                # then stops serving and exits non-zero.
+                code = leader.proc.wait(timeout=60)
+                took = time.time() - killed_at
+                output = leader.output()
+                print("\nrank 1 killed: rank 0 exited with %d after %.1f s" % (code, took))
+                self.assertNotEqual(code, 0, output)
+                self.assertLess(took, 30, output)
+                self.assertIn("data-parallel run is broken", output)
+                self.assertRegex(output, r"rank 0: (all-reduce|broadcast|all-gather)[^\n]* failed")
+                # Nothing partial: every directory in the root is a whole,
+                # published checkpoint, taken before the run broke.
+                published = sorted(n for n in os.listdir(root) if n.startswith("step-"))
+                self.assertTrue(published)
+                for name in published:
+                    for f in ("model.safetensors", "optimizer.safetensors", "trainer_state.json"):
+                        self.assertTrue(os.path.exists(os.path.join(root, name, f)), (name, f))
+                latest = max(int(n.split("-")[1]) for n in published)
+                self.assertLess(latest, self.STEPS)
+            finally:
+                close_all(ranks)
+
+            # Both restarted, as torchrun or Kubernetes would: they resume
+            # from the newest checkpoint and finish the run.
+            ranks = start_ranks(2, "--snapshot_root=" + root, *flags)
+            try:
+                for d in ranks:
+                    self.assertEqual(d.call("GetStatus", pb.GetStatusRequest())
+                                     .model.steps_trained, latest)
+                op = wait_done(ranks[0], ranks[0].call("Train", pb.TrainRequest(resume=True)).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                self.assertEqual(ranks[1].call("GetStatus", pb.GetStatusRequest())
+                                 .model.steps_trained, self.STEPS)
+                resumed = weights(snapshot(ranks[0], "end").directory)
+            finally:
+                close_all(ranks)
+            print("resumed from step %d: max |dw| against the uninterrupted run %.3g"
+                  % (latest, max_difference(resumed, uninterrupted)))
+            self.assertEqual(max_difference(resumed, uninterrupted), 0.0)
+        finally:
+            tmp.cleanup()
+
+
+class TorchrunTest(unittest.TestCase):
+    def test_torchrun_no_python_starts_a_two_rank_run(self):
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        tmp = tempfile.TemporaryDirectory(prefix="memprofd-torchrun-")
+        port_file = os.path.join(tmp.name, "ports-{rank}.json")
+        log = open(os.path.join(tmp.name, "torchrun.log"), "wb")
+        proc = subprocess.Popen(
+            [torchrun, "--nproc_per_node=2", "--no-python", "--master_addr=127.0.0.1",
+             "--master_port=%d" % free_port(), harness.MEMPROFD,
+             "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", "--port_file=" + port_file,
+             "--model=" + MICRO_DIR, "--collective_timeout_seconds=20"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            ports = []
+            deadline = time.time() + 120
+            for rank in range(2):
+                path = port_file.replace("{rank}", str(rank))
+                while not os.path.exists(path):
+                    if proc.poll() is not None or time.time() > deadline:
+                        with open(log.name) as f:
+                            self.fail("torchrun's ranks did not start:\n" + f.read())
+                    time.sleep(0.1)
+                with open(path) as f:
+                    ports.append(json.load(f)["grpc_port"])
+            channels = [grpc.insecure_channel("127.0.0.1:%d" % p) for p in ports]
+            stubs = [harness.memprofd_pb2_grpc.MemprofdStub(c) for c in channels]
+            op = stubs[0].Train(pb.TrainRequest(steps=4, batch_size=1, seq_len=16), timeout=30)
+            while not op.done:
+                op = stubs[0].WaitOperation(pb.WaitOperationRequest(id=op.id, timeout_ms=10000),
+                                            timeout=20)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            for rank, stub in enumerate(stubs):
+                status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+                self.assertEqual(status.data_parallel.rank, rank)
+                self.assertEqual(status.data_parallel.launcher, "torchrun")
+                self.assertEqual(status.model.steps_trained, 4)
+            for c in channels:
+                c.close()
+            # SIGTERM to torchrun reaches both ranks; rank 0 releases rank 1.
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+            tmp.cleanup()
+
+
+def run(*command):
+    subprocess.run(command, check=True, capture_output=True, text=True)
+
+
+def can_make_namespaces():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return False
+    probe = "mpd-probe-%d" % os.getpid()
+    try:
+        run("ip", "netns", "add", probe)
+    except (subprocess.CalledProcessError, OSError):
+        return False
+    run("ip", "netns", "del", probe)
+    return True
+
+
+# What the client runs inside host A's namespace (the daemons' addresses are
+# only reachable there): Train on rank 0, then both ranks' status, as JSON.
+CLIENT = r"""
+import json, sys
+sys.path[:0] = sys.argv[1:3]
+import grpc
+from memprofd.v1 import memprofd_pb2, memprofd_pb2_grpc, operation_pb2, train_pb2
+stubs = [memprofd_pb2_grpc.MemprofdStub(grpc.insecure_channel(a)) for a in sys.argv[3:5]]
+op = stubs[0].Train(train_pb2.TrainRequest(steps=6, batch_size=2, seq_len=32, seed=5), timeout=60)
+while not op.done:
+    op = stubs[0].WaitOperation(operation_pb2.WaitOperationRequest(id=op.id, timeout_ms=10000),
+                                timeout=20)
+out = {"state": op.state, "error": op.error.message, "ranks": []}
+for stub in stubs:
+    s = stub.GetStatus(memprofd_pb2.GetStatusRequest(), timeout=10)
+    out["ranks"].append({"rank": s.data_parallel.rank, "node": s.data_parallel.node_rank,
+                         "steps": s.model.steps_trained,
+                         "drift": s.data_parallel.parameter_drift,
+                         "has_drift": s.data_parallel.has_parameter_drift})
+print(json.dumps(out))
+"""
+
+
+@unittest.skipUnless(can_make_namespaces(),
+                     "needs root and iproute2 to make network namespaces")
+class TwoHostsTest(unittest.TestCase):
+    """Two ranks on two hosts: network namespaces joined by a veth pair, the
+    store and Gloo's connections over 10.77.0.0/24 and nothing else (each
+    namespace has only its loopback and its end of the pair)."""
+
+    def setUp(self):
+        tag = os.getpid() % 100000
+        self.hosts = [("mpd%d-a" % tag, "10.77.0.1", "mpa%d" % tag),
+                      ("mpd%d-b" % tag, "10.77.0.2", "mpb%d" % tag)]
+        for namespace, _, _ in self.hosts:
+            run("ip", "netns", "add", namespace)
+            self.addCleanup(run, "ip", "netns", "del", namespace)
+        (ns_a, _, if_a), (ns_b, _, if_b) = self.hosts
+        run("ip", "link", "add", if_a, "netns", ns_a, "type", "veth", "peer", "name", if_b,
+            "netns", ns_b)
+        for namespace, address, interface in self.hosts:
+            run("ip", "-n", namespace, "addr", "add", address + "/24", "dev", interface)
+            run("ip", "-n", namespace, "link", "set", interface, "up")
+            run("ip", "-n", namespace, "link", "set", "lo", "up")
+
+    def test_two_ranks_on_two_hosts_train_as_one_run(self):
+        ranks = start_ranks(2, hosts=self.hosts)
+        try:
+            addresses = ["%s:%d" % (h[1], d.grpc_port) for h, d in zip(self.hosts, ranks)]
+            result = subprocess.run(
+                ["ip", "netns", "exec", self.hosts[0][0], sys.executable, "-c", CLIENT,
+                 os.path.join(harness.BUILD_DIR, "python"),
+                 os.path.join(harness.BUILD_DIR, "python", "grpcstd")] + addresses,
+                capture_output=True, text=True, timeout=300)
+            self.assertEqual(result.returncode, 0, result.stderr + ranks[0].output())
+            out = json.loads(result.stdout)
+            self.assertEqual(out["state"], pb.OPERATION_STATE_SUCCEEDED, out["error"])
+            self.assertEqual([(r["rank"], r["node"], r["steps"]) for r in out["ranks"]],
+                             [(0, 0, 6), (1, 1, 6)])
+            for r in out["ranks"]:
+                self.assertTrue(r["has_drift"])
+                self.assertEqual(r["drift"], 0.0)
+            self.assertIn("store 10.77.0.1:", ranks[1].output())
+        finally:
+            close_all(ranks)
+
+
+if __name__ == "__main__":
+    unittest.main()
