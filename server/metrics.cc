@@ -85,8 +85,10 @@ absl::Status ValidateListenAddress(const std::string& flag, const std::string& a
   return absl::OkStatus();
 }
 
-ServerMetrics::ServerMetrics(const BuildLabels& build)
+ServerMetrics::ServerMetrics(const BuildLabels& build, const WorldSpec& world)
     : registry_(std::make_shared<prometheus::Registry>()),
+      served_(std::make_shared<LabelledCollectables>(prometheus::Labels{
+          {"rank", absl::StrCat(world.rank)}, {"node", absl::StrCat(world.node_rank)}})),
       rpc_requests_(prometheus::BuildCounter()
                         .Name("memprofd_rpc_requests_total")
                         .Help("RPCs handled, by method and gRPC status code.")
@@ -103,7 +105,16 @@ ServerMetrics::ServerMetrics(const BuildLabels& build)
             {"torch_version", build.torch_version},
             {"device", build.device}})
       .Set(1);
-  collectables_.push_back(std::make_shared<ProcessCollectable>());
+  prometheus::BuildGauge()
+      .Name("memprofd_world_size")
+      .Help(
+          "Ranks in the data-parallel run this daemon is part of (1: a single "
+          "process).")
+      .Register(*registry_)
+      .Add({})
+      .Set(world.world_size);
+  served_->Add(registry_);
+  served_->Add(std::make_shared<ProcessCollectable>());
 }
 
 absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
@@ -121,8 +132,7 @@ absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
         absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ", e.what(),
                      " (is the port in use? pick another or use port 0)"));
   }
-  exposer_->RegisterCollectable(registry_);
-  for (const auto& c : collectables_) exposer_->RegisterCollectable(c);
+  exposer_->RegisterCollectable(served_);
   std::vector<int> ports = exposer_->GetListeningPorts();
   if (ports.empty()) return absl::UnavailableError("metrics exposer bound no port");
   return ports.front();
@@ -137,8 +147,7 @@ void ServerMetrics::RecordRpc(const std::string& method, grpc::StatusCode code,
 }
 
 void ServerMetrics::AddCollectable(std::shared_ptr<prometheus::Collectable> collectable) {
-  collectables_.push_back(collectable);
-  if (exposer_) exposer_->RegisterCollectable(collectable);
+  served_->Add(std::move(collectable));
 }
 
 }  // namespace memprofd

@@ -2,9 +2,12 @@
 #define MEMPROFD_SERVER_METRICS_H_
 
 // The daemon's Prometheus endpoint: a registry of metrics the server updates
-// (RPC counts and latencies, build info) plus collectables that read the
-// engine's published state at scrape time, so scrapes never block the owner
-// thread. Names are in base units; counters end in _total.
+// (RPC counts and latencies, build info, world size) plus collectables that
+// read the engine's published state at scrape time, so scrapes never block
+// the owner thread. Every sample it serves carries rank="<world.rank>" and
+// node="<world.node_rank>" (LabelledCollectables), "0" and "0" in a single
+// process; only prometheus-cpp's own exposer_* metrics, which the exposer
+// adds itself, go without. Names are in base units; counters end in _total.
 // Thread-safe: RecordRpc may be called from any thread.
 
 #include <grpcpp/support/status.h>
@@ -20,6 +23,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/dist/world.h"
+#include "server/labelled_collectables.h"
 
 namespace memprofd {
 
@@ -31,7 +36,8 @@ struct BuildLabels {
 
 class ServerMetrics {
  public:
-  explicit ServerMetrics(const BuildLabels& build);
+  // `world` gives every metric its rank and node labels.
+  ServerMetrics(const BuildLabels& build, const WorldSpec& world);
 
   // Binds host:port (port 0 picks one) and serves /metrics; returns the bound
   // port. INVALID_ARGUMENT for an unparsable address, UNAVAILABLE when the
@@ -41,14 +47,16 @@ class ServerMetrics {
   // One finished RPC: counted by method and status code, timed by method.
   void RecordRpc(const std::string& method, grpc::StatusCode code, double seconds);
 
-  // Adds a scrape-time collectable; the ServerMetrics keeps it alive.
+  // Adds a scrape-time collectable, served with the rank and node labels;
+  // the ServerMetrics keeps it alive.
   void AddCollectable(std::shared_ptr<prometheus::Collectable> collectable);
 
   prometheus::Registry& registry() { return *registry_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
-  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  // What the exposer serves: the registry and every collectable, labelled.
+  std::shared_ptr<LabelledCollectables> served_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
   std::unique_ptr<prometheus::Exposer> exposer_;

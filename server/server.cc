@@ -90,7 +90,8 @@ absl::Status Server::Start() {
   ASSIGN_OR_RETURN(session_, Session::Create(options_.session));
 
   metrics_ = std::make_unique<ServerMetrics>(
-      BuildLabels{MEMPROFD_VERSION, TORCH_VERSION, session_->device()});
+      BuildLabels{MEMPROFD_VERSION, TORCH_VERSION, session_->device()},
+      options_.session.world);
   metrics_->AddCollectable(SessionMetrics::Attach(session_.get()));
   ASSIGN_OR_RETURN(metrics_port_, metrics_->Serve(options_.metrics_listen));
 

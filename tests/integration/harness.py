@@ -7,6 +7,7 @@ alone (build/python), so this client is independent of the C++ code.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -45,6 +46,37 @@ def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+\S+)?$')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def metric_samples(text):
+    """The samples of a Prometheus text exposition, as (name, {label: value},
+    value) in their order. Every sample memprofd serves has rank and node labels
+    (besides prometheus-cpp's own exposer_* ones)."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise AssertionError("not a sample line: %r" % line)
+        labels = dict(_LABEL.findall(m.group(2) or ""))
+        samples.append((m.group(1), labels, float(m.group(3))))
+    return samples
+
+
+def metric(text, name, **labels):
+    """The value of the one sample `name` of a /metrics text whose labels
+    include `labels` (other labels, rank and node among them, may be there too).
+    Fails when no sample or more than one matches."""
+    values = [v for n, l, v in metric_samples(text)
+              if n == name and all(l.get(k) == str(want) for k, want in labels.items())]
+    if len(values) != 1:
+        raise AssertionError("%d samples %s%s in /metrics" % (len(values), name, labels or ""))
+    return values[0]
 
 
 class Daemon:

@@ -60,7 +60,8 @@ class ServingTest(harness.DaemonTestCase):
         self.d.call("GetStatus", pb.GetStatusRequest())
         text = self.d.metrics_text()
         self.assertIn('memprofd_build_info{device="cpu"', text)
-        self.assertRegex(text, r'memprofd_rpc_requests_total\{code="OK",method="GetStatus"\} [1-9]')
+        self.assertGreaterEqual(
+            harness.metric(text, "memprofd_rpc_requests_total", code="OK", method="GetStatus"), 1)
         self.assertIn("process_resident_memory_bytes", text)
         self.assertIn("process_start_time_seconds", text)
         with tempfile.NamedTemporaryFile("w", suffix=".prom") as f:
@@ -69,6 +70,20 @@ class ServingTest(harness.DaemonTestCase):
             with open(f.name) as inp:
                 r = subprocess.run(["promtool", "check", "metrics"], stdin=inp, capture_output=True, text=True)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_every_metric_says_rank_0_node_0_in_a_single_process(self):
+        text = self.d.metrics_text()
+        samples = harness.metric_samples(text)
+        names = {n for n, _, _ in samples}
+        # The server's registry, the process collectable and the session's.
+        for name in ("memprofd_build_info", "process_start_time_seconds",
+                     "memprofd_train_steps_total", "memprofd_train_step_seconds_count"):
+            self.assertIn(name, names)
+        # prometheus-cpp's exposer adds its exposer_* samples itself.
+        unlabelled = [(n, l) for n, l, _ in samples if not n.startswith("exposer_")
+                      and (l.get("rank"), l.get("node")) != ("0", "0")]
+        self.assertEqual(unlabelled, [])
+        self.assertEqual(harness.metric(text, "memprofd_world_size"), 1)
 
     def test_memprofctl_status_and_health(self):
         r = self.d.ctl("status")

@@ -13,6 +13,7 @@ import unittest
 
 import grpc
 
+import harness
 from harness import Daemon, pb, wait_done
 
 SMALL = dict(steps=1, batch_size=2, seq_len=32)
@@ -136,7 +137,7 @@ class OomReportTest(unittest.TestCase):
         as_json = d.ctl("memory", "oom", "--json")
         self.assertEqual(as_json.returncode, 0, as_json.stderr)
         self.assertEqual(json.loads(as_json.stdout)["global_step"], "2")
-        self.assertIn("memprofd_oom_reports_total 1", d.metrics_text())
+        self.assertEqual(harness.metric(d.metrics_text(), "memprofd_oom_reports_total"), 1)
 
 
 class PeakFileTest(unittest.TestCase):

@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from transformers.optimization import get_scheduler  # noqa: E402
 
 import harness  # noqa: E402
-from harness import Daemon, pb, wait_done  # noqa: E402
+from harness import Daemon, metric, pb, wait_done  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -80,14 +80,6 @@ def invalid(test, method, request, *needles):
     test.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, e.exception.details())
     for needle in needles:
         test.assertIn(needle, e.exception.details())
-
-
-def metric(text, name):
-    """The value of the unlabelled sample `name` in a /metrics text."""
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise AssertionError("no %s in /metrics" % name)
 
 
 def hf_model(directory, attn_implementation="sdpa"):

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
 #include "server/metrics.h"
+#include "tests/server/scrape.h"
 #include "tests/testing/temp_dir.h"
 
 namespace memprofd {
@@ -140,6 +141,21 @@ class InProcessServerTest : public ::testing::Test {
   std::unique_ptr<Server> server_;
   std::unique_ptr<Client> client_;
 };
+
+TEST_F(InProcessServerTest, ASingleProcessLabelsEveryMetricRankZeroNodeZero) {
+  absl::StatusOr<std::string> text = testing::ScrapeMetrics(server_->metrics_port());
+  ASSERT_TRUE(text.ok()) << text.status();
+  // The server's registry, the process collectable and the session's.
+  for (const char* name :
+       {"memprofd_build_info{", "process_resident_memory_bytes{",
+        "memprofd_train_steps_total{", "memprofd_memory_allocated_bytes{",
+        "memprofd_train_step_seconds_count{"}) {
+    EXPECT_THAT(*text, HasSubstr(name));
+  }
+  EXPECT_THAT(*text, HasSubstr("memprofd_world_size{node=\"0\",rank=\"0\"} 1"));
+  EXPECT_THAT(testing::SamplesWithoutLabels(*text, {"rank=\"0\"", "node=\"0\""}),
+              ::testing::ElementsAre());
+}
 
 TEST_F(InProcessServerTest, WatchStreamsEveryChangeUntilDone) {
   auto op = ops().Create(OperationKind::kTrain);
