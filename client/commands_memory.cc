@@ -55,9 +55,10 @@ int Show(const Context& c) {
                   HumanBytes(static_cast<double>(r.last_step_peak_bytes())).c_str(),
                   static_cast<long long>(r.steps_total()), r.age_seconds());
     }
-    std::printf("imbalance (max - min): last step peak %s, current %s\n",
-                HumanBytes(static_cast<double>(stats.step_peak_imbalance_bytes())).c_str(),
-                HumanBytes(static_cast<double>(stats.current_imbalance_bytes())).c_str());
+    std::printf(
+        "imbalance (max - min): last step peak %s, current %s\n",
+        HumanBytes(static_cast<double>(stats.step_peak_imbalance_bytes())).c_str(),
+        HumanBytes(static_cast<double>(stats.current_imbalance_bytes())).c_str());
   }
   if (stats.last_step_phase_peaks_size() > 0) {
     std::printf("\nlast step's peak by phase:\n");

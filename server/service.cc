@@ -33,9 +33,10 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
     : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status", "health",       "reflection", "operations",  "model",
-          "train",  "offload",      "snapshots",  "checkpoints", "resume",
-          "memory", "lr_schedules", "evaluate",   "bf16",        "oom_reports"};
+  return {"status",      "health", "reflection",  "operations",
+          "model",       "train",  "offload",     "snapshots",
+          "checkpoints", "resume", "memory",      "lr_schedules",
+          "evaluate",    "bf16",   "oom_reports", "data_parallel"};
 }
 
 template <typename Fn>

@@ -276,14 +276,14 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                   MetricType::Gauge),
           *dp.parameter_drift);
     }
-    Families::Sample(out.Add("memprofd_dp_drift_checks_total",
-                             "Parameter drift checks made across ranks.",
-                             MetricType::Counter),
-                     static_cast<double>(dp.drift_checks_total));
-    Families::Sample(out.Add("memprofd_dp_allreduce_bytes",
-                             "Gradient bytes all-reduced in the last step.",
-                             MetricType::Gauge),
-                     static_cast<double>(dp.allreduce_bytes));
+    Families::Sample(
+        out.Add("memprofd_dp_drift_checks_total",
+                "Parameter drift checks made across ranks.", MetricType::Counter),
+        static_cast<double>(dp.drift_checks_total));
+    Families::Sample(
+        out.Add("memprofd_dp_allreduce_bytes",
+                "Gradient bytes all-reduced in the last step.", MetricType::Gauge),
+        static_cast<double>(dp.allreduce_bytes));
     Families::Sample(out.Add("memprofd_dp_allreduce_exposed_seconds",
                              "Time the last step's gradient all-reduce added after "
                              "backward (the part not overlapped with it).",

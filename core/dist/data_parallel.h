@@ -2,11 +2,11 @@
 #define MEMPROFD_CORE_DIST_DATA_PARALLEL_H_
 
 // Makes a Trainer train data-parallel: at attach, every rank checks it holds
-// the same model and takes rank 0's weights and optimizer state; then each step the trainer
-// takes its shard of the global batch (DataShard) and GradientSync averages
-// the gradients of the last micro-batch's backward, bucket by bucket as they
-// become ready, before clipping and the AdamW update (the same update on
-// every rank, so the replicas stay bit-identical).
+// the same model and takes rank 0's weights and optimizer state; then each step the
+// trainer takes its shard of the global batch (DataShard) and GradientSync averages the
+// gradients of the last micro-batch's backward, bucket by bucket as they become ready,
+// before clipping and the AdamW update (the same update on every rank, so the replicas
+// stay bit-identical).
 //
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
 // the group must outlive this; destroy this before replacing the trainer's

@@ -42,8 +42,8 @@ namespace {
 template <typename Mismatch>
 absl::Status TakeRankZeroTensors(ProcessGroup& group, const NamedTensors& tensors,
                                  Mismatch mismatch) {
-  at::Tensor mine = at::tensor(
-      {Fingerprint(tensors), static_cast<int64_t>(tensors.size())}, at::kLong);
+  at::Tensor mine =
+      at::tensor({Fingerprint(tensors), static_cast<int64_t>(tensors.size())}, at::kLong);
   ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group.AllGather(mine));
   for (int r = 1; r < group.world_size(); ++r) {
     if (!at::equal(all[r], all[0])) {
@@ -64,18 +64,18 @@ absl::Status TakeRankZeroTensors(ProcessGroup& group, const NamedTensors& tensor
 absl::Status TakeRankZeroParameters(ProcessGroup& group, const NamedTensors& parameters) {
   return TakeRankZeroTensors(group, parameters, [](int r, int64_t theirs, int64_t ours) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", r, " holds another model than rank 0 (", theirs,
-        " parameters against ", ours,
+        "rank ", r, " holds another model than rank 0 (", theirs, " parameters against ",
+        ours,
         ", or other names or shapes): start every rank with the same model config"));
   });
 }
 
 absl::Status TakeRankZeroOptimizerState(ProcessGroup& group, const NamedTensors& state) {
   return TakeRankZeroTensors(group, state, [](int r, int64_t theirs, int64_t ours) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", r, " holds other optimizer state than rank 0 (", theirs,
-        " tensors against ", ours,
-        "): every rank must resume from the same checkpoint, or none"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", r, " holds other optimizer state than rank 0 (", theirs,
+                     " tensors against ", ours,
+                     "): every rank must resume from the same checkpoint, or none"));
   });
 }
 

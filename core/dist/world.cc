@@ -80,7 +80,10 @@ absl::StatusOr<WorldSpec> ReadTorchrun(const EnvLookup& env) {
   ASSIGN_OR_RETURN(w.local_world_size,
                    IntVariable(env, "LOCAL_WORLD_SIZE", 1, 1, kMaxWorld));
   ASSIGN_OR_RETURN(w.local_rank, IntVariable(env, "LOCAL_RANK", 0, 0, kMaxWorld));
-  ASSIGN_OR_RETURN(w.node_rank, IntVariable(env, "GROUP_RANK", 0, 0, kMaxWorld));
+  // Without GROUP_RANK (Kubeflow's PyTorchJob sets none), ranks fill hosts
+  // LOCAL_WORLD_SIZE at a time, as torchrun numbers them.
+  ASSIGN_OR_RETURN(w.node_rank, IntVariable(env, "GROUP_RANK",
+                                            w.rank / w.local_world_size, 0, kMaxWorld));
   RETURN_IF_ERROR(CheckRankInWorld(w, "RANK"));
   RETURN_IF_ERROR(ReadMaster(env, "MASTER_ADDR", "MASTER_PORT", w));
   RETURN_IF_ERROR(ReadElastic(env, w));

@@ -23,8 +23,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/memory/breakdown.h"
 #include "core/memory/memory_stats.h"
@@ -78,7 +78,9 @@ class Session {
   // FAILED_PRECONDITION naming rank 0. A world of one rank is a single
   // process, as before.
   const WorldSpec& world() const { return options_.world; }
-  bool follower() const { return options_.world.distributed() && options_.world.rank != 0; }
+  bool follower() const {
+    return options_.world.distributed() && options_.world.rank != 0;
+  }
   // Called once, from the thread that saw it, when the data-parallel run is
   // broken (a collective failed or timed out, a rank died or left): the
   // operation has failed with that status and the session will not train

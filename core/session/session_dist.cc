@@ -234,9 +234,8 @@ void Session::FollowerLoop() {
       absl::MutexLock lock(&mu_);
       if (stopping_ || fatal_) return;
     }
-    if (absl::Status s =
-            command_channel_->SetKey(MemoryKey(options_.world.rank),
-                                     DumpJson(RankMemoryToJson(OwnRankMemory())));
+    if (absl::Status s = command_channel_->SetKey(
+            MemoryKey(options_.world.rank), DumpJson(RankMemoryToJson(OwnRankMemory())));
         !s.ok()) {
       FailRun(s);
       return;
@@ -311,9 +310,9 @@ absl::Status Session::FollowCommand(const std::string& text) {
         TokenDataset::Create(spec, model->config.vocab_size);
     absl::Status s = data.ok() ? (*data)->Validate(train.seq_len) : data.status();
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("rank ", options_.world.rank,
-                                                 " cannot read rank 0's ", what, ": ",
-                                                 s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("rank ", options_.world.rank, " cannot read rank 0's ",
+                                 what, ": ", s.message()));
     }
     return std::shared_ptr<TokenDataset>(*std::move(data));
   };
@@ -416,8 +415,8 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
       RankMemory missing;
       missing.rank = r;
       missing.ok = false;
-      missing.error = absl::StrCat("rank ", r, "'s memory cannot be read: ",
-                                   text.status().message());
+      missing.error =
+          absl::StrCat("rank ", r, "'s memory cannot be read: ", text.status().message());
       all.ranks.push_back(std::move(missing));
     }
   }
@@ -452,8 +451,8 @@ void Session::ReleaseFollowers() {
   for (int r = 1; r < options_.world.world_size; ++r) {
     const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     if (absl::StatusOr<std::string> bye = group_->WaitKey(ByeKey(r), left); !bye.ok()) {
-      LogWarning(absl::StrCat("rank ", r, " did not acknowledge the shutdown: ",
-                              bye.status().message()));
+      LogWarning(absl::StrCat(
+          "rank ", r, " did not acknowledge the shutdown: ", bye.status().message()));
     }
   }
 }

@@ -66,7 +66,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec s
 
 void Session::MaybeQueuePeriodicSnapshot(int64_t global_step) {
   // Data parallel: rank 0 writes the run's snapshots, the followers wait.
-  if (follower() || options_.snapshot_every_steps <= 0 || options_.snapshot_root.empty() ||
+  if (follower() || options_.snapshot_every_steps <= 0 ||
+      options_.snapshot_root.empty() ||
       global_step % options_.snapshot_every_steps != 0) {
     return;
   }

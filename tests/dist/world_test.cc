@@ -67,6 +67,20 @@ TEST(WorldSpecTest, PlainVariablesDefaultTheStoreToLoopback) {
   EXPECT_EQ(w->local_rank, 0);
 }
 
+TEST(WorldSpecTest, NodeRankWithoutGroupRankFollowsTheLocalWorld) {
+  // Kubeflow's PyTorchJob: one rank per pod, no GROUP_RANK.
+  absl::StatusOr<WorldSpec> w = ReadWorldSpec(Env({{"RANK", "3"}, {"WORLD_SIZE", "4"}}));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->node_rank, 3);
+  // Two ranks per host: ranks 2 and 3 are host 1.
+  w = ReadWorldSpec(Env({{"RANK", "3"},
+                         {"WORLD_SIZE", "4"},
+                         {"LOCAL_RANK", "1"},
+                         {"LOCAL_WORLD_SIZE", "2"}}));
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->node_rank, 1);
+}
+
 TEST(WorldSpecTest, WorldOfOneIsOneProcess) {
   absl::StatusOr<WorldSpec> w = ReadWorldSpec(Env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
   ASSERT_TRUE(w.ok()) << w.status();
@@ -81,7 +95,7 @@ TEST(WorldSpecTest, ExpandsRankPlaceholders) {
   EXPECT_EQ(ExpandRankPlaceholders("/run/m-{rank}.json", w), "/run/m-3.json");
   EXPECT_EQ(ExpandRankPlaceholders("{node_rank}/{local_rank}/{rank}{rank}", w), "2/1/33");
   EXPECT_EQ(ExpandRankPlaceholders("/tmp/plain", w), "/tmp/plain");
-  EXPECT_EQ(ExpandRankPlaceholders("{ranks}", w), "3s");
+  EXPECT_EQ(ExpandRankPlaceholders("{ranks}", w), "{ranks}");  // not a placeholder
 }
 
 TEST(WorldSpecTest, KubeflowTrainerRankIsNodeTimesProcsPlusLocal) {

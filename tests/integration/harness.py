@@ -233,10 +233,11 @@ class DaemonTestCase(unittest.TestCase):
 
 
 class Prometheus:
-    """A real Prometheus server scraping `metrics_port` every second, on a free
-    port, for `with` blocks; `url` is its address for promtool queries."""
+    """A real Prometheus server scraping `metrics_port` (and any more ports:
+    the ranks of a data-parallel run) every second, on a free port, for `with`
+    blocks; `url` is its address for promtool queries."""
 
-    def __init__(self, metrics_port):
+    def __init__(self, metrics_port, *more_ports):
         self.tmp = tempfile.TemporaryDirectory(prefix="memprofd-prom-")
         port = free_port()
         self.url = "http://127.0.0.1:%d" % port
@@ -244,7 +245,8 @@ class Prometheus:
         with open(config, "w") as f:
             f.write("global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                     "scrape_configs:\n  - job_name: memprofd\n    static_configs:\n"
-                    "      - targets: ['127.0.0.1:%d']\n" % metrics_port)
+                    "      - targets: [%s]\n" % ", ".join(
+                        "'127.0.0.1:%d'" % p for p in (metrics_port,) + more_ports))
         self.proc = subprocess.Popen(["prometheus", "--config.file=" + config,
                                       "--storage.tsdb.path=" + os.path.join(self.tmp.name, "data"),
                                       "--web.listen-address=127.0.0.1:%d" % port],

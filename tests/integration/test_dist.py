@@ -238,6 +238,35 @@ def step_losses(d, kind_filter=pb.OPERATION_KIND_TRAIN):
     return {r.step: r.loss for r in stream}
 
 
+class LoadModelTest(unittest.TestCase):
+    def test_load_on_rank_zero_reaches_every_rank(self):
+        ranks = start_ranks(2)
+        try:
+            op = wait_done(ranks[0], ranks[0].call("LoadModel", pb.LoadModelRequest(
+                preset="tiny", seed=3)).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                model = ranks[1].call("GetStatus", pb.GetStatusRequest()).model
+                if model.source == "preset:tiny":
+                    break
+                time.sleep(0.2)
+            self.assertEqual(model.source, "preset:tiny")
+            with self.assertRaises(grpc.RpcError) as e:  # no placement across ranks
+                ranks[0].call("LoadModel", pb.LoadModelRequest(
+                    preset="tiny", placement=[pb.ModulePlacement(module="model.layers.0",
+                                                         placement=pb.PLACEMENT_CPU)]))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+            op = wait_done(ranks[0], train(ranks[0], steps=2, batch_size=1, seq_len=16).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            for d in ranks:
+                status = d.call("GetStatus", pb.GetStatusRequest())
+                self.assertEqual(status.model.steps_trained, 2)
+                self.assertEqual(status.data_parallel.parameter_drift, 0.0)
+        finally:
+            close_all(ranks)
+
+
 class EquivalenceTest(unittest.TestCase):
     STEPS = 6
 
@@ -406,6 +435,55 @@ class TorchrunTest(unittest.TestCase):
                 proc.wait()
             log.close()
             tmp.cleanup()
+
+
+class DashboardAcrossRanksTest(unittest.TestCase):
+    """The Grafana dashboard against a real Prometheus scraping both ranks of
+    a training run: every query returns data (the data-parallel ones too),
+    those grouped by rank return both ranks."""
+
+    def test_every_dashboard_query_returns_both_ranks(self):
+        import re
+        with open(os.path.join(harness.SOURCE_DIR,
+                               "deploy/grafana/dashboards/memprofd.json")) as f:
+            dashboard = json.load(f)
+        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        by_rank = [e for e in exprs if re.match(r"\w+ by \([^)]*\brank\b", e)]
+        self.assertGreaterEqual(len(by_rank), 3)
+        self.assertGreaterEqual(len([e for e in exprs if "memprofd_dp_" in e]), 2)
+        root = tempfile.TemporaryDirectory(prefix="memprofd-dist-dash-")
+        ranks = start_ranks(2, "--snapshot_root=" + root.name, timeout=30)
+        try:
+            with harness.Prometheus(*(d.metrics_port for d in ranks)) as prom:
+                # What the single-process DashboardTest runs, on two ranks.
+                op = ranks[0].call("Train", pb.TrainRequest(
+                    steps=100000, batch_size=2, seq_len=32,
+                    offload=pb.OffloadOptions(enabled=True), lr_scheduler_type="cosine",
+                    warmup_steps=10, eval_every_steps=5,
+                    eval_data=pb.DataSource(embedded_corpus=True), eval_max_batches=1))
+                wait_done(ranks[0], ranks[0].call("Snapshot",
+                                                  pb.SnapshotRequest(name="dash")).id)
+                missing = exprs
+                deadline = time.time() + 120
+                while missing and time.time() < deadline:
+                    time.sleep(2)
+                    still = []
+                    for expr in missing:
+                        code, out = prom.query(expr)
+                        if code != 0 or "=>" not in out or "NaN" in out or (
+                                expr in by_rank and not ('rank="0"' in out and 'rank="1"' in out)):
+                            still.append(expr)
+                    missing = still
+                self.assertEqual(missing, [], "queries without data from both ranks")
+                # The drift panel's query, read back: the replicas agree.
+                code, out = prom.query("max(memprofd_dp_parameter_drift)")
+                self.assertEqual(code, 0, out)
+                self.assertRegex(out, r"=> 0 @")
+                ranks[0].call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+                wait_done(ranks[0], op.id)
+        finally:
+            close_all(ranks)
+            root.cleanup()
 
 
 def run(*command):
