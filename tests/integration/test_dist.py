@@ -388,6 +388,77 @@ class RankFailureTest(unittest.TestCase):
             tmp.cleanup()
 
 
+class HungAndLostRanksTest(unittest.TestCase):
+    """A rank that hangs (SIGSTOP) fails rank 0's step when the collective
+    timeout runs out; a follower whose rank 0 dies stops too. Both exit
+    non-zero, so that the launcher restarts the run."""
+
+    def run_until_step(self, leader, step):
+        op = train(leader, steps=100000, batch_size=1, seq_len=16)
+        stream = leader.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
+                                               timeout=300)
+        for r in stream:
+            if r.global_step >= step:
+                stream.cancel()
+                break
+        return op
+
+    def test_a_hung_follower_fails_the_step_within_the_timeout(self):
+        ranks = start_ranks(2, timeout=5)
+        leader, hung = ranks
+        try:
+            self.run_until_step(leader, 3)
+            hung.proc.send_signal(signal.SIGSTOP)
+            stopped = time.time()
+            code = leader.proc.wait(timeout=60)
+            took = time.time() - stopped
+            output = leader.output()
+            print("\nrank 1 stopped: rank 0 exited with %d after %.1f s (timeout 5 s)"
+                  % (code, took))
+            self.assertEqual(code, 1, output)
+            self.assertGreaterEqual(took, 4, output)
+            self.assertLess(took, 30, output)
+            self.assertIn("DEADLINE_EXCEEDED", output)
+        finally:
+            hung.proc.send_signal(signal.SIGCONT)
+            close_all(ranks)
+
+    def test_a_follower_whose_rank_zero_died_stops_non_zero(self):
+        ranks = start_ranks(2, timeout=5)
+        leader, follower = ranks
+        try:
+            self.run_until_step(leader, 3)
+            leader.proc.kill()
+            code = follower.proc.wait(timeout=60)
+            output = follower.output()
+            self.assertEqual(code, 1, output)
+            self.assertIn("data-parallel run is broken", output)
+            self.assertRegex(output, r"rank 1: ")
+        finally:
+            close_all(ranks)
+
+    def test_idle_follower_stops_non_zero_when_rank_zero_dies(self):
+        # No collective is running: the follower learns it from the store.
+        ranks = start_ranks(2, timeout=5)
+        leader, follower = ranks
+        try:
+            leader.proc.kill()
+            code = follower.proc.wait(timeout=60)
+            self.assertEqual(code, 1, follower.output())
+            self.assertIn("rank 0 is gone", follower.output())
+        finally:
+            close_all(ranks)
+
+    def test_sigterm_to_rank_zero_stops_every_rank_cleanly(self):
+        ranks = start_ranks(2)
+        try:
+            code, _ = ranks[0].stop()
+            self.assertEqual(code, 0, ranks[0].output())
+            self.assertEqual(ranks[1].proc.wait(timeout=30), 0, ranks[1].output())
+        finally:
+            close_all(ranks)
+
+
 class TorchrunTest(unittest.TestCase):
     def test_torchrun_no_python_starts_a_two_rank_run(self):
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
