@@ -42,6 +42,30 @@ MEMPROFD = os.path.join(BUILD_DIR, "server", "memprofd")
 MEMPROFCTL = os.path.join(BUILD_DIR, "client", "memprofctl")
 
 
+# A model smaller than the tiny preset (its shape at a quarter of the width,
+# two layers: 0.14 M parameters, 1.7 MB per checkpoint), so that tens of
+# steps and several checkpoints take a second or two even on busy cores. Its
+# directory holds only config.json: the daemon initialises the weights from
+# --model_seed.
+MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+         "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "tie_word_embeddings": True, "torch_dtype": "float32"}
+_micro_tmp = None
+
+
+def micro_model_dir():
+    """The micro model's directory (made once per test process)."""
+    global _micro_tmp
+    if _micro_tmp is None:
+        _micro_tmp = tempfile.TemporaryDirectory(prefix="memprofd-micro-")
+        os.mkdir(os.path.join(_micro_tmp.name, "micro"))
+        with open(os.path.join(_micro_tmp.name, "micro", "config.json"), "w") as f:
+            json.dump(MICRO, f)
+    return os.path.join(_micro_tmp.name, "micro")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -230,6 +254,47 @@ class DaemonTestCase(unittest.TestCase):
     def tearDownClass(cls):
         cls.d.close()
         cls._tmp.cleanup()
+
+
+def dashboard_queries():
+    """The Grafana dashboard's PromQL expressions (read from its JSON, so that
+    tests cannot drift from it), and those whose result is grouped by rank
+    ("max by (rank, ...) (...)")."""
+    import re
+    with open(os.path.join(SOURCE_DIR, "deploy/grafana/dashboards/memprofd.json")) as f:
+        dashboard = json.load(f)
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    return exprs, [e for e in exprs if re.match(r"\w+ by \([^)]*\brank\b", e)]
+
+
+# A training request that feeds every dashboard panel: offloading, a cosine
+# schedule, periodic evaluations.
+DASHBOARD_TRAINING = dict(
+    batch_size=2, seq_len=32, lr_scheduler_type="cosine", warmup_steps=10,
+    eval_every_steps=5, eval_max_batches=1)
+
+
+def dashboard_training_request(steps):
+    return pb.TrainRequest(steps=steps, offload=pb.OffloadOptions(enabled=True),
+                           eval_data=pb.DataSource(embedded_corpus=True), **DASHBOARD_TRAINING)
+
+
+def queries_without_data(prom, exprs, by_rank, ranks=("0",), timeout=120):
+    """Polls `prom` until every expression returns data (no NaN; those in
+    `by_rank` a series for each of `ranks`) or `timeout` passes; returns the
+    expressions that still do not."""
+    missing = list(exprs)
+    deadline = time.time() + timeout
+    while missing and time.time() < deadline:
+        time.sleep(2)
+        still = []
+        for expr in missing:
+            code, out = prom.query(expr)
+            if code != 0 or "=>" not in out or "NaN" in out or (
+                    expr in by_rank and any('rank="%s"' % r not in out for r in ranks)):
+                still.append(expr)
+        missing = still
+    return missing
 
 
 class Prometheus:

@@ -38,18 +38,7 @@ import grpc  # noqa: E402
 import harness  # noqa: E402
 from harness import Daemon, free_port, pb, wait_done  # noqa: E402
 
-# The micro model of test_resume (0.14 M parameters): every run here takes
-# seconds.
-MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-         "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-         "tie_word_embeddings": True, "torch_dtype": "float32"}
-_TMP = tempfile.TemporaryDirectory(prefix="memprofd-dist-")
-MICRO_DIR = os.path.join(_TMP.name, "micro")
-os.mkdir(MICRO_DIR)
-with open(os.path.join(MICRO_DIR, "config.json"), "w") as _f:
-    json.dump(MICRO, _f)
+MICRO_DIR = harness.micro_model_dir()
 
 RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=0.0)
 def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None):
@@ -514,12 +503,7 @@ class DashboardAcrossRanksTest(unittest.TestCase):
     those grouped by rank return both ranks."""
 
     def test_every_dashboard_query_returns_both_ranks(self):
-        import re
-        with open(os.path.join(harness.SOURCE_DIR,
-                               "deploy/grafana/dashboards/memprofd.json")) as f:
-            dashboard = json.load(f)
-        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-        by_rank = [e for e in exprs if re.match(r"\w+ by \([^)]*\brank\b", e)]
+        exprs, by_rank = harness.dashboard_queries()
         self.assertGreaterEqual(len(by_rank), 3)
         self.assertGreaterEqual(len([e for e in exprs if "memprofd_dp_" in e]), 2)
         root = tempfile.TemporaryDirectory(prefix="memprofd-dist-dash-")
@@ -527,25 +511,12 @@ class DashboardAcrossRanksTest(unittest.TestCase):
         try:
             with harness.Prometheus(*(d.metrics_port for d in ranks)) as prom:
                 # What the single-process DashboardTest runs, on two ranks.
-                op = ranks[0].call("Train", pb.TrainRequest(
-                    steps=100000, batch_size=2, seq_len=32,
-                    offload=pb.OffloadOptions(enabled=True), lr_scheduler_type="cosine",
-                    warmup_steps=10, eval_every_steps=5,
-                    eval_data=pb.DataSource(embedded_corpus=True), eval_max_batches=1))
+                op = ranks[0].call("Train", harness.dashboard_training_request(100000))
                 wait_done(ranks[0], ranks[0].call("Snapshot",
                                                   pb.SnapshotRequest(name="dash")).id)
-                missing = exprs
-                deadline = time.time() + 120
-                while missing and time.time() < deadline:
-                    time.sleep(2)
-                    still = []
-                    for expr in missing:
-                        code, out = prom.query(expr)
-                        if code != 0 or "=>" not in out or "NaN" in out or (
-                                expr in by_rank and not ('rank="0"' in out and 'rank="1"' in out)):
-                            still.append(expr)
-                    missing = still
-                self.assertEqual(missing, [], "queries without data from both ranks")
+                self.assertEqual(
+                    harness.queries_without_data(prom, exprs, by_rank, ranks=("0", "1")), [],
+                    "queries without data from both ranks")
                 # The drift panel's query, read back: the replicas agree.
                 code, out = prom.query("max(memprofd_dp_parameter_drift)")
                 self.assertEqual(code, 0, out)

@@ -246,15 +246,12 @@ class DashboardTest(unittest.TestCase):
     have no data from a single process: Prometheus must accept them."""
 
     def test_every_dashboard_query_returns_data(self):
-        with open(os.path.join(harness.SOURCE_DIR, "deploy/grafana/dashboards/memprofd.json")) as f:
-            dashboard = json.load(f)
-        exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+        exprs, by_rank = harness.dashboard_queries()
         self.assertGreaterEqual(len(exprs), 10)
         data_parallel = [e for e in exprs if "memprofd_dp_" in e]
         self.assertGreaterEqual(len(data_parallel), 2)
         exprs = [e for e in exprs if e not in data_parallel]
-        # Those whose result is grouped by rank: "max by (rank, ...) (...)".
-        by_rank = [e for e in exprs if re.match(r"\w+ by \([^)]*\brank\b", e)]
+        by_rank = [e for e in by_rank if e in exprs]
         self.assertGreaterEqual(len(by_rank), 3)
         root = tempfile.mkdtemp(prefix="memprofd-dash-")
         d = Daemon("--snapshot_root=" + root)
@@ -262,24 +259,11 @@ class DashboardTest(unittest.TestCase):
             with harness.Prometheus(d.metrics_port) as prom:
                 # Train (with offloading) while Prometheus scrapes, and snapshot.
                 # A cosine schedule and evaluations feed the rate and eval panels.
-                op = d.call("Train", pb.TrainRequest(
-                    steps=1000, batch_size=2, seq_len=32, offload=pb.OffloadOptions(enabled=True),
-                    lr_scheduler_type="cosine", warmup_steps=10, eval_every_steps=5,
-                    eval_data=pb.DataSource(embedded_corpus=True), eval_max_batches=1))
+                op = d.call("Train", harness.dashboard_training_request(1000))
                 snap = d.call("Snapshot", pb.SnapshotRequest(name="dash"))
                 wait_done(d, snap.id)
-                missing = exprs
-                deadline = time.time() + 120
-                while missing and time.time() < deadline:
-                    time.sleep(2)
-                    still = []
-                    for expr in missing:
-                        code, out = prom.query(expr)
-                        if code != 0 or "=>" not in out or "NaN" in out or (
-                                expr in by_rank and 'rank="0"' not in out):
-                            still.append(expr)
-                    missing = still
-                self.assertEqual(missing, [], "queries without data")
+                self.assertEqual(harness.queries_without_data(prom, exprs, by_rank), [],
+                                 "queries without data")
                 for expr in data_parallel:
                     code, out = prom.query(expr)
                     self.assertEqual(code, 0, "Prometheus refuses %r: %s" % (expr, out))

@@ -39,21 +39,9 @@ import grpc  # noqa: E402
 import harness  # noqa: E402
 from harness import Daemon, pb, wait_done  # noqa: E402
 
-# A model smaller than the tiny preset (its shape at a quarter of the width,
-# two layers: 0.14 M parameters, 1.7 MB per checkpoint), so that 40 steps and
-# four checkpoints take a second or two and the test stays well under a
-# minute even on busy cores. A directory holding only config.json: the
-# daemon initialises the weights from --model_seed.
-MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-         "max_position_embeddings": 128, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-         "tie_word_embeddings": True, "torch_dtype": "float32"}
-_MICRO_TMP = tempfile.TemporaryDirectory(prefix="memprofd-micro-")
-MICRO_DIR = os.path.join(_MICRO_TMP.name, "micro")
-os.mkdir(MICRO_DIR)
-with open(os.path.join(MICRO_DIR, "config.json"), "w") as _f:
-    json.dump(MICRO, _f)
+# The micro model (harness.MICRO): 40 steps and four checkpoints take a
+# second or two, and the test stays well under a minute even on busy cores.
+MICRO_DIR = harness.micro_model_dir()
 MICRO_FLAG = "--model=" + MICRO_DIR
 
 RUN = dict(steps=40, batch_size=2, seq_len=32, seed=7, learning_rate=3e-3, weight_decay=0.1,
