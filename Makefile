@@ -82,7 +82,9 @@ test-asan test-ubsan: deps
 
 # TSan over the threads memprofd runs: the offloader's writer and read-ahead
 # threads (offload_test), the recorder (memory_test), the session's owner
-# thread (session_test) and the gRPC handlers (server_test).
+# thread (session_test) and the gRPC handlers (server_test). Their binaries
+# link tests/sanitizers/tsan_absl_mutex.cc, which makes Debian's absl::Mutex
+# visible to TSan (cmake/memprofd.cmake).
 TSAN_TESTS ?= offload_test memory_test session_test server_test
 test-tsan: deps
 	cmake -S . -B build-tsan $(SAN_CMAKE) -DMEMPROFD_SANITIZE=thread
