@@ -46,7 +46,7 @@ SUPP = $(CURDIR)/tests/sanitizers
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 \
           LSAN_OPTIONS=suppressions=$(SUPP)/lsan.supp:print_suppressions=0 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(SUPP)/ubsan.supp \
-          TSAN_OPTIONS=suppressions=$(SUPP)/tsan.supp:halt_on_error=0:report_signal_unsafe=0 \
+          TSAN_OPTIONS=suppressions=$(SUPP)/tsan.supp:halt_on_error=0:report_signal_unsafe=0:allocator_may_return_null=1 \
           OMP_NUM_THREADS=1
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 300
