@@ -46,7 +46,7 @@ SUPP = $(CURDIR)/tests/sanitizers
 SAN_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=1 \
           LSAN_OPTIONS=suppressions=$(SUPP)/lsan.supp:print_suppressions=0 \
           UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1:suppressions=$(SUPP)/ubsan.supp \
-          TSAN_OPTIONS=suppressions=$(SUPP)/tsan.supp:halt_on_error=0:report_signal_unsafe=0 \
+          TSAN_OPTIONS=suppressions=$(SUPP)/tsan.supp:halt_on_error=0:report_signal_unsafe=0:allocator_may_return_null=1 \
           OMP_NUM_THREADS=1
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 300
@@ -82,7 +82,9 @@ test-asan test-ubsan: deps
 
 # TSan over the threads memprofd runs: the offloader's writer and read-ahead
 # threads (offload_test), the recorder (memory_test), the session's owner
-# thread (session_test) and the gRPC handlers (server_test).
+# thread (session_test) and the gRPC handlers (server_test). Their binaries
+# link tests/sanitizers/tsan_absl_mutex.cc, which makes Debian's absl::Mutex
+# visible to TSan (cmake/memprofd.cmake).
 TSAN_TESTS ?= offload_test memory_test session_test server_test
 test-tsan: deps
 	cmake -S . -B build-tsan $(SAN_CMAKE) -DMEMPROFD_SANITIZE=thread

@@ -9,8 +9,16 @@ Prints p50 and p99 latency per RPC, errors, the daemon's RSS slope (least
 squares over samples every 5 s, after the first minute's warm-up), and the
 training's tokens/s before and during the load.
 
+Each row has two views of one RPC: the client's (from the call to the
+answer, in the client's process: with 16 client threads in one interpreter
+that includes each thread's wait for the GIL) and the daemon's own handler
+time (its memprofd_rpc_duration_seconds histogram, read before and after the
+load: the bound of the bucket that holds p50 / p99). A lone probe process
+calls GetStatus every --probe_interval seconds beside the load, and is
+reported as its own row: the latency a client that is not starved sees.
+
   /opt/memprofd/venv/bin/python bench/load.py [--clients 64] [--minutes 10]
-      [--build build] [--processes 4]
+      [--seconds S] [--build build] [--processes 4] [--client_nice N]
 
 Clients run in --processes processes (threads in each), so that one Python
 interpreter's lock does not become the bottleneck being measured; on a
@@ -37,7 +45,9 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def client_process(addr, metrics_port, op_id, first, count, deadline, queue):
+def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nice=0):
+    if nice:
+        os.nice(nice)
     import grpc
     import harness
     from harness import pb
@@ -99,6 +109,56 @@ def client_process(addr, metrics_port, op_id, first, count, deadline, queue):
     queue.put((lat, errors))
 
 
+def probe_process(addr, deadline, interval, queue):
+    """One client alone in its process, one GetStatus every `interval` seconds:
+    what a caller sees when its own interpreter is not starved by 15 other
+    client threads (the load's rows include each client's wait for its GIL)."""
+    import grpc
+    import harness
+    from harness import pb
+
+    channel = grpc.insecure_channel(addr)
+    stub = harness.memprofd_pb2_grpc.MemprofdStub(channel)
+    lat, errors = [], []
+    while time.time() < deadline:
+        start = time.perf_counter()
+        try:
+            stub.GetStatus(pb.GetStatusRequest(), timeout=30)
+        except Exception as e:  # every failure counts
+            errors.append("%s: %s" % (type(e).__name__, str(e)[:200]))
+        lat.append(time.perf_counter() - start)
+        time.sleep(max(0.0, interval - (time.perf_counter() - start)))
+    channel.close()
+    queue.put(({"GetStatus (probe)": lat}, {"GetStatus (probe)": errors} if errors else {}))
+
+
+def rpc_histograms(d):
+    """memprofd_rpc_duration_seconds by method: {method: [(le, cumulative count)]}
+    (the daemon's own time in the handler, from its /metrics)."""
+    out = {}
+    for line in d.metrics_text().splitlines():
+        if not line.startswith("memprofd_rpc_duration_seconds_bucket{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        fields = dict(kv.split("=", 1) for kv in labels[labels.index("{") + 1:-1].split(","))
+        le = fields["le"].strip('"')
+        out.setdefault(fields["method"].strip('"'), []).append(
+            (float("inf") if le == "+Inf" else float(le), float(value)))
+    return out
+
+
+def histogram_quantile(before, after, q):
+    """The upper bound of the bucket that holds quantile q of the observations
+    made between two reads of one histogram; (bound, count)."""
+    b = dict(before)
+    buckets = sorted((le, n - b.get(le, 0.0)) for le, n in after)
+    total = buckets[-1][1] if buckets else 0
+    for le, n in buckets:
+        if total and n >= q * total:
+            return le, total
+    return float("nan"), total
+
+
 def tokens_per_second(d, seconds):
     from harness import pb
     first = d.call("GetStatus", pb.GetStatusRequest()).last_step
@@ -120,6 +180,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--minutes", type=float, default=10)
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="the load's length in seconds (overrides --minutes)")
+    ap.add_argument("--probe_interval", type=float, default=0.02,
+                    help="seconds between the lone probe's GetStatus calls")
+    ap.add_argument("--client_nice", type=int, default=0,
+                    help="nice increment of the load's client processes (not the "
+                         "probe's), to see the daemon's figures when its load "
+                         "generator does not take the cores from it")
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--batch_size", type=int, default=4)
@@ -138,18 +206,27 @@ def main():
             time.sleep(0.2)
         baseline = tokens_per_second(d, 20)
 
-        seconds = args.minutes * 60
+        seconds = args.seconds if args.seconds is not None else args.minutes * 60
+        hist_before = rpc_histograms(d)
         deadline = time.time() + seconds
-        queue = multiprocessing.Queue()
+        # Spawned, not forked: a gRPC channel does not survive fork (a forked
+        # client's calls can fail with "Wrong file descriptor generation").
+        mp = multiprocessing.get_context("spawn")
+        queue = mp.Queue()
         per = [args.clients // args.processes + (1 if p < args.clients % args.processes else 0)
                for p in range(args.processes)]
         procs, first = [], 0
         for count in per:
-            p = multiprocessing.Process(target=client_process, args=(
-                d.addr, d.metrics_port, op.id, first, count, deadline, queue))
+            p = mp.Process(target=client_process, args=(
+                d.addr, d.metrics_port, op.id, first, count, deadline, queue,
+                args.client_nice))
             first += count
             p.start()
             procs.append(p)
+        probe = mp.Process(target=probe_process, args=(
+            d.addr, deadline, args.probe_interval, queue))
+        probe.start()
+        procs.append(probe)
         samples = []  # (seconds since start, RSS MiB)
         rates = []
         start = time.time()
@@ -165,6 +242,7 @@ def main():
                 errors.setdefault(k, []).extend(v)
         for p in procs:
             p.join()
+        hist_after = rpc_histograms(d)
         after = tokens_per_second(d, 10)
         d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
 
@@ -178,18 +256,30 @@ def main():
 
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
-        print("memprofd load: %d clients in %d processes, %.1f min, tiny preset training "
-              "batch %d x %d; %d cores, load average %s"
-              % (args.clients, args.processes, args.minutes, args.batch_size, args.seq_len,
-                 os.cpu_count(), " ".join(load)))
-        print("%-20s %9s %9s %9s %7s" % ("rpc", "calls", "p50 ms", "p99 ms", "errors"))
+        print("memprofd load: %d clients in %d processes (nice +%d) and one probe, %.1f min, "
+              "tiny preset training batch %d x %d; %d cores, load average %s"
+              % (args.clients, args.processes, args.client_nice, seconds / 60,
+                 args.batch_size, args.seq_len, os.cpu_count(), " ".join(load)))
+        print("client side: from the call to its answer, in the client's process; "
+              "server side: the daemon's handler time (memprofd_rpc_duration_seconds, "
+              "streams until they end), as the bound of the histogram bucket")
+        print("%-20s %9s %9s %9s %7s %12s %12s" % ("rpc", "calls", "p50 ms", "p99 ms",
+                                                   "errors", "srv p50 <=", "srv p99 <="))
         total_errors = 0
         for k in sorted(lat):
             v = lat[k]
             n_err = len(errors.get(k, []))
             total_errors += n_err
-            print("%-20s %9d %9.2f %9.2f %7d" % (k, len(v), 1e3 * percentile(v, 0.5),
-                                                  1e3 * percentile(v, 0.99), n_err))
+            method = k.split(" ")[0]
+            srv = ["", ""]
+            if method in hist_after and " " not in k:
+                for i, q in enumerate((0.5, 0.99)):
+                    le, _ = histogram_quantile(hist_before.get(method, []),
+                                               hist_after[method], q)
+                    srv[i] = "%.1f" % (1e3 * le)
+            print("%-20s %9d %9.2f %9.2f %7d %12s %12s" % (
+                k, len(v), 1e3 * percentile(v, 0.5), 1e3 * percentile(v, 0.99), n_err,
+                srv[0], srv[1]))
         print("errors: %d%s" % (total_errors, "".join(
             "\n  %s: %s" % (k, v[0]) for k, v in errors.items() if v)))
         print("daemon RSS: %.1f MiB at start of load, %.1f MiB at end; slope %.2f MiB/min "

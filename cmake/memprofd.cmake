@@ -11,6 +11,16 @@ function(memprofd_use_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM memprofd_torch_pch)
 endfunction()
 
+# TSan builds: absl::Mutex's lock and unlock annotated for TSan (Debian's
+# Abseil is not built with it; see tests/sanitizers/tsan_absl_mutex.cc).
+# Shared, and linked first, so that its definitions come before Abseil's.
+if(MEMPROFD_SANITIZE MATCHES "thread")
+  add_library(memprofd_tsan_absl_mutex SHARED
+              ${PROJECT_SOURCE_DIR}/tests/sanitizers/tsan_absl_mutex.cc)
+  target_link_libraries(memprofd_tsan_absl_mutex PRIVATE absl::synchronization
+                        ${CMAKE_DL_LIBS})
+endif()
+
 # memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]
 #               [SLOW gtest-filter [SLOW_TIMEOUT seconds]]): one GoogleTest
 # binary, run by ctest, each test case a ctest test (default timeout 600 s).
@@ -29,6 +39,9 @@ function(memprofd_test)
     set(T_SLOW_TIMEOUT ${T_TIMEOUT})
   endif()
   add_executable(${T_NAME} ${T_SOURCES})
+  if(TARGET memprofd_tsan_absl_mutex)
+    target_link_libraries(${T_NAME} PRIVATE memprofd_tsan_absl_mutex)
+  endif()
   target_link_libraries(${T_NAME} PRIVATE ${T_DEPS} GTest::gmock GTest::gtest_main
                         memprofd_warnings)
   target_compile_definitions(${T_NAME} PRIVATE

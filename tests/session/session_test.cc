@@ -13,6 +13,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
 #include "core/snapshot/loader.h"
@@ -120,6 +121,16 @@ class TinySessionTest : public ::testing::Test {
     return spec;
   }
 
+  // Returns once the owner thread has run what was queued before. An
+  // operation reports done from inside its work item, so what the item holds
+  // (a training's data set, its hooks) is freed a moment after a WaitDone
+  // returns; a test that needs an idle session waits for this too.
+  void WaitForOwnerIdle() {
+    absl::Notification ran;
+    ASSERT_TRUE(session_->Post([&ran] { ran.Notify(); }).ok());
+    ran.WaitForNotification();
+  }
+
   const TempDir tmp_;
   std::string root_;
   std::unique_ptr<Session> session_;
@@ -144,6 +155,7 @@ TEST_F(TinySessionTest, CategoriesAndPhasePeaksAgreeWithTheAllocator) {
   auto op = session_->StartTraining(Spec(2));
   ASSERT_TRUE(op.ok());
   ASSERT_EQ(WaitDone(**op).state, OperationState::kSucceeded);
+  WaitForOwnerIdle();
   const memory::CategoryBytes c = session_->Counters().categories;
   EXPECT_EQ(c.parameters, 4'000'000 * 4);
   // AdamW's two moments, and a 4-byte step count per parameter tensor.
