@@ -68,7 +68,7 @@ struct HistorySnapshot {
 // a resizing Start() may be lost (and counted as dropped).
 class HistoryRing {
  public:
-  // Largest accepted max_entries (480 MB of slots; the viewer stalls well
+  // Largest accepted max_entries (640 MB of slots; the viewer stalls well
   // before that).
   static constexpr int64_t kMaxEntriesLimit = 10'000'000;
 
@@ -101,7 +101,9 @@ class HistoryRing {
   static constexpr int kWords = sizeof(HistoryEntry) / sizeof(uint64_t);
   // One entry as relaxed atomic words, and a stamp: 2 * index + 2 once the
   // entry of absolute index `index` is whole, odd while it is being written.
-  struct Slot {
+  // A cache line each: consecutive events come from different threads, and
+  // slots sharing a line would bounce it between their cores at every write.
+  struct alignas(64) Slot {
     std::atomic<uint64_t> stamp{0};
     std::atomic<uint64_t> words[kWords];
   };
