@@ -284,6 +284,15 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
         out.Add("memprofd_dp_allreduce_bytes",
                 "Gradient bytes all-reduced in the last step.", MetricType::Gauge),
         static_cast<double>(dp.allreduce_bytes));
+    MetricFamily& buckets = out.Add(
+        "memprofd_dp_buckets",
+        "Gradient buckets of the last step, by whether their all-reduce started inside "
+        "backward (overlapped with it) or after it.",
+        MetricType::Gauge);
+    Families::Sample(buckets, static_cast<double>(dp.buckets_overlapped),
+                     {{"started", "in_backward"}});
+    Families::Sample(buckets, static_cast<double>(dp.buckets - dp.buckets_overlapped),
+                     {{"started", "after_backward"}});
     Families::Sample(out.Add("memprofd_dp_allreduce_exposed_seconds",
                              "Time the last step's gradient all-reduce added after "
                              "backward (the part not overlapped with it).",

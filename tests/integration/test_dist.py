@@ -139,7 +139,15 @@ class TwoRanksTest(unittest.TestCase):
             self.assertEqual(status.data_parallel.parameter_drift, 0.0)
             self.assertGreater(status.data_parallel.allreduce_bytes, 0)
             self.assertEqual(metric(d.metrics_text(), "memprofd_dp_parameter_drift"), 0.0)
-            self.assertEqual(metric(d.metrics_text(), "memprofd_dp_drift_checks_total"), 3)
+            text = d.metrics_text()
+            self.assertEqual(metric(text, "memprofd_dp_drift_checks_total"), 3)
+            # The micro model's gradients fit one bucket, whose all-reduce
+            # starts from the last gradient hook, inside backward.
+            buckets = [line for line in text.splitlines()
+                       if line.startswith("memprofd_dp_buckets{")]
+            self.assertEqual(len(buckets), 2, buckets)
+            self.assertTrue(any('started="in_backward"' in b and b.endswith(" 1")
+                                for b in buckets), buckets)
         self.assertEqual(self.leader.call("GetStatus", pb.GetStatusRequest()).data_parallel.role,
                          "leader")
         follower = self.follower.call("GetStatus", pb.GetStatusRequest()).data_parallel
