@@ -292,6 +292,18 @@ absl::StatusOr<std::string> StoreChannel::WaitKey(const std::string& key,
   return StoreWait(*impl_->store, rank_, key, timeout);
 }
 
+absl::StatusOr<std::optional<std::string>> StoreChannel::GetKeyIfSet(
+    const std::string& key) {
+  absl::MutexLock lock(&impl_->mu);
+  try {
+    if (!impl_->store->check({key})) return std::optional<std::string>();
+    std::vector<uint8_t> value = impl_->store->get(key);
+    return std::optional<std::string>(std::string(value.begin(), value.end()));
+  } catch (const std::exception& e) {
+    return CollectiveFailure(absl::StrCat("reading store key '", key, "'"), rank_, e);
+  }
+}
+
 absl::StatusOr<std::unique_ptr<StoreChannel>> ProcessGroup::OpenChannel() {
   auto impl = std::make_unique<StoreChannel::Impl>();
   try {

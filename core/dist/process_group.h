@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,10 @@ class StoreChannel {
   // As ProcessGroup::SetKey and WaitKey.
   absl::Status SetKey(const std::string& key, const std::string& value);
   absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
+  // The key's value, or nullopt at once when it is not set: for polling,
+  // since c10d logs a warning for every wait that times out. UNAVAILABLE
+  // when the store is gone.
+  absl::StatusOr<std::optional<std::string>> GetKeyIfSet(const std::string& key);
 
  private:
   friend class ProcessGroup;

@@ -38,9 +38,10 @@
 namespace memprofd {
 namespace {
 
-// How often an idle follower looks for rank 0's next command and publishes
-// its memory.
-constexpr absl::Duration kCommandPoll = absl::Seconds(1);
+// How often an idle follower looks for rank 0's next command (one store
+// round trip), and how often it publishes its memory.
+constexpr absl::Duration kCommandPoll = absl::Milliseconds(100);
+constexpr absl::Duration kMemoryPublishEvery = absl::Seconds(1);
 // How long followers wait at a step boundary for rank 0's boundary work: a
 // blocking snapshot of a large model takes minutes. Rank 0 dying ends the
 // wait at once, since its store goes with it.
@@ -229,28 +230,36 @@ absl::Status Session::PublishCommand(const std::string& command) {
 }
 
 void Session::FollowerLoop() {
+  absl::Time next_publish = absl::InfinitePast();
   for (;;) {
     {
       absl::MutexLock lock(&mu_);
+      // Polled rather than waited for in the store: c10d logs every store
+      // wait that times out, and this loop must also see a shutdown.
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), kCommandPoll);
       if (stopping_ || fatal_) return;
     }
-    if (absl::Status s = command_channel_->SetKey(
-            MemoryKey(options_.world.rank), DumpJson(RankMemoryToJson(OwnRankMemory())));
-        !s.ok()) {
-      FailRun(s);
-      return;
+    if (absl::Now() >= next_publish) {
+      next_publish = absl::Now() + kMemoryPublishEvery;
+      if (absl::Status s =
+              command_channel_->SetKey(MemoryKey(options_.world.rank),
+                                       DumpJson(RankMemoryToJson(OwnRankMemory())));
+          !s.ok()) {
+        FailRun(s);
+        return;
+      }
     }
-    absl::StatusOr<std::string> command =
-        command_channel_->WaitKey(CommandKey(commands_), kCommandPoll);
-    if (absl::IsDeadlineExceeded(command.status())) continue;
+    absl::StatusOr<std::optional<std::string>> command =
+        command_channel_->GetKeyIfSet(CommandKey(commands_));
     if (!command.ok()) {
       // The store is rank 0's (or torchrun's agent's): it is gone.
       FailRun(absl::Status(command.status().code(),
                            absl::StrCat("rank 0 is gone: ", command.status().message())));
       return;
     }
+    if (!command->has_value()) continue;
     ++commands_;
-    absl::Status followed = FollowCommand(*command);
+    absl::Status followed = FollowCommand(**command);
     if (absl::IsCancelled(followed)) return;  // rank 0 said shutdown
     if (!followed.ok()) {
       FailRun(followed);
@@ -406,17 +415,19 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
   all.ranks.push_back(OwnRankMemory());
   for (int r = 1; r < options_.world.world_size && memory_channel_; ++r) {
     // Each follower publishes about once a second; one that never has (it
-    // is still starting, or gone) is reported as such, not waited for.
-    absl::StatusOr<std::string> text =
-        memory_channel_->WaitKey(MemoryKey(r), absl::Milliseconds(200));
-    if (text.ok()) {
-      all.ranks.push_back(RankMemoryFromJson(r, *text));
+    // is still starting) is reported as such, not waited for.
+    absl::StatusOr<std::optional<std::string>> text =
+        memory_channel_->GetKeyIfSet(MemoryKey(r));
+    if (text.ok() && text->has_value()) {
+      all.ranks.push_back(RankMemoryFromJson(r, **text));
     } else {
       RankMemory missing;
       missing.rank = r;
       missing.ok = false;
       missing.error =
-          absl::StrCat("rank ", r, "'s memory cannot be read: ", text.status().message());
+          text.ok() ? absl::StrCat("rank ", r, " has not published its memory yet")
+                    : absl::StrCat("rank ", r,
+                                   "'s memory cannot be read: ", text.status().message());
       all.ranks.push_back(std::move(missing));
     }
   }

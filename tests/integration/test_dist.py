@@ -153,6 +153,9 @@ class TwoRanksTest(unittest.TestCase):
         follower = self.follower.call("GetStatus", pb.GetStatusRequest()).data_parallel
         self.assertEqual((follower.rank, follower.role, follower.launcher),
                          (1, "follower", "torchrun"))
+        # An idle follower polls for commands without c10d's timed-out-wait
+        # warning every second.
+        self.assertNotIn("timed out", self.follower.output())
         # The follower ran the same operation, step for step.
         ops = self.follower.call("ListOperations", pb.ListOperationsRequest()).operations
         trains = [o for o in ops if o.kind == pb.OPERATION_KIND_TRAIN]
