@@ -32,10 +32,6 @@ int64_t Fingerprint(const NamedTensors& parameters) {
   return static_cast<int64_t>(hash >> 1);
 }
 
-}  // namespace
-
-namespace {
-
 // Checks every rank holds tensors of the same names, shapes and dtypes, then
 // broadcasts rank 0's. `mismatch(r, theirs, ours)` words the error when rank
 // r's differ (counts of tensors).

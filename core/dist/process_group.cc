@@ -249,17 +249,6 @@ absl::Status StoreSet(c10d::Store& store, int rank, const std::string& key,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> StoreWait(c10d::Store& store, int rank,
-                                      const std::string& key, absl::Duration timeout) {
-  try {
-    store.wait({key}, ToChrono(timeout));
-    std::vector<uint8_t> value = store.get(key);
-    return std::string(value.begin(), value.end());
-  } catch (const std::exception& e) {
-    return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank, e);
-  }
-}
-
 }  // namespace
 
 absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
@@ -268,7 +257,14 @@ absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& val
 
 absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
                                                   absl::Duration timeout) {
-  return StoreWait(*impl_->store, rank(), key, timeout);
+  try {
+    impl_->store->wait({key}, ToChrono(timeout));
+    std::vector<uint8_t> value = impl_->store->get(key);
+    return std::string(value.begin(), value.end());
+  } catch (const std::exception& e) {
+    return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank(),
+                             e);
+  }
 }
 
 struct StoreChannel::Impl {
@@ -284,12 +280,6 @@ StoreChannel::~StoreChannel() = default;
 absl::Status StoreChannel::SetKey(const std::string& key, const std::string& value) {
   absl::MutexLock lock(&impl_->mu);
   return StoreSet(*impl_->store, rank_, key, value);
-}
-
-absl::StatusOr<std::string> StoreChannel::WaitKey(const std::string& key,
-                                                  absl::Duration timeout) {
-  absl::MutexLock lock(&impl_->mu);
-  return StoreWait(*impl_->store, rank_, key, timeout);
 }
 
 absl::StatusOr<std::optional<std::string>> StoreChannel::GetKeyIfSet(

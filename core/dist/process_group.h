@@ -76,9 +76,8 @@ class StoreChannel {
   StoreChannel(const StoreChannel&) = delete;
   StoreChannel& operator=(const StoreChannel&) = delete;
 
-  // As ProcessGroup::SetKey and WaitKey.
+  // As ProcessGroup::SetKey.
   absl::Status SetKey(const std::string& key, const std::string& value);
-  absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
   // The key's value, or nullopt at once when it is not set: for polling,
   // since c10d logs a warning for every wait that times out. UNAVAILABLE
   // when the store is gone.
