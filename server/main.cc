@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/common/threads.h"
 #include "core/dist/world.h"
 #include "server/options.h"
 #include "server/server.h"
@@ -73,6 +74,13 @@ ABSL_FLAG(std::string, peak_file, "",
 ABSL_FLAG(double, collective_timeout_seconds, 60,
           "data parallel: the bound on the rendezvous and on every collective; a rank "
           "that died or hangs makes the others fail within it");
+ABSL_FLAG(int32_t, bulk_nice, 0,
+          "nice increment (0..19, over the process's) of the daemon's bulk work: the "
+          "training's threads (the "
+          "owner thread, its intra-op pool, the offloader's and snapshot writers' "
+          "threads) and the memory-history dump builder; above 0 the gRPC and metrics "
+          "threads, which keep the process's, answer ahead of a training that fills "
+          "the cores");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace {
@@ -160,6 +168,7 @@ int main(int argc, char** argv) {
     return Fail("--collective_timeout_seconds must be > 0");
   }
   session.collective_timeout = absl::Seconds(collective_timeout);
+  session.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
       memprofd::snapshot::ParseSnapshotKind(absl::GetFlag(FLAGS_auto_snapshot_kind));
@@ -207,6 +216,7 @@ int main(int argc, char** argv) {
     return Fail(absl::StrCat("cannot start: ", s.message()));
   }
   std::thread signal_thread([&server] {
+    memprofd::NameThisThread("mpd-signals");
     char sig = 0;
     if (read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0) {
       memprofd::LogInfo(absl::StrCat("received signal ", static_cast<int>(sig),

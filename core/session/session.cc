@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
+#include "core/common/threads.h"
 #include "core/dist/process_group.h"
 #include "core/memory/history.h"
 #include "core/memory/install.h"
@@ -103,6 +104,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
                        "' cannot be written (its directory must exist and be writable, "
                        "and it must not be a directory); give a file path there"));
     }
+  }
+  if (absl::Status nice = ValidateNiceIncrement(options.bulk_nice); !nice.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--bulk_nice: ", nice.message()));
   }
   SessionOptions resolved = options;
   if (resolved.offload_target_auto) {
@@ -242,6 +246,14 @@ void Session::Shutdown() {
 }
 
 void Session::OwnerLoop() {
+  // Set first: what this thread starts later inherits both (threads.h).
+  NameThisThread("mpd-owner");
+  if (options_.bulk_nice > 0) {
+    if (absl::Status s = LowerThisThreadPriority(options_.bulk_nice); !s.ok()) {
+      LogWarning(absl::StrCat("--bulk_nice: ", s.message(),
+                              "; the training runs at the process's priority"));
+    }
+  }
   for (;;) {
     std::function<void()> work;
     {

@@ -78,6 +78,8 @@ class Session {
   // FAILED_PRECONDITION naming rank 0. A world of one rank is a single
   // process, as before.
   const WorldSpec& world() const { return options_.world; }
+  // SessionOptions::bulk_nice, for the server's own bulk work.
+  int bulk_nice() const { return options_.bulk_nice; }
   bool follower() const {
     return options_.world.distributed() && options_.world.rank != 0;
   }

@@ -26,6 +26,7 @@
 #include "core/common/json.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
+#include "core/common/threads.h"
 #include "core/dist/data_parallel.h"
 #include "core/dist/model_sync.h"
 #include "core/dist/process_group.h"
@@ -230,6 +231,7 @@ absl::Status Session::PublishCommand(const std::string& command) {
 }
 
 void Session::FollowerLoop() {
+  NameThisThread("mpd-follower");
   absl::Time next_publish = absl::InfinitePast();
   for (;;) {
     {

@@ -11,6 +11,7 @@
 #include "core/common/log.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
+#include "core/common/threads.h"
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
 #include "core/session/session.h"
@@ -129,6 +130,7 @@ void Session::RunSnapshot(const std::shared_ptr<Operation>& op,
     absl::MutexLock lock(&mu_);
     async_writers_.emplace_back(
         [this, op, s, copy = *std::move(copy), checkpoint, config_json, held]() mutable {
+          NameThisThread("mpd-snapshot");
           RunAsyncWrite(op, s, std::move(copy.tensors), std::move(checkpoint),
                         config_json, held);
         });

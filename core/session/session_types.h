@@ -68,6 +68,16 @@ struct SessionOptions {
   // The bound on the run's rendezvous and on every collective: a rank that
   // died or hangs makes the others fail within it.
   absl::Duration collective_timeout = absl::Seconds(60);
+  // The nice increment (0..19, over the process's nice value) of the
+  // daemon's bulk work: the owner thread and
+  // every thread it starts (the training's intra-op pool, the offloader's
+  // threads, the snapshot writers), and the server's dump builder. Above 0,
+  // the gRPC and metrics threads (which keep the process's value) run ahead
+  // of that work when both want a CPU, so that RPCs are answered promptly on
+  // a host whose cores the training fills; the training then gets what they
+  // leave, and also yields to any other nice-0 process on the host. 0
+  // leaves every thread at the process's priority.
+  int bulk_nice = 0;
 };
 
 struct LoadModelSpec {

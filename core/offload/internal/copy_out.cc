@@ -7,6 +7,7 @@
 
 #include <utility>
 
+#include "core/common/threads.h"
 #include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
@@ -98,6 +99,7 @@ void SavedTensorStore::FinishCopy(StorageRecord* record, size_t index,
 }
 
 void SavedTensorStore::WriterLoop() {
+  NameThisThread("mpd-offload-wr");
   while (true) {
     WriteJob job;
     {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <utility>
 
+#include "core/common/threads.h"
 #include "core/offload/internal/saved_tensor_store.h"
 
 namespace memprofd::offload::internal {
@@ -38,6 +39,7 @@ void SavedTensorStore::SchedulePrefetch(const StorageRecord& current,
 }
 
 void SavedTensorStore::ReaderLoop() {
+  NameThisThread("mpd-offload-rd");
   while (true) {
     std::shared_ptr<StorageRecord> record;
     {

@@ -1,0 +1,51 @@
+#include "core/common/threads.h"
+
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+
+namespace memprofd {
+
+void NameThisThread(absl::string_view name) {
+  // pthread_setname_np refuses (ERANGE) names over 15 bytes instead of
+  // cutting them.
+  const std::string cut(name.substr(0, 15));
+  pthread_setname_np(pthread_self(), cut.c_str());
+}
+
+absl::Status ValidateNiceIncrement(int increment) {
+  if (increment < 0 || increment > kMaxNice) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "nice increment ", increment, " is outside 0..", kMaxNice,
+        " (memprofd only lowers its bulk work's priority: 0 leaves it as it is, 19 "
+        "gives it the lowest)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LowerThisThreadPriority(int increment) {
+  RETURN_IF_ERROR(ValidateNiceIncrement(increment));
+  const int nice = std::min(kMaxNice, ThisThreadNice() + increment);
+  // On Linux, PRIO_PROCESS with a thread id sets that one thread (POSIX would
+  // set the process; glibc passes the id to the kernel as it is).
+  if (setpriority(PRIO_PROCESS, static_cast<id_t>(gettid()), nice) != 0) {
+    return absl::InternalError(
+        absl::StrCat("setpriority(nice ", nice, "): ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+int ThisThreadNice() {
+  errno = 0;
+  return getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+}
+
+}  // namespace memprofd
