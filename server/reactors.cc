@@ -93,34 +93,70 @@ bool StepReportStream::Next(v1::StepReport* msg) {
   return true;
 }
 
-ChunkStream::ChunkStream(std::string data, StreamDoneFn on_done)
-    : data_(std::move(data)), on_done_(std::move(on_done)) {
-  Next();
+ChunkStream::ChunkStream(StreamDoneFn on_done)
+    : on_done_(std::move(on_done)), link_(std::make_shared<Link>()) {
+  link_->stream = this;
+}
+
+void ChunkStream::Delivery::operator()(absl::StatusOr<std::string> data) const {
+  absl::MutexLock lock(&link_->mu);
+  ChunkStream* stream = link_->stream;
+  if (stream == nullptr || stream->finished_ || stream->delivered_) return;
+  stream->delivered_ = true;
+  if (!data.ok()) {
+    stream->FinishLocked(ToGrpcStatus(data.status()));
+    return;
+  }
+  stream->data_ = *std::move(data);
+  stream->NextLocked();
+}
+
+bool ChunkStream::Delivery::wanted() const {
+  absl::MutexLock lock(&link_->mu);
+  return link_->stream != nullptr && !link_->stream->finished_;
 }
 
 void ChunkStream::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&link_->mu);
   if (!ok) {
-    final_ = ToGrpcStatus(absl::CancelledError("client went away"));
-    Finish(final_);
+    FinishLocked(ToGrpcStatus(absl::CancelledError("client went away")));
     return;
   }
-  Next();
+  NextLocked();
+}
+
+void ChunkStream::OnCancel() {
+  // Once writing, the write in flight fails and OnWriteDone finishes; before
+  // the delivery nothing else would.
+  absl::MutexLock lock(&link_->mu);
+  if (!delivered_) FinishLocked(ToGrpcStatus(absl::CancelledError("dump cancelled")));
 }
 
 void ChunkStream::OnDone() {
+  {
+    absl::MutexLock lock(&link_->mu);
+    link_->stream = nullptr;
+  }
   if (on_done_) on_done_(final_);
   delete this;
 }
 
-void ChunkStream::Next() {
+void ChunkStream::NextLocked() {
   if (offset_ >= data_.size()) {
-    Finish(grpc::Status::OK);
+    FinishLocked(grpc::Status::OK);
     return;
   }
   const size_t n = std::min(kChunk, data_.size() - offset_);
   chunk_.set_data(data_.substr(offset_, n));
   offset_ += n;
   StartWrite(&chunk_);
+}
+
+void ChunkStream::FinishLocked(const grpc::Status& status) {
+  if (finished_) return;
+  finished_ = true;
+  final_ = status;
+  Finish(status);
 }
 
 }  // namespace memprofd

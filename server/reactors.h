@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/session/operation.h"
 #include "memprofd/v1/memory.pb.h"
@@ -181,19 +182,51 @@ class StepReportStream : public OperationStream<v1::StepReport> {
   bool done_ = false;
 };
 
-// DumpMemoryHistory: a byte string in chunks of 1 MiB.
+// DumpMemoryHistory: a byte string made elsewhere (off gRPC's threads) and
+// handed over through a Delivery, then sent in chunks of 1 MiB. A client
+// that cancels before the delivery is answered CANCELLED at once.
 class ChunkStream : public grpc::ServerWriteReactor<v1::DumpChunk> {
+  struct Link;
+
  public:
-  ChunkStream(std::string data, StreamDoneFn on_done);
+  // Hands the stream what to send, or the status to fail with. Call once,
+  // from any thread; after the stream is gone (the client cancelled) it
+  // drops the data.
+  class Delivery {
+   public:
+    void operator()(absl::StatusOr<std::string> data) const;
+    // False once the stream has finished (its client cancelled): what it
+    // would deliver is not wanted any more.
+    bool wanted() const;
+
+   private:
+    friend class ChunkStream;
+    explicit Delivery(std::shared_ptr<Link> link) : link_(std::move(link)) {}
+    std::shared_ptr<Link> link_;
+  };
+
+  explicit ChunkStream(StreamDoneFn on_done);
+  Delivery delivery() const { return Delivery(link_); }
+
   void OnWriteDone(bool ok) override;
+  void OnCancel() override;
   void OnDone() override;
 
  private:
+  struct Link {
+    absl::Mutex mu;
+    ChunkStream* stream = nullptr;
+  };
   static constexpr size_t kChunk = 1 << 20;
-  void Next();
+  void NextLocked();
+  void FinishLocked(const grpc::Status& status);
 
-  const std::string data_;
   StreamDoneFn on_done_;
+  std::shared_ptr<Link> link_;
+  // Under link_->mu:
+  std::string data_;
+  bool delivered_ = false;
+  bool finished_ = false;
   size_t offset_ = 0;
   v1::DumpChunk chunk_;
   grpc::Status final_;

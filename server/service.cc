@@ -30,7 +30,11 @@ double SecondsSince(Clock::time_point start) {
 
 MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
                                  ServerMetrics* metrics, ServiceInfo info)
-    : session_(session), auth_(auth), metrics_(metrics), info_(std::move(info)) {}
+    : session_(session),
+      auth_(auth),
+      metrics_(metrics),
+      info_(std::move(info)),
+      dump_builder_("mpd-dumps", session->bulk_nice()) {}
 
 std::vector<std::string> MemprofdService::Features() {
   return {"status",      "health", "reflection",  "operations",
@@ -334,11 +338,14 @@ ServerWriteReactor<v1::DumpChunk>* MemprofdService::DumpMemoryHistory(
                      "pickle until the client reads it); retry when one is done, or "
                      "cancel a client that stopped reading")));
   }
-  absl::StatusOr<std::string> pickle = session_->DumpMemoryHistory();
-  if (!pickle.ok()) return RejectStream<v1::DumpChunk>(kMethod, pickle.status());
   StreamDoneFn count = CountWhenDone(kMethod);
-  return new ChunkStream(*std::move(pickle), [count, slot = std::move(slot)](
-                                                 const grpc::Status& s) { count(s); });
+  auto* stream = new ChunkStream(
+      [count, slot = std::move(slot)](const grpc::Status& s) { count(s); });
+  // Built on the service's own thread (work_queue.h), not this callback thread.
+  dump_builder_.Post([session = session_, deliver = stream->delivery()] {
+    if (deliver.wanted()) deliver(session->DumpMemoryHistory());
+  });
+  return stream;
 }
 
 ServerUnaryReactor* MemprofdService::GetMemoryBreakdown(

@@ -18,6 +18,7 @@
 #include "server/metrics.h"
 #include "server/reactors.h"
 #include "server/stream_limit.h"
+#include "server/work_queue.h"
 
 namespace memprofd {
 
@@ -127,6 +128,9 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   // kMaxConcurrentDumps at once (stream_limit.h), the rest RESOURCE_EXHAUSTED.
   static constexpr int kMaxConcurrentDumps = 4;
   StreamLimit dump_slots_{kMaxConcurrentDumps};
+  // Builds their pickles, one at a time, at the session's bulk_nice; last,
+  // so that it joins first.
+  WorkQueue dump_builder_;
 };
 
 }  // namespace memprofd

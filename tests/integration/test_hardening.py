@@ -187,6 +187,73 @@ def used_bytes(path):
     return (st.f_blocks - st.f_bfree) * st.f_frsize
 
 
+def threads_of(pid):
+    """{tid: (name, nice, seconds run)} of every thread of process `pid`."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = f.read().strip()
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                stat = f.read()
+            with open("/proc/%d/task/%s/schedstat" % (pid, tid)) as f:
+                ran = int(f.read().split()[0]) / 1e9
+        except FileNotFoundError:  # the thread ended while being read
+            continue
+        # Fields after "(comm)": state is field 3, nice field 19 (proc(5)).
+        nice = int(stat[stat.rindex(")") + 2:].split()[16])
+        out[int(tid)] = (name, nice, ran)
+    return out
+
+
+class BulkNiceTest(unittest.TestCase):
+    """--bulk_nice: the training's threads (the owner, its intra-op pool, the
+    offloader's writer) and the dump builder run that much nicer than the rest,
+    while gRPC's, the metrics server's and the main thread keep the
+    process's, so that RPCs go first when the training fills the cores."""
+
+    def test_training_and_dump_threads_run_niced_and_rpc_threads_do_not(self):
+        d = Daemon("--bulk_nice=7", "--offload", "--offload_target=disk",
+                   "--min_offload_bytes=1", env={"OMP_NUM_THREADS": "2"})
+        try:
+            d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest())
+            op = d.call("Train", pb.TrainRequest(steps=4, batch_size=2, seq_len=32))
+            wait_done(d, op.id, timeout=300)
+            self.assertGreater(len(b"".join(c.data for c in d.stub.DumpMemoryHistory(
+                pb.DumpMemoryHistoryRequest(), metadata=d.metadata(), timeout=60))), 0)
+            threads = threads_of(d.proc.pid).values()
+            base = os.getpriority(os.PRIO_PROCESS, 0)  # the daemon inherited ours
+            by_name = {}
+            for name, nice, ran in threads:
+                by_name.setdefault(name, []).append((nice, ran))
+            # The owner and the libgomp worker it started for its parallel
+            # regions: both ran the training.
+            owners = by_name.get("mpd-owner", [])
+            self.assertGreaterEqual(len([r for _, r in owners if r > 0.05]), 2, by_name)
+            for name in ("mpd-owner", "mpd-offload-wr", "mpd-dumps"):
+                self.assertIn(name, by_name)
+                for nice, _ in by_name[name]:
+                    self.assertEqual(nice, min(19, base + 7), (name, by_name[name]))
+            serving = [n for n in by_name if n.startswith(("nexting", "event_engine",
+                                                           "grpcpp_sync", "civetweb"))]
+            self.assertTrue(serving, by_name)
+            for name in serving + ["memprofd", "mpd-signals"]:
+                for nice, _ in by_name[name]:
+                    self.assertEqual(nice, base, (name, by_name[name]))
+        finally:
+            d.close()
+
+    def test_values_outside_0_to_19_are_refused_at_start(self):
+        for value in ("-1", "20"):
+            r = subprocess.run([harness.MEMPROFD, "--listen=127.0.0.1:0",
+                                "--metrics_listen=127.0.0.1:0", "--model=",
+                                "--bulk_nice=" + value],
+                               capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("--bulk_nice", r.stderr)
+            self.assertIn("0..19", r.stderr)
+
+
 class DiskFullTest(unittest.TestCase):
     """Real ENOSPC on small tmpfs file systems the test mounts (root only):
     snapshots to a 2 MiB root (the tiny model's weights are 16 MB) and

@@ -295,5 +295,79 @@ TEST_F(InProcessServerTest, ShutdownEndsTheWatchStreamOfWorkThatDoesNotStop) {
   EXPECT_LT(end.shutdown_took.count(), kGraceSeconds * 1000 + 5000);
 }
 
+// DumpMemoryHistory's pickle is built on the service's own thread and handed
+// to the stream afterwards (work_queue.h): its error, a client that cancels
+// before the hand-over, and the whole dump all go through that path.
+class DumpStreamTest : public InProcessServerTest {
+ protected:
+  void SetRecording(bool on) {
+    grpc::Status s;
+    if (on) {
+      v1::StartMemoryRecordingResponse resp;
+      s = client_->stub().StartMemoryRecording(client_->NewContext().get(), {}, &resp);
+    } else {
+      v1::StopMemoryRecordingRequest req;
+      req.set_clear(true);
+      v1::StopMemoryRecordingResponse resp;
+      s = client_->stub().StopMemoryRecording(client_->NewContext().get(), req, &resp);
+    }
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  // Reads a whole dump; its status, and its bytes in *data.
+  grpc::Status Dump(std::string* data) {
+    auto ctx = client_->NewContext(std::chrono::seconds(60));
+    auto reader = client_->stub().DumpMemoryHistory(ctx.get(), {});
+    v1::DumpChunk chunk;
+    while (reader->Read(&chunk)) data->append(chunk.data());
+    return reader->Finish();
+  }
+  void TearDown() override {
+    SetRecording(false);
+    InProcessServerTest::TearDown();
+  }
+};
+
+TEST_F(DumpStreamTest, NothingRecordedFailsTheStreamSayingWhatToDo) {
+  SetRecording(false);
+  std::string data;
+  const grpc::Status s = Dump(&data);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("StartMemoryRecording"));
+  EXPECT_TRUE(data.empty());
+}
+
+TEST_F(DumpStreamTest, DumpsCancelledBeforeTheHandOverGiveTheirSlotsBack) {
+  SetRecording(true);
+  // Three times the daemon's cap of concurrent dumps: a slot kept by a
+  // cancelled dump would leave none.
+  for (int i = 0; i < 12; ++i) {
+    auto ctx = client_->NewContext(std::chrono::seconds(60));
+    auto reader = client_->stub().DumpMemoryHistory(ctx.get(), {});
+    ctx->TryCancel();
+    const grpc::Status s = reader->Finish();
+    // OK when the pickle was sent before the cancel arrived; a slot whose
+    // OnDone has not run yet refuses with RESOURCE_EXHAUSTED.
+    EXPECT_THAT(s.error_code(),
+                ::testing::AnyOf(grpc::StatusCode::CANCELLED, grpc::StatusCode::OK,
+                                 grpc::StatusCode::RESOURCE_EXHAUSTED))
+        << s.error_message();
+  }
+  // Slots are given back in OnDone, just after the client saw its status.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  grpc::Status s;
+  std::string data;
+  do {
+    data.clear();
+    s = Dump(&data);
+    if (s.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  // A pickle: protocol 2 or higher opens with PROTO, ends with STOP.
+  ASSERT_GE(data.size(), 3u);
+  EXPECT_EQ(static_cast<unsigned char>(data.front()), 0x80);
+  EXPECT_EQ(data.back(), '.');
+}
+
 }  // namespace
 }  // namespace memprofd

@@ -1,0 +1,51 @@
+#include "server/work_queue.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/log.h"
+#include "core/common/threads.h"
+
+namespace memprofd {
+
+WorkQueue::WorkQueue(std::string thread_name, int nice)
+    : thread_([this, name = std::move(thread_name), nice] { Loop(name, nice); }) {}
+
+WorkQueue::~WorkQueue() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void WorkQueue::Post(std::function<void()> job) {
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(std::move(job));
+}
+
+void WorkQueue::Loop(const std::string& thread_name, int nice) {
+  NameThisThread(thread_name);
+  if (nice > 0) {
+    if (absl::Status s = LowerThisThreadPriority(nice); !s.ok()) {
+      LogWarning(absl::StrCat(thread_name, ": ", s.message(),
+                              "; it runs at the process's priority"));
+    }
+  }
+  for (;;) {
+    std::function<void()> job;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !jobs_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (jobs_.empty()) return;  // stopping, and everything posted has run
+      job = std::move(jobs_.front());
+      jobs_.pop_front();
+    }
+    job();
+  }
+}
+
+}  // namespace memprofd
