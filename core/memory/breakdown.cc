@@ -10,6 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/memory/cpu_allocator.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
 
 namespace memprofd {
 namespace memory {
@@ -119,6 +122,17 @@ MemoryBreakdown ComputeBreakdown(const MemoryRecorder& recorder,
     out.attributed_bytes += categories[static_cast<size_t>(k)];
   }
   out.allocator_bytes = recorder.CurrentBytes(q.device);
+#ifdef MEMPROFD_WITH_CUDA
+  if (q.device != kCpuDevice) {
+    // The cells hold requested sizes (cuda_stats.h); the allocator's
+    // requested bytes are what they add up to, read now (the recorder's
+    // CUDA totals are folded in at phase boundaries).
+    out.allocator_bytes = 0;
+    for (const CudaDeviceSample& s : SampleCudaDevices()) {
+      if (s.device == q.device) out.allocator_bytes = s.requested_bytes;
+    }
+  }
+#endif
 
   std::vector<BreakdownRow> rows;
   if (q.by == BreakdownKey::kModule) {
@@ -291,6 +305,9 @@ std::vector<AttributedBlock> LargestLiveBlocks(int64_t n) {
   std::vector<AttributedBlock> out;
   if (n <= 0) return out;
   std::vector<LiveBlock> live = LiveCpuBlocks();
+#ifdef MEMPROFD_WITH_CUDA
+  for (LiveBlock& b : LiveCudaBlocks()) live.push_back(b);
+#endif
   const size_t keep = std::min(live.size(), static_cast<size_t>(n));
   std::partial_sort(
       live.begin(), live.begin() + static_cast<std::ptrdiff_t>(keep), live.end(),

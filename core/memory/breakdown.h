@@ -71,7 +71,9 @@ struct MemoryBreakdown {
   // to attributed_bytes.
   std::vector<std::pair<Category, int64_t>> categories;
   int64_t attributed_bytes = 0;
-  int64_t allocator_bytes = 0;  // The allocator's current bytes, read just after.
+  // The allocator's current bytes, read just after: on CUDA the requested
+  // bytes of its blocks (which the cells count), not their rounded sizes.
+  int64_t allocator_bytes = 0;
   // Bytes allocated per op in the last step, largest first, top rows.
   std::vector<BreakdownRow> ops;
   // Outside the allocator (filled by the session from the offloader).
@@ -121,10 +123,9 @@ struct AttributedBlock {
 };
 
 // The `n` largest allocations alive now that the counting CPU allocator
-// made, largest first (CUDA blocks are not listed: their attribution is in
-// the CUDA allocator's snapshot, see cuda_stats.h). O(live blocks); takes
-// each allocator shard's lock in turn; thread-safe. Allocates its result and
-// a copy of the live-block list.
+// made or, once attached, the CUDA accounting saw (cuda_stats.h), largest
+// first. O(live blocks); takes each shard's lock in turn; thread-safe.
+// Allocates its result and a copy of the live-block list.
 std::vector<AttributedBlock> LargestLiveBlocks(int64_t n);
 
 // Live bytes on `device` now by module kind (ModuleKindOf the module path)

@@ -6,16 +6,21 @@
 #include <torch/version.h>
 
 #include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstddef>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/common/attribution.h"
+#include "core/memory/recorder.h"
 
 namespace memprofd {
 namespace memory {
@@ -206,7 +211,120 @@ void AppendNewest(Traces& into, const Traces& more, size_t max_entries) {
   }
 }
 
+// The live blocks the trace tracker saw allocated, per device. std::mutex,
+// not absl::Mutex: the tracker runs at every CUDA allocation (see the note in
+// history.h on their costs).
+struct TrackedBlock {
+  int64_t size = 0;  // As requested.
+  Attribution origin;
+};
+struct alignas(64) DeviceBlocks {
+  std::mutex mu;
+  absl::flat_hash_map<uint64_t, TrackedBlock> live;  // Guarded by mu.
+};
+constexpr int kTrackedDevices = MemoryRecorder::kMaxCudaDevices;
+
+std::array<DeviceBlocks, kTrackedDevices>& Tracked() {
+  // Leaked: frees may come during static destruction.
+  static auto* const blocks = new std::array<DeviceBlocks, kTrackedDevices>();
+  return *blocks;
+}
+
+std::atomic<bool> g_accounting_attached{false};
+
+// The tracker, on the allocating (or freeing) thread under the allocator's
+// lock of the entry's device: it must not call into PyTorch. Block
+// addresses are the storages' data pointers. An alloc takes the thread's
+// attribution; the free request (when the allocator's allocated and
+// requested bytes drop, whatever the streams still do) gives it back.
+template <typename TraceEntry>
+void TrackEntry(const TraceEntry& t) {
+  using Action = typename TraceEntry::Action;
+  const int device = static_cast<int>(t.device_);
+  if (device < 0 || device >= kTrackedDevices) return;
+  const auto addr = static_cast<uint64_t>(t.addr_);
+  DeviceBlocks& d = Tracked()[static_cast<size_t>(device)];
+  if (t.action_ == Action::ALLOC) {
+    TrackedBlock b;
+    b.size = static_cast<int64_t>(t.size_);
+    b.origin = CurrentAttribution();
+    {
+      std::lock_guard<std::mutex> lock(d.mu);
+      d.live[addr] = b;
+    }
+    MemoryRecorder::Global().RecordAttributedAlloc(device, b.size, b.origin);
+  } else if (t.action_ == Action::FREE_REQUESTED) {
+    TrackedBlock b;
+    {
+      std::lock_guard<std::mutex> lock(d.mu);
+      auto it = d.live.find(addr);
+      if (it == d.live.end()) return;  // Allocated before the tracker came.
+      b = it->second;
+      d.live.erase(it);
+    }
+    MemoryRecorder::Global().RecordAttributedFree(device, b.size, b.origin);
+  }
+}
+
 }  // namespace
+
+absl::Status AttachCudaAccounting() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  if (g_accounting_attached.load()) return absl::OkStatus();
+  if (CudaDeviceCount() == 0) {
+    return absl::FailedPreconditionError(
+        "CUDA memory attribution: no CUDA device is visible");
+  }
+  try {
+    LazyInitCuda(at::globalContext(), Rank<1>{});
+    cca::attachAllocatorTraceTracker([](const auto& entry) { TrackEntry(entry); });
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("CUDA memory attribution: ", e.what()));
+  }
+  g_accounting_attached.store(true);
+  return absl::OkStatus();
+}
+
+bool IsCudaAccountingAttached() { return g_accounting_attached.load(); }
+
+std::optional<Attribution> CudaBlockAttribution(int device, uint64_t addr) {
+  if (device < 0 || device >= kTrackedDevices) return std::nullopt;
+  DeviceBlocks& d = Tracked()[static_cast<size_t>(device)];
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.live.find(addr);
+  if (it == d.live.end()) return std::nullopt;
+  return it->second.origin;
+}
+
+bool RetagCudaBlock(int device, uint64_t addr, ModuleId module, Category category) {
+  if (device < 0 || device >= kTrackedDevices) return false;
+  DeviceBlocks& d = Tracked()[static_cast<size_t>(device)];
+  Attribution from;
+  int64_t size = 0;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.live.find(addr);
+    if (it == d.live.end()) return false;
+    from = it->second.origin;
+    if (from.module == module && from.category == category) return true;
+    size = it->second.size;
+    it->second.origin.module = module;
+    it->second.origin.category = category;
+  }
+  MemoryRecorder::Global().Retag(device, size, from, module, category);
+  return true;
+}
+
+std::vector<LiveBlock> LiveCudaBlocks() {
+  std::vector<LiveBlock> out;
+  for (int device = 0; device < kTrackedDevices; ++device) {
+    DeviceBlocks& d = Tracked()[static_cast<size_t>(device)];
+    std::lock_guard<std::mutex> lock(d.mu);
+    for (const auto& [addr, b] : d.live) out.push_back({device, addr, b.size, b.origin});
+  }
+  return out;
+}
 
 int CudaDeviceCount() {
   try {
@@ -226,6 +344,7 @@ std::vector<CudaDeviceSample> SampleCudaDevices() {
       CudaDeviceSample s;
       s.device = d;
       s.allocated_bytes = stats.allocated_bytes[kAll].current;
+      s.requested_bytes = stats.requested_bytes[kAll].current;
       s.peak_allocated_bytes = stats.allocated_bytes[kAll].peak;
       s.reserved_bytes = stats.reserved_bytes[kAll].current;
       s.peak_reserved_bytes = stats.reserved_bytes[kAll].peak;

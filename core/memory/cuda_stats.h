@@ -6,9 +6,12 @@
 // LibTorch in this header.
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "core/common/attribution.h"
+#include "core/memory/history.h"
 #include "core/memory/memory_viz.h"
 
 namespace memprofd {
@@ -17,8 +20,11 @@ namespace memory {
 // One device's caching allocator counters ("all" pools).
 struct CudaDeviceSample {
   int device = 0;
-  int64_t allocated_bytes = 0;
+  int64_t allocated_bytes = 0;       // Of the blocks handed out (rounded sizes).
   int64_t peak_allocated_bytes = 0;  // Since the last ResetCudaPeaks().
+  // The sizes those blocks were requested at: what AttachCudaAccounting's
+  // cells add up to.
+  int64_t requested_bytes = 0;
   int64_t reserved_bytes = 0;
   int64_t peak_reserved_bytes = 0;
   int64_t active_bytes = 0;
@@ -55,6 +61,39 @@ absl::Status SetCudaHistory(bool enabled, int64_t max_entries);
 // Drops what SetCudaHistory() kept and the allocator's current trace;
 // recording, if on, goes on. Thread-safe.
 void ClearCudaHistory();
+
+// Attribution of CUDA blocks, as the counting CPU allocator does for CPU
+// ones (cpu_allocator.h). Attaches memprofd's trace tracker to the caching
+// allocator, initialising CUDA first (the allocator hands trackers only to
+// the devices it has set up). From then on each block the allocator hands
+// out, on any thread, is attributed to that thread's CurrentAttribution() and
+// counted in the global recorder's cells of its device
+// (MemoryRecorder::RecordAttributedAlloc) at its requested size, until its
+// free is requested. The device's totals and history stay the allocator's
+// own. The tracker runs under the allocator's per-device lock and takes
+// only a lock of its own, never one that is held while calling the
+// allocator. Blocks live before the call are not attributed: the session
+// attaches before it loads the model. Idempotent and thread-safe.
+// FAILED_PRECONDITION without a CUDA device; INTERNAL when CUDA fails to
+// initialise.
+absl::Status AttachCudaAccounting();
+
+// Whether AttachCudaAccounting() succeeded.
+bool IsCudaAccountingAttached();
+
+// The attribution of the live block at `addr` (a storage's data pointer) on
+// CUDA `device`, or nullopt when the tracker did not see it allocated.
+// Thread-safe, O(1).
+std::optional<Attribution> CudaBlockAttribution(int device, uint64_t addr);
+
+// Re-attributes that block to `module` and `category` (the recorder's cells
+// move with it); false when the tracker did not see it. The caller holds the
+// storage. Thread-safe, O(1).
+bool RetagCudaBlock(int device, uint64_t addr, ModuleId module, Category category);
+
+// The live blocks the tracker saw allocated (device, address, requested
+// size, attribution), in no particular order. Thread-safe; O(live blocks).
+std::vector<LiveBlock> LiveCudaBlocks();
 
 // The allocator's segments (all versions; none before CUDA is initialised)
 // and traces (>= 2.1: the kept ones, then the allocator's current ones), for

@@ -92,13 +92,20 @@ void FillCudaFigures(OomCapture* c) {
     c->allocated_bytes = s.allocated_bytes;
     c->reserved_bytes = s.reserved_bytes;
   }
-  // Blocks tile each segment in address order.
+  if (IsCudaAccountingAttached()) {
+    // Every block allocated since the attach, with its attribution.
+    for (const LiveBlock& b : LiveCudaBlocks()) {
+      if (b.device == c->device) c->live.push_back(b);
+    }
+    return;
+  }
+  // Without the accounting, the allocator's own blocks, unattributed. Blocks
+  // tile each segment in address order.
   for (const VizSegment& segment : CaptureCudaSnapshot().segments) {
     if (segment.device != c->device) continue;
     uint64_t addr = segment.address;
     for (const VizBlock& block : segment.blocks) {
       if (block.state == VizBlockState::kActiveAllocated) {
-        // The caching allocator's blocks carry no memprofd attribution.
         c->live.push_back({c->device, addr,
                            block.requested_size > 0 ? block.requested_size : block.size,
                            Attribution()});

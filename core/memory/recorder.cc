@@ -123,7 +123,26 @@ void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size,
   c->allocs.fetch_add(1, std::memory_order_relaxed);
   UpdateMax(c->peak, now);
   UpdateMax(c->phase_peak[static_cast<size_t>(PhaseIndex(phase))], now);
+  AddToCells(device, size, origin);
+  if (recording_.load(std::memory_order_relaxed)) {
+    Record(HistoryAction::kAlloc, device, addr, size, origin);
+  }
+}
+
+void MemoryRecorder::RecordAttributedAlloc(int device, int64_t size,
+                                           const Attribution& origin) {
+  AddToCells(device, size, origin);
+}
+
+void MemoryRecorder::RecordAttributedFree(int device, int64_t size,
+                                          const Attribution& block) {
+  RemoveFromCells(device, size, block);
+}
+
+void MemoryRecorder::AddToCells(int device, int64_t size, const Attribution& origin) {
   Cells* cells = CellsOf(device);
+  if (cells == nullptr) return;
+  const Phase phase = origin.phase;
   const size_t cell = CellIndex(origin.module, origin.category);
   const int64_t held =
       cells->live[cell].fetch_add(size, std::memory_order_relaxed) + size;
@@ -141,9 +160,15 @@ void MemoryRecorder::RecordAlloc(int device, uint64_t addr, int64_t size,
     cells->op_bytes[origin.op].fetch_add(size, std::memory_order_relaxed);
     RaiseTo(cells->ops_seen, origin.op + 1);
   }
-  if (recording_.load(std::memory_order_relaxed)) {
-    Record(HistoryAction::kAlloc, device, addr, size, origin);
-  }
+}
+
+void MemoryRecorder::RemoveFromCells(int device, int64_t size, const Attribution& block) {
+  Cells* cells = CellsOf(device);
+  if (cells == nullptr) return;
+  cells->live[CellIndex(block.module, block.category)].fetch_sub(
+      size, std::memory_order_relaxed);
+  cells->category_live[static_cast<size_t>(block.category)].fetch_sub(
+      size, std::memory_order_relaxed);
 }
 
 void MemoryRecorder::Record(HistoryAction action, int device, uint64_t addr, int64_t size,
@@ -168,11 +193,7 @@ void MemoryRecorder::RecordFree(int device, uint64_t addr, int64_t size,
   if (c == nullptr) return;
   c->current.fetch_sub(size, std::memory_order_relaxed);
   c->frees.fetch_add(1, std::memory_order_relaxed);
-  Cells* cells = CellsOf(device);
-  cells->live[CellIndex(block.module, block.category)].fetch_sub(
-      size, std::memory_order_relaxed);
-  cells->category_live[static_cast<size_t>(block.category)].fetch_sub(
-      size, std::memory_order_relaxed);
+  RemoveFromCells(device, size, block);
   if (recording_.load(std::memory_order_relaxed)) {
     Attribution at = block;
     at.step = CurrentStep();

@@ -102,6 +102,13 @@ class MemoryRecorder : public PhaseListener {
   void RecordFree(int device, uint64_t addr, int64_t size, const Attribution& block);
   void RecordAlloc(int device, uint64_t addr, int64_t size);
   void RecordFree(int device, uint64_t addr, int64_t size);
+  // The attribution cells alone, for an allocator whose device totals and
+  // history come from elsewhere (the CUDA caching allocator's, through
+  // SampleCudaDevices and its own trace: cuda_stats.h): `size` bytes of
+  // `device` attributed to `origin` become live, or stop being live. The
+  // device's current/peak bytes, counts and history are not touched.
+  void RecordAttributedAlloc(int device, int64_t size, const Attribution& origin);
+  void RecordAttributedFree(int device, int64_t size, const Attribution& block);
   // A live block of `size` bytes attributed to `from` now holds `to_module`'s
   // `to_category` bytes (the allocator changed its record the same way).
   void Retag(int device, int64_t size, const Attribution& from, ModuleId to_module,
@@ -191,6 +198,9 @@ class MemoryRecorder : public PhaseListener {
     std::vector<StepPeak> step_peaks;
   };
 
+  // The cells' part of an alloc or free (no-ops for a device out of range).
+  void AddToCells(int device, int64_t size, const Attribution& origin);
+  void RemoveFromCells(int device, int64_t size, const Attribution& block);
   // Appends one history entry stamped with the time and step (recording on).
   void Record(HistoryAction action, int device, uint64_t addr, int64_t size,
               const Attribution& a);

@@ -2,7 +2,12 @@
 
 #include <c10/core/Storage.h>
 
+#include <cstdint>
+
 #include "core/memory/cpu_allocator.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
 
 namespace memprofd {
 namespace memory {
@@ -16,27 +21,47 @@ const c10::DataPtr* DataPtrOf(const at::Tensor& t) {
   return &impl->data_ptr();
 }
 
+// The block's attribution from whichever allocator made it: the counting
+// CPU allocator's header, or the CUDA caching allocator's tracked blocks.
+std::optional<Attribution> BlockAttribution(const c10::DataPtr& p) {
+#ifdef MEMPROFD_WITH_CUDA
+  if (p.device().is_cuda()) {
+    return CudaBlockAttribution(p.device().index(), reinterpret_cast<uint64_t>(p.get()));
+  }
+#endif
+  return CpuBlockAttribution(p.get(), p.get_deleter());
+}
+
+bool RetagBlock(const c10::DataPtr& p, ModuleId module, Category category) {
+#ifdef MEMPROFD_WITH_CUDA
+  if (p.device().is_cuda()) {
+    return RetagCudaBlock(p.device().index(), reinterpret_cast<uint64_t>(p.get()), module,
+                          category);
+  }
+#endif
+  return RetagCpuBlock(p.get(), p.get_deleter(), module, category);
+}
+
 }  // namespace
 
 bool TagStorage(const at::Tensor& t, ModuleId module, Category category) {
   const c10::DataPtr* p = DataPtrOf(t);
   if (p == nullptr) return false;
-  return RetagCpuBlock(p->get(), p->get_deleter(), module, category);
+  return RetagBlock(*p, module, category);
 }
 
 bool MarkSavedActivation(const at::Tensor& t) {
   const c10::DataPtr* p = DataPtrOf(t);
   if (p == nullptr) return false;
-  const std::optional<Attribution> a = CpuBlockAttribution(p->get(), p->get_deleter());
+  const std::optional<Attribution> a = BlockAttribution(*p);
   if (!a || a->category != Category::kTemporaries) return false;
-  return RetagCpuBlock(p->get(), p->get_deleter(), a->module,
-                       Category::kSavedActivations);
+  return RetagBlock(*p, a->module, Category::kSavedActivations);
 }
 
 std::optional<Attribution> StorageAttribution(const at::Tensor& t) {
   const c10::DataPtr* p = DataPtrOf(t);
   if (p == nullptr) return std::nullopt;
-  return CpuBlockAttribution(p->get(), p->get_deleter());
+  return BlockAttribution(*p);
 }
 
 }  // namespace memory

@@ -5,8 +5,9 @@
 // after they were allocated: a storage autograd saves (the offloader's pack
 // hook sees every one), a gradient that AccumulateGrad adopts, parameters
 // created before they had a name. O(1) per call; no effect (false) on
-// storages the counting CPU allocator did not allocate (CUDA blocks, mmap-ed
-// or from_blob storages).
+// storages neither the counting CPU allocator nor, once attached, the CUDA
+// accounting (cuda_stats.h) saw allocated (mmap-ed or from_blob storages,
+// CUDA blocks from before the attach).
 
 #include <ATen/core/Tensor.h>
 
@@ -19,7 +20,7 @@ namespace memory {
 
 // Attributes the storage of `t` to `module` and `category`. The caller holds
 // `t`; one thread at a time per storage. False for an undefined tensor, no
-// storage, or a storage the CPU wrapper did not allocate.
+// storage, or a storage neither accounting saw allocated.
 bool TagStorage(const at::Tensor& t, ModuleId module, Category category);
 
 // Marks the storage of `t` as saved for backward: temporaries become
@@ -27,7 +28,8 @@ bool TagStorage(const at::Tensor& t, ModuleId module, Category category);
 // state and everything else keep their category. True when it was re-tagged.
 bool MarkSavedActivation(const at::Tensor& t);
 
-// The attribution of the storage of `t`, when the CPU wrapper allocated it.
+// The attribution of the storage of `t`, when either accounting saw it
+// allocated.
 std::optional<Attribution> StorageAttribution(const at::Tensor& t);
 
 }  // namespace memory

@@ -15,6 +15,9 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/dist/process_group.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
 #include "core/memory/history.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
@@ -66,6 +69,14 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
     LogWarning(absl::StrCat("memory accounting unavailable: ", s.message()));
   }
+#ifdef MEMPROFD_WITH_CUDA
+  // The CUDA blocks' attribution, also before the model loads.
+  if (absl::StartsWith(*device, "cuda")) {
+    if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
+      LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
+    }
+  }
+#endif
   if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
   if (!options.snapshot_root.empty()) {
     if (absl::Status s = snapshot::CheckSnapshotRoot(options.snapshot_root); !s.ok()) {

@@ -229,6 +229,18 @@ try:
     if args.device.startswith("cuda"):
         reserved = metric("memprofd_cuda_reserved_bytes")
         check("metrics: CUDA reserved bytes", reserved and reserved[0] > 0, reserved)
+    # Where every byte goes: the allocator's blocks (on CUDA, the caching
+    # allocator's, attributed from before the model loaded) add up, by
+    # category, to its bytes (on CUDA, the requested ones), and the weights
+    # are the parameters'.
+    top = ctl("memory", "top", "--by", "category")[0]
+    attributed, allocator = num(top["attributed_bytes"]), num(top["allocator_bytes"])
+    check("breakdown: categories sum to the allocator's bytes on " + top["device"],
+          allocator > 0 and abs(attributed - allocator) <= 0.001 * allocator,
+          "%d attributed of %d" % (attributed, allocator))
+    params = [num(c["bytes"]) for c in top["categories"] if c["category"] == "parameters"]
+    check("breakdown: parameters attributed on " + top["device"],
+          bool(params) and params[0] > 0, params)
     memory = ctl("memory")[0]
 except Exception as e:  # a failed command: recorded, and the daemon still stopped
     check("daemon part ran through", False, repr(e))

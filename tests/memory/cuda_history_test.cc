@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/version.h>
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -13,8 +14,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/attribution.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
+#include "core/memory/tagging.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
 #include "tests/testing/cuda.h"
@@ -229,6 +232,85 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
                    "\nfreed free_requested ", kTracedBytes, "\nfreed free_completed ",
                    kTracedBytes, "\nlive block active_allocated ", kLiveBytes, "\n");
   EXPECT_EQ(device0, expected);
+#endif
+}
+
+// The CUDA accounting (AttachCudaAccounting): each caching-allocator block
+// carries the allocating thread's attribution into the recorder's cells of
+// its device, at its requested size; re-tags move it; its free takes it out.
+// Other tests of this binary allocate on cuda:0 too, before and after the
+// attach, so the sums are checked as differences around this test's blocks.
+TEST(CudaAccountingTest, BlocksCarryTheirOriginIntoTheDevicesCells) {
+  if (!HasCuda()) GTEST_SKIP() << kNeedsCuda;
+#ifdef MEMPROFD_WITH_CUDA
+  ASSERT_TRUE(AttachCudaAccounting().ok());
+  ASSERT_TRUE(AttachCudaAccounting().ok()) << "a second attach must be a no-op";
+  EXPECT_TRUE(IsCudaAccountingAttached());
+  MemoryRecorder& r = MemoryRecorder::Global();
+  auto sum = [](const std::array<int64_t, kNumCategories>& a) {
+    int64_t n = 0;
+    for (int64_t v : a) n += v;
+    return n;
+  };
+  const at::Tensor warm = CudaBytes(1);
+  const std::optional<CudaDeviceSample> before = Device0();
+  ASSERT_TRUE(before.has_value());
+  const int64_t cells_before = sum(r.CategoryBytesOf(0));
+  const int64_t opt_before =
+      r.CategoryBytesOf(0)[static_cast<size_t>(Category::kOptimizerState)];
+
+  const ModuleId module = InternModule("test.cuda.layers.0.mlp");
+  at::Tensor state, temp;
+  {
+    ModuleScope m(module);
+    CategoryScope c(Category::kOptimizerState);
+    state = CudaBytes(kTracedBytes);
+  }
+  {
+    ModuleScope m(module);
+    CategoryScope c(Category::kTemporaries);
+    temp = CudaBytes(kLiveBytes);
+  }
+  const std::optional<Attribution> a = StorageAttribution(state);
+  ASSERT_TRUE(a.has_value()) << "the tracker did not see the block allocated";
+  EXPECT_EQ(a->module, module);
+  EXPECT_EQ(a->category, Category::kOptimizerState);
+  EXPECT_EQ(
+      r.CategoryBytesOf(0)[static_cast<size_t>(Category::kOptimizerState)] - opt_before,
+      kTracedBytes);
+  // The cells count requested sizes, as the allocator's requested bytes do.
+  const std::optional<CudaDeviceSample> held = Device0();
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->requested_bytes - before->requested_bytes, kTracedBytes + kLiveBytes);
+  EXPECT_EQ(sum(r.CategoryBytesOf(0)) - cells_before, kTracedBytes + kLiveBytes);
+
+  bool listed = false;
+  for (const LiveBlock& b : LiveCudaBlocks()) {
+    if (b.device == 0 && b.addr == Address(state)) {
+      listed = true;
+      EXPECT_EQ(b.size, kTracedBytes);
+      EXPECT_EQ(b.origin.module, module);
+    }
+  }
+  EXPECT_TRUE(listed);
+
+  // The offloader's pack marks what autograd saved: temporaries only.
+  EXPECT_TRUE(MarkSavedActivation(temp.narrow(0, 16, 16)));
+  EXPECT_FALSE(MarkSavedActivation(state));
+  EXPECT_EQ(StorageAttribution(temp)->category, Category::kSavedActivations);
+  EXPECT_TRUE(TagStorage(state, module, Category::kGradients));
+  EXPECT_EQ(StorageAttribution(state)->category, Category::kGradients);
+  EXPECT_EQ(r.CategoryBytesOf(0)[static_cast<size_t>(Category::kOptimizerState)],
+            opt_before);
+
+  const uint64_t freed = Address(state);
+  state.reset();
+  temp.reset();
+  EXPECT_FALSE(CudaBlockAttribution(0, freed).has_value());
+  EXPECT_EQ(sum(r.CategoryBytesOf(0)), cells_before);
+  const std::optional<CudaDeviceSample> after = Device0();
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->requested_bytes, before->requested_bytes);
 #endif
 }
 
