@@ -5,6 +5,9 @@ memprofd that trains the whole time: GetStatus, GetMemoryStats, /metrics
 scrapes, StreamStepReports and WatchOperation streams (a few messages each,
 then cancelled), and DumpMemoryHistory (read to the end; one client in 16,
 so that the daemon's cap of 4 concurrent dumps is never what answers).
+Each client calls again as soon as it is answered (closed loop: the daemon
+is saturated, and latency is its queue over its rate), or, with --interval,
+every S seconds, as an orchestrator that polls does.
 Prints p50 and p99 latency per RPC, errors, the daemon's RSS slope (least
 squares over samples every 5 s, after the first minute's warm-up), and the
 training's tokens/s before and during the load.
@@ -19,6 +22,7 @@ reported as its own row: the latency a client that is not starved sees.
 
   /opt/memprofd/venv/bin/python bench/load.py [--clients 64] [--minutes 10]
       [--seconds S] [--build build] [--processes 4] [--client_nice N]
+      [--bulk_nice N] [--interval S] [--dump_every N]
 
 Clients run in --processes processes (threads in each), so that one Python
 interpreter's lock does not become the bottleneck being measured; on a
@@ -45,7 +49,8 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nice=0):
+def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nice=0,
+                   interval=0.0, dump_every=16):
     if nice:
         os.nice(nice)
     import grpc
@@ -64,12 +69,18 @@ def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nic
 
     def run(i):
         kinds = ["GetStatus", "GetMemoryStats", "metrics", "StreamStepReports", "WatchOperation"]
-        if i % 16 == 0:
+        if dump_every and i % dump_every == 0:
             kinds.append("DumpMemoryHistory")
         k = i
+        # Paced clients start at spread-out offsets, so that they do not call
+        # in step; closed-loop ones (interval 0) call again as soon as answered.
+        next_call = time.perf_counter() + interval * (i % 64) / 64.0
         while time.time() < deadline:
             kind = kinds[k % len(kinds)]
             k += 1
+            if interval > 0:
+                time.sleep(max(0.0, next_call - time.perf_counter()))
+                next_call += interval
             start = time.perf_counter()
             try:
                 if kind == "GetStatus":
@@ -188,6 +199,15 @@ def main():
                     help="nice increment of the load's client processes (not the "
                          "probe's), to see the daemon's figures when its load "
                          "generator does not take the cores from it")
+    ap.add_argument("--bulk_nice", type=int, default=0,
+                    help="the daemon's --bulk_nice: its training threads' nice "
+                         "value, so that its gRPC threads answer first")
+    ap.add_argument("--interval", type=float, default=0.0,
+                    help="seconds between one client's calls (an orchestrator that "
+                         "polls); 0, the default, calls again as soon as answered "
+                         "(closed loop: the daemon saturated, latency = queue / rate)")
+    ap.add_argument("--dump_every", type=int, default=16,
+                    help="one client in N also dumps the memory history (0: none)")
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--batch_size", type=int, default=4)
@@ -197,7 +217,7 @@ def main():
     import harness
     from harness import pb
 
-    d = harness.Daemon()
+    d = harness.Daemon("--bulk_nice=%d" % args.bulk_nice)
     try:
         d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=20000))
         op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=args.batch_size,
@@ -219,7 +239,7 @@ def main():
         for count in per:
             p = mp.Process(target=client_process, args=(
                 d.addr, d.metrics_port, op.id, first, count, deadline, queue,
-                args.client_nice))
+                args.client_nice, args.interval, args.dump_every))
             first += count
             p.start()
             procs.append(p)
@@ -256,10 +276,13 @@ def main():
 
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
-        print("memprofd load: %d clients in %d processes (nice +%d) and one probe, %.1f min, "
-              "tiny preset training batch %d x %d; %d cores, load average %s"
-              % (args.clients, args.processes, args.client_nice, seconds / 60,
-                 args.batch_size, args.seq_len, os.cpu_count(), " ".join(load)))
+        print("memprofd load: %d clients in %d processes (nice +%d, %s) and one probe, "
+              "%.1f min, tiny preset training batch %d x %d (--bulk_nice=%d); %d cores, "
+              "load average %s"
+              % (args.clients, args.processes, args.client_nice,
+                 "a call every %g s each" % args.interval if args.interval > 0
+                 else "closed loop", seconds / 60, args.batch_size, args.seq_len,
+                 args.bulk_nice, os.cpu_count(), " ".join(load)))
         print("client side: from the call to its answer, in the client's process; "
               "server side: the daemon's handler time (memprofd_rpc_duration_seconds, "
               "streams until they end), as the bound of the histogram bucket")
