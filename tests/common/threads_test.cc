@@ -1,7 +1,6 @@
 #include "core/common/threads.h"
 
 #include <ATen/Parallel.h>
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,15 +12,12 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "tests/testing/threads.h"
 
 namespace memprofd {
 namespace {
 
-std::string ThisThreadName() {
-  char name[16] = {};
-  pthread_getname_np(pthread_self(), name, sizeof(name));
-  return name;
-}
+using ::memprofd::testing::ThisThreadName;
 
 TEST(ThreadsTest, LoweringStopsAtNineteen) {
   int nice = -1;

@@ -1,22 +1,17 @@
 #include "server/work_queue.h"
 
-#include <pthread.h>
-
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/testing/threads.h"
 
 namespace memprofd {
 namespace {
 
-std::string ThisThreadName() {
-  char name[16] = {};
-  pthread_getname_np(pthread_self(), name, sizeof(name));
-  return name;
-}
+using ::memprofd::testing::ThisThreadName;
 
 TEST(WorkQueueTest, RunsJobsInOrderOnItsOwnNamedThread) {
   std::vector<int> order;
