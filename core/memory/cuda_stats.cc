@@ -248,10 +248,19 @@ void TrackEntry(const TraceEntry& t) {
     TrackedBlock b;
     b.size = static_cast<int64_t>(t.size_);
     b.origin = CurrentAttribution();
+    std::optional<TrackedBlock> stale;
     {
       std::lock_guard<std::mutex> lock(d.mu);
-      d.live[addr] = b;
+      auto [it, inserted] = d.live.try_emplace(addr, b);
+      if (!inserted) {
+        // A free this tracker never saw (none is known to exist): the old
+        // block's bytes leave its cells, so that they cannot drift.
+        stale = it->second;
+        it->second = b;
+      }
     }
+    if (stale)
+      MemoryRecorder::Global().RecordAttributedFree(device, stale->size, stale->origin);
     MemoryRecorder::Global().RecordAttributedAlloc(device, b.size, b.origin);
   } else if (t.action_ == Action::FREE_REQUESTED) {
     TrackedBlock b;
