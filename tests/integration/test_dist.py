@@ -97,6 +97,19 @@ def train(d, **kwargs):
     return d.call("Train", pb.TrainRequest(**request))
 
 
+def status_at_steps(d, steps, timeout=30):
+    """d's status once its model has trained `steps` steps, or at the timeout.
+    A follower ends its copy of a training a moment after rank 0 ends its own
+    (each rank takes its optimizer step after the step's last all-reduce), so
+    a status read just as rank 0's operation is done may show the step before."""
+    deadline = time.time() + timeout
+    while True:
+        status = d.call("GetStatus", pb.GetStatusRequest())
+        if status.model.steps_trained >= steps or time.time() > deadline:
+            return status
+        time.sleep(0.05)
+
+
 def metric(text, name):
     """The value of the one sample of `name` (any labels) in /metrics text."""
     values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -132,7 +145,7 @@ class TwoRanksTest(unittest.TestCase):
     def test_every_rank_trains_and_the_replicas_agree(self):
         self.assertEqual(self.done.state, pb.OPERATION_STATE_SUCCEEDED, self.done.error.message)
         for d in self.ranks:
-            status = d.call("GetStatus", pb.GetStatusRequest())
+            status = status_at_steps(d, 30)
             self.assertEqual(status.model.steps_trained, 30)
             self.assertEqual(status.data_parallel.world_size, 2)
             self.assertTrue(status.data_parallel.has_parameter_drift)
@@ -260,7 +273,7 @@ class LoadModelTest(unittest.TestCase):
             op = wait_done(ranks[0], train(ranks[0], steps=2, batch_size=1, seq_len=16).id)
             self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
             for d in ranks:
-                status = d.call("GetStatus", pb.GetStatusRequest())
+                status = status_at_steps(d, 2)
                 self.assertEqual(status.model.steps_trained, 2)
                 self.assertEqual(status.data_parallel.parameter_drift, 0.0)
         finally:
@@ -376,8 +389,8 @@ class RankFailureTest(unittest.TestCase):
                                      .model.steps_trained, latest)
                 op = wait_done(ranks[0], ranks[0].call("Train", pb.TrainRequest(resume=True)).id)
                 self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
-                self.assertEqual(ranks[1].call("GetStatus", pb.GetStatusRequest())
-                                 .model.steps_trained, self.STEPS)
+                self.assertEqual(status_at_steps(ranks[1], self.STEPS).model.steps_trained,
+                                 self.STEPS)
                 resumed = weights(snapshot(ranks[0], "end").directory)
             finally:
                 close_all(ranks)
@@ -491,7 +504,11 @@ class TorchrunTest(unittest.TestCase):
                                             timeout=20)
             self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
             for rank, stub in enumerate(stubs):
+                deadline = time.time() + 30  # a follower ends a moment after rank 0
                 status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
+                while status.model.steps_trained < 4 and time.time() < deadline:
+                    time.sleep(0.05)
+                    status = stub.GetStatus(pb.GetStatusRequest(), timeout=10)
                 self.assertEqual(status.data_parallel.rank, rank)
                 self.assertEqual(status.data_parallel.launcher, "torchrun")
                 self.assertEqual(status.model.steps_trained, 4)
@@ -558,7 +575,7 @@ def can_make_namespaces():
 # What the client runs inside host A's namespace (the daemons' addresses are
 # only reachable there): Train on rank 0, then both ranks' status, as JSON.
 CLIENT = r"""
-import json, sys
+import json, sys, time
 sys.path[:0] = sys.argv[1:3]
 import grpc
 from memprofd.v1 import memprofd_pb2, memprofd_pb2_grpc, operation_pb2, train_pb2
@@ -569,7 +586,11 @@ while not op.done:
                                 timeout=20)
 out = {"state": op.state, "error": op.error.message, "ranks": []}
 for stub in stubs:
+    deadline = time.time() + 30  # a follower ends a moment after rank 0
     s = stub.GetStatus(memprofd_pb2.GetStatusRequest(), timeout=10)
+    while s.model.steps_trained < 6 and time.time() < deadline:
+        time.sleep(0.05)
+        s = stub.GetStatus(memprofd_pb2.GetStatusRequest(), timeout=10)
     out["ranks"].append({"rank": s.data_parallel.rank, "node": s.data_parallel.node_rank,
                          "steps": s.model.steps_trained,
                          "drift": s.data_parallel.parameter_drift,
