@@ -2,8 +2,6 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
-#include "core/common/log.h"
 #include "core/common/threads.h"
 
 namespace memprofd {
@@ -25,13 +23,7 @@ void WorkQueue::Post(std::function<void()> job) {
 }
 
 void WorkQueue::Loop(const std::string& thread_name, int nice) {
-  NameThisThread(thread_name);
-  if (nice > 0) {
-    if (absl::Status s = LowerThisThreadPriority(nice); !s.ok()) {
-      LogWarning(absl::StrCat(thread_name, ": ", s.message(),
-                              "; it runs at the process's priority"));
-    }
-  }
+  NameAndLowerThisThread(thread_name, nice);
   for (;;) {
     std::function<void()> job;
     {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/log.h"
 #include "core/common/status_macros.h"
 
 namespace memprofd {
@@ -43,9 +44,14 @@ absl::Status LowerThisThreadPriority(int increment) {
   return absl::OkStatus();
 }
 
-int ThisThreadNice() {
-  errno = 0;
-  return getpriority(PRIO_PROCESS, static_cast<id_t>(gettid()));
+int ThisThreadNice() { return getpriority(PRIO_PROCESS, static_cast<id_t>(gettid())); }
+
+void NameAndLowerThisThread(absl::string_view name, int nice_increment) {
+  NameThisThread(name);
+  if (nice_increment == 0) return;
+  if (absl::Status s = LowerThisThreadPriority(nice_increment); !s.ok()) {
+    LogWarning(absl::StrCat(name, ": ", s.message(), "; it keeps its priority"));
+  }
 }
 
 }  // namespace memprofd

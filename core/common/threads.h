@@ -40,6 +40,11 @@ absl::Status LowerThisThreadPriority(int increment);
 // The calling thread's nice value.
 int ThisThreadNice();
 
+// What a thread of the daemon's bulk work does first: NameThisThread(name),
+// then LowerThisThreadPriority(nice_increment) unless it is 0, with a
+// warning in the log (the thread then keeps its priority) when that fails.
+void NameAndLowerThisThread(absl::string_view name, int nice_increment);
+
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_COMMON_THREADS_H_

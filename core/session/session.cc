@@ -258,13 +258,7 @@ void Session::Shutdown() {
 
 void Session::OwnerLoop() {
   // Set first: what this thread starts later inherits both (threads.h).
-  NameThisThread("mpd-owner");
-  if (options_.bulk_nice > 0) {
-    if (absl::Status s = LowerThisThreadPriority(options_.bulk_nice); !s.ok()) {
-      LogWarning(absl::StrCat("--bulk_nice: ", s.message(),
-                              "; the training runs at the process's priority"));
-    }
-  }
+  NameAndLowerThisThread("mpd-owner", options_.bulk_nice);
   for (;;) {
     std::function<void()> work;
     {
