@@ -8,6 +8,7 @@ Starts memprofd on --device with the --preset model, then with memprofctl:
   - around the --record_run, records the memory history and dumps it as a
     memory_viz pickle;
   - scrapes /metrics, checks the counters against the step reports;
+  - on CUDA, trains a step that cannot fit: the OOM report and what follows it;
   - stops the daemon with SIGTERM (it must exit 0).
 Every run trains on one token file of exactly seq_len + 1 ids, so that every batch
 is the same window: the snapshot's loss on it (check_snapshot_hf.py) must equal the
@@ -177,6 +178,47 @@ def train_run(name):
     return result
 
 
+def cuda_oom(tokens_path, vocab):
+    """A step that cannot fit on the device: a batch whose logits alone would
+    be four times a 150 GB device. The caching allocator throws
+    OutOfMemoryError; its OOM observer captures the request and the live
+    blocks (with their attribution) before the unwinding frees them. The
+    operation fails RESOURCE_EXHAUSTED, the report says what filled the
+    device, the categories still add up afterwards, and a small step trains."""
+    batch = max(1, int(4 * 150e9 / (args.seq_len * vocab * 2)))
+    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000", "train",
+                        "--steps", "1", "--batch_size", str(batch), "--seq_len", str(args.seq_len),
+                        "--token_data", tokens_path, "--bytes_per_token", "4"],
+                       capture_output=True, text=True, timeout=600)
+    check("cuda oom: a %d x %d step fails out of memory" % (batch, args.seq_len),
+          r.returncode != 0 and "out of memory" in r.stderr, "exit %d %s" % (r.returncode, r.stderr.strip()[-300:]))
+    rep = ctl("memory", "oom")[0]
+    largest = rep.get("largest_allocations", [])
+    cats = {c["category"]: num(c["bytes"]) for c in rep.get("categories", [])}
+    check("cuda oom: the report captured the failed request on " + status["device"],
+          rep.get("captured") and rep.get("device") == status["device"] and
+          num(rep.get("requested_bytes", 0)) > num(rep.get("free_bytes", 0)) and
+          num(rep["written_at_unix_ms"]) - num(rep["failed_at_unix_ms"]) < 1000,
+          "request %s B in %s, module %s, op %s, free %s of %s B" % (
+              rep.get("requested_bytes"), rep.get("phase"), rep.get("module"), rep.get("op"),
+              rep.get("free_bytes"), rep.get("total_bytes")))
+    check("cuda oom: the 20 largest live blocks, each with a category",
+          len(largest) == 20 and all(a.get("category") for a in largest),
+          ", ".join("%s %s %s" % (a.get("bytes"), a.get("category"), a.get("module", ""))
+                    for a in largest[:3]))
+    check("cuda oom: the parameters among the live bytes", cats.get("parameters", 0) > 0, cats)
+    top = ctl("memory", "top", "--by", "category")[0]
+    attributed, allocator = num(top["attributed_bytes"]), num(top["allocator_bytes"])
+    check("cuda oom: categories still sum to the allocator's bytes",
+          allocator > 0 and abs(attributed - allocator) <= 0.001 * allocator,
+          "%d attributed of %d" % (attributed, allocator))
+    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000", "train",
+                        "--steps", "1", "--batch_size", "1", "--seq_len", str(args.seq_len),
+                        "--token_data", tokens_path, "--bytes_per_token", "4"],
+                       capture_output=True, text=True, timeout=600)
+    check("cuda oom: a small step trains after it", r.returncode == 0, r.stderr.strip()[-300:])
+
+
 runs, snapshot, memory = {}, None, None
 try:
     for name in args.runs.split(","):
@@ -242,6 +284,8 @@ try:
     check("breakdown: parameters attributed on " + top["device"],
           bool(params) and params[0] > 0, params)
     memory = ctl("memory")[0]
+    if args.device.startswith("cuda"):
+        cuda_oom(tokens_path, vocab)
 except Exception as e:  # a failed command: recorded, and the daemon still stopped
     check("daemon part ran through", False, repr(e))
 finally:
