@@ -13,7 +13,6 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 #include "core/common/log.h"
 #include "core/common/threads.h"
 #include "core/dist/world.h"
@@ -82,13 +81,6 @@ ABSL_FLAG(int32_t, bulk_nice, 0,
           "threads) and the memory-history dump builder; above 0 the gRPC and metrics "
           "threads, which keep the process's, answer ahead of a training that fills "
           "the cores");
-ABSL_FLAG(int32_t, serving_slice_us, 100,
-          "CPU time slice (microseconds; 100..100000, or 0 for the kernel's default) "
-          "the daemon asks Linux 6.12+ for on its serving threads: gRPC's, the "
-          "metrics server's and its own main and signal threads. Shorter than the "
-          "training threads' (which keep the default, 1.4 ms on 2 cores), it lets a "
-          "woken RPC thread take a core from the training at once instead of after "
-          "the training's slice; CPU shares do not change. Earlier kernels ignore it");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warning or error");
 
 namespace {
@@ -216,19 +208,6 @@ int main(int argc, char** argv) {
   if (absl::Status s = memprofd::offload::ValidateOffloadOptions(offload, "--");
       !s.ok()) {
     return Fail(std::string(s.message()));
-  }
-
-  // Before the server starts any thread: its threads and gRPC's inherit the
-  // slice, and the owner thread and the other bulk threads give it back (see
-  // NameAndLowerThisThread).
-  const absl::Duration serving_slice =
-      absl::Microseconds(absl::GetFlag(FLAGS_serving_slice_us));
-  if (absl::Status s = memprofd::ValidateSlice(serving_slice); !s.ok()) {
-    return Fail(absl::StrCat("--serving_slice_us: ", s.message()));
-  }
-  if (absl::Status s = memprofd::SetThisThreadSlice(serving_slice); !s.ok()) {
-    memprofd::LogWarning(absl::StrCat("--serving_slice_us: ", s.message(),
-                                      "; the serving threads keep the default slice"));
   }
 
   InstallSignalHandlers();

@@ -1,11 +1,9 @@
 #include "core/common/threads.h"
 
 #include <ATen/Parallel.h>
-#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <set>
 #include <string>
 #include <thread>
@@ -20,15 +18,6 @@ namespace memprofd {
 namespace {
 
 using ::memprofd::testing::ThisThreadName;
-
-// Linux took a fair-class thread's sched_runtime as its slice from 6.12.
-bool KernelHasCustomSlices() {
-  utsname u;
-  int major = 0, minor = 0;
-  if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &major, &minor) != 2)
-    return false;
-  return major > 6 || (major == 6 && minor >= 12);
-}
 
 TEST(ThreadsTest, LoweringStopsAtNineteen) {
   int nice = -1;
@@ -89,53 +78,6 @@ TEST(ThreadsTest, RefusesValuesOutsideZeroToNineteen) {
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_NE(s.message().find("0..19"), std::string::npos) << s.message();
   }
-}
-
-TEST(ThreadsTest, SlicesAreInheritedAndBulkThreadsGiveThemBack) {
-  if (!KernelHasCustomSlices()) GTEST_SKIP() << "Linux before 6.12 ignores custom slices";
-  const absl::Duration default_slice = ThisThreadSlice();
-  ASSERT_GT(default_slice, absl::ZeroDuration());
-  const absl::Duration asked = absl::Microseconds(250);
-  ASSERT_NE(default_slice, asked);
-  absl::Duration set, child, bulk;
-  std::thread t([&] {
-    ASSERT_TRUE(SetThisThreadSlice(asked).ok());
-    set = ThisThreadSlice();
-    std::thread([&] { child = ThisThreadSlice(); }).join();
-    std::thread([&] {
-      NameAndLowerThisThread("mpd-test-bulk", 0);
-      bulk = ThisThreadSlice();
-    }).join();
-  });
-  t.join();
-  EXPECT_EQ(set, asked);
-  EXPECT_EQ(child, asked);
-  EXPECT_EQ(bulk, default_slice);
-  EXPECT_EQ(ThisThreadSlice(), default_slice);
-}
-
-TEST(ThreadsTest, ASliceKeepsTheNiceValue) {
-  int before = -1, after = -1;
-  std::thread([&] {
-    ASSERT_TRUE(LowerThisThreadPriority(4).ok());
-    before = ThisThreadNice();
-    ASSERT_TRUE(SetThisThreadSlice(absl::Microseconds(300)).ok());
-    ASSERT_TRUE(SetThisThreadSlice(absl::ZeroDuration()).ok());
-    after = ThisThreadNice();
-  }).join();
-  EXPECT_EQ(after, before);
-}
-
-TEST(ThreadsTest, RefusesSlicesOutsideTheKernelsRange) {
-  for (absl::Duration bad : {absl::Microseconds(-1), absl::Microseconds(99),
-                             absl::Milliseconds(100) + absl::Nanoseconds(1)}) {
-    absl::Status s = SetThisThreadSlice(bad);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(s.message().find("100us..100ms"), std::string::npos) << s.message();
-  }
-  EXPECT_TRUE(ValidateSlice(absl::ZeroDuration()).ok());
-  EXPECT_TRUE(ValidateSlice(kMinSlice).ok());
-  EXPECT_TRUE(ValidateSlice(kMaxSlice).ok());
 }
 
 TEST(ThreadsTest, NamesAreCutAtFifteenBytes) {
