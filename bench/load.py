@@ -23,6 +23,7 @@ reported as its own row: the latency a client that is not starved sees.
   /opt/memprofd/venv/bin/python bench/load.py [--clients 64] [--minutes 10]
       [--seconds S] [--build build] [--processes 4] [--client_nice N]
       [--bulk_nice N] [--interval S] [--dump_every N]
+      [--kinds GetStatus,metrics,...] [--idle]
 
 Clients run in --processes processes (threads in each), so that one Python
 interpreter's lock does not become the bottleneck being measured; on a
@@ -49,8 +50,13 @@ def percentile(values, q):
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
+KINDS = ("GetStatus", "GetMemoryStats", "metrics", "StreamStepReports", "WatchOperation")
+# The calls that need a running training (their streams follow its operation).
+TRAINING_KINDS = ("StreamStepReports", "WatchOperation")
+
+
 def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nice=0,
-                   interval=0.0, dump_every=16):
+                   interval=0.0, dump_every=16, kinds=KINDS):
     if nice:
         os.nice(nice)
     import grpc
@@ -68,15 +74,15 @@ def client_process(addr, metrics_port, op_id, first, count, deadline, queue, nic
             errors.setdefault(name, []).append(detail)
 
     def run(i):
-        kinds = ["GetStatus", "GetMemoryStats", "metrics", "StreamStepReports", "WatchOperation"]
+        mine = list(kinds)
         if dump_every and i % dump_every == 0:
-            kinds.append("DumpMemoryHistory")
+            mine.append("DumpMemoryHistory")
         k = i
         # Paced clients start at spread-out offsets, so that they do not call
         # in step; closed-loop ones (interval 0) call again as soon as answered.
         next_call = time.perf_counter() + interval * (i % 64) / 64.0
         while time.time() < deadline:
-            kind = kinds[k % len(kinds)]
+            kind = mine[k % len(mine)]
             k += 1
             if interval > 0:
                 time.sleep(max(0.0, next_call - time.perf_counter()))
@@ -208,11 +214,23 @@ def main():
                          "(closed loop: the daemon saturated, latency = queue / rate)")
     ap.add_argument("--dump_every", type=int, default=16,
                     help="one client in N also dumps the memory history (0: none)")
+    ap.add_argument("--kinds", default=None,
+                    help="comma-separated calls the clients take turns at (default: "
+                         "all of them; with --idle, those that need no training); "
+                         "to see which load makes a tail")
+    ap.add_argument("--idle", action="store_true",
+                    help="the daemon does not train: the latency floor that this "
+                         "machine and these clients give, to set beside a run that "
+                         "trains")
     ap.add_argument("--processes", type=int, default=4)
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--batch_size", type=int, default=4)
     ap.add_argument("--seq_len", type=int, default=64)
     args = ap.parse_args()
+    allowed = tuple(k for k in KINDS if not (args.idle and k in TRAINING_KINDS))
+    kinds = tuple(k for k in (args.kinds or ",".join(allowed)).split(",") if k)
+    if not kinds or set(kinds) - set(allowed):
+        ap.error("--kinds: give some of %s" % ",".join(allowed))
     os.environ["MEMPROFD_BUILD_DIR"] = os.path.abspath(args.build)
     import harness
     from harness import pb
@@ -220,11 +238,13 @@ def main():
     d = harness.Daemon("--bulk_nice=%d" % args.bulk_nice)
     try:
         d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=20000))
-        op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=args.batch_size,
-                                             seq_len=args.seq_len))
-        while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
-            time.sleep(0.2)
-        baseline = tokens_per_second(d, 20)
+        op, baseline = None, float("nan")
+        if not args.idle:
+            op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=args.batch_size,
+                                                 seq_len=args.seq_len))
+            while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
+                time.sleep(0.2)
+            baseline = tokens_per_second(d, 20)
 
         seconds = args.seconds if args.seconds is not None else args.minutes * 60
         hist_before = rpc_histograms(d)
@@ -238,8 +258,8 @@ def main():
         procs, first = [], 0
         for count in per:
             p = mp.Process(target=client_process, args=(
-                d.addr, d.metrics_port, op.id, first, count, deadline, queue,
-                args.client_nice, args.interval, args.dump_every))
+                d.addr, d.metrics_port, op.id if op else "", first, count, deadline, queue,
+                args.client_nice, args.interval, args.dump_every, kinds))
             first += count
             p.start()
             procs.append(p)
@@ -252,7 +272,10 @@ def main():
         start = time.time()
         while time.time() < deadline - 5:
             samples.append((time.time() - start, rss_mib(d.proc.pid)))
-            rates.append(tokens_per_second(d, 5))
+            if args.idle:
+                time.sleep(5)
+            else:
+                rates.append(tokens_per_second(d, 5))
         lat, errors = {}, {}
         for _ in procs:
             l, e = queue.get()
@@ -263,8 +286,10 @@ def main():
         for p in procs:
             p.join()
         hist_after = rpc_histograms(d)
-        after = tokens_per_second(d, 10)
-        d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+        after = float("nan")
+        if op is not None:
+            after = tokens_per_second(d, 10)
+            d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
 
         warm = [(t, r) for t, r in samples if t >= min(60, seconds / 3)]
         slope = float("nan")
@@ -277,12 +302,14 @@ def main():
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
         print("memprofd load: %d clients in %d processes (nice +%d, %s) and one probe, "
-              "%.1f min, tiny preset training batch %d x %d (--bulk_nice=%d); %d cores, "
-              "load average %s"
+              "%.1f min, %s (--bulk_nice=%d); calls: %s; %d cores, load average %s"
               % (args.clients, args.processes, args.client_nice,
                  "a call every %g s each" % args.interval if args.interval > 0
-                 else "closed loop", seconds / 60, args.batch_size, args.seq_len,
-                 args.bulk_nice, os.cpu_count(), " ".join(load)))
+                 else "closed loop", seconds / 60,
+                 "no training (--idle)" if args.idle else
+                 "tiny preset training batch %d x %d" % (args.batch_size, args.seq_len),
+                 args.bulk_nice, ",".join(kinds), os.cpu_count(),
+                 " ".join(load)))
         print("client side: from the call to its answer, in the client's process; "
               "server side: the daemon's handler time (memprofd_rpc_duration_seconds, "
               "streams until they end), as the bound of the histogram bucket")
@@ -310,9 +337,10 @@ def main():
               % (samples[0][1] if samples else float("nan"),
                  samples[-1][1] if samples else float("nan"), slope, len(warm)))
         during = sum(rates) / len(rates) if rates else float("nan")
-        print("training tokens/s: %.0f before the load, %.0f during (mean of 5 s windows), "
-              "%.0f after; %.2fx under load" % (baseline, during, after,
-                                                during / baseline if baseline else float("nan")))
+        if not args.idle:
+            print("training tokens/s: %.0f before the load, %.0f during (mean of 5 s "
+                  "windows), %.0f after; %.2fx under load"
+                  % (baseline, during, after, during / baseline if baseline else float("nan")))
     finally:
         d.close()
 
