@@ -20,6 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
+from load import percentile  # noqa: E402  (bench/load.py, beside this file)
+
 
 def oversleep(seconds, nice):
     """Sleeps of 1 ms for `seconds` in a child process at `nice`; prints their
@@ -33,13 +35,9 @@ def oversleep(seconds, nice):
             t = time.perf_counter()
             time.sleep(0.001)
             late.append(time.perf_counter() - t - 0.001)
-        late.sort()
-
-        def q(p):
-            return 1e3 * late[min(len(late) - 1, int(p * len(late)))]
-
         print("  nice %+3d: %6d sleeps, late by p50 %.3f  p99 %.3f  p99.9 %.3f  max %.3f ms"
-              % (nice, len(late), q(0.5), q(0.99), q(0.999), 1e3 * late[-1]), flush=True)
+              % (nice, len(late), 1e3 * percentile(late, 0.5), 1e3 * percentile(late, 0.99),
+                 1e3 * percentile(late, 0.999), 1e3 * max(late)), flush=True)
         os._exit(0)
     os.waitpid(pid, 0)
 
