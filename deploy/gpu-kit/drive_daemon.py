@@ -194,11 +194,12 @@ def cuda_oom(tokens_path, vocab):
           r.returncode != 0 and "out of memory" in r.stderr, "exit %d %s" % (r.returncode, r.stderr.strip()[-300:]))
     rep = ctl("memory", "oom")[0]
     largest = rep.get("largest_allocations", [])
-    cats = {c["category"]: num(c["bytes"]) for c in rep.get("categories", [])}
+    cats = {c["category"]: num(c.get("bytes", 0)) for c in rep.get("categories", [])}
     check("cuda oom: the report captured the failed request on " + status["device"],
           rep.get("captured") and rep.get("device") == status["device"] and
           num(rep.get("requested_bytes", 0)) > num(rep.get("free_bytes", 0)) and
-          num(rep["written_at_unix_ms"]) - num(rep["failed_at_unix_ms"]) < 1000,
+          num(rep.get("failed_at_unix_ms", 0)) > 0 and
+          0 <= num(rep.get("written_at_unix_ms", 0)) - num(rep["failed_at_unix_ms"]) < 1000,
           "request %s B in %s, module %s, op %s, free %s of %s B" % (
               rep.get("requested_bytes"), rep.get("phase"), rep.get("module"), rep.get("op"),
               rep.get("free_bytes"), rep.get("total_bytes")))
