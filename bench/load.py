@@ -149,6 +149,15 @@ def probe_process(addr, deadline, interval, queue):
     queue.put(({"GetStatus (probe)": lat}, {"GetStatus (probe)": errors} if errors else {}))
 
 
+def start_training(d, pb, batch_size, seq_len):
+    """Starts a training that runs until cancelled and waits for its third
+    step (past the warm-up); returns its operation."""
+    op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=batch_size, seq_len=seq_len))
+    while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
+        time.sleep(0.2)
+    return op
+
+
 def rpc_histograms(d):
     """memprofd_rpc_duration_seconds by method: {method: [(le, cumulative count)]}
     (the daemon's own time in the handler, from its /metrics)."""
@@ -240,10 +249,7 @@ def main():
         d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=20000))
         op, baseline = None, float("nan")
         if not args.idle:
-            op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=args.batch_size,
-                                                 seq_len=args.seq_len))
-            while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
-                time.sleep(0.2)
+            op = start_training(d, pb, args.batch_size, args.seq_len)
             baseline = tokens_per_second(d, 20)
 
         seconds = args.seconds if args.seconds is not None else args.minutes * 60

@@ -20,7 +20,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
-from load import percentile  # noqa: E402  (bench/load.py, beside this file)
+from load import percentile, start_training  # noqa: E402  (bench/load.py, beside this file)
 
 
 def oversleep(seconds, nice):
@@ -61,9 +61,7 @@ def main():
         oversleep(args.seconds, n)
     d = harness.Daemon("--bulk_nice=%d" % args.bulk_nice)
     try:
-        op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=4, seq_len=64))
-        while d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step < 3:
-            time.sleep(0.2)
+        op = start_training(d, pb, 4, 64)
         print("memprofd training tiny 4 x 64 (--bulk_nice=%d):" % args.bulk_nice)
         for n in nices:
             oversleep(args.seconds, n)

@@ -178,6 +178,26 @@ def train_run(name):
     return result
 
 
+def check_categories_sum(name):
+    """Where every byte goes: the allocator's blocks (on CUDA, the caching
+    allocator's, attributed from before the model loaded) add up, by category,
+    to its bytes (on CUDA, the requested ones). Returns the breakdown."""
+    top = ctl("memory", "top", "--by", "category")[0]
+    attributed, allocator = num(top["attributed_bytes"]), num(top["allocator_bytes"])
+    check(name, allocator > 0 and abs(attributed - allocator) <= 0.001 * allocator,
+          "%d attributed of %d" % (attributed, allocator))
+    return top
+
+
+def train_one_step(tokens_path, batch):
+    """memprofctl train, one step of batch x --seq_len on the token file."""
+    return subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000",
+                           "train", "--steps", "1", "--batch_size", str(batch),
+                           "--seq_len", str(args.seq_len), "--token_data", tokens_path,
+                           "--bytes_per_token", "4"],
+                          capture_output=True, text=True, timeout=600)
+
+
 def cuda_oom(tokens_path, vocab):
     """A step that cannot fit on the device: a batch whose logits alone would
     be four times a 150 GB device. The caching allocator throws
@@ -186,10 +206,7 @@ def cuda_oom(tokens_path, vocab):
     operation fails RESOURCE_EXHAUSTED, the report says what filled the
     device, the categories still add up afterwards, and a small step trains."""
     batch = max(1, int(4 * 150e9 / (args.seq_len * vocab * 2)))
-    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000", "train",
-                        "--steps", "1", "--batch_size", str(batch), "--seq_len", str(args.seq_len),
-                        "--token_data", tokens_path, "--bytes_per_token", "4"],
-                       capture_output=True, text=True, timeout=600)
+    r = train_one_step(tokens_path, batch)
     check("cuda oom: a %d x %d step fails out of memory" % (batch, args.seq_len),
           r.returncode != 0 and "out of memory" in r.stderr, "exit %d %s" % (r.returncode, r.stderr.strip()[-300:]))
     rep = ctl("memory", "oom")[0]
@@ -208,15 +225,8 @@ def cuda_oom(tokens_path, vocab):
           ", ".join("%s %s %s" % (a.get("bytes"), a.get("category"), a.get("module", ""))
                     for a in largest[:3]))
     check("cuda oom: the parameters among the live bytes", cats.get("parameters", 0) > 0, cats)
-    top = ctl("memory", "top", "--by", "category")[0]
-    attributed, allocator = num(top["attributed_bytes"]), num(top["allocator_bytes"])
-    check("cuda oom: categories still sum to the allocator's bytes",
-          allocator > 0 and abs(attributed - allocator) <= 0.001 * allocator,
-          "%d attributed of %d" % (attributed, allocator))
-    r = subprocess.run([args.memprofctl, "--addr=" + addr, "--json", "--timeout_ms=600000", "train",
-                        "--steps", "1", "--batch_size", "1", "--seq_len", str(args.seq_len),
-                        "--token_data", tokens_path, "--bytes_per_token", "4"],
-                       capture_output=True, text=True, timeout=600)
+    check_categories_sum("cuda oom: categories still sum to the allocator's bytes")
+    r = train_one_step(tokens_path, 1)
     check("cuda oom: a small step trains after it", r.returncode == 0, r.stderr.strip()[-300:])
 
 
@@ -272,15 +282,9 @@ try:
     if args.device.startswith("cuda"):
         reserved = metric("memprofd_cuda_reserved_bytes")
         check("metrics: CUDA reserved bytes", reserved and reserved[0] > 0, reserved)
-    # Where every byte goes: the allocator's blocks (on CUDA, the caching
-    # allocator's, attributed from before the model loaded) add up, by
-    # category, to its bytes (on CUDA, the requested ones), and the weights
-    # are the parameters'.
-    top = ctl("memory", "top", "--by", "category")[0]
-    attributed, allocator = num(top["attributed_bytes"]), num(top["allocator_bytes"])
-    check("breakdown: categories sum to the allocator's bytes on " + top["device"],
-          allocator > 0 and abs(attributed - allocator) <= 0.001 * allocator,
-          "%d attributed of %d" % (attributed, allocator))
+    # The categories add up, and the weights are the parameters'.
+    top = check_categories_sum("breakdown: categories sum to the allocator's bytes on " +
+                               status["device"])
     params = [num(c["bytes"]) for c in top["categories"] if c["category"] == "parameters"]
     check("breakdown: parameters attributed on " + top["device"],
           bool(params) and params[0] > 0, params)
