@@ -21,19 +21,26 @@ calls GetStatus every --probe_interval seconds beside the load, and is
 reported as its own row: the latency a client that is not starved sees.
 
   /opt/memprofd/venv/bin/python bench/load.py [--clients 64] [--minutes 10]
-      [--seconds S] [--build build] [--processes 4] [--client_nice N]
-      [--bulk_nice N] [--interval S] [--dump_every N]
+      [--seconds S] [--build build] [--client python|cpp] [--processes 4]
+      [--client_nice N] [--bulk_nice N] [--interval S] [--dump_every N]
       [--kinds GetStatus,metrics,...] [--idle]
 
-Clients run in --processes processes (threads in each), so that one Python
-interpreter's lock does not become the bottleneck being measured; on a
+Python clients run in --processes processes (threads in each), so that one
+Python interpreter's lock does not become the bottleneck being measured; on a
 machine with few cores the clients still compete with the training for the
-CPU, which the table's header says (uptime).
+CPU, which the table's header says (uptime). --client cpp runs the same
+clients, calls and pacing in C++ instead (build/bench/load_client: a thread
+and a connection per client, ~0.1 ms of CPU per call instead of ~1 ms), so
+that the load generator's own CPU time is not what the figures measure.
+Both probes run in every run, the Python one and a C++ one (each alone in
+its process), side by side whichever language the load is in.
 """
 
 import argparse
+import json
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -146,7 +153,29 @@ def probe_process(addr, deadline, interval, queue):
         lat.append(time.perf_counter() - start)
         time.sleep(max(0.0, interval - (time.perf_counter() - start)))
     channel.close()
-    queue.put(({"GetStatus (probe)": lat}, {"GetStatus (probe)": errors} if errors else {}))
+    row = "GetStatus (probe, Python)"
+    queue.put(({row: lat}, {row: errors} if errors else {}))
+
+
+def start_cpp_clients(build, addr, metrics_port, op_id, seconds, clients, interval, kinds,
+                      dump_every, label="", nice=0):
+    """Starts build/bench/load_client (load.py's clients in C++); its
+    results come from cpp_results()."""
+    args = [os.path.join(build, "bench", "load_client"), "--addr=" + addr,
+            "--metrics_port=%d" % metrics_port, "--operation_id=" + op_id,
+            "--clients=%d" % clients, "--seconds=%g" % seconds, "--interval=%g" % interval,
+            "--kinds=" + ",".join(kinds), "--dump_every=%d" % dump_every, "--label=" + label]
+    return subprocess.Popen(args, stdout=subprocess.PIPE,
+                            preexec_fn=(lambda: os.nice(nice)) if nice else None)
+
+
+def cpp_results(proc):
+    """({row: [seconds]}, {row: [error]}) from a load_client that has ended."""
+    out, _ = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit("load_client exited with %d" % proc.returncode)
+    result = json.loads(out)
+    return result["latencies"], result["errors"]
 
 
 def start_training(d, pb, batch_size, seq_len):
@@ -194,6 +223,31 @@ def tokens_per_second(d, seconds):
     return steps * last.tokens / seconds if steps > 0 else 0.0
 
 
+def thread_switches(pid):
+    """{thread name: [voluntary, involuntary]} context switches, summed over
+    the process's live threads of that name (trailing digits dropped, so that
+    numbered pool threads add up). A voluntary switch is a thread that blocked
+    and so will be woken: per call, the wake-ups a call costs in the daemon."""
+    out = {}
+    for tid in os.listdir("/proc/%d/task" % pid):
+        try:
+            with open("/proc/%d/task/%s/comm" % (pid, tid)) as f:
+                name = f.read().strip().rstrip("0123456789") or "?"
+            counts = [0, 0]
+            with open("/proc/%d/task/%s/status" % (pid, tid)) as f:
+                for line in f:
+                    if line.startswith("voluntary_ctxt_switches:"):
+                        counts[0] = int(line.split()[1])
+                    elif line.startswith("nonvoluntary_ctxt_switches:"):
+                        counts[1] = int(line.split()[1])
+        except OSError:  # the thread ended between the listing and the read
+            continue
+        total = out.setdefault(name, [0, 0])
+        total[0] += counts[0]
+        total[1] += counts[1]
+    return out
+
+
 def rss_mib(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -231,7 +285,11 @@ def main():
                     help="the daemon does not train: the latency floor that this "
                          "machine and these clients give, to set beside a run that "
                          "trains")
-    ap.add_argument("--processes", type=int, default=4)
+    ap.add_argument("--client", choices=("python", "cpp"), default="python",
+                    help="the language of the load's clients: python (grpcio, "
+                         "--processes interpreters) or cpp (build/bench/load_client)")
+    ap.add_argument("--processes", type=int, default=4,
+                    help="Python client processes (threads in each)")
     ap.add_argument("--build", default=os.path.join(HERE, "..", "build"))
     ap.add_argument("--batch_size", type=int, default=4)
     ap.add_argument("--seq_len", type=int, default=64)
@@ -254,6 +312,7 @@ def main():
 
         seconds = args.seconds if args.seconds is not None else args.minutes * 60
         hist_before = rpc_histograms(d)
+        switches_before = thread_switches(d.proc.pid)
         deadline = time.time() + seconds
         # Spawned, not forked: a gRPC channel does not survive fork (a forked
         # client's calls can fail with "Wrong file descriptor generation").
@@ -261,18 +320,26 @@ def main():
         queue = mp.Queue()
         per = [args.clients // args.processes + (1 if p < args.clients % args.processes else 0)
                for p in range(args.processes)]
-        procs, first = [], 0
-        for count in per:
-            p = mp.Process(target=client_process, args=(
-                d.addr, d.metrics_port, op.id if op else "", first, count, deadline, queue,
-                args.client_nice, args.interval, args.dump_every, kinds))
-            first += count
-            p.start()
-            procs.append(p)
+        procs, cpp, first = [], [], 0
+        op_id = op.id if op else ""
+        if args.client == "cpp":
+            cpp.append(start_cpp_clients(args.build, d.addr, d.metrics_port, op_id, seconds,
+                                         args.clients, args.interval, kinds, args.dump_every,
+                                         nice=args.client_nice))
+        else:
+            for count in per:
+                p = mp.Process(target=client_process, args=(
+                    d.addr, d.metrics_port, op_id, first, count, deadline, queue,
+                    args.client_nice, args.interval, args.dump_every, kinds))
+                first += count
+                p.start()
+                procs.append(p)
         probe = mp.Process(target=probe_process, args=(
             d.addr, deadline, args.probe_interval, queue))
         probe.start()
         procs.append(probe)
+        cpp.append(start_cpp_clients(args.build, d.addr, d.metrics_port, op_id, seconds, 1,
+                                     args.probe_interval, ("GetStatus",), 0, label="probe, C++"))
         samples = []  # (seconds since start, RSS MiB)
         rates = []
         start = time.time()
@@ -283,15 +350,20 @@ def main():
             else:
                 rates.append(tokens_per_second(d, 5))
         lat, errors = {}, {}
+
+        def merge(result):
+            for into, rows in zip((lat, errors), result):
+                for k, v in rows.items():
+                    into.setdefault(k, []).extend(v)
+
         for _ in procs:
-            l, e = queue.get()
-            for k, v in l.items():
-                lat.setdefault(k, []).extend(v)
-            for k, v in e.items():
-                errors.setdefault(k, []).extend(v)
+            merge(queue.get())
         for p in procs:
             p.join()
+        for c in cpp:
+            merge(cpp_results(c))
         hist_after = rpc_histograms(d)
+        switches_after = thread_switches(d.proc.pid)
         after = float("nan")
         if op is not None:
             after = tokens_per_second(d, 10)
@@ -307,9 +379,12 @@ def main():
 
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
-        print("memprofd load: %d clients in %d processes (nice +%d, %s) and one probe, "
-              "%.1f min, %s (--bulk_nice=%d); calls: %s; %d cores, load average %s"
-              % (args.clients, args.processes, args.client_nice,
+        print("memprofd load: %d %s clients%s (nice +%d, %s) and two probes (Python, "
+              "C++), %.1f min, %s (--bulk_nice=%d); calls: %s; %d cores, load average %s"
+              % (args.clients, "C++" if args.client == "cpp" else "Python",
+                 " in one load_client process, a thread and connection each"
+                 if args.client == "cpp" else " in %d processes" % args.processes,
+                 args.client_nice,
                  "a call every %g s each" % args.interval if args.interval > 0
                  else "closed loop", seconds / 60,
                  "no training (--idle)" if args.idle else
@@ -319,7 +394,7 @@ def main():
         print("client side: from the call to its answer, in the client's process; "
               "server side: the daemon's handler time (memprofd_rpc_duration_seconds, "
               "streams until they end), as the bound of the histogram bucket")
-        print("%-20s %9s %9s %9s %7s %12s %12s" % ("rpc", "calls", "p50 ms", "p99 ms",
+        print("%-26s %9s %9s %9s %7s %12s %12s" % ("rpc", "calls", "p50 ms", "p99 ms",
                                                    "errors", "srv p50 <=", "srv p99 <="))
         total_errors = 0
         for k in sorted(lat):
@@ -333,9 +408,18 @@ def main():
                     le, _ = histogram_quantile(hist_before.get(method, []),
                                                hist_after[method], q)
                     srv[i] = "%.1f" % (1e3 * le)
-            print("%-20s %9d %9.2f %9.2f %7d %12s %12s" % (
+            print("%-26s %9d %9.2f %9.2f %7d %12s %12s" % (
                 k, len(v), 1e3 * percentile(v, 0.5), 1e3 * percentile(v, 0.99), n_err,
                 srv[0], srv[1]))
+        rpcs = sum(len(v) for k, v in lat.items() if not k.startswith("metrics"))
+        print("daemon context switches per gRPC call (%d calls; voluntary ones are "
+              "wake-ups), by thread, during the load:" % rpcs)
+        for name in sorted(switches_after):
+            b = switches_before.get(name, [0, 0])
+            a = switches_after[name]
+            if a[0] - b[0] + a[1] - b[1] > 0 and rpcs:
+                print("  %-16s voluntary %7.3f  involuntary %7.3f"
+                      % (name, (a[0] - b[0]) / rpcs, (a[1] - b[1]) / rpcs))
         print("errors: %d%s" % (total_errors, "".join(
             "\n  %s: %s" % (k, v[0]) for k, v in errors.items() if v)))
         print("daemon RSS: %.1f MiB at start of load, %.1f MiB at end; slope %.2f MiB/min "
