@@ -248,6 +248,17 @@ def thread_switches(pid):
     return out
 
 
+def rss_slope(samples):
+    """Least-squares slope of [(seconds, MiB)] in MiB per minute (nan for
+    fewer than two samples)."""
+    if len(samples) < 2:
+        return float("nan")
+    mt = sum(t for t, _ in samples) / len(samples)
+    mr = sum(r for _, r in samples) / len(samples)
+    den = sum((t - mt) ** 2 for t, _ in samples)
+    return sum((t - mt) * (r - mr) for t, r in samples) / den * 60 if den else float("nan")
+
+
 def rss_mib(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
@@ -370,12 +381,10 @@ def main():
             d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
 
         warm = [(t, r) for t, r in samples if t >= min(60, seconds / 3)]
-        slope = float("nan")
-        if len(warm) >= 2:
-            mt = sum(t for t, _ in warm) / len(warm)
-            mr = sum(r for _, r in warm) / len(warm)
-            den = sum((t - mt) ** 2 for t, _ in warm)
-            slope = sum((t - mt) * (r - mr) for t, r in warm) / den * 60 if den else float("nan")
+        slope = rss_slope(warm)
+        # A growth that levels off (buffers reaching their size) has a second
+        # half flatter than the whole; a leak does not.
+        late_slope = rss_slope([(t, r) for t, r in samples if t >= seconds / 2])
 
         with open("/proc/loadavg") as f:
             load = f.read().split()[:3]
@@ -423,9 +432,9 @@ def main():
         print("errors: %d%s" % (total_errors, "".join(
             "\n  %s: %s" % (k, v[0]) for k, v in errors.items() if v)))
         print("daemon RSS: %.1f MiB at start of load, %.1f MiB at end; slope %.2f MiB/min "
-              "(least squares after warm-up, %d samples)"
+              "(least squares after warm-up, %d samples), %.2f MiB/min over the second half"
               % (samples[0][1] if samples else float("nan"),
-                 samples[-1][1] if samples else float("nan"), slope, len(warm)))
+                 samples[-1][1] if samples else float("nan"), slope, len(warm), late_slope))
         during = sum(rates) / len(rates) if rates else float("nan")
         if not args.idle:
             print("training tokens/s: %.0f before the load, %.0f during (mean of 5 s "

@@ -1,8 +1,10 @@
 """Hardening over the wire (issue 15): auth over TLS and the token file's
 mode, clients that open streams and never read them, a disk that fills
-during a snapshot and during offload spilling, and symlinks planted in the
-snapshot root. The real daemon, started by harness.Daemon."""
+during a snapshot and during offload spilling, symlinks planted in the
+snapshot root, and the C++ load clients of bench/load.py. The real daemon,
+started by harness.Daemon."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -383,3 +385,84 @@ class SymlinkTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+LOAD_CLIENT = os.path.join(harness.BUILD_DIR, "bench", "load_client")
+LOAD_KINDS = ("GetStatus", "GetMemoryStats", "metrics", "StreamStepReports", "WatchOperation")
+
+
+def run_load_client(*flags):
+    """bench/load_client run to its end: (exit code, its JSON or None, stderr)."""
+    r = subprocess.run([LOAD_CLIENT] + list(flags), capture_output=True, text=True,
+                       timeout=120)
+    return r.returncode, json.loads(r.stdout) if r.returncode == 0 else None, r.stderr
+
+
+def rpc_count(d, method):
+    """Calls of `method` the daemon has served (0 before the first: its
+    histogram has no sample until then)."""
+    return sum(v for n, labels, v in harness.metric_samples(d.metrics_text())
+               if n == "memprofd_rpc_duration_seconds_count" and labels.get("method") == method)
+
+
+class LoadClientTest(harness.DaemonTestCase):
+    """bench/load_client, the C++ clients that bench/load.py --client cpp
+    measures with: every kind of call it makes reaches the daemon and is
+    timed, a call that fails is recorded as an error and the load goes on,
+    and bad flags say what to fix. Its latencies are the benchmark's to
+    print, not asserted here."""
+
+    DAEMON_FLAGS = ("--model=" + harness.micro_model_dir(),)
+
+    def test_every_kind_of_call_reaches_the_daemon_and_is_timed(self):
+        d = self.d
+        d.call("StartMemoryRecording", pb.StartMemoryRecordingRequest(max_entries=1000))
+        op = d.call("Train", pb.TrainRequest(steps=10**7, batch_size=2, seq_len=32))
+        try:
+            before = {m: rpc_count(d, m) for m in ("GetStatus", "GetMemoryStats")}
+            rc, out, err = run_load_client(
+                "--addr=" + d.addr, "--metrics_port=%d" % d.metrics_port,
+                "--operation_id=" + op.id, "--clients=4", "--seconds=3",
+                "--kinds=" + ",".join(LOAD_KINDS), "--dump_every=2")
+            after = {m: rpc_count(d, m) for m in before}
+        finally:
+            d.call("CancelOperation", pb.CancelOperationRequest(id=op.id))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out["errors"], {})
+        self.assertEqual(set(out["latencies"]), set(LOAD_KINDS) | {"DumpMemoryHistory"})
+        for kind, seconds in out["latencies"].items():
+            self.assertTrue(seconds, kind)
+            self.assertTrue(all(0 < s < 60 for s in seconds), (kind, seconds[:10]))
+        # What it timed is what the daemon served: no call made up or lost.
+        for method in before:
+            self.assertEqual(after[method] - before[method], len(out["latencies"][method]))
+
+    def test_failed_calls_are_recorded_and_the_load_goes_on(self):
+        port = harness.free_port()  # nothing listens there
+        rc, out, err = run_load_client(
+            "--addr=127.0.0.1:%d" % port, "--metrics_port=%d" % port, "--clients=2",
+            "--seconds=1", "--interval=0.1", "--kinds=GetStatus,metrics", "--dump_every=0",
+            "--label=probe")
+        self.assertEqual(rc, 0, err)
+        rows = {"GetStatus (probe)", "metrics (probe)"}
+        self.assertEqual(set(out["latencies"]), rows)
+        self.assertEqual(set(out["errors"]), rows)
+        for row in rows:
+            # Paced at 10 calls/s each, two clients for 1 s: every call made
+            # and failed, none ending the load.
+            self.assertGreaterEqual(len(out["latencies"][row]), 6, row)
+            self.assertEqual(len(out["errors"][row]), len(out["latencies"][row]), row)
+        self.assertIn("UNAVAILABLE", out["errors"]["GetStatus (probe)"][0])
+        self.assertIn("connect", out["errors"]["metrics (probe)"][0])
+
+    def test_bad_flags_exit_2_saying_what_to_fix(self):
+        for flags, says in ((["--kinds=GetStatus,Bogus"], "'Bogus'"),
+                            (["--kinds="], "--kinds"),
+                            (["--kinds=WatchOperation"], "--operation_id"),
+                            (["--kinds=metrics"], "--metrics_port"),
+                            (["--clients=0"], "--clients"),
+                            (["--seconds=0"], "--seconds"),
+                            (["--interval=-1"], "--interval")):
+            rc, _, err = run_load_client("--addr=" + self.d.addr, *flags)
+            self.assertEqual(rc, 2, (flags, err))
+            self.assertIn(says, err, flags)
