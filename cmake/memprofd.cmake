@@ -27,7 +27,9 @@ endif()
 # The cases SLOW matches (a --gtest_filter pattern, e.g. "AcceptanceTest.*")
 # are the ones that take minutes: they get the label `slow` (skipped by
 # `ctest -LE slow`, still run by `make test`) and SLOW_TIMEOUT (default:
-# TIMEOUT). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
+# TIMEOUT), and hold the ctest resource lock memprofd_cores (they train on
+# every core for minutes; tests that measure a training's pace take the same
+# lock, so that ctest -j never runs the two side by side). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
 # the source tree through MEMPROFD_SOURCE_DIR and the venv's interpreter (the
 # real consumers and Python references) through MEMPROFD_PYTHON.
 function(memprofd_test)
@@ -59,7 +61,8 @@ function(memprofd_test)
                          PROPERTIES TIMEOUT ${T_TIMEOUT})
     gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60 TEST_FILTER "${T_SLOW}"
                          TEST_LIST ${T_NAME}_SLOW_TESTS
-                         PROPERTIES TIMEOUT ${T_SLOW_TIMEOUT} LABELS slow)
+                         PROPERTIES TIMEOUT ${T_SLOW_TIMEOUT} LABELS slow
+                                    RESOURCE_LOCK memprofd_cores)
   else()
     if(T_SLOW)
       message(WARNING "${T_NAME}: CMake ${CMAKE_VERSION} cannot label the cases "
