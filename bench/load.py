@@ -329,8 +329,6 @@ def main():
         # client's calls can fail with "Wrong file descriptor generation").
         mp = multiprocessing.get_context("spawn")
         queue = mp.Queue()
-        per = [args.clients // args.processes + (1 if p < args.clients % args.processes else 0)
-               for p in range(args.processes)]
         procs, cpp, first = [], [], 0
         op_id = op.id if op else ""
         if args.client == "cpp":
@@ -338,6 +336,9 @@ def main():
                                          args.clients, args.interval, kinds, args.dump_every,
                                          nice=args.client_nice))
         else:
+            per = [args.clients // args.processes + (1 if p < args.clients % args.processes
+                                                     else 0)
+                   for p in range(args.processes)]
             for count in per:
                 p = mp.Process(target=client_process, args=(
                     d.addr, d.metrics_port, op_id, first, count, deadline, queue,
@@ -382,8 +383,10 @@ def main():
 
         warm = [(t, r) for t, r in samples if t >= min(60, seconds / 3)]
         slope = rss_slope(warm)
-        # A growth that levels off (buffers reaching their size) has a second
-        # half flatter than the whole; a leak does not.
+        # A second half flatter than the whole points to growth that levels
+        # off. Neither slope tells growth per call from a warm-up when every
+        # run makes the same calls: a closed-loop run, with many more calls
+        # in the same time, does (README, Hardening).
         late_slope = rss_slope([(t, r) for t, r in samples if t >= seconds / 2])
 
         with open("/proc/loadavg") as f:
