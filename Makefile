@@ -1,6 +1,8 @@
 # The README's two commands and a few helpers. Everything real is in CMake.
 #   make run    install what is missing, build Release, start memprofd and drive a demo
 #   make test   install what is missing, build, run every test (ctest)
+#   make check  build and run the fast tests (ctest without the slow, fuzz and
+#               gpu_kit labels); no sanitizer or fuzz build
 #   make bench  build and run the benchmarks (prints figures)
 #   make fuzz   build the libFuzzer targets (clang, ASan + UBSan) and run each
 #               for FUZZ_SECONDS (default 300)
@@ -12,7 +14,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test bench format clean \
+.PHONY: all deps configure build run test check bench format clean \
         fuzz-build fuzz test-sanitized-core test-asan test-ubsan test-tsan
 
 all: build
@@ -32,6 +34,12 @@ run: build
 test: build fuzz-build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 1200
 	$(MAKE) --no-print-directory test-sanitized-core
+
+# The edit-test loop: the main build's tests without the minutes-long ones
+# (label slow), the fuzz smoke runs (fuzz) and the GPU kit's dry run (gpu_kit);
+# no build-fuzz tree. `make test` (CI) runs everything.
+check: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE 'slow|fuzz|gpu_kit' --timeout 1200
 
 # --- Sanitizers and fuzzing (issue 15; cmake/sanitizers.cmake) -------------
 # One clang build directory serves the fuzz targets and the core unit tests
