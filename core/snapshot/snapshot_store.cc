@@ -9,11 +9,11 @@
 #include <filesystem>
 #include <system_error>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "core/common/utf8.h"
 #include "core/snapshot/internal/file_io.h"
 
 namespace memprofd {
@@ -28,7 +28,8 @@ absl::Status BadName(absl::string_view name, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(
       "invalid snapshot name \"", absl::CEscape(name.substr(0, 64)),
       name.size() > 64 ? "..." : "", "\": ", why,
-      "; use letters, digits, '-', '_' and '.' (not first), at most 200 bytes"));
+      "; use ASCII letters, digits, '-', '_' and '.', not starting with '.' or '-', "
+      "at most 200 bytes"));
 }
 
 // Snapshots are directories the writer made by rename; a symbolic link under
@@ -50,15 +51,25 @@ absl::Status RefuseSymlink(const fs::path& dir) {
 absl::Status ValidateSnapshotName(absl::string_view name) {
   if (name.empty()) return BadName(name, "it is empty");
   if (name.size() > kMaxNameBytes) return BadName(name, "it is longer than 200 bytes");
-  if (name[0] == '.')
+  const unsigned char first = static_cast<unsigned char>(name[0]);
+  if (first == '.')
     return BadName(name, "it starts with '.' (hidden names are reserved)");
+  if (first == '-')
+    return BadName(name, "it starts with '-' (a shell would read it as an option)");
   if (absl::StrContains(name, "..")) return BadName(name, "it contains \"..\"");
   for (const char ch : name) {
     const unsigned char c = static_cast<unsigned char>(ch);
     if (c == '/' || c == '\\') return BadName(name, "it contains a path separator");
     if (c < 0x20 || c == 0x7F) return BadName(name, "it contains a control character");
+    if (c >= 0x80) {
+      return BadName(name,
+                     "it contains a byte outside ASCII (non-ASCII names can hide "
+                     "bidirectional controls and look-alike characters)");
+    }
+    if (!absl::ascii_isalnum(c) && c != '-' && c != '_' && c != '.') {
+      return BadName(name, absl::StrCat("it contains '", std::string(1, ch), "'"));
+    }
   }
-  if (!IsValidUtf8(name)) return BadName(name, "it is not valid UTF-8");
   return absl::OkStatus();
 }
 

@@ -23,9 +23,11 @@ namespace snapshot {
 // Prefix of temporary directories inside the root.
 inline constexpr char kTempPrefix[] = ".tmp-";
 
-// OK when `name` can name a snapshot: non-empty, at most 200 bytes, valid
-// UTF-8 without '/', '\\', NUL or control characters, no "..", not starting
-// with '.'. INVALID_ARGUMENT saying what is wrong otherwise.
+// OK when `name` can name a snapshot: 1 to 200 bytes of ASCII letters,
+// digits, '-', '_' and '.', not starting with '.' (hidden names are the
+// writer's) or '-' (an option to a shell), without "..". Nothing else: no
+// spaces, '*', '~', or non-ASCII (bidirectional controls, look-alikes).
+// INVALID_ARGUMENT saying what is wrong otherwise (the name cut to 64 bytes).
 absl::Status ValidateSnapshotName(absl::string_view name);
 
 // OK unless `root` is a symbolic link owned by a user other than this

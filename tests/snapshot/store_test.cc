@@ -25,13 +25,15 @@ TEST(SnapshotNameTest, RejectsUnsafeNames) {
            std::string(""), std::string(201, 'a'), std::string("a/b"),
            std::string("a\\b"), std::string(".hidden"), std::string(".."),
            std::string("a..b"), std::string("a\nb"), std::string("a\0b", 3),
-           std::string("a\x7f"), std::string("\xff\xfe")}) {
+           std::string("a\x7f"), std::string("\xff\xfe"), std::string("-rf"),
+           std::string("a b"), std::string("*"), std::string("~root"),
+           std::string("a\xe2\x80\xaeb"), std::string("\xc3\xa9t\xc3\xa9")}) {
     EXPECT_EQ(ValidateSnapshotName(bad).code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
   for (const std::string& good :
        std::vector<std::string>{"step-100", "run_1.final", std::string(200, 'x'),
-                                std::string("\xc3\xa9t\xc3\xa9")}) {
+                                "_private", "v1.2-rc3"}) {
     EXPECT_TRUE(ValidateSnapshotName(good).ok()) << good;
   }
 }
