@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -92,10 +93,11 @@ absl::Status TokenAuth::Check(const grpc::ServerContextBase& context) const {
         "missing 'authorization: Bearer <token>' metadata; this memprofd was started "
         "with --auth_token_file");
   }
-  std::string value(it->second.data(), it->second.size());
-  constexpr char kPrefix[] = "Bearer ";
-  if (value.rfind(kPrefix, 0) != 0 ||
-      !ConstantTimeEquals(value.substr(sizeof(kPrefix) - 1), token_)) {
+  const absl::string_view value(it->second.data(), it->second.size());
+  // The scheme is case-insensitive (RFC 7235 section 2.1, as RFC 6750 uses it).
+  constexpr absl::string_view kScheme = "bearer ";
+  if (!absl::StartsWithIgnoreCase(value, kScheme) ||
+      !ConstantTimeEquals(value.substr(kScheme.size()), token_)) {
     return absl::UnauthenticatedError("the bearer token in 'authorization' is wrong");
   }
   return absl::OkStatus();
