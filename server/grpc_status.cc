@@ -2,12 +2,24 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "core/common/utf8.h"
+
 namespace memprofd {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+                      BoundedStatusMessage(status.message()));
+}
+
+std::string BoundedStatusMessage(absl::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return ToValidUtf8(message);
+  // Cut at a character boundary: never inside a UTF-8 sequence.
+  size_t cut = kMaxStatusMessageBytes;
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(ToValidUtf8(message.substr(0, cut)), "... (",
+                      message.size() - cut, " more bytes cut)");
 }
 
 std::string GrpcCodeName(grpc::StatusCode code) {

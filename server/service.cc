@@ -1,6 +1,7 @@
 #include "server/service.h"
 
 #include <chrono>
+#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
@@ -48,7 +49,18 @@ ServerUnaryReactor* MemprofdService::Unary(CallbackServerContext* ctx, const cha
                                            Fn fn) {
   const Clock::time_point start = Clock::now();
   absl::Status status = auth_->Check(*ctx);
-  if (status.ok()) status = fn();
+  // No exception leaves a handler: gRPC would answer an escaped one with
+  // UNIMPLEMENTED and no message. Core turns LibTorch's errors into statuses
+  // (torch_boundary.h); this is the net under everything else.
+  if (status.ok()) {
+    try {
+      status = fn();
+    } catch (const std::exception& e) {
+      status = absl::InternalError(absl::StrCat(method, " failed: ", e.what()));
+    } catch (...) {
+      status = absl::InternalError(absl::StrCat(method, " failed: unknown exception"));
+    }
+  }
   const Status reply = ToGrpcStatus(status);
   metrics_->RecordRpc(method, reply.error_code(), SecondsSince(start));
   ServerUnaryReactor* reactor = ctx->DefaultReactor();

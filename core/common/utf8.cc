@@ -2,6 +2,9 @@
 
 #include <cstdint>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
 namespace memprofd {
 
 bool IsValidUtf8(absl::string_view s, size_t* bad_offset) {
@@ -56,6 +59,25 @@ std::string ToValidUtf8(absl::string_view s) {
   }
   out.append(s.data(), s.size());
   return out;
+}
+
+std::string Echo(absl::string_view value, size_t max_bytes) {
+  std::string escaped = absl::CEscape(value);
+  if (escaped.size() <= max_bytes) return absl::StrCat("\"", escaped, "\"");
+  // Never cut inside an escape sequence ("\\x7f", "\\n"): back up to
+  // before the backslash that starts it.
+  size_t cut = max_bytes;
+  const size_t floor = cut >= 4 ? cut - 4 : 0;
+  for (size_t i = cut; i-- > floor;) {
+    if (escaped[i] == '\\') {
+      size_t run = 0;  // backslashes ending at i
+      while (run <= i && escaped[i - run] == '\\') ++run;
+      if (run % 2 == 1) cut = i;
+      break;
+    }
+  }
+  return absl::StrCat("\"", absl::string_view(escaped).substr(0, cut), "\"... (",
+                      value.size(), " bytes)");
 }
 
 }  // namespace memprofd

@@ -2,7 +2,8 @@
 #define MEMPROFD_CORE_COMMON_UTF8_H_
 
 // UTF-8 validation for names and headers that must be valid text before any
-// parser sees them (snapshot names, safetensors headers). No LibTorch.
+// parser sees them (snapshot names, safetensors headers), and the one way a
+// client's value is quoted in a message (Echo). No LibTorch.
 
 #include <cstddef>
 #include <string>
@@ -20,6 +21,14 @@ bool IsValidUtf8(absl::string_view s, size_t* bad_offset = nullptr);
 // U+FFFD (so the result is valid UTF-8 and keeps every valid character, in
 // order); `s` itself when it is valid. Pure and thread-safe.
 std::string ToValidUtf8(absl::string_view s);
+
+// A client's value as an error message quotes it: in double quotes, C-escaped
+// (control bytes, quotes and non-UTF-8 bytes visible), and cut to
+// `max_bytes` of the escaped text with the value's full size noted, so that
+// a message stays small whatever was sent (a status travels as gRPC
+// metadata, which has a size limit). Pure and thread-safe.
+inline constexpr size_t kMaxEchoBytes = 128;
+std::string Echo(absl::string_view value, size_t max_bytes = kMaxEchoBytes);
 
 }  // namespace memprofd
 

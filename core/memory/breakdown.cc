@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/utf8.h"
 #include "core/memory/cpu_allocator.h"
 #ifdef MEMPROFD_WITH_CUDA
 #include "core/memory/cuda_stats.h"
@@ -73,7 +74,7 @@ absl::StatusOr<BreakdownQuery> ParseBreakdownQuery(const BreakdownRequest& reque
       q.by = BreakdownKey::kCategory;
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
-          "by must be \"module\", \"op\" or \"category\", got \"", *request.by, "\""));
+          "by must be \"module\", \"op\" or \"category\", got ", Echo(*request.by)));
     }
   }
   if (request.phase && !request.phase->empty()) {
@@ -90,7 +91,7 @@ absl::StatusOr<BreakdownQuery> ParseBreakdownQuery(const BreakdownRequest& reque
     if (!found) {
       return absl::InvalidArgumentError(absl::StrCat("phase must be one of ",
                                                      absl::StrJoin(names, ", "),
-                                                     ", got \"", *request.phase, "\""));
+                                                     ", got ", Echo(*request.phase)));
     }
   }
   q.top = request.top.value_or(kDefaultTop);

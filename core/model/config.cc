@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace {
@@ -193,7 +194,7 @@ absl::StatusOr<AttentionImplementation> ParseAttentionImplementation(
     if (name == AttentionImplementationName(a)) return a;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "attn_implementation must be \"sdpa\" or \"eager\", not \"", name, "\""));
+      "attn_implementation must be \"sdpa\" or \"eager\", not ", Echo(name)));
 }
 
 namespace {
@@ -361,8 +362,8 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
     return c;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown model preset \"", name,
-                   "\"; known presets: ", absl::StrJoin(PresetNames(), ", ")));
+      absl::StrCat("unknown model preset ", Echo(name),
+                   "; known presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
 bool operator==(const LlamaConfig& a, const LlamaConfig& b) {

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd::offload {
 
@@ -52,7 +53,7 @@ absl::StatusOr<Target> ParseTarget(absl::string_view name) {
   if (name == "host") return Target::kHost;
   if (name == "disk") return Target::kDisk;
   return absl::InvalidArgumentError(
-      absl::StrCat("unknown offload target \"", name, "\"; use \"host\" or \"disk\""));
+      absl::StrCat("unknown offload target ", Echo(name), "; use \"host\" or \"disk\""));
 }
 
 absl::StatusOr<int> ParsePrefetchDepth(absl::string_view text) {

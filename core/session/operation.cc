@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 
@@ -182,8 +183,8 @@ absl::StatusOr<std::shared_ptr<Operation>> OperationRegistry::Get(
     if (op->id() == id) return op;
   }
   return absl::NotFoundError(absl::StrCat(
-      "no operation with id '", id,
-      "'; ListOperations shows the known ones (finished ones are kept for the "
+      "no operation with id ", Echo(id),
+      "; ListOperations shows the known ones (finished ones are kept for the "
       "last ",
       max_finished_, ")"));
 }

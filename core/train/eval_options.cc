@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 
@@ -42,8 +43,8 @@ absl::StatusOr<MixedPrecision> ParseMixedPrecision(absl::string_view name) {
   for (MixedPrecision p : {MixedPrecision::kNo, MixedPrecision::kBf16}) {
     if (name == MixedPrecisionName(p)) return p;
   }
-  return absl::InvalidArgumentError(absl::StrCat("mixed_precision: unknown value '", name,
-                                                 "'; use no (float32) or bf16"));
+  return absl::InvalidArgumentError(absl::StrCat("mixed_precision: unknown value ", Echo(name),
+                                                 "; use no (float32) or bf16"));
 }
 
 absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embeddings) {

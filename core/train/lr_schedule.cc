@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace {
@@ -57,8 +58,8 @@ absl::StatusOr<LrSchedulerType> ParseLrSchedulerType(absl::string_view name) {
   for (LrSchedulerType t : kTypes) {
     if (name == LrSchedulerTypeName(t)) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat("lr_scheduler_type: unknown schedule '",
-                                                 name, "'; use one of ",
+  return absl::InvalidArgumentError(absl::StrCat("lr_scheduler_type: unknown schedule ",
+                                                 Echo(name), "; use one of ",
                                                  LrSchedulerTypeNames()));
 }
 

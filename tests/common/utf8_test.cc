@@ -53,5 +53,18 @@ TEST(Utf8Test, ToValidUtf8ReplacesEachBadByteAndKeepsTheRest) {
   EXPECT_TRUE(IsValidUtf8(ToValidUtf8("\x80\xc3\x28\xf4\x90\x80\x80\xc3")));
 }
 
+TEST(EchoTest, QuotesEscapesAndCutsWithoutBreakingAnEscape) {
+  EXPECT_EQ(Echo("step-1"), "\"step-1\"");
+  EXPECT_EQ(Echo("a\nb\"c"), "\"a\\nb\\\"c\"");
+  const std::string huge(20000, 'z');
+  const std::string echoed = Echo(huge);
+  EXPECT_EQ(echoed, "\"" + std::string(kMaxEchoBytes, 'z') + "\"... (20000 bytes)");
+  // A cut that would land inside "\\377" backs up to before it.
+  const std::string bytes = std::string(kMaxEchoBytes - 2, 'a') + "\xff\xff";
+  const std::string cut = Echo(bytes);
+  EXPECT_EQ(cut, "\"" + std::string(kMaxEchoBytes - 2, 'a') + "\"... (" +
+                     std::to_string(bytes.size()) + " bytes)");
+}
+
 }  // namespace
 }  // namespace memprofd

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
+#include "core/common/utf8.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
@@ -47,6 +48,21 @@ TEST(GrpcStatusTest, CodesAndMessagesCarryOver) {
   EXPECT_EQ(s.error_message(), "out of memory: 1 GiB");
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
   EXPECT_EQ(GrpcCodeName(grpc::StatusCode::DATA_LOSS), "DATA_LOSS");
+}
+
+TEST(GrpcStatusTest, LongMessagesAreCutAtACharacterBoundaryAndSayHowMuch) {
+  // 3000 two-byte characters: a cut at kMaxStatusMessageBytes lands between
+  // the bytes of one unless it backs up.
+  std::string long_message = "x";
+  for (int i = 0; i < 3000; ++i) long_message += "\xc3\xa9";
+  const grpc::Status s = ToGrpcStatus(absl::InvalidArgumentError(long_message));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_LE(s.error_message().size(), kMaxStatusMessageBytes + 40);
+  EXPECT_TRUE(IsValidUtf8(s.error_message()));
+  EXPECT_THAT(s.error_message(), ::testing::HasSubstr("more bytes cut)"));
+  EXPECT_EQ(s.error_message().rfind("x\xc3\xa9", 0), 0u);
+  // Short messages carry over whole, invalid bytes made visible as U+FFFD.
+  EXPECT_EQ(ToGrpcStatus(absl::InternalError("a\xff")).error_message(), "a\xef\xbf\xbd");
 }
 
 TEST(TokenAuthTest, FileErrorsAreClear) {
