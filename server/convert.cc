@@ -14,6 +14,15 @@ int64_t UnixMicros(absl::Time t) {
 
 namespace {
 
+// proto3 keeps enum values it does not know (a newer client's, or any int):
+// they are refused by name rather than read as the default.
+template <typename IsValid>
+absl::Status CheckEnum(absl::string_view field, int value, IsValid is_valid) {
+  if (is_valid(value)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": unknown value ", value, " (see the enum in memprofd.v1)"));
+}
+
 v1::OperationState ToProto(OperationState s) {
   switch (s) {
     case OperationState::kQueued:
@@ -144,6 +153,10 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_eval_max_batches()) t.eval_max_batches = r.eval_max_batches();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
+    if (absl::Status s = CheckEnum("offload.target", o.target(), v1::OffloadTarget_IsValid);
+        !s.ok()) {
+      return s;
+    }
     offload::OffloadRequest& req = spec.offload;
     if (o.has_enabled()) req.enabled = o.enabled();
     if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_HOST) {
@@ -167,6 +180,11 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
   spec.seed = r.seed();
   spec.resume = r.resume();
   for (const auto& p : r.placement()) {
+    if (absl::Status s = CheckEnum("placement.placement", p.placement(),
+                                   v1::Placement_IsValid);
+        !s.ok()) {
+      return s;
+    }
     Placement placement = Placement::kDevice;
     if (p.placement() == v1::PLACEMENT_CPU) placement = Placement::kCpu;
     if (p.placement() == v1::PLACEMENT_DISK) placement = Placement::kDisk;
@@ -178,6 +196,12 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
 absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
   SnapshotSpec spec;
   spec.name = r.name();
+  for (const absl::Status& s :
+       {CheckEnum("dtype", r.dtype(), v1::SnapshotDtype_IsValid),
+        CheckEnum("mode", r.mode(), v1::SnapshotMode_IsValid),
+        CheckEnum("kind", r.kind(), v1::SnapshotKind_IsValid)}) {
+    if (!s.ok()) return s;
+  }
   if (!r.max_shard_size().empty()) {
     absl::StatusOr<int64_t> size = snapshot::ParseShardSize(r.max_shard_size());
     if (!size.ok()) return size.status();

@@ -15,6 +15,7 @@
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/common/utf8.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
@@ -30,13 +31,19 @@ namespace memprofd {
 namespace {
 
 absl::Status CheckPlacement(const LoadModelSpec& spec) {
+  std::set<std::string> seen;
   for (const auto& [module, placement] : spec.placement) {
+    if (!seen.insert(module).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement names module ", Echo(module),
+          " twice; give one placement per module"));
+    }
     const bool known = module == "model.embed_tokens" || module == "model.norm" ||
                        module == "lm_head" || absl::StartsWith(module, "model.layers.");
     if (!known) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "placement names unknown module '", module,
-          "': use model.embed_tokens, model.layers.N, model.norm or lm_head"));
+          "placement names unknown module ", Echo(module),
+          ": use model.embed_tokens, model.layers.N, model.norm or lm_head"));
     }
   }
   return absl::OkStatus();

@@ -329,6 +329,38 @@ TEST(ConvertTest, SnapshotRequestShardSizeDtypeAndMode) {
   EXPECT_THAT(spec.status().message(), HasSubstr("\"5GB\""));
 }
 
+TEST(ConvertTest, UnknownEnumValuesAreRefusedByFieldNotReadAsTheDefault) {
+  const auto refused = [&](const absl::Status& s, const std::string& field) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(field + ": unknown value 99")) << s;
+  };
+  v1::SnapshotRequest snap;
+  snap.set_name("s1");
+  snap.set_dtype(static_cast<v1::SnapshotDtype>(99));
+  refused(FromProto(snap).status(), "dtype");
+  snap.set_dtype(v1::SNAPSHOT_DTYPE_BF16);
+  snap.set_mode(static_cast<v1::SnapshotMode>(99));
+  refused(FromProto(snap).status(), "mode");
+  snap.set_mode(v1::SNAPSHOT_MODE_ASYNC);
+  snap.set_kind(static_cast<v1::SnapshotKind>(99));
+  refused(FromProto(snap).status(), "kind");
+  snap.set_kind(v1::SNAPSHOT_KIND_CHECKPOINT);
+  EXPECT_TRUE(FromProto(snap).ok());
+
+  v1::LoadModelRequest load;
+  load.set_preset("tiny");
+  v1::ModulePlacement* p = load.add_placement();
+  p->set_module("lm_head");
+  p->set_placement(static_cast<v1::Placement>(7));
+  EXPECT_EQ(FromProto(load).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(FromProto(load).status().message()),
+              HasSubstr("placement.placement: unknown value 7"));
+
+  v1::TrainRequest train;
+  train.mutable_offload()->set_target(static_cast<v1::OffloadTarget>(99));
+  refused(FromProto(train).status(), "offload.target");
+}
+
 TEST(ConvertTest, CheckpointKindAndResumeFlagsReachTheSession) {
   v1::SnapshotRequest snap;
   snap.set_name("s");
