@@ -1,8 +1,10 @@
 """Starts the real memprofd binary for integration tests and talks to it.
 
 Run by the venv's Python (MEMPROFD_PYTHON: grpcio, protobuf, torch). The
-client stubs are generated at build time from the project's .proto files
-alone (build/python), so this client is independent of the C++ code.
+client is the project's Python client package (clients/python): its source,
+and the stubs the build generated for it from the .proto files alone
+(build/clients-python), so this client is independent of the C++ code. The
+standard health and reflection stubs come from build/python/grpcstd.
 """
 
 import json
@@ -18,25 +20,26 @@ import unittest
 
 BUILD_DIR = os.environ.get("MEMPROFD_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
 SOURCE_DIR = os.environ.get("MEMPROFD_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
-sys.path.insert(0, os.path.join(BUILD_DIR, "python"))
 sys.path.insert(0, os.path.join(BUILD_DIR, "python", "grpcstd"))
+# The package's source before its generated stubs (memprofd_client finds its
+# _proto in the second through pkgutil.extend_path), both before any
+# installed copy.
+for _path in (os.path.join(BUILD_DIR, "clients-python"),
+              os.path.join(SOURCE_DIR, "clients", "python", "src")):
+    _path = os.path.abspath(_path)
+    if _path in sys.path:
+        sys.path.remove(_path)
+    sys.path.insert(0, _path)
 
-import grpc  # noqa: E402
+import grpc  # noqa: E402,F401
 
-import types  # noqa: E402
-
-from memprofd.v1 import memory_pb2, memprofd_pb2, model_pb2, operation_pb2  # noqa: E402
-from memprofd.v1 import memprofd_pb2_grpc, snapshot_pb2, train_pb2  # noqa: E402
+import memprofd_client  # noqa: E402
+from memprofd_client import pb  # noqa: E402  (pb.TrainRequest, ...: every memprofd.v1 message and enum)
+from memprofd_client._stubs import memprofd_pb2_grpc  # noqa: E402,F401
 import health_pb2  # noqa: E402,F401
 import health_pb2_grpc  # noqa: E402
 import reflection_pb2  # noqa: E402,F401
 import reflection_pb2_grpc  # noqa: E402
-
-# Every memprofd.v1 message and enum in one namespace: pb.TrainRequest, ...
-pb = types.SimpleNamespace(**{
-    name: value
-    for module in (memory_pb2, memprofd_pb2, model_pb2, operation_pb2, snapshot_pb2, train_pb2)
-    for name, value in vars(module).items() if not name.startswith("_")})
 
 MEMPROFD = os.path.join(BUILD_DIR, "server", "memprofd")
 MEMPROFCTL = os.path.join(BUILD_DIR, "client", "memprofctl")
@@ -156,8 +159,12 @@ class Daemon:
         self.grpc_port = ports["grpc_port"]
         self.metrics_port = ports["metrics_port"]
         self.addr = "127.0.0.1:%d" % self.grpc_port
-        self.channel = grpc.insecure_channel(self.addr)
-        self.stub = memprofd_pb2_grpc.MemprofdStub(self.channel)
+        # The package's client with this daemon's token; `stub` is its
+        # generated stub (no token: callers pass metadata()), `channel` its
+        # channel, shared with the health and reflection stubs.
+        self.client = memprofd_client.Client(self.addr, token=self.token or "", timeout=30)
+        self.channel = self.client.channel
+        self.stub = self.client.stub
         self.health = health_pb2_grpc.HealthStub(self.channel)
         self.reflection = reflection_pb2_grpc.ServerReflectionStub(self.channel)
 

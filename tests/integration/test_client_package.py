@@ -1,0 +1,614 @@
+"""The Python client package (clients/python, import memprofd_client) against
+the real daemon: every RPC through the blocking and the asyncio client (the
+daemon's own per-method request counters prove each one arrived), the
+exception classes with the daemon's messages, deadlines, the bearer token
+from an argument, a token file or $MEMPROFD_TOKEN, TLS, the step-report
+iterator across a daemon SIGKILLed and restarted from its checkpoint (no
+report lost or repeated), a memory-history dump streamed to a file that
+PyTorch's _memory_viz reads, both examples run as they are, pip installing
+the package into a clean venv without a network, and stubs that match
+proto/.
+
+The micro model (harness.MICRO) and a few steps each keep the file at about a
+minute on two busy cores."""
+
+import asyncio
+import hashlib
+import inspect
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import unittest
+
+# One intra-op thread: the micro steps take milliseconds (test_resume.py).
+if not os.environ.get("OMP_NUM_THREADS"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import harness  # noqa: E402
+from harness import Daemon, pb  # noqa: E402
+
+import memprofd_client as mc  # noqa: E402
+from memprofd_client._stubs import SERVICE  # noqa: E402
+
+MICRO_FLAG = "--model=" + harness.micro_model_dir()
+SMALL = dict(batch_size=2, seq_len=32)
+PACKAGE_DIR = os.path.join(harness.SOURCE_DIR, "clients", "python")
+EXAMPLES = os.path.join(PACKAGE_DIR, "examples")
+RPCS = [m.name for m in SERVICE.methods]
+
+
+def proto_digest(proto_dir):
+    """SHA-256 over the API's .proto files (relative path, NUL, bytes, NUL, in
+    path order): the rule gen_stubs.py records, computed here on its own."""
+    h = hashlib.sha256()
+    files = []
+    for root, _, names in os.walk(os.path.join(proto_dir, "memprofd")):
+        files += [os.path.join(root, n) for n in names if n.endswith(".proto")]
+    for path in sorted(files, key=lambda p: os.path.relpath(p, proto_dir)):
+        with open(path, "rb") as f:
+            h.update(os.path.relpath(path, proto_dir).encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()
+
+
+def rpc_counts(d):
+    """{RPC name: requests the daemon counted} from its /metrics."""
+    counts = {}
+    for name, labels, value in harness.metric_samples(d.metrics_text()):
+        if name == "memprofd_rpc_requests_total":
+            counts[labels["method"]] = counts.get(labels["method"], 0) + value
+    return counts
+
+
+def example_env():
+    """The environment ctest gives, so the examples find memprofd_client as
+    they would once it is installed."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([
+        os.path.join(PACKAGE_DIR, "src"), os.path.join(harness.BUILD_DIR, "clients-python")])
+    return env
+
+
+class StubsMatchProtoTest(unittest.TestCase):
+    def test_stubs_were_generated_from_the_current_proto_files(self):
+        self.assertEqual(mc.PROTO_SHA256, proto_digest(os.path.join(harness.SOURCE_DIR, "proto")),
+                         "proto/ changed since memprofd_client's stubs were generated: rebuild "
+                         "(cmake --build build --target memprofd_python_client) or reinstall")
+
+    def test_every_rpc_of_the_proto_has_a_method_with_its_fields_on_both_clients(self):
+        with open(os.path.join(harness.SOURCE_DIR, "proto/memprofd/v1/memprofd.proto")) as f:
+            declared = re.findall(r"^\s*rpc\s+(\w+)\s*\(", f.read(), re.M)
+        self.assertEqual(sorted(declared), sorted(RPCS))
+        self.assertEqual(sorted(mc.RPC_METHODS), sorted(RPCS))
+        for method in SERVICE.methods:
+            for cls in (mc.Client, mc.AsyncClient):
+                fn = getattr(cls, mc.RPC_METHODS[method.name], None)
+                self.assertTrue(callable(fn), "%s lacks %s" % (cls.__name__, method.name))
+                params = inspect.signature(fn).parameters
+                missing = [f.name for f in method.input_type.fields if f.name not in params]
+                self.assertEqual(missing, [], "%s.%s lacks %s's fields" % (
+                    cls.__name__, mc.RPC_METHODS[method.name], method.input_type.name))
+                self.assertIn("timeout", params)
+
+    def test_versions_follow_the_api(self):
+        self.assertEqual(mc.API_VERSION, "v1")
+        self.assertEqual(mc.SERVICE_NAME, "memprofd.%s.Memprofd" % mc.API_VERSION)
+        self.assertTrue(mc.__version__.startswith("1."))
+        with open(os.path.join(PACKAGE_DIR, "pyproject.toml")) as f:
+            self.assertIn('\nversion = "%s"\n' % mc.__version__, f.read())
+
+
+class SyncClientTest(harness.DaemonTestCase):
+    """The blocking client, one daemon, every RPC."""
+
+    DAEMON_FLAGS = (MICRO_FLAG,)
+    SNAPSHOTS = True
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.c = mc.Client(cls.d.addr, token="")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        super().tearDownClass()
+
+    def test_1_every_rpc_and_helper(self):
+        c = self.c
+        status = c.get_status()
+        self.assertIsInstance(status, pb.ServerStatus)
+        self.assertEqual((status.serving_state, status.data_parallel.world_size), ("SERVING", 1))
+        model = c.describe_model()
+        self.assertEqual(model.config.hidden_size, harness.MICRO["hidden_size"])
+        # Unique storage bytes: the tied lm_head.weight is listed, not counted twice.
+        self.assertEqual(model.parameter_bytes, 4 * model.num_parameters)
+        self.assertIn("lm_head.weight", [p.name for p in model.parameters])
+
+        c.start_memory_recording(max_entries=200000)
+        run = c.train(steps=4, eval_every_steps=2, eval_data=mc.embedded_corpus(),
+                      eval_max_batches=1, **SMALL)
+        self.assertIsInstance(run, mc.TrainOperation)
+        reports = list(run.reports())
+        self.assertEqual([r.step for r in reports], [1, 2, 3, 4])
+        self.assertEqual([r.HasField("eval") for r in reports], [False, True, False, True])
+        final = run.wait()
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED)
+        self.assertEqual(run.result().steps_completed, 4)
+        self.assertEqual([r.step for r in c.stream_step_reports(run.id, from_step=3)], [3, 4])
+        self.assertTrue(list(c.watch_operation(run.id))[-1].done)
+        self.assertTrue(c.wait_operation(run.id, timeout_ms=1000).done)
+        self.assertEqual(c.get_operation(run.id).train.steps_completed, 4)
+        self.assertIn(run.id, [op.id for op in c.operations(kind=pb.OPERATION_KIND_TRAIN)])
+        self.assertEqual(len(c.list_operations(active_only=True).operations), 0)
+        self.assertEqual(c.operation(run.id).result().steps_completed, 4)
+
+        c.stop_memory_recording()
+        path = os.path.join(self.scratch, "history.pickle")
+        written = c.dump_memory_history(path)
+        self.assertEqual(written, os.path.getsize(path))
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), b"".join(ch.data for ch in c.dump_memory_history()))
+        r = subprocess.run([sys.executable, os.path.join(harness.SOURCE_DIR,
+                                                         "tests/memory/check_memory_viz.py"),
+                            path, "--torch"], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertTrue(json.loads(r.stdout)["torch_ok"])
+        c.stop_memory_recording(clear=True)
+        with self.assertRaises(mc.FailedPrecondition):
+            c.dump_memory_history(os.path.join(self.scratch, "empty.pickle"))
+        self.assertFalse(os.path.exists(os.path.join(self.scratch, "empty.pickle.part")))
+
+        stats = c.memory()
+        self.assertEqual(stats.devices[0].device, "cpu")
+        self.assertGreater(stats.devices[0].peak_bytes, 0)
+        c.reset_peak_memory()
+        self.assertEqual(list(c.rank_memory()), [0])
+        self.assertEqual(c.get_memory_stats(all_ranks=True).ranks[0].rank, 0)
+        top = c.memory_top(3, phase="backward")
+        self.assertEqual(len(top), 3)
+        self.assertGreaterEqual(top[0].peak_bytes, top[-1].peak_bytes)
+        self.assertEqual(c.memory_breakdown(by="category").by, "category")
+        self.assertEqual(c.get_memory_breakdown(by="op", top=2).by, "op")
+        diff = c.memory_diff(1, 4, top=5)
+        self.assertEqual(list(diff.steps_kept), [1, 2, 3, 4])
+        self.assertEqual(c.diff_memory(step_a=2, step_b=3).step_b, 3)
+        self.assertIsNone(c.oom_report())
+        with self.assertRaises(mc.NotFound):
+            c.get_last_oom_report()
+
+        ev = c.evaluate(max_batches=1, **SMALL)
+        self.assertGreater(ev.wait().evaluate.loss, 0)
+        self.assertEqual(ev.result().batches, 1)
+
+        snap = c.snapshot("pkg-weights", dtype="SNAPSHOT_DTYPE_BF16")
+        manifest = snap.wait().snapshot
+        self.assertEqual((manifest.name, manifest.dtype), ("pkg-weights", "bf16"))
+        self.assertEqual(c.describe_snapshot("pkg-weights").global_step, 4)
+        self.assertIn("pkg-weights", [s.name for s in c.list_snapshots().snapshots])
+        with self.assertRaises(mc.AlreadyExists):
+            c.snapshot("pkg-weights").wait()
+        c.delete_snapshot("pkg-weights")
+        with self.assertRaises(mc.NotFound):
+            c.describe_snapshot("pkg-weights")
+
+        load = c.load_model(hf_directory=harness.micro_model_dir(), seed=3)
+        self.assertEqual(load.wait().model.steps_trained, 0)
+
+        long_run = c.train(steps=100000, **SMALL)
+        self.assertEqual(long_run.cancel().id, long_run.id)
+        final = long_run.wait(timeout=60)  # CANCELLED does not raise
+        self.assertEqual(final.state, pb.OPERATION_STATE_CANCELLED)
+        self.assertEqual(final.error.code, 1)
+
+        counts = rpc_counts(self.d)
+        self.assertEqual([rpc for rpc in RPCS if not counts.get(rpc)], [])
+
+    def test_2_errors_carry_the_daemons_code_and_message(self):
+        c = self.c
+        with self.assertRaises(mc.InvalidArgument) as e:
+            c.train(steps=0)
+        self.assertEqual(e.exception.code, mc.InvalidArgument.code)
+        self.assertIn("steps", e.exception.message)
+        self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(mc.InvalidArgument):
+            c.get_memory_breakdown(by="layer")
+        with self.assertRaises(mc.NotFound) as e:
+            c.get_operation("op-404")
+        self.assertIn("no operation with id", e.exception.message)
+        self.assertTrue(str(e.exception).startswith("NOT_FOUND: "))
+        done = c.train(steps=1, **SMALL)
+        done.wait()
+        with self.assertRaises(mc.FailedPrecondition):
+            done.cancel()
+        with self.assertRaises(mc.NotFound):
+            list(c.watch_operation("nope"))
+        with self.assertRaises(mc.MemprofdError):
+            c.delete_snapshot("../x")
+
+    def test_3_deadlines(self):
+        c = self.c
+        run = c.train(steps=100000, **SMALL)
+        try:
+            # Client-side: the handle's own limit, a call's deadline, a stream's.
+            with self.assertRaises(mc.DeadlineExceeded):
+                run.wait(timeout=0.3)
+            start = time.monotonic()
+            with self.assertRaises(mc.DeadlineExceeded) as e:
+                c.wait_operation(run.id, timeout_ms=20000, timeout=0.5)
+            self.assertLess(time.monotonic() - start, 10)
+            self.assertIsInstance(e.exception, TimeoutError)
+            with self.assertRaises(mc.DeadlineExceeded):
+                for _ in c.stream_step_reports(run.id, timeout=0.5):
+                    pass
+            with mc.Client(self.d.addr, token="", stream_timeout=0.5) as short:
+                with self.assertRaises(mc.DeadlineExceeded):
+                    list(short.watch_operation(run.id))
+        finally:
+            run.cancel()
+            run.wait(timeout=60)
+        # A daemon that hangs (SIGSTOP) on a connected channel: calls wait out
+        # their deadline, the client's default or the call's own.
+        with mc.Client(self.d.addr, token="", timeout=0.3) as c:
+            c.get_status()
+            self.d.proc.send_signal(signal.SIGSTOP)
+            try:
+                start = time.monotonic()
+                with self.assertRaises(mc.DeadlineExceeded):
+                    c.get_status()
+                self.assertLess(time.monotonic() - start, 1.2)
+                start = time.monotonic()
+                with self.assertRaises(mc.DeadlineExceeded):
+                    c.get_status(timeout=1.5)
+                self.assertGreaterEqual(time.monotonic() - start, 1.4)
+            finally:
+                self.d.proc.send_signal(signal.SIGCONT)
+            self.assertEqual(c.get_status(timeout=30).serving_state, "SERVING")
+
+    def test_4_no_daemon_is_unavailable(self):
+        with mc.Client("127.0.0.1:%d" % harness.free_port(), timeout=5) as c:
+            with self.assertRaises(mc.Unavailable) as e:
+                c.get_status()
+            self.assertIsInstance(e.exception, ConnectionError)
+
+    def test_5_pip_installs_the_package_into_a_clean_venv_offline(self):
+        tmp = tempfile.mkdtemp(prefix="memprofd-pkg-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        # A copy of clients/python beside a copy of proto/, as in a checkout,
+        # so that the build leaves nothing in the source tree.
+        shutil.copytree(PACKAGE_DIR, os.path.join(tmp, "src/clients/python"), ignore=shutil.ignore_patterns(
+            "build", "*.egg-info", "_proto", "__pycache__"))
+        shutil.copytree(os.path.join(harness.SOURCE_DIR, "proto"), os.path.join(tmp, "src/proto"))
+        venv = os.path.join(tmp, "venv")
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", venv], check=True,
+                       capture_output=True, timeout=120)
+        py = os.path.join(venv, "bin", "python")
+        # A venv made from a venv inherits the base interpreter's site-packages,
+        # not the project venv's: a .pth file adds those (grpcio, protobuf,
+        # grpcio-tools, setuptools), so pip needs no index.
+        here = sysconfig.get_paths()
+        target = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                check=True, capture_output=True, text=True).stdout.strip()
+        with open(os.path.join(target, "memprofd-venv.pth"), "w") as f:
+            f.write("\n".join(sorted({here["purelib"], here["platlib"]})) + "\n")
+        if subprocess.run([py, "-c", "import wheel"], capture_output=True).returncode != 0:
+            import setuptools
+            if tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1):
+                self.skipTest("setuptools %s builds wheels only with the wheel package, which "
+                              "neither venv has" % setuptools.__version__)
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL")}
+        r = subprocess.run([py, "-m", "pip", "install", "--no-build-isolation", "--no-index",
+                            "--disable-pip-version-check", os.path.join(tmp, "src/clients/python")],
+                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = subprocess.run([py, "-c", "import memprofd_client as m, sys; c = m.Client(sys.argv[1]); "
+                            "print(m.__file__); print(m.PROTO_SHA256); "
+                            "print(c.get_status().serving_state)", self.d.addr],
+                           capture_output=True, text=True, timeout=60, env=env, cwd=tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        where, digest, state = r.stdout.split()
+        self.assertTrue(where.startswith(venv), where)
+        self.assertEqual(digest, proto_digest(os.path.join(harness.SOURCE_DIR, "proto")))
+        self.assertEqual(state, "SERVING")
+        self.assertFalse(os.path.exists(os.path.join(tmp, "src/clients/python/src/memprofd_client/_proto")))
+
+
+class AsyncClientTest(harness.DaemonTestCase):
+    """The asyncio client, its own daemon, every RPC."""
+
+    DAEMON_FLAGS = (MICRO_FLAG,)
+    SNAPSHOTS = True
+
+    def test_1_every_rpc_and_helper(self):
+        asyncio.run(self.every_rpc())
+        counts = rpc_counts(self.d)
+        self.assertEqual([rpc for rpc in RPCS if not counts.get(rpc)], [])
+
+    async def every_rpc(self):
+        async with mc.AsyncClient(self.d.addr, token="") as c:
+            status, model, stats = await asyncio.gather(c.get_status(), c.describe_model(),
+                                                        c.memory())
+            self.assertEqual(status.serving_state, "SERVING")
+            self.assertGreater(model.num_parameters, 0)
+            self.assertEqual(stats.devices[0].device, "cpu")
+            await c.start_memory_recording(max_entries=100000)
+            run = await c.train(steps=3, **SMALL)
+            self.assertIsInstance(run, mc.AsyncTrainOperation)
+            self.assertEqual([r.step async for r in run.reports()], [1, 2, 3])
+            self.assertEqual((await run.wait()).state, pb.OPERATION_STATE_SUCCEEDED)
+            self.assertEqual((await run.refresh()).train.steps_completed, 3)
+            self.assertEqual([r.step async for r in c.stream_step_reports(run.id, from_step=2)],
+                             [2, 3])
+            self.assertTrue([op async for op in run.watch()][-1].done)
+            self.assertTrue([op async for op in c.watch_operation(run.id)][-1].done)
+            self.assertTrue((await c.wait_operation(run.id, timeout_ms=1000)).done)
+            self.assertEqual((await c.get_operation(run.id)).id, run.id)
+            self.assertEqual((await c.list_operations(kind="OPERATION_KIND_TRAIN")).operations[0].id,
+                             run.id)
+            self.assertEqual(len(await c.operations(active_only=True)), 0)
+            self.assertEqual((await c.operation(run.id)).result().steps_completed, 3)
+
+            await c.stop_memory_recording()
+            path = os.path.join(self.scratch, "async.pickle")
+            self.assertGreater(await c.dump_memory_history(path), 0)
+            with open(path, "rb") as f:
+                self.assertEqual(f.read(), b"".join([ch.data async for ch in c.dump_memory_history()]))
+            await c.reset_peak_memory()
+            self.assertEqual(list(await c.rank_memory()), [0])
+            self.assertEqual((await c.get_memory_stats(all_ranks=True)).ranks[0].rank, 0)
+            self.assertEqual(len(await c.memory_top(2)), 2)
+            self.assertEqual((await c.memory_breakdown(by="op")).by, "op")
+            self.assertEqual((await c.get_memory_breakdown(by="category")).by, "category")
+            self.assertEqual(list((await c.memory_diff(1, 3)).steps_kept), [1, 2, 3])
+            self.assertEqual((await c.diff_memory(step_a=1, step_b=2)).step_a, 1)
+            self.assertIsNone(await c.oom_report())
+            with self.assertRaises(mc.NotFound):
+                await c.get_last_oom_report()
+
+            ev = await c.evaluate(max_batches=1, **SMALL)
+            self.assertGreater((await ev.wait()).evaluate.loss, 0)
+            snap = await c.snapshot("async-weights")
+            self.assertEqual((await snap.wait()).snapshot.global_step, 3)
+            self.assertEqual((await c.describe_snapshot("async-weights")).name, "async-weights")
+            self.assertEqual([s.name for s in (await c.list_snapshots()).snapshots],
+                             ["async-weights"])
+            await c.delete_snapshot("async-weights")
+            load = await c.load_model(hf_directory=harness.micro_model_dir())
+            self.assertEqual((await load.wait()).model.steps_trained, 0)
+
+            long_run = await c.train(steps=100000, **SMALL)
+            with self.assertRaises(mc.DeadlineExceeded):
+                await long_run.wait(timeout=0.3)
+            with self.assertRaises(mc.DeadlineExceeded):
+                await c.wait_operation(long_run.id, timeout_ms=20000, timeout=0.5)
+            await long_run.cancel()
+            self.assertEqual((await long_run.wait(timeout=60)).state, pb.OPERATION_STATE_CANCELLED)
+            with self.assertRaises(mc.FailedPrecondition):
+                await long_run.cancel()
+            with self.assertRaises(mc.InvalidArgument):
+                await c.train(steps=0)
+            with self.assertRaises(mc.NotFound):
+                await c.get_operation("op-404")
+            with self.assertRaises(mc.NotFound):
+                async for _ in c.watch_operation("op-404"):
+                    pass
+        async with mc.AsyncClient("127.0.0.1:%d" % harness.free_port(), timeout=5) as gone:
+            with self.assertRaises(mc.Unavailable):
+                await gone.get_status()
+
+
+class AuthTest(harness.DaemonTestCase):
+    """Tokens as the daemon and memprofctl take them."""
+
+    TOKEN = "pkg-s3cret"
+
+    def test_missing_or_wrong_token_is_unauthenticated(self):
+        for token in ("", "pkg-s3cre", "pkg-s3cret-and-more"):
+            with mc.Client(self.d.addr, token=token) as c:
+                with self.assertRaises(mc.Unauthenticated) as e:
+                    c.get_status()
+                self.assertIn("authorization", e.exception.message)
+                with self.assertRaises(mc.Unauthenticated):
+                    list(c.watch_operation("op-1"))
+
+        async def wrong():
+            async with mc.AsyncClient(self.d.addr, token="wrong") as c:
+                await c.get_status()
+        with self.assertRaises(mc.Unauthenticated):
+            asyncio.run(wrong())
+
+    def test_token_from_argument_file_and_environment(self):
+        with mc.Client(self.d.addr, token=self.TOKEN) as c:
+            self.assertEqual(c.get_status().serving_state, "SERVING")
+        with mc.Client(self.d.addr, token_file=self.d.token_file) as c:  # memprofctl's --token_file
+            self.assertEqual(c.get_status().serving_state, "SERVING")
+        old = os.environ.get(mc.TOKEN_ENV)
+        os.environ[mc.TOKEN_ENV] = self.TOKEN
+        try:
+            with mc.Client(self.d.addr) as c:
+                self.assertEqual(c.get_status().serving_state, "SERVING")
+        finally:
+            if old is None:
+                del os.environ[mc.TOKEN_ENV]
+            else:
+                os.environ[mc.TOKEN_ENV] = old
+
+    def test_token_file_others_may_read_is_refused_as_the_daemon_refuses_it(self):
+        path = os.path.join(self.scratch, "token")
+        with open(path, "w") as f:
+            f.write(self.TOKEN + "\n# comment\n")
+        for mode, ok in ((0o600, True), (0o400, True), (0o640, True), (0o644, False),
+                         (0o660, False), (0o602, False)):
+            os.chmod(path, mode)
+            if ok:
+                self.assertEqual(mc.read_token_file(path), self.TOKEN)
+                continue
+            with self.assertRaises(mc.FailedPrecondition) as e:
+                mc.Client(self.d.addr, token_file=path)
+            self.assertIn("chmod 600", e.exception.message)
+            r = subprocess.run([harness.MEMPROFD, "--listen=127.0.0.1:0",
+                                "--metrics_listen=127.0.0.1:0", "--auth_token_file=" + path],
+                               capture_output=True, text=True, timeout=60)
+            self.assertNotEqual(r.returncode, 0, "memprofd accepted mode %o" % mode)
+            self.assertIn("chmod 600", r.stderr)
+        os.chmod(path, 0o600)
+        with open(path, "w") as f:
+            f.write("\n")
+        with self.assertRaises(mc.FailedPrecondition):
+            mc.read_token_file(path)
+
+    @unittest.skipUnless(shutil.which("openssl"), "openssl not installed")
+    def test_tls_with_a_ca_file(self):
+        cert, key = os.path.join(self.scratch, "cert.pem"), os.path.join(self.scratch, "key.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+        d = Daemon(MICRO_FLAG, "--tls_cert=" + cert, "--tls_key=" + key, token="tls-s3cret")
+        try:
+            addr = "localhost:%d" % d.grpc_port
+            with mc.Client(addr, tls_ca=cert, token="tls-s3cret") as c:
+                self.assertEqual(c.get_status().serving_state, "SERVING")
+            with mc.Client(addr, tls_ca=cert, token="") as c:
+                with self.assertRaises(mc.Unauthenticated):
+                    c.get_status()
+            with mc.Client(addr, token="tls-s3cret", timeout=5) as c:  # loopback: plaintext
+                with self.assertRaises(mc.Unavailable):
+                    c.get_status()
+        finally:
+            d.close()
+
+
+class ReportsAcrossRestartTest(unittest.TestCase):
+    """reports() across a daemon SIGKILLed mid-run and restarted on the same
+    address from its last checkpoint, where Train(resume=True) goes on: every
+    global step exactly once, in order."""
+
+    def run_case(self, use_async):
+        root = tempfile.mkdtemp(prefix="memprofd-pkg-resume-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        port = harness.free_port()
+        flags = ("--listen=127.0.0.1:%d" % port, "--snapshot_root=" + root,
+                 "--snapshot_every_steps=10")
+        daemons = [Daemon(MICRO_FLAG, *flags)]
+        self.addCleanup(lambda: [d.close() for d in daemons])
+
+        def restart():
+            # SIGKILL on the report of global step 11: the daemon may run a
+            # few steps on, not the nine to the step-20 checkpoint; it
+            # resumes from step 10 and repeats reports the client has seen.
+            daemons[0].proc.kill()
+            daemons[0].proc.wait()
+            daemons.append(Daemon("--model=", "--resume=latest", *flags))
+            self.assertEqual(daemons[1].call("GetStatus", pb.GetStatusRequest()).model.steps_trained,
+                             10, daemons[1].output())
+            daemons[1].call("Train", pb.TrainRequest(resume=True))
+
+        addr = "127.0.0.1:%d" % port
+        if use_async:
+            async def body():
+                async with mc.AsyncClient(addr, token="", reconnect_timeout=60) as c:
+                    run = await c.train(steps=30, seed=7, **SMALL)
+                    seen = []
+                    async for r in run.reports():
+                        seen.append(r.global_step)
+                        if r.global_step == 11 and len(daemons) == 1:
+                            restart()
+                    return seen, run, await run.wait()
+            seen, run, final = asyncio.run(body())
+        else:
+            with mc.Client(addr, token="", reconnect_timeout=60) as c:
+                run = c.train(steps=30, seed=7, **SMALL)
+                seen = []
+                for r in run.reports():
+                    seen.append(r.global_step)
+                    if r.global_step == 11 and len(daemons) == 1:
+                        restart()
+                final = run.wait()
+        self.assertEqual(len(daemons), 2)
+        self.assertIn("resumed from checkpoint", daemons[1].output())
+        self.assertEqual(seen, list(range(1, 31)))
+        self.assertEqual(run.lost_global_steps, [])
+        self.assertEqual(len(run.followed), 2, run.followed)
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED)
+        self.assertEqual(final.train.steps_completed, 20)
+
+    def test_sync(self):
+        self.run_case(use_async=False)
+
+    def test_async(self):
+        self.run_case(use_async=True)
+
+
+class ExamplesTest(harness.DaemonTestCase):
+    """clients/python/examples run as they are, against this daemon."""
+
+    DAEMON_FLAGS = (MICRO_FLAG,)
+    SNAPSHOTS = True
+
+    def example(self, name, *args, timeout=120):
+        return subprocess.run([sys.executable, os.path.join(EXAMPLES, name), self.d.addr] + list(args),
+                              capture_output=True, text=True, timeout=timeout, env=example_env())
+
+    def test_orchestrator_stops_when_the_evaluation_loss_stops_improving(self):
+        # A gain of 100 nats is never reached: the second and third
+        # evaluations (steps 4 and 6) do not improve, and it cancels.
+        r = self.example("orchestrator.py", "--steps=200", "--batch-size=2", "--seq-len=32",
+                         "--snapshot-every=2", "--snapshot-prefix=early", "--eval-every=2",
+                         "--eval-max-batches=1", "--patience=2", "--min-delta=100", "--log-every=1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("stopping: evaluation loss stopped improving", r.stdout)
+        self.assertIn("CANCELLED", r.stdout)
+        # Checkpoints after the run's steps 2, 4 and 6 (named by global step).
+        early = [s for s in self.d.client.list_snapshots().snapshots
+                 if s.name.startswith("early-step-")]
+        self.assertEqual(len(early), 3, r.stdout)
+        self.assertEqual({s.kind for s in early}, {pb.SNAPSHOT_KIND_CHECKPOINT})
+        ops = self.d.client.operations(kind=pb.OPERATION_KIND_TRAIN)
+        self.assertEqual(ops[0].state, pb.OPERATION_STATE_CANCELLED)
+        self.assertLess(ops[0].train.steps_completed, 200)
+
+    def test_orchestrator_checkpoints_and_stops_on_sigterm(self):
+        p = subprocess.Popen([sys.executable, os.path.join(EXAMPLES, "orchestrator.py"), self.d.addr,
+                              "--steps=100000", "--batch-size=2", "--seq-len=32",
+                              "--snapshot-every=0", "--snapshot-prefix=term", "--eval-every=0",
+                              "--log-every=5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=example_env())
+        try:
+            for line in p.stdout:
+                if line.startswith("step "):
+                    break
+            p.send_signal(signal.SIGTERM)
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        self.assertEqual(p.returncode, 0, out + err)
+        self.assertIn("stopping: SIGTERM", out)
+        self.assertIn("CANCELLED", out)
+        sigterm = [s for s in self.d.client.list_snapshots().snapshots
+                   if s.name.startswith("term-sigterm-step-")]
+        self.assertEqual(len(sigterm), 1, out)
+        self.assertEqual(sigterm[0].kind, pb.SNAPSHOT_KIND_CHECKPOINT)
+
+    def test_preflight_accepts_a_fitting_budget_and_refuses_a_small_one(self):
+        model = self.d.client.describe_model()
+        r = self.example("preflight.py", "--budget=1GB")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("fits", r.stdout)
+        r = self.example("preflight.py", "--budget=%d" % (model.parameter_bytes * 2))
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("refused", r.stdout)
+        r = self.example("preflight.py", "--budget=lots")
+        self.assertEqual(r.returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
