@@ -66,6 +66,25 @@ def rpc_counts(d):
     return counts
 
 
+def wait_stopped(pid, timeout=30):
+    """Waits until every thread of `pid` is stopped (SIGSTOP takes effect
+    asynchronously: a busy thread may answer one more call first)."""
+    deadline = time.monotonic() + timeout
+    task_dir = "/proc/%d/task" % pid
+    while time.monotonic() < deadline:
+        states = []
+        for tid in os.listdir(task_dir):
+            try:
+                with open(os.path.join(task_dir, tid, "stat")) as f:
+                    states.append(f.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:
+                pass  # a thread that just exited
+        if states and all(s in "Tt" for s in states):
+            return
+        time.sleep(0.01)
+    raise AssertionError("memprofd (pid %d) did not stop" % pid)
+
+
 def example_env():
     """The environment ctest gives, so the examples find memprofd_client as
     they would once it is installed."""
@@ -198,8 +217,11 @@ class SyncClientTest(harness.DaemonTestCase):
         with self.assertRaises(mc.NotFound):
             c.describe_snapshot("pkg-weights")
 
-        load = c.load_model(hf_directory=harness.micro_model_dir(), seed=3)
-        self.assertEqual(load.wait().model.steps_trained, 0)
+        # A model directory the daemon may read: a snapshot of its own.
+        kept = c.snapshot("pkg-load").wait().snapshot
+        load = c.load_model(hf_directory=kept.directory, seed=3)
+        self.assertEqual(load.wait().model.source, kept.directory)
+        self.assertEqual(load.result().steps_trained, 0)
 
         long_run = c.train(steps=100000, **SMALL)
         self.assertEqual(long_run.cancel().id, long_run.id)
@@ -259,6 +281,7 @@ class SyncClientTest(harness.DaemonTestCase):
             c.get_status()
             self.d.proc.send_signal(signal.SIGSTOP)
             try:
+                wait_stopped(self.d.proc.pid)
                 start = time.monotonic()
                 with self.assertRaises(mc.DeadlineExceeded):
                     c.get_status()
@@ -379,7 +402,8 @@ class AsyncClientTest(harness.DaemonTestCase):
             self.assertEqual([s.name for s in (await c.list_snapshots()).snapshots],
                              ["async-weights"])
             await c.delete_snapshot("async-weights")
-            load = await c.load_model(hf_directory=harness.micro_model_dir())
+            kept = (await (await c.snapshot("async-load")).wait()).snapshot
+            load = await c.load_model(hf_directory=kept.directory)
             self.assertEqual((await load.wait()).model.steps_trained, 0)
 
             long_run = await c.train(steps=100000, **SMALL)
