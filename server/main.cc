@@ -12,7 +12,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/common/log.h"
 #include "core/common/threads.h"
 #include "core/dist/world.h"
@@ -38,6 +40,14 @@ ABSL_FLAG(
 ABSL_FLAG(uint64_t, model_seed, 0, "seed of the start model's initialisation");
 ABSL_FLAG(std::string, snapshot_root, "",
           "directory for snapshots; empty turns snapshots off");
+ABSL_FLAG(std::string, data_root, "",
+          "a directory that paths named by clients (data files, LoadModel's "
+          "hf_directory) must resolve into, after symbolic links; repeat the flag or "
+          "separate with ',' for several. None: clients may name no file (only the "
+          "embedded corpus, inline tokens, presets and snapshots)");
+ABSL_FLAG(int64_t, max_data_file_bytes, memprofd::SessionOptions().max_data_file_bytes,
+          "the largest data file a client may name (it is mapped, not read into "
+          "memory)");
 ABSL_FLAG(int64_t, keep_last, 0, "keep only the newest N snapshots (0 keeps all)");
 ABSL_FLAG(int64_t, snapshot_every_steps, 0, "snapshot every N training steps (0: never)");
 ABSL_FLAG(bool, snapshot_on_shutdown, false, "take a final snapshot on SIGTERM/SIGINT");
@@ -112,6 +122,25 @@ void InstallSignalHandlers() {
   signal(SIGPIPE, SIG_IGN);
 }
 
+// Every --data_root given: absl keeps only the last of a repeated flag.
+std::vector<std::string> DataRoots(int argc, char** argv) {
+  std::vector<std::string> roots;
+  auto add = [&roots](absl::string_view list) {
+    for (absl::string_view r : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      roots.emplace_back(r);
+    }
+  };
+  for (int i = 1; i < argc; ++i) {
+    const absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (absl::string_view prefix : {"--data_root=", "-data_root="}) {
+      if (absl::StartsWith(arg, prefix)) add(arg.substr(prefix.size()));
+    }
+    if ((arg == "--data_root" || arg == "-data_root") && i + 1 < argc) add(argv[++i]);
+  }
+  return roots;
+}
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "memprofd: %s\n", message.c_str());
   return 2;
@@ -157,6 +186,8 @@ int main(int argc, char** argv) {
   session.model = absl::GetFlag(FLAGS_model);
   session.model_seed = absl::GetFlag(FLAGS_model_seed);
   session.snapshot_root = absl::GetFlag(FLAGS_snapshot_root);
+  session.data_roots = DataRoots(argc, argv);
+  session.max_data_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);
   session.keep_last = absl::GetFlag(FLAGS_keep_last);
   session.snapshot_every_steps = absl::GetFlag(FLAGS_snapshot_every_steps);
   session.snapshot_staging_bytes = absl::GetFlag(FLAGS_snapshot_staging_bytes);

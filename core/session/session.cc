@@ -128,7 +128,18 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     return absl::InvalidArgumentError(
         "--resume needs --snapshot_root: the directory the checkpoints are in");
   }
+  ASSIGN_OR_RETURN(PathRoots data_roots, PathRoots::Create(options.data_roots, "--data_root"));
+  std::vector<std::string> model_roots = options.data_roots;
+  if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
+  ASSIGN_OR_RETURN(PathRoots model_roots_checked,
+                   PathRoots::Create(model_roots, "--data_root"));
+  if (options.max_data_file_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_data_file_bytes must be at least 1, got ", options.max_data_file_bytes));
+  }
   std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
+  session->data_roots_ = std::move(data_roots);
+  session->model_roots_ = std::move(model_roots_checked);
   // Data parallel: join the run before loading, so that every rank resumes
   // from the checkpoint rank 0 chose.
   ASSIGN_OR_RETURN(const std::string resume_dir, options.world.distributed()

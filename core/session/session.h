@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/common/files.h"
 #include "core/memory/breakdown.h"
 #include "core/memory/memory_stats.h"
 #include "core/session/operation.h"
@@ -274,8 +275,10 @@ class Session {
   absl::StatusOr<std::string> ResumeDirectory() const;
   // Publishes the trainer's run for StartTraining's resume merge.
   void PublishRun();
+  // Evaluates on `in_request` (the data the request carried, checked), or
+  // reads options.data first (a file: bad data fails `op`).
   void RunEvaluation(const std::shared_ptr<Operation>& op, const EvalOptions& options,
-                     const TokenDataset& data);
+                     std::shared_ptr<const TokenDataset> in_request);
   // Counts a finished evaluation for Counters().
   void CountEvaluation(const EvalResult& result);
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
@@ -319,6 +322,11 @@ class Session {
 
   const SessionOptions options_;
   const std::string device_;
+  // Where client-named paths may lead (SessionOptions::data_roots): data
+  // files, and model directories (which may also be snapshots). Set once
+  // in Create.
+  PathRoots data_roots_;
+  PathRoots model_roots_;
   const absl::Time start_time_;
   OperationRegistry operations_;
 

@@ -32,6 +32,7 @@
 #include "core/dist/process_group.h"
 #include "core/model/llama.h"
 #include "core/session/session.h"
+#include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/trainer.h"
 #include "core/train/trainer_state.h"
@@ -317,8 +318,8 @@ absl::Status Session::FollowCommand(const std::string& text) {
   // tokens); a rank that cannot must not leave rank 0 waiting.
   auto read = [&](const DataSpec& spec,
                   const char* what) -> absl::StatusOr<std::shared_ptr<TokenDataset>> {
-    absl::StatusOr<std::unique_ptr<TokenDataset>> data =
-        TokenDataset::Create(spec, model->config.vocab_size);
+    absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(
+        spec, model->config.vocab_size, ClientDataAccess(data_roots_, options_, nullptr));
     absl::Status s = data.ok() ? (*data)->Validate(train.seq_len) : data.status();
     if (!s.ok()) {
       return absl::Status(

@@ -8,6 +8,7 @@
 #include "core/common/status_macros.h"
 #include "core/model/llama.h"
 #include "core/session/session.h"
+#include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/evaluate.h"
 #include "core/train/trainer.h"
@@ -23,11 +24,14 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
   }
   ASSIGN_OR_RETURN(const EvalOptions options,
                    MergeEvaluateRequest(request, model->config.max_position_embeddings));
-  // Read and checked here, as training data is: bad data is the caller's
-  // error at once, not a failed operation.
-  ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
-                   TokenDataset::Create(options.data, model->config.vocab_size));
-  RETURN_IF_ERROR(data->Validate(options.seq_len));
+  // Data in the request is checked here; a file is read when the evaluation
+  // runs, on the owner thread (as training data is), and bad data there
+  // fails the operation.
+  std::shared_ptr<TokenDataset> data;
+  if (!NamesFile(options.data)) {
+    ASSIGN_OR_RETURN(data, TokenDataset::Create(options.data, model->config.vocab_size));
+    RETURN_IF_ERROR(data->Validate(options.seq_len));
+  }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kEvaluate);
   absl::MutexLock lock(&mu_);
   if (stopping_) {
@@ -35,14 +39,15 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
     return absl::UnavailableError(
         "memprofd is shutting down; retry against another instance");
   }
-  boundary_.push_back([this, op, options, data] { RunEvaluation(op, options, *data); });
+  boundary_.push_back([this, op, options, data] { RunEvaluation(op, options, data); });
   // Wakes the owner thread when no training runs (see QueueSnapshot).
   queue_.push_back([] {});
   return op;
 }
 
 void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
-                            const EvalOptions& options, const TokenDataset& data) {
+                            const EvalOptions& options,
+                            std::shared_ptr<const TokenDataset> in_request) {
   if (op->cancel_requested()) {
     op->Finish(absl::CancelledError("cancelled before it started"));
     return;
@@ -53,6 +58,21 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
     return;
   }
   op->MarkRunning();
+  std::shared_ptr<const TokenDataset> read = std::move(in_request);
+  if (read == nullptr) {
+    op->SetProgress(0, 0, "batches", "reading the data");
+    absl::StatusOr<std::unique_ptr<TokenDataset>> created =
+        TokenDataset::Create(options.data, model_->config().vocab_size,
+                             ClientDataAccess(data_roots_, options_, op));
+    absl::Status valid =
+        created.ok() ? (*created)->Validate(options.seq_len) : created.status();
+    if (!valid.ok()) {
+      op->Finish(valid);
+      return;
+    }
+    read = *std::move(created);
+  }
+  const TokenDataset& data = *read;
   const int64_t batches =
       (EvalWindows(data, options) + options.batch_size - 1) / options.batch_size;
   op->SetProgress(0, batches, "batches", "evaluating");

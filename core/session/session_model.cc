@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
 #include <utility>
@@ -12,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/files.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -55,6 +55,9 @@ std::string CanonicalPath(const std::string& path) {
   return ec ? path : p.string();
 }
 
+// A config.json is a few kB; anything near this is not one.
+constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
+
 struct HfDirectory {
   std::string config_json;
   std::optional<snapshot::LoadedWeights> weights;  // none: config.json only
@@ -68,14 +71,17 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
         absl::StrCat("no model directory '", dir, "' on the daemon's host"));
   }
   const fs::path config_path = fs::path(dir) / "config.json";
-  std::ifstream in(config_path);
-  if (!in) {
+  // Opened without blocking and only as a regular file: a FIFO named
+  // config.json would otherwise hold the owner thread until a writer came.
+  absl::StatusOr<std::string> config =
+      ReadSmallRegularFile(config_path.string(), kMaxConfigBytes, "config.json");
+  if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "'", dir,
-        "' has no readable config.json; a Hugging Face model directory needs one"));
+        Echo(dir), " has no readable config.json (", config.status().message(),
+        "); a Hugging Face model directory needs one"));
   }
   HfDirectory out;
-  out.config_json.assign(std::istreambuf_iterator<char>(in), {});
+  out.config_json = *std::move(config);
   absl::StatusOr<snapshot::LoadedWeights> weights =
       snapshot::LoadSafetensorsDirectory(dir);
   if (weights.ok()) {
@@ -119,8 +125,19 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     }
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
-  RETURN_IF_ERROR(Post([this, op, spec, command = LoadCommand(spec)] {
+  RETURN_IF_ERROR(Post([this, op, spec = LoadModelSpec(spec), command = LoadCommand(spec)]() mutable {
     op->MarkRunning();
+    // Resolved here, off gRPC's threads, and loaded by its canonical path
+    // so that a link changed afterwards cannot redirect the load.
+    if (!spec.hf_directory.empty()) {
+      absl::StatusOr<std::string> dir =
+          model_roots_.Confine(spec.hf_directory, "hf_directory");
+      if (!dir.ok()) {
+        op->Finish(dir.status());
+        return;
+      }
+      spec.hf_directory = *std::move(dir);
+    }
     // Data parallel: the followers load the same (and the next Train checks
     // they did), in the order the owner runs things.
     if (!command.empty()) {

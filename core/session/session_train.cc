@@ -17,6 +17,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/session.h"
+#include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/trainer.h"
 
@@ -32,6 +33,43 @@ int64_t StepPeakBytes(const std::string& device) {
 }
 
 }  // namespace
+
+bool NamesFile(const DataSpec& spec) {
+  return spec.kind == DataSpec::Kind::kTextFile || spec.kind == DataSpec::Kind::kTokenFile;
+}
+
+DataAccess ClientDataAccess(const PathRoots& roots, const SessionOptions& options,
+                            const std::shared_ptr<Operation>& op) {
+  DataAccess access;
+  access.roots = &roots;
+  access.max_file_bytes = options.max_data_file_bytes;
+  if (op != nullptr) access.cancelled = [op] { return op->cancel_requested(); };
+  return access;
+}
+
+absl::StatusOr<TrainingData> ReadTrainingData(const TrainOptions& train,
+                                              int64_t vocab_size,
+                                              std::optional<int64_t> resumed_tokens,
+                                              const DataAccess& access) {
+  TrainingData out;
+  ASSIGN_OR_RETURN(out.data, TokenDataset::Create(train.data, vocab_size, access));
+  RETURN_IF_ERROR(out.data->Validate(train.seq_len));
+  if (resumed_tokens && out.data->size() != *resumed_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the run to resume read ", *resumed_tokens,
+        " tokens from its data source, which now has ", out.data->size(),
+        ": the data changed, so the run cannot go on on the same stream; restore the "
+        "data, or give a data source and accept a new stream"));
+  }
+  if (train.eval_data) {
+    absl::StatusOr<std::unique_ptr<TokenDataset>> created =
+        TokenDataset::Create(*train.eval_data, vocab_size, access);
+    absl::Status s = created.ok() ? (*created)->Validate(train.seq_len) : created.status();
+    if (!s.ok()) return absl::Status(s.code(), absl::StrCat("eval_data: ", s.message()));
+    out.eval_data = *std::move(created);
+  }
+  return out;
+}
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpec& spec) {
   RETURN_IF_ERROR(CheckLeader("Train"));
@@ -81,32 +119,18 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
       MergeTrainRequest(defaults, request, model->config.max_position_embeddings));
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
                    offload::MergeOffloadRequest(options_.offload, spec.offload));
-  // The data is read and checked here so that the caller hears of a missing
-  // file or an out-of-range id at once, not from a failed operation.
-  ASSIGN_OR_RETURN(std::shared_ptr<TokenDataset> data,
-                   TokenDataset::Create(train.data, model->config.vocab_size));
-  RETURN_IF_ERROR(data->Validate(train.seq_len));
-  if (run && !request.data && data->size() != run->data_tokens) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the run to resume read ", run->data_tokens,
-        " tokens from its data source, which "
-        "now has ",
-        data->size(),
-        ": the data changed, so the run cannot go on on the "
-        "same stream; restore the data, or give a data source and accept a new stream"));
-  }
-  std::shared_ptr<TokenDataset> eval_data;
-  if (train.eval_data) {
-    absl::StatusOr<std::unique_ptr<TokenDataset>> created =
-        TokenDataset::Create(*train.eval_data, model->config.vocab_size);
-    if (!created.ok()) {
-      return absl::Status(created.status().code(),
-                          absl::StrCat("eval_data: ", created.status().message()));
-    }
-    eval_data = *std::move(created);
-    if (absl::Status s = eval_data->Validate(train.seq_len); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("eval_data: ", s.message()));
-    }
+  // Data in the request (inline tokens, the embedded corpus) is checked
+  // here, so that its errors come back at once. Files are read in the
+  // operation, on the owner thread: a large one takes seconds to check and
+  // must not hold one of gRPC's few threads; a missing file or an
+  // out-of-range id there fails the operation with the same status.
+  std::optional<int64_t> resumed_tokens;
+  if (run && !request.data) resumed_tokens = run->data_tokens;
+  const int64_t vocab_size = model->config.vocab_size;
+  std::optional<TrainingData> in_request;
+  if (!NamesFile(train.data) && !(train.eval_data && NamesFile(*train.eval_data))) {
+    ASSIGN_OR_RETURN(in_request,
+                     ReadTrainingData(train, vocab_size, resumed_tokens, DataAccess()));
   }
   std::shared_ptr<Operation> op;
   {
@@ -126,9 +150,21 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     // own offload fields (each merges them over its own flags), published
     // by the owner thread when it starts the run, in the order it runs
     // things.
-    queue_.push_back([this, op, train, offload_options, data, eval_data,
-                      resume = spec.resume,
+    queue_.push_back([this, op, train, offload_options, vocab_size, resumed_tokens,
+                      in_request, resume = spec.resume,
                       command = TrainCommand(train, spec.offload, spec.resume)] {
+      absl::StatusOr<TrainingData> read =
+          in_request ? absl::StatusOr<TrainingData>(*in_request)
+                     : ReadTrainingData(train, vocab_size, resumed_tokens,
+                                        ClientDataAccess(data_roots_, options_, op));
+      if (!read.ok()) {
+        {
+          absl::MutexLock lock(&mu_);
+          training_active_ = false;
+        }
+        op->Finish(read.status());
+        return;
+      }
       if (!command.empty()) {
         if (absl::Status s = PublishCommand(command); !s.ok()) {
           {
@@ -140,7 +176,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
           return;
         }
       }
-      RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
+      RunTraining(op, train, offload_options, *read->data, read->eval_data.get(), resume);
     });
   }
   return op;

@@ -34,6 +34,15 @@ struct SessionOptions {
   uint64_t model_seed = 0;
   // Where snapshots live; empty disables them (FAILED_PRECONDITION).
   std::string snapshot_root;
+  // The directories (absolute; canonical after symbolic links) that paths
+  // named by clients must resolve into: training and evaluation data files,
+  // and LoadModel's hf_directory (which may also be under snapshot_root).
+  // Empty: no client-named file is opened (PERMISSION_DENIED), only the
+  // embedded corpus, inline tokens, presets and snapshots.
+  std::vector<std::string> data_roots;
+  // The largest data file a client may name; it is mapped, not read into
+  // memory, so this bounds address space, not RSS.
+  int64_t max_data_file_bytes = int64_t{1} << 40;
   // Defaults for training requests that leave offloading unset.
   offload::OffloadOptions offload;
   // Pick offload.target from the device: disk on a CPU, host on a GPU.

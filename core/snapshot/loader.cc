@@ -86,6 +86,22 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
     }
   }
   if (indexes.empty()) {
+    // Weights without the file that says which tensor is where: loading
+    // nothing (and initialising fresh weights) would be silently wrong.
+    std::vector<std::string> shards;
+    for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+      if (absl::EndsWith(it->path().filename().string(), ".safetensors")) {
+        shards.push_back(it->path().filename().string());
+      }
+    }
+    if (!shards.empty()) {
+      std::sort(shards.begin(), shards.end());
+      return absl::DataLossError(absl::StrCat(
+          dir, " holds ", shards.size(), " safetensors file(s) (", shards.front(),
+          shards.size() > 1 ? ", ..." : "", ") but neither ", kSingleFileName,
+          " nor a *.safetensors.index.json naming them: the snapshot is incomplete; "
+          "restore its index"));
+    }
     return absl::NotFoundError(absl::StrCat("no ", kSingleFileName, " and no ",
                                             "*.safetensors.index.json in ", dir));
   }

@@ -65,7 +65,9 @@ struct SafetensorsFile::Mapping {
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO under a weights file's name is refused below, not
+  // waited on.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(
@@ -78,6 +80,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     const int err = errno;
     ::close(fd);
     return snapshot_internal::ErrnoStatus(err, absl::StrCat("stat of ", path));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(
+        "safetensors file ", path, " is not a regular file (",
+        S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, device or socket",
+        "); replace it with the weights file"));
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->size = static_cast<size_t>(st.st_size);

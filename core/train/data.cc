@@ -2,43 +2,17 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 #include "core/common/torch_boundary.h"
 
 namespace memprofd {
 namespace {
-
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data file \"", path,
-                     "\" does not exist or is not a regular file; give the path of "
-                     "a file readable by the daemon"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "data file \"", path, "\" cannot be opened: ", std::strerror(errno)));
-  }
-  std::string bytes((std::istreambuf_iterator<char>(in)),
-                    std::istreambuf_iterator<char>());
-  if (in.bad()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reading data file \"", path, "\" failed"));
-  }
-  if (bytes.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data file \"", path, "\" is empty; training needs tokens"));
-  }
-  return bytes;
-}
 
 at::Tensor BytesToTokens(absl::string_view bytes) {
   at::Tensor raw = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
@@ -46,35 +20,20 @@ at::Tensor BytesToTokens(absl::string_view bytes) {
   return raw.to(torch::kInt32);
 }
 
-// Little-endian uint16/uint32 ids. The file's ids are checked against the
-// vocabulary afterwards, so uint32 values past INT32_MAX (which a vocabulary
-// never reaches) are rejected there as negative int32 would be; check them
-// here first to give the real value.
-absl::StatusOr<at::Tensor> DecodeTokenFile(const std::string& path,
-                                           absl::string_view bytes, int bytes_per_token) {
-  if (bytes.size() % bytes_per_token != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token file \"", path, "\" has ", bytes.size(),
-                     " bytes, not a multiple of ", bytes_per_token,
-                     " bytes per token; check bytes_per_token (2 for uint16, 4 for "
-                     "uint32)"));
-  }
-  const int64_t n = static_cast<int64_t>(bytes.size()) / bytes_per_token;
-  at::Tensor out = torch::empty({n}, torch::kInt32);
-  int32_t* dst = out.data_ptr<int32_t>();
-  const auto* src = reinterpret_cast<const unsigned char*>(bytes.data());
-  for (int64_t i = 0; i < n; ++i) {
-    const unsigned char* p = src + i * bytes_per_token;
-    uint32_t v = p[0] | (uint32_t{p[1]} << 8);
-    if (bytes_per_token == 4) v |= (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
-    if (v > static_cast<uint32_t>(INT32_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token id ", v, " at position ", i, " of \"", path,
-                       "\" is out of range for any vocabulary"));
-    }
-    dst[i] = static_cast<int32_t>(v);
-  }
-  return out;
+// Little-endian uint8/uint16/uint32 id at `p`.
+inline uint32_t DecodeToken(const unsigned char* p, int width) {
+  if (width == 1) return p[0];
+  uint32_t v = p[0] | (uint32_t{p[1]} << 8);
+  if (width == 4) v |= (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+  return v;
+}
+
+absl::Status OutOfVocabulary(int64_t value, int64_t pos, absl::string_view source,
+                             int64_t vocab_size) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "token id ", value, " at position ", pos, " of ", source,
+      " is outside the model's vocabulary [0, ", vocab_size,
+      "); use data tokenized for this model or a model with a larger vocab_size"));
 }
 
 absl::Status CheckRange(const at::Tensor& tokens, int64_t vocab_size,
@@ -86,85 +45,125 @@ absl::Status CheckRange(const at::Tensor& tokens, int64_t vocab_size,
   at::Tensor bad = (tokens < 0).logical_or(tokens >= vocab_size);
   if (!bad.any().item<bool>()) return absl::OkStatus();
   const int64_t pos = bad.to(torch::kUInt8).argmax().item<int64_t>();
-  const int64_t value = tokens[pos].item<int64_t>();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "token id ", value, " at position ", pos, " of ", source,
-      " is outside the model's vocabulary [0, ", vocab_size,
-      "); use data tokenized for this model or a model with a larger vocab_size"));
+  return OutOfVocabulary(tokens[pos].item<int64_t>(), pos, source, vocab_size);
+}
+
+// One pass over a mapped file's ids in chunks, dropping each chunk's pages
+// behind it, so that checking a file of any size keeps one chunk resident.
+absl::Status CheckMappedRange(const MappedFile& file, int width, int64_t count,
+                              int64_t vocab_size, absl::string_view source,
+                              const std::function<bool()>& cancelled) {
+  // Every byte fits a vocabulary of 256 or more.
+  if (width == 1 && vocab_size >= 256) return absl::OkStatus();
+  constexpr int64_t kChunkTokens = int64_t{1} << 22;
+  const auto* base = reinterpret_cast<const unsigned char*>(file.bytes().data());
+  for (int64_t first = 0; first < count; first += kChunkTokens) {
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(absl::StrCat("cancelled while checking ", source));
+    }
+    const int64_t last = std::min(count, first + kChunkTokens);
+    for (int64_t i = first; i < last; ++i) {
+      const uint32_t v = DecodeToken(base + i * width, width);
+      if (v >= static_cast<uint64_t>(vocab_size)) {
+        return OutOfVocabulary(v, i, source, vocab_size);
+      }
+    }
+    file.Release(static_cast<size_t>(first * width),
+                 static_cast<size_t>((last - first) * width));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(const DataSpec& spec,
-                                                                   int64_t vocab_size) {
-  at::Tensor tokens;
-  std::string source;
-  std::string bytes;
+TokenDataset::~TokenDataset() = default;
+
+absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(
+    const DataSpec& spec, int64_t vocab_size, const DataAccess& access) {
+  std::unique_ptr<TokenDataset> out(new TokenDataset());
   switch (spec.kind) {
     case DataSpec::Kind::kEmbeddedCorpus:
-      source = "the embedded corpus";
-      break;
-    case DataSpec::Kind::kTextFile:
-    case DataSpec::Kind::kTokenFile: {
-      if (spec.path.empty()) {
-        return absl::InvalidArgumentError(
-            "the data source is a file but no path was given");
-      }
-      if (spec.kind == DataSpec::Kind::kTokenFile && spec.bytes_per_token != 2 &&
-          spec.bytes_per_token != 4) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("bytes_per_token must be 2 (uint16) or 4 (uint32), got ",
-                         spec.bytes_per_token));
-      }
-      source = absl::StrCat("\"", spec.path, "\"");
-      ASSIGN_OR_RETURN(bytes, ReadFile(spec.path));
-      break;
-    }
-    case DataSpec::Kind::kInlineTokens:
-      source = "the inline tokens";
-      if (spec.tokens.empty()) {
+    case DataSpec::Kind::kInlineTokens: {
+      const bool inline_tokens = spec.kind == DataSpec::Kind::kInlineTokens;
+      if (inline_tokens && spec.tokens.empty()) {
         return absl::InvalidArgumentError(
             "the inline token list is empty; send token ids");
       }
+      // CheckRange may throw (allocation); its own error is a status,
+      // carried out of the boundary in `result`.
+      absl::Status result;
+      RETURN_IF_ERROR(TorchBoundary("loading training data", [&] {
+        // Inline ids are checked in int64 before narrowing, so that huge
+        // ids are reported as sent.
+        at::Tensor tokens =
+            inline_tokens
+                ? torch::tensor(at::ArrayRef<int64_t>(spec.tokens), torch::kInt64)
+                : BytesToTokens(EmbeddedCorpus());
+        result = CheckRange(tokens, vocab_size,
+                            inline_tokens ? "the inline tokens" : "the embedded corpus");
+        if (result.ok()) out->tokens_ = tokens.to(torch::kInt32);
+      }));
+      RETURN_IF_ERROR(result);
+      out->size_ = out->tokens_.numel();
+      return out;
+    }
+    case DataSpec::Kind::kTextFile:
+    case DataSpec::Kind::kTokenFile:
       break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown data kind ", static_cast<int>(spec.kind)));
   }
-  // Decode and CheckRange may throw (allocation); their own errors are
-  // statuses, carried out of the boundary in `result`.
-  absl::Status result;
-  RETURN_IF_ERROR(TorchBoundary("loading training data", [&] {
-    switch (spec.kind) {
-      case DataSpec::Kind::kEmbeddedCorpus:
-        tokens = BytesToTokens(EmbeddedCorpus());
-        break;
-      case DataSpec::Kind::kTextFile:
-        tokens = BytesToTokens(bytes);
-        break;
-      case DataSpec::Kind::kTokenFile: {
-        absl::StatusOr<at::Tensor> t =
-            DecodeTokenFile(spec.path, bytes, spec.bytes_per_token);
-        if (!t.ok()) {
-          result = t.status();
-          return;
-        }
-        tokens = *std::move(t);
-        break;
-      }
-      case DataSpec::Kind::kInlineTokens:
-        // Checked in int64 before narrowing, so that huge ids are reported as sent.
-        tokens = torch::tensor(at::ArrayRef<int64_t>(spec.tokens), torch::kInt64);
-        break;
+  if (spec.path.empty()) {
+    return absl::InvalidArgumentError("the data source is a file but no path was given");
+  }
+  const bool token_file = spec.kind == DataSpec::Kind::kTokenFile;
+  if (token_file && spec.bytes_per_token != 2 && spec.bytes_per_token != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bytes_per_token must be 2 (uint16) or 4 (uint32), got ", spec.bytes_per_token));
+  }
+  std::string path = spec.path;
+  if (access.roots != nullptr) {
+    absl::StatusOr<std::string> confined = access.roots->Confine(spec.path, "data file");
+    if (absl::IsNotFound(confined.status())) {
+      // The path is part of the request (as for an unconfined missing file).
+      return absl::InvalidArgumentError(confined.status().message());
     }
-    result = CheckRange(tokens, vocab_size, source);
-    if (result.ok()) tokens = tokens.to(torch::kInt32);
-  }));
-  RETURN_IF_ERROR(result);
-  return std::unique_ptr<TokenDataset>(new TokenDataset(std::move(tokens)));
+    ASSIGN_OR_RETURN(path, std::move(confined));
+  } else if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data file ", Echo(path), " contains a NUL byte"));
+  }
+  ASSIGN_OR_RETURN(out->file_, MappedFile::Open(path, access.max_file_bytes, "data file",
+                                                access.roots));
+  out->width_ = token_file ? spec.bytes_per_token : 1;
+  const std::string source = Echo(spec.path);
+  const size_t bytes = out->file_->bytes().size();
+  if (bytes % out->width_ != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token file ", source, " has ", bytes, " bytes, not a multiple of ",
+                     out->width_,
+                     " bytes per token; check bytes_per_token (2 for uint16, 4 for "
+                     "uint32)"));
+  }
+  out->size_ = static_cast<int64_t>(bytes) / out->width_;
+  RETURN_IF_ERROR(CheckMappedRange(*out->file_, out->width_, out->size_, vocab_size,
+                                   source, access.cancelled));
+  return out;
 }
 
-int64_t TokenDataset::size() const { return tokens_.numel(); }
+int64_t TokenDataset::MappedToken(int64_t i) const {
+  const auto* base = reinterpret_cast<const unsigned char*>(file_->bytes().data());
+  return DecodeToken(base + i * width_, width_);
+}
+
+at::Tensor TokenDataset::Window(int64_t start, int64_t count) const {
+  if (file_ == nullptr) return tokens_.narrow(0, start, count).to(torch::kInt64);
+  at::Tensor out = torch::empty({count}, torch::kInt64);
+  int64_t* dst = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < count; ++i) dst[i] = MappedToken(start + i);
+  return out;
+}
 
 absl::Status TokenDataset::Validate(int64_t seq_len) const {
   if (seq_len < 1) {
@@ -191,10 +190,22 @@ absl::StatusOr<TokenBatch> TokenDataset::NextBatch(int64_t batch, int64_t seq_le
     // Windows [s, s + seq_len] for s uniform in [0, N - seq_len - 1].
     at::Tensor starts = at::randint(0, size() - seq_len, {batch, 1}, generator,
                                     torch::TensorOptions().dtype(torch::kInt64));
-    at::Tensor index = starts + torch::arange(seq_len + 1, torch::kInt64).unsqueeze(0);
-    at::Tensor windows = tokens_.index_select(0, index.view({-1}))
-                             .view({batch, seq_len + 1})
-                             .to(torch::kInt64);
+    at::Tensor windows;
+    if (file_ == nullptr) {
+      at::Tensor index = starts + torch::arange(seq_len + 1, torch::kInt64).unsqueeze(0);
+      windows = tokens_.index_select(0, index.view({-1}))
+                    .view({batch, seq_len + 1})
+                    .to(torch::kInt64);
+    } else {
+      windows = torch::empty({batch, seq_len + 1}, torch::kInt64);
+      const int64_t* first = starts.data_ptr<int64_t>();
+      int64_t* dst = windows.data_ptr<int64_t>();
+      for (int64_t b = 0; b < batch; ++b) {
+        for (int64_t t = 0; t <= seq_len; ++t) {
+          dst[b * (seq_len + 1) + t] = MappedToken(first[b] + t);
+        }
+      }
+    }
     out.inputs = windows.narrow(1, 0, seq_len).contiguous();
     out.targets = windows.narrow(1, 1, seq_len).contiguous();
   }));

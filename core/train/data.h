@@ -7,11 +7,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/common/files.h"
 #include "core/train/train_options.h"
 
 namespace memprofd {
@@ -26,18 +29,39 @@ struct TokenBatch {
   at::Tensor targets;
 };
 
-// A sequence of token ids held in memory (int32 on the CPU), all below the
-// vocabulary size. Immutable after Create; NextBatch may be called from one
-// thread at a time (the generator is the caller's).
+// Where a dataset may read files and how it stops early. The defaults are
+// for trusted callers (tests, the operator's own flags): any path, no limit
+// but the file's, never cancelled.
+struct DataAccess {
+  // Client-named paths must resolve inside these (PathRoots::Confine);
+  // nullptr: not confined.
+  const PathRoots* roots = nullptr;
+  int64_t max_file_bytes = std::numeric_limits<int64_t>::max();
+  // Polled while a large file is checked; true stops with CANCELLED.
+  std::function<bool()> cancelled;
+};
+
+// A sequence of token ids, all below the vocabulary size: held in memory
+// (the embedded corpus, inline tokens: int32 on the CPU) or read through a
+// read-only mapping of the file (text and token files), so that a large
+// file costs page cache the kernel can reclaim rather than the daemon's own
+// memory; its pages are dropped behind the one scan that checks the ids.
+// Immutable after Create; NextBatch may be called from one thread at a time
+// (the generator is the caller's).
 class TokenDataset {
  public:
-  // Loads and checks the tokens of `spec` (see DataSpec). INVALID_ARGUMENT
-  // for a missing or unreadable file (NOT_FOUND is not used: the path is
-  // part of the request), an empty source, a token file whose size is not a
-  // multiple of bytes_per_token, bytes_per_token other than 2 or 4, or a
-  // token id outside [0, vocab_size) (naming its position and value).
-  static absl::StatusOr<std::unique_ptr<TokenDataset>> Create(const DataSpec& spec,
-                                                              int64_t vocab_size);
+  // Loads and checks the tokens of `spec` (see DataSpec) under `access`.
+  // INVALID_ARGUMENT for a missing file, one that is not a regular file
+  // (a FIFO, a device, a directory, a /proc file), one over the size limit,
+  // an empty source, a token file whose size is not a multiple of
+  // bytes_per_token, bytes_per_token other than 2 or 4, or a token id
+  // outside [0, vocab_size) (naming its position and value; NOT_FOUND is not
+  // used: the path is part of the request); PERMISSION_DENIED for a path
+  // outside access.roots or one the daemon may not read; CANCELLED when
+  // access.cancelled said so. Messages never quote the file's contents.
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> Create(
+      const DataSpec& spec, int64_t vocab_size, const DataAccess& access = {});
+  ~TokenDataset();
 
   // OK when windows of seq_len + 1 tokens fit in the data; INVALID_ARGUMENT
   // with the token count otherwise.
@@ -50,13 +74,21 @@ class TokenDataset {
   absl::StatusOr<TokenBatch> NextBatch(int64_t batch, int64_t seq_len,
                                        at::Generator& generator) const;
 
-  int64_t size() const;
-  const at::Tensor& tokens() const { return tokens_; }
+  // Tokens [start, start + count) as int64 [count] on the CPU. Requires
+  // 0 <= start and start + count <= size(). May throw (allocation).
+  at::Tensor Window(int64_t start, int64_t count) const;
+
+  int64_t size() const { return size_; }
 
  private:
-  explicit TokenDataset(at::Tensor tokens) : tokens_(std::move(tokens)) {}
+  TokenDataset() = default;
+  // Token i of a mapped file.
+  int64_t MappedToken(int64_t i) const;
 
-  at::Tensor tokens_;  // int32 [N]
+  at::Tensor tokens_;                  // int32 [N], when held in memory
+  std::unique_ptr<MappedFile> file_;   // otherwise, read through this
+  int width_ = 0;                      // bytes per token in file_: 1, 2 or 4
+  int64_t size_ = 0;
 };
 
 }  // namespace memprofd

@@ -38,8 +38,7 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
       const int64_t n = std::min(o.batch_size, windows - first);
       // Window i is tokens[i * seq_len, i * seq_len + seq_len] (seq_len + 1
       // tokens, so consecutive windows share one token, as input and target).
-      at::Tensor rows = data.tokens()
-                            .narrow(0, first * o.seq_len, n * o.seq_len + 1)
+      at::Tensor rows = data.Window(first * o.seq_len, n * o.seq_len + 1)
                             .unfold(0, o.seq_len + 1, o.seq_len)
                             .to(device, torch::kInt64)
                             .contiguous();

@@ -67,7 +67,7 @@ daemon = subprocess.Popen(
     [args.memprofd, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
      "--port_file=" + port_file, "--device=" + args.device, "--model=" + args.preset,
      "--model_seed=1", "--snapshot_root=" + os.path.join(args.work, "snapshots"),
-     "--spill_dir=" + args.work],
+     "--spill_dir=" + args.work, "--data_root=" + os.path.abspath(args.work)],
     stdout=log, stderr=subprocess.STDOUT)
 deadline = time.time() + 240
 while not os.path.exists(port_file):

@@ -129,6 +129,11 @@ class Daemon:
             args.append("--auth_token_file=" + token_file)
             self.token_file = token_file
         args.extend(flags)
+        if not any(f.startswith("--data_root") or f == "--no_data_root" for f in flags):
+            # The tests' files (data, model directories) live in temporary
+            # directories; the daemon opens no client-named file outside a root.
+            args.append("--data_root=" + os.path.realpath(tempfile.gettempdir()))
+        args = [a for a in args if a != "--no_data_root"]
         if not any(f.startswith("--report_dir") for f in flags):
             # OOM reports stay in the test's directory, not the default /tmp one.
             args.append("--report_dir=" + os.path.join(self.tmp.name, "reports"))

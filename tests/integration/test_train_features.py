@@ -23,6 +23,7 @@ smaller (1e-6 to 1e-5), so there it only checks that they differ.
 import json
 import math
 import os
+import tempfile
 import unittest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -191,8 +192,16 @@ class EvaluateTest(harness.DaemonTestCase):
                 "fewer than seq_len + 1")
         invalid(self, "Evaluate", pb.EvaluateRequest(data=inline([1, 300] * 40), seq_len=SEQ),
                 "token id 300")
-        invalid(self, "Evaluate", pb.EvaluateRequest(data=pb.DataSource(text_file="/no/such/file")),
-                "/no/such/file")
+        # A file is read in the operation (off gRPC's threads): its errors fail it.
+        missing = os.path.join(tempfile.gettempdir(), "memprofd-no-such-file")
+        for path, code, needle in ((missing, 3, "does not exist"),
+                                   ("/no/such/file", 7, "outside the daemon's data roots")):
+            op = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(
+                data=pb.DataSource(text_file=path))).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, code, op.error.message)  # INVALID_ARGUMENT, PERMISSION_DENIED
+            self.assertIn(path, op.error.message)
+            self.assertIn(needle, op.error.message)
 
     def test_3_training_evaluates_every_n_steps_into_reports_and_metrics(self):
         held_out = inline(random_tokens(2000, 2))

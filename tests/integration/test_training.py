@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import struct
 import tempfile
 import unittest
@@ -65,6 +66,7 @@ class TrainingTest(harness.DaemonTestCase):
         tmp = tempfile.TemporaryDirectory()
         empty = os.path.join(tmp.name, "empty.txt")
         open(empty, "w").close()
+        missing = os.path.join(tmp.name, "missing.txt")
         cases = [
             (pb.TrainRequest(), "steps: required"),
             (pb.TrainRequest(steps=0), "steps"),
@@ -80,8 +82,7 @@ class TrainingTest(harness.DaemonTestCase):
             (pb.TrainRequest(steps=1, batch_size=-1), "batch_size"),
             (pb.TrainRequest(steps=1, seq_len=-5), "seq_len"),
             (pb.TrainRequest(steps=1, seq_len=4096), "max_position_embeddings"),
-            (pb.TrainRequest(steps=1, data=pb.DataSource(text_file="/nonexistent/corpus.txt")),
-             "/nonexistent/corpus.txt"),
+            (pb.TrainRequest(steps=1, data=pb.DataSource(text_file=missing)), missing),
             (pb.TrainRequest(steps=1, data=pb.DataSource(text_file=empty)), "empty"),
             (pb.TrainRequest(steps=1, seq_len=4, data=pb.DataSource(
                 inline_tokens=pb.InlineTokens(ids=[1, 2, 300, 4, 5, 6, 7, 8]))), "300"),
@@ -95,6 +96,15 @@ class TrainingTest(harness.DaemonTestCase):
              "prefetch_depth"),
         ]
         for req, needle in cases:
+            # A file is read in the operation (off gRPC's threads), so its
+            # errors fail the operation; the rest come back at once.
+            if req.data.WhichOneof("source") in ("text_file", "token_file") and \
+                    req.data.token_file.bytes_per_token != 3:
+                final = wait_done(self.d, self.d.call("Train", req).id)
+                self.assertEqual(final.state, pb.OPERATION_STATE_FAILED, str(req))
+                self.assertEqual(final.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0], str(req))
+                self.assertIn(needle, final.error.message, str(req))
+                continue
             with self.assertRaises(grpc.RpcError, msg=str(req)) as e:
                 self.d.call("Train", req)
             self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT, str(req))
@@ -139,7 +149,10 @@ class TrainingTest(harness.DaemonTestCase):
         tokens = os.path.join(tmp.name, "tokens.bin")
         with open(tokens, "wb") as f:
             f.write(struct.pack("<400H", *[i % 256 for i in range(400)]))  # uint16 LE ids
-        for data in (pb.DataSource(text_file="/usr/share/common-licenses/GPL-3"),
+        # Files under a data root (the harness's: the temporary directory).
+        text = os.path.join(tmp.name, "GPL-3")
+        shutil.copyfile("/usr/share/common-licenses/GPL-3", text)
+        for data in (pb.DataSource(text_file=text),
                      pb.DataSource(token_file=pb.TokenFile(path=tokens, bytes_per_token=2)),
                      pb.DataSource(inline_tokens=pb.InlineTokens(ids=list(range(100))))):
             op = self.d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=16, data=data))
@@ -150,8 +163,11 @@ class TrainingTest(harness.DaemonTestCase):
     def test_6_load_model_presets_and_errors(self):
         for req, code in ((pb.LoadModelRequest(), grpc.StatusCode.INVALID_ARGUMENT),
                           (pb.LoadModelRequest(preset="huge"), grpc.StatusCode.INVALID_ARGUMENT),
-                          (pb.LoadModelRequest(hf_directory="/nonexistent/model"),
+                          (pb.LoadModelRequest(hf_directory=os.path.join(
+                              tempfile.gettempdir(), "memprofd-nonexistent-model")),
                            grpc.StatusCode.NOT_FOUND),
+                          (pb.LoadModelRequest(hf_directory="/nonexistent/model"),
+                           grpc.StatusCode.PERMISSION_DENIED),
                           (pb.LoadModelRequest(preset="tiny", placement=[pb.ModulePlacement(
                               module="model.layers.9", placement=pb.PLACEMENT_DISK)]),
                            grpc.StatusCode.INVALID_ARGUMENT),

@@ -71,6 +71,25 @@ TEST(SessionEvalTest, BadRequestsAreInvalidArgumentAndQueueNothing) {
   EXPECT_EQ(session->ListOperations(OperationKind::kEvaluate, false).size(), 0u);
 }
 
+TEST(SessionEvalTest, AFileIsReadInTheOperationAndBadOnesFailIt) {
+  // A file is read on the owner thread, not the caller's: the call answers
+  // at once, and the operation carries what is wrong with the file.
+  std::unique_ptr<Session> session = CpuSession("tiny");
+  ASSERT_NE(session, nullptr);
+  EvaluateRequest r = SmallEval();
+  // A file outside the data roots (CpuSession sets none).
+  r.data.kind = DataSpec::Kind::kTextFile;
+  r.data.path = "/etc/passwd";
+  absl::StatusOr<std::shared_ptr<Operation>> op = session->StartEvaluation(r);
+  ASSERT_TRUE(op.ok()) << op.status();
+  OperationView v = WaitDone(**op);
+  EXPECT_EQ(v.state, OperationState::kFailed);
+  EXPECT_EQ(v.error.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(v.error.message(), HasSubstr("outside the daemon's data roots"));
+  // The model still evaluates.
+  EXPECT_GT(Evaluated(*session, SmallEval()).tokens, 0);
+}
+
 TEST(SessionEvalTest, EvaluationsAreDeterministicCountedAndSeeTraining) {
   std::unique_ptr<Session> session = CpuSession("tiny");
   ASSERT_NE(session, nullptr);

@@ -2,7 +2,11 @@
 
 #include <torch/torch.h>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/train/train_options.h"
@@ -33,7 +37,7 @@ TEST(TokenDatasetTest, EmbeddedCorpusIsEnglishProse) {
   absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(DataSpec{}, 256);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ((*d)->size(), static_cast<int64_t>(corpus.size()));
-  EXPECT_EQ((*d)->tokens()[0].item<int64_t>(), 'T');
+  EXPECT_EQ((*d)->Window(0, 1)[0].item<int64_t>(), 'T');
 }
 
 TEST(TokenDatasetTest, TextFileIsReadAsBytes) {
@@ -43,7 +47,7 @@ TEST(TokenDatasetTest, TextFileIsReadAsBytes) {
       TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 256);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(
-      torch::equal((*d)->tokens(), torch::tensor({97, 98, 255, 10}, torch::kInt32)));
+      torch::equal((*d)->Window(0, (*d)->size()), torch::tensor({97, 98, 255, 10}, torch::kInt64)));
   // Byte 255 does not fit a vocabulary of 200.
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 200);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
@@ -57,13 +61,13 @@ TEST(TokenDatasetTest, TokenFilesAreLittleEndianUint16OrUint32) {
       TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u16, 2), 0x10000);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_TRUE(
-      torch::equal((*d)->tokens(), torch::tensor({1, 0x1234, 255}, torch::kInt32)));
+      torch::equal((*d)->Window(0, (*d)->size()), torch::tensor({1, 0x1234, 255}, torch::kInt64)));
 
   std::string u32 =
       tmp.WriteFile("u32.bin", std::string("\x01\x00\x01\x00\x02\x00\x00\x00", 8));
   d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u32, 4), 70000);
   ASSERT_TRUE(d.ok()) << d.status();
-  EXPECT_TRUE(torch::equal((*d)->tokens(), torch::tensor({65537, 2}, torch::kInt32)));
+  EXPECT_TRUE(torch::equal((*d)->Window(0, (*d)->size()), torch::tensor({65537, 2}, torch::kInt64)));
 
   d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, u32, 4), 1000);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
@@ -94,6 +98,103 @@ TEST(TokenDatasetTest, MissingAndEmptyFilesAreInvalidArgument) {
 
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, ""), 256);
   EXPECT_THAT(d.status().message(), HasSubstr("no path"));
+}
+
+TEST(TokenDatasetTest, FilesThatWouldBlockOrAreNotRegularAreRefusedAtOnce) {
+  const TempDir tmp;
+  const std::string fifo = tmp.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Opening a FIFO for reading would wait for a writer: this returns at once.
+  for (const auto& [path, why] : std::vector<std::pair<std::string, std::string>>{
+           {fifo, "is a FIFO"},
+           {tmp.path(), "is a directory"},
+           {"/dev/zero", "is a device"},
+           {"/proc/self/status", "has no size"}}) {
+    absl::StatusOr<std::unique_ptr<TokenDataset>> d =
+        TokenDataset::Create(File(DataSpec::Kind::kTextFile, path), 256);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(d.status().message(), HasSubstr(why)) << path;
+  }
+  DataAccess small;
+  small.max_file_bytes = 3;
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d = TokenDataset::Create(
+      File(DataSpec::Kind::kTextFile, tmp.WriteFile("four.txt", "abcd")), 256, small);
+  EXPECT_THAT(d.status().message(), HasSubstr("has 4 bytes, over the daemon's limit of 3"));
+}
+
+TEST(TokenDatasetTest, ClientPathsStayInsideTheRootsAfterLinks) {
+  const TempDir tmp;
+  const std::string root = tmp.path() + "/root";
+  ASSERT_TRUE(std::filesystem::create_directory(root));
+  const std::string inside = tmp.WriteFile("root/in.txt", "hello world");
+  const std::string outside = tmp.WriteFile("secret.txt", "secret");
+  std::filesystem::create_symlink(outside, root + "/link.txt");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root}, "--data_root");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+  DataAccess access;
+  access.roots = &*roots;
+  absl::StatusOr<std::unique_ptr<TokenDataset>> d =
+      TokenDataset::Create(File(DataSpec::Kind::kTextFile, inside), 256, access);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ((*d)->size(), 11);
+  for (const std::string& path :
+       {outside, root + "/link.txt", root + "/../secret.txt", std::string("/etc/passwd"),
+        std::string("/nonexistent/x")}) {
+    d = TokenDataset::Create(File(DataSpec::Kind::kTokenFile, path), 256, access);
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied) << path;
+    EXPECT_THAT(d.status().message(), HasSubstr(root)) << path;
+    EXPECT_THAT(d.status().message(), ::testing::Not(HasSubstr("secret\""))) << path;
+  }
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, root + "/missing.txt"), 256,
+                           access);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(d.status().message(), HasSubstr("does not exist"));
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, inside + std::string("\0x", 2)),
+                           256, access);
+  EXPECT_THAT(d.status().message(), HasSubstr("NUL byte"));
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, "in.txt"), 256, access);
+  EXPECT_THAT(d.status().message(), HasSubstr("is relative"));
+  const PathRoots none;
+  access.roots = &none;
+  d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, inside), 256, access);
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(d.status().message(), HasSubstr("no --data_root is set"));
+}
+
+TEST(TokenDatasetTest, AMappedFileDrawsTheBatchesTheSameTokensInMemoryWould) {
+  const TempDir tmp;
+  std::string bytes;
+  DataSpec inline_spec;
+  inline_spec.kind = DataSpec::Kind::kInlineTokens;
+  for (int i = 0; i < 3000; ++i) {
+    const int id = (i * 7919) % 50000;
+    bytes.push_back(static_cast<char>(id & 0xff));
+    bytes.push_back(static_cast<char>(id >> 8));
+    inline_spec.tokens.push_back(id);
+  }
+  absl::StatusOr<std::unique_ptr<TokenDataset>> mapped = TokenDataset::Create(
+      File(DataSpec::Kind::kTokenFile, tmp.WriteFile("t.bin", bytes), 2), 50000);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> held =
+      TokenDataset::Create(inline_spec, 50000);
+  ASSERT_TRUE(mapped.ok() && held.ok());
+  at::Generator a = MakeDataGenerator(7);
+  at::Generator b = MakeDataGenerator(7);
+  for (int step = 0; step < 3; ++step) {
+    absl::StatusOr<TokenBatch> x = (*mapped)->NextBatch(4, 32, a);
+    absl::StatusOr<TokenBatch> y = (*held)->NextBatch(4, 32, b);
+    ASSERT_TRUE(x.ok() && y.ok());
+    EXPECT_TRUE(torch::equal(x->inputs, y->inputs));
+    EXPECT_TRUE(torch::equal(x->targets, y->targets));
+  }
+  EXPECT_TRUE(torch::equal((*mapped)->Window(100, 50), (*held)->Window(100, 50)));
+  // A cancelled check stops.
+  DataAccess access;
+  access.cancelled = [] { return true; };
+  EXPECT_EQ(TokenDataset::Create(File(DataSpec::Kind::kTokenFile, tmp.path() + "/t.bin", 2),
+                                 50000, access)
+                .status()
+                .code(),
+            absl::StatusCode::kCancelled);
 }
 
 TEST(TokenDatasetTest, InlineTokensAreCheckedAgainstTheVocabulary) {

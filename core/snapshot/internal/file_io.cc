@@ -92,11 +92,24 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO in a model directory must not hold the owner thread.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT)
       return absl::NotFoundError(absl::StrCat(path, " does not exist"));
     return ErrnoStatus(errno, absl::StrCat("opening ", path));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::DataLossError(
+        absl::StrCat(path, " is not a regular file; memprofd reads only regular files"));
+  }
+  if (st.st_size > kMaxSmallFileBytes) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat(path, " has ", st.st_size,
+                                            " bytes, more than a metadata file holds (",
+                                            kMaxSmallFileBytes, ")"));
   }
   std::string out;
   char buf[65536];

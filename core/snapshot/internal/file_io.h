@@ -46,7 +46,12 @@ class OutputFile {
 
 // Writes `contents` to a new file `path` and fsyncs it.
 absl::Status WriteFileSynced(const std::string& path, absl::string_view contents);
-// Reads a whole (small) file. NOT_FOUND when missing.
+// The most ReadSmallFile reads: metadata (config.json, indexes, manifests,
+// trainer_state.json) is kilobytes to a few megabytes.
+inline constexpr int64_t kMaxSmallFileBytes = int64_t{64} << 20;
+// Reads a whole (small) file. NOT_FOUND when missing; DATA_LOSS for anything
+// but a regular file (opened without blocking, so a FIFO is refused, not
+// waited on) and for one over kMaxSmallFileBytes.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 // fsync of a directory, so that entries created or renamed in it persist.
 absl::Status SyncDirectory(const std::string& path);

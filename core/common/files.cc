@@ -1,0 +1,226 @@
+#include "core/common/files.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/common/utf8.h"
+
+namespace memprofd {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The canonical path of `path`, or the errno of the failure.
+absl::StatusOr<std::string> RealPath(const std::string& path) {
+  char buf[PATH_MAX];
+  if (::realpath(path.c_str(), buf) == nullptr) {
+    return absl::ErrnoToStatus(errno, "realpath");
+  }
+  return std::string(buf);
+}
+
+bool Below(absl::string_view path, absl::string_view root) {
+  if (root == "/") return absl::StartsWith(path, "/");
+  return path == root ||
+         (absl::StartsWith(path, root) && path.size() > root.size() &&
+          path[root.size()] == '/');
+}
+
+// Opens `path` for reading without blocking and checks the handle: the fd
+// of a regular file at most `max_bytes` long, and its size.
+struct OpenedFile {
+  int fd = -1;
+  size_t size = 0;
+};
+
+absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_bytes,
+                                       absl::string_view what, const PathRoots* roots) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY |
+                                           O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    const std::string p = Echo(path);
+    switch (err) {
+      case ENOENT:
+        return absl::InvalidArgumentError(absl::StrCat(what, " ", p, " does not exist"));
+      case EACCES:
+      case EPERM:
+        return absl::PermissionDeniedError(
+            absl::StrCat(what, " ", p, " is not readable by the daemon"));
+      case ELOOP:
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, " ", p, " is a symbolic link; give the path of the file itself"));
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, " ", p, " cannot be opened: ", std::strerror(err)));
+    }
+  }
+  auto fail = [fd](absl::Status s) {
+    ::close(fd);
+    return s;
+  };
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path), ": fstat failed: ", std::strerror(errno))));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                       : S_ISFIFO(st.st_mode) ? "a FIFO"
+                       : S_ISSOCK(st.st_mode) ? "a socket"
+                       : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)
+                           ? "a device"
+                           : "not a regular file";
+    return fail(absl::InvalidArgumentError(absl::StrCat(
+        what, " ", Echo(path), " is ", kind, "; give the path of a regular file")));
+  }
+  if (st.st_size > max_bytes) {
+    return fail(absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path), " has ", st.st_size, " bytes, over the daemon's limit of ",
+                     max_bytes, " bytes")));
+  }
+  if (roots != nullptr) {
+    // What was opened, not what was checked: a rename in between shows here.
+    absl::StatusOr<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", fd));
+    if (!opened.ok() || !roots->Contains(*opened)) {
+      return fail(absl::PermissionDeniedError(
+          absl::StrCat(what, " ", Echo(path), " changed while it was opened and is not "
+                       "inside the data roots (", roots->Describe(), ")")));
+    }
+  }
+  return OpenedFile{fd, static_cast<size_t>(st.st_size)};
+}
+
+}  // namespace
+
+absl::StatusOr<PathRoots> PathRoots::Create(const std::vector<std::string>& roots,
+                                            absl::string_view flag) {
+  PathRoots out;
+  out.flag_ = std::string(flag);
+  for (const std::string& root : roots) {
+    if (root.empty() || root[0] != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, "=", Echo(root), " must be an absolute path"));
+    }
+    absl::StatusOr<std::string> real = RealPath(root);
+    std::error_code ec;
+    if (!real.ok() || !fs::is_directory(*real, ec)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, "=", Echo(root), " is not an existing directory"));
+    }
+    out.roots_.push_back(*std::move(real));
+  }
+  return out;
+}
+
+bool PathRoots::Contains(absl::string_view canonical_path) const {
+  for (const std::string& root : roots_) {
+    if (Below(canonical_path, root)) return true;
+  }
+  return false;
+}
+
+std::string PathRoots::Describe() const {
+  if (roots_.empty()) return absl::StrCat("none: no ", flag_, " is set");
+  return absl::StrJoin(roots_, ", ");
+}
+
+absl::StatusOr<std::string> PathRoots::Confine(absl::string_view path,
+                                               absl::string_view what) const {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " is empty"));
+  if (path.find('\0') != absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path), " contains a NUL byte"));
+  }
+  if (path[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", Echo(path), " is relative; give an absolute path on the daemon's host"));
+  }
+  auto denied = [&] {
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " ", Echo(path), " is outside the daemon's data roots (", Describe(),
+        "); put the file under a root, or start memprofd with ", flag_,
+        " naming its directory"));
+  };
+  if (roots_.empty()) return denied();
+  const std::string p(path);
+  absl::StatusOr<std::string> real = RealPath(p);
+  if (!real.ok()) {
+    // Missing (or unreadable on the way): said only for a path that is
+    // inside a root as written, so that nothing is learnt about others.
+    const std::string lexical = fs::path(p).lexically_normal().string();
+    if (!Contains(lexical)) return denied();
+    return absl::NotFoundError(absl::StrCat(what, " ", Echo(path), " does not exist"));
+  }
+  if (!Contains(*real)) return denied();
+  return *std::move(real);
+}
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
+                                                             int64_t max_bytes,
+                                                             absl::string_view what,
+                                                             const PathRoots* roots) {
+  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
+  if (!file.ok()) return file.status();
+  if (file->size == 0) {
+    ::close(file->fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", Echo(path), " is empty (or a /proc or /sys file, which has no size)"));
+  }
+  void* data = ::mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, file->fd, 0);
+  const int err = errno;
+  ::close(file->fd);  // the mapping stays valid
+  if (data == MAP_FAILED) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", Echo(path),
+                                                   " cannot be mapped: ", std::strerror(err)));
+  }
+  return std::unique_ptr<MappedFile>(new MappedFile(path, data, file->size));
+}
+
+MappedFile::~MappedFile() { ::munmap(data_, size_); }
+
+void MappedFile::Release(size_t offset, size_t length) const {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page;  // whole pages inside only
+  const size_t end = std::min(size_, offset + length) / page * page;
+  if (end <= begin) return;
+  ::madvise(static_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED);
+}
+
+absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
+                                                 int64_t max_bytes,
+                                                 absl::string_view what) {
+  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, nullptr);
+  if (!file.ok()) return file.status();
+  std::string out(file->size, '\0');
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = ::read(file->fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      ::close(file->fd);
+      return absl::DataLossError(absl::StrCat(
+          "reading ", what, " ", Echo(path), " failed: ",
+          err != 0 ? std::strerror(err) : "it is shorter than its size (changed meanwhile)"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  ::close(file->fd);
+  return out;
+}
+
+}  // namespace memprofd

@@ -1,0 +1,107 @@
+#ifndef MEMPROFD_CORE_COMMON_FILES_H_
+#define MEMPROFD_CORE_COMMON_FILES_H_
+
+// Files a client names: confined to the operator's roots, opened once,
+// checked through the handle, never blocking and never read whole into
+// memory. No LibTorch.
+//
+// Why each step: a path checked and then opened separately can be swapped
+// between the two (a FIFO renamed over a file); opening a FIFO for reading
+// blocks until a writer comes, and a /proc file can block in read() (kmsg),
+// so the open is O_NONBLOCK and only a regular file of known size is taken;
+// a mapping costs page cache the kernel can reclaim, not the daemon's own
+// memory. Every message quotes the path through Echo and never the file's
+// contents.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace memprofd {
+
+// The directories client-named paths must resolve into (after symbolic
+// links). Immutable after Create; thread-safe.
+class PathRoots {
+ public:
+  // No roots: every client-named path is refused.
+  PathRoots() = default;
+
+  // Each root is made absolute and canonical (it must exist and be a
+  // directory). INVALID_ARGUMENT naming `flag` and the root otherwise.
+  static absl::StatusOr<PathRoots> Create(const std::vector<std::string>& roots,
+                                          absl::string_view flag);
+
+  // The canonical path of `path` when it resolves inside one of the roots.
+  // INVALID_ARGUMENT for an empty path, a NUL byte, or a relative path;
+  // PERMISSION_DENIED naming the roots when it resolves outside them (or
+  // there are none); NOT_FOUND only for a missing path inside a root (so
+  // nothing is said about what exists outside). `what` names the field
+  // ("data.text_file") in every message.
+  absl::StatusOr<std::string> Confine(absl::string_view path, absl::string_view what) const;
+
+  // True when the canonical `path` is one of the roots or below one.
+  bool Contains(absl::string_view canonical_path) const;
+
+  const std::vector<std::string>& roots() const { return roots_; }
+  // "/data, /srv/corpora" or "none (no --data_root is set)".
+  std::string Describe() const;
+
+ private:
+  std::vector<std::string> roots_;  // canonical, absolute
+  std::string flag_ = "--data_root";
+};
+
+// A regular file mapped read-only. Open refuses anything else without
+// blocking: FIFOs, devices, directories, sockets, symbolic links as the last
+// component, files of size 0 (which is also how /proc files present
+// themselves) and files over `max_bytes`. Immutable; thread-safe.
+class MappedFile {
+ public:
+  // `what` names the file in messages ("data file"). INVALID_ARGUMENT for
+  // the refusals above (saying which) and a missing file,
+  // PERMISSION_DENIED when the daemon may not read it, and when `roots` is
+  // given and the opened file is not inside them (a rename between the
+  // check and the open).
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path,
+                                                          int64_t max_bytes,
+                                                          absl::string_view what,
+                                                          const PathRoots* roots = nullptr);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  absl::string_view bytes() const {
+    return absl::string_view(static_cast<const char*>(data_), size_);
+  }
+  const std::string& path() const { return path_; }
+
+  // Tells the kernel the pages of [offset, offset + length) are not needed
+  // now (they are read again from the file when touched): a scan over a
+  // large file then keeps only a window resident.
+  void Release(size_t offset, size_t length) const;
+
+ private:
+  MappedFile(std::string path, void* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+
+  const std::string path_;
+  void* const data_;
+  const size_t size_;
+};
+
+// The whole of a small regular file (config.json, an index), opened as
+// MappedFile::Open opens, read with read() up to `max_bytes`. The same
+// statuses; a size-0 file is read as empty, not refused.
+absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
+                                                 int64_t max_bytes,
+                                                 absl::string_view what);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_COMMON_FILES_H_
