@@ -1,0 +1,92 @@
+// Client-named paths against a root with hostile links in it: PathRoots and
+// MappedFile (core/common/files.h). Whatever the path, nothing outside the
+// root is ever opened: a path Confine accepts resolves inside the root, and
+// a file MappedFile::Open maps under the roots is one of the root's own.
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "core/common/files.h"
+#include "fuzz/fuzz_util.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr char kInside[] = "inside-bytes";
+constexpr char kSecret[] = "SECRET";
+
+// scratch/root: a file, a subdirectory, and links that lead up, out, to
+// /etc, to themselves and to a FIFO; scratch/outside holds the secret.
+struct Tree {
+  std::string root;
+  std::string outside;
+  memprofd::PathRoots roots;
+  Tree() {
+    const std::string base = memprofd::fuzz::ScratchDir();
+    root = base + "/root";
+    outside = base + "/outside";
+    fs::create_directories(root + "/sub");
+    fs::create_directories(outside);
+    memprofd::fuzz::WriteFileOrDie(root + "/a.txt", kInside);
+    memprofd::fuzz::WriteFileOrDie(root + "/sub/b.txt", kInside);
+    memprofd::fuzz::WriteFileOrDie(outside + "/secret.txt", kSecret);
+    std::error_code ec;
+    fs::create_symlink("..", root + "/up", ec);
+    fs::create_symlink("../outside", root + "/out", ec);
+    fs::create_symlink(outside + "/secret.txt", root + "/secret.txt", ec);
+    fs::create_symlink("/etc", root + "/etc", ec);
+    fs::create_symlink("loop", root + "/loop", ec);
+    fs::create_symlink("sub/b.txt", root + "/b-link.txt", ec);
+    ::mkfifo((root + "/fifo").c_str(), 0600);
+    fs::create_symlink("fifo", root + "/fifo-link", ec);
+    absl::StatusOr<memprofd::PathRoots> made = memprofd::PathRoots::Create({root}, "--data_root");
+    FUZZ_CHECK(made.ok());
+    roots = *std::move(made);
+    root = roots.roots().front();  // canonical
+  }
+};
+
+const Tree& GetTree() {
+  static const Tree* tree = new Tree();
+  return *tree;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const Tree& tree = GetTree();
+  std::string path(reinterpret_cast<const char*>(data), size);
+  // Mostly relative to the root (where the links are); '/'-led as given.
+  if (path.empty() || path[0] != '/') path = tree.root + "/" + path;
+  if (path.size() > 4096) return 0;
+
+  absl::StatusOr<std::string> confined = tree.roots.Confine(path, "data file");
+  if (!confined.ok()) {
+    memprofd::fuzz::CheckBadInputStatus(
+        confined.status(), {absl::StatusCode::kInvalidArgument,
+                            absl::StatusCode::kPermissionDenied, absl::StatusCode::kNotFound});
+    FUZZ_CHECK(!absl::StrContains(confined.status().message(), kSecret));
+  } else {
+    FUZZ_CHECK(tree.roots.Contains(*confined));
+    FUZZ_CHECK(!absl::StartsWith(*confined, fs::canonical(tree.outside).string()));
+  }
+  // Opened under the roots, as the daemon opens a confined path (and as a
+  // raw one that a rename could swap): only the root's own bytes come back.
+  for (const std::string& candidate : {confined.ok() ? *confined : path, path}) {
+    if (candidate.find('\0') != std::string::npos) continue;
+    absl::StatusOr<std::unique_ptr<memprofd::MappedFile>> file =
+        memprofd::MappedFile::Open(candidate, 1 << 20, "data file", &tree.roots);
+    if (!file.ok()) {
+      FUZZ_CHECK(!absl::StrContains(file.status().message(), kSecret));
+      continue;
+    }
+    FUZZ_CHECK((*file)->bytes() == kInside);
+  }
+  return 0;
+}
