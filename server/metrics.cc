@@ -7,7 +7,9 @@
 
 #include <exception>
 #include <fstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -117,6 +119,11 @@ ServerMetrics::ServerMetrics(const BuildLabels& build, const WorldSpec& world)
   served_->Add(std::make_shared<ProcessCollectable>());
 }
 
+namespace {
+constexpr int kMetricsThreads = 8;
+constexpr int kMetricsRequestTimeoutMs = 3000;
+}  // namespace
+
 absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
   if (absl::Status s = ValidateListenAddress("metrics_listen", listen); !s.ok()) return s;
   try {
@@ -125,8 +132,15 @@ absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
       c.log_message = LogCivetMessage;
       return c;
     }();
-    exposer_ =
-        std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2, &callbacks);
+    // CivetWeb gives each connection a thread for as long as it is open:
+    // with two, two idle TCP connections stopped every scrape. More threads,
+    // and a bound on how long one waits for a request's bytes, so that idle
+    // or slow clients let go of them.
+    exposer_ = std::make_unique<prometheus::Exposer>(
+        std::vector<std::string>{"listening_ports", listen, "num_threads",
+                                 std::to_string(kMetricsThreads), "request_timeout_ms",
+                                 std::to_string(kMetricsRequestTimeoutMs)},
+        &callbacks);
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ", e.what(),

@@ -1,0 +1,214 @@
+"""Hostile and careless input over the wire: paths confined to the data roots,
+files that would block (FIFOs, /proc) refused without holding a thread,
+sharded snapshots missing their index, echoes that stay small, unknown enum
+values, snapshot names, the bearer scheme in any case, and /metrics under idle
+connections. The real daemon, started by harness.Daemon, on loopback; every
+FIFO, link and file is the test's own."""
+
+import os
+import socket
+import threading
+import time
+import unittest
+import urllib.request
+
+import grpc
+
+import harness
+from harness import Daemon, pb, wait_done
+
+INVALID, PERMISSION, DATA_LOSS = (grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                  grpc.StatusCode.PERMISSION_DENIED.value[0],
+                                  grpc.StatusCode.DATA_LOSS.value[0])
+
+
+def rpc_error(test, fn):
+    with test.assertRaises(grpc.RpcError) as e:
+        fn()
+    return e.exception
+
+
+class StatusProbe:
+    """GetStatus every 5 ms on its own channel while a block runs; `worst` is
+    the slowest answer (s), `failures` those that did not come back."""
+
+    def __init__(self, d):
+        self.d, self.worst, self.failures, self._stop = d, 0.0, 0, threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self):
+        while not self._stop.is_set():
+            start = time.time()
+            try:
+                self.d.call("GetStatus", pb.GetStatusRequest(), timeout=5)
+            except grpc.RpcError:
+                self.failures += 1
+            self.worst = max(self.worst, time.time() - start)
+            time.sleep(0.005)
+
+
+class HostileInputTest(harness.DaemonTestCase):
+    SNAPSHOTS = True
+
+    @classmethod
+    def setUpClass(cls):
+        cls.DAEMON_FLAGS = ("--model=" + harness.micro_model_dir(),)
+        super().setUpClass()
+
+    def train_fails(self, data, code, *needles):
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=1, batch_size=1, seq_len=8, data=data)).id, timeout=60)
+        self.assertEqual(op.state, pb.OPERATION_STATE_FAILED, op)
+        self.assertEqual(op.error.code, code, op.error.message)
+        for needle in needles:
+            self.assertIn(needle, op.error.message)
+        return op.error.message
+
+    def test_files_that_would_block_are_refused_while_status_answers(self):
+        fifo = os.path.join(self.scratch, "corpus.fifo")
+        os.mkfifo(fifo)
+        kmsg = os.path.join(self.scratch, "kmsg-link")
+        os.symlink("/proc/kmsg", kmsg)
+        with StatusProbe(self.d) as probe:
+            start = time.time()
+            for _ in range(2):  # two at once pinned both gRPC threads before
+                self.train_fails(pb.DataSource(text_file=fifo), INVALID, "is a FIFO")
+            self.train_fails(pb.DataSource(text_file=kmsg), PERMISSION, "outside")
+            self.train_fails(pb.DataSource(text_file=self.scratch), INVALID, "is a directory")
+            elapsed = time.time() - start
+        print("FIFO, /proc link and directory refused in %.2f s; GetStatus worst %.3f s"
+              % (elapsed, probe.worst))
+        self.assertEqual(probe.failures, 0)
+        self.assertLess(probe.worst, 1.0)
+        # Evaluate reads alike, and a FIFO config.json does not hold LoadModel.
+        op = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(text_file=fifo))).id, timeout=60)
+        self.assertEqual(op.error.code, INVALID, op.error.message)
+        model = os.path.join(self.scratch, "fifo-model")
+        os.mkdir(model)
+        os.mkfifo(os.path.join(model, "config.json"))
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=model)).id,
+                       timeout=60)
+        self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+        self.assertIn("config.json", op.error.message)
+        self.assertEqual(self.d.call("GetStatus", pb.GetStatusRequest()).serving_state, "SERVING")
+
+    def test_paths_stay_inside_the_roots_and_no_contents_are_quoted(self):
+        link = os.path.join(self.scratch, "passwd-link")
+        os.symlink("/etc/passwd", link)
+        for path in ("/etc/shadow", "/etc/passwd", link, "/proc/self/mem"):
+            message = self.train_fails(pb.DataSource(token_file=pb.TokenFile(path=path)),
+                                       PERMISSION, "outside the daemon's data roots")
+            self.assertNotIn("token id", message)
+            self.assertNotIn("root:", message)
+        self.train_fails(pb.DataSource(text_file="relative/corpus.txt"), INVALID, "is relative")
+        inside = os.path.join(self.scratch, "corpus.txt")
+        with open(inside, "w") as f:
+            f.write("hello " * 100)
+        self.train_fails(pb.DataSource(text_file=inside + "\0.txt"), INVALID, "NUL byte")
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory="/etc")).id)
+        self.assertEqual(op.error.code, PERMISSION, op.error.message)
+        # The file inside the root trains.
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=1, batch_size=1, seq_len=8, data=pb.DataSource(text_file=inside))).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+
+    def test_sharded_snapshot_without_its_index_is_data_loss(self):
+        before = self.d.call("DescribeModel", pb.DescribeModelRequest()).source
+        op = wait_done(self.d, self.d.call("Snapshot", pb.SnapshotRequest(
+            name="sharded", max_shard_size="200KB")).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        directory = op.snapshot.directory
+        shards = [n for n in os.listdir(directory) if n.endswith(".safetensors")]
+        self.assertGreater(len(shards), 1)
+        os.remove(os.path.join(directory, "model.safetensors.index.json"))
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=directory)).id)
+        self.assertEqual(op.error.code, DATA_LOSS, op.error.message)
+        self.assertIn("neither model.safetensors nor", op.error.message)
+        self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
+
+    def test_long_values_are_cut_in_the_status_not_turned_into_resource_exhausted(self):
+        huge = "x" * 20000
+        for fn, code in ((lambda: self.d.call("GetOperation", pb.GetOperationRequest(id=huge)),
+                          grpc.StatusCode.NOT_FOUND),
+                         (lambda: self.d.call("LoadModel", pb.LoadModelRequest(preset=huge)),
+                          grpc.StatusCode.INVALID_ARGUMENT),
+                         (lambda: self.d.call("GetMemoryBreakdown", pb.GetMemoryBreakdownRequest(by=huge)),
+                          grpc.StatusCode.INVALID_ARGUMENT),
+                         (lambda: self.d.call("Train", pb.TrainRequest(steps=1, mixed_precision=huge)),
+                          grpc.StatusCode.INVALID_ARGUMENT)):
+            e = rpc_error(self, fn)
+            self.assertEqual(e.code(), code, e.details()[:200])
+            self.assertLess(len(e.details()), 1000)
+            self.assertIn("(20000 bytes)", e.details())
+
+    def test_unknown_enum_values_duplicate_placements_and_bad_names_are_refused(self):
+        for request, needle in ((pb.SnapshotRequest(name="s", dtype=99), "dtype: unknown value 99"),
+                                (pb.SnapshotRequest(name="s", mode=99), "mode: unknown value 99"),
+                                (pb.SnapshotRequest(name="s", kind=99), "kind: unknown value 99")):
+            e = rpc_error(self, lambda: self.d.call("Snapshot", request))
+            self.assertEqual(e.code(), grpc.StatusCode.INVALID_ARGUMENT)
+            self.assertIn(needle, e.details())
+        e = rpc_error(self, lambda: self.d.call("LoadModel", pb.LoadModelRequest(
+            preset="tiny", placement=[pb.ModulePlacement(module="lm_head", placement=7)])))
+        self.assertIn("placement.placement: unknown value 7", e.details())
+        e = rpc_error(self, lambda: self.d.call("LoadModel", pb.LoadModelRequest(
+            preset="tiny", placement=[pb.ModulePlacement(module="model.norm", placement=pb.PLACEMENT_CPU),
+                                      pb.ModulePlacement(module="model.norm", placement=pb.PLACEMENT_DISK)])))
+        self.assertIn("twice", e.details())
+        for name in ("-rf", "a b", "*", "~root", "a\u202eb", "caf\u00e9"):
+            e = rpc_error(self, lambda: self.d.call("Snapshot", pb.SnapshotRequest(name=name)))
+            self.assertEqual(e.code(), grpc.StatusCode.INVALID_ARGUMENT, name)
+            self.assertIn("ASCII letters, digits", e.details())
+        names = {m.name for m in self.d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots}
+        self.assertFalse(names & {"s", "-rf", "a b", "*", "~root"}, names)
+
+
+class BearerAnyCaseTest(harness.DaemonTestCase):
+    TOKEN = "s3cret-token"
+
+    def test_the_scheme_is_case_insensitive_and_the_token_is_not(self):
+        for scheme in ("Bearer", "bearer", "BEARER", "bEaReR"):
+            self.d.stub.GetStatus(pb.GetStatusRequest(), timeout=10,
+                                  metadata=[("authorization", scheme + " " + self.TOKEN)])
+        for value in ("Bearer " + self.TOKEN.upper(), "Basic " + self.TOKEN, self.TOKEN):
+            e = rpc_error(self, lambda: self.d.stub.GetStatus(
+                pb.GetStatusRequest(), timeout=10, metadata=[("authorization", value)]))
+            self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED, value)
+
+
+class MetricsUnderIdleConnectionsTest(unittest.TestCase):
+    def test_idle_and_slow_connections_do_not_stop_a_scrape(self):
+        d = Daemon("--model=")
+        held = []
+        try:
+            for _ in range(12):  # more than the exporter's threads
+                held.append(socket.create_connection(("127.0.0.1", d.metrics_port)))
+            slow = socket.create_connection(("127.0.0.1", d.metrics_port))
+            slow.send(b"G")  # one byte of a request that never ends
+            held.append(slow)
+            start = time.time()
+            with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % d.metrics_port,
+                                        timeout=20) as r:
+                body = r.read()
+            elapsed = time.time() - start
+            print("scrape with 12 idle and 1 slow connection: %.2f s" % elapsed)
+            self.assertIn(b"memprofd_", body)
+            self.assertLess(elapsed, 10)
+        finally:
+            for s in held:
+                s.close()
+            d.stop()
+            d.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
