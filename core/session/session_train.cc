@@ -135,14 +135,16 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
+    // Draining comes first: the training that still runs is being stopped,
+    // so "another is running" would send the caller to wait for nothing.
+    if (stopping_) {
+      return absl::UnavailableError(
+          "memprofd is shutting down; retry against another instance");
+    }
     if (training_active_) {
       return absl::AbortedError(
           "another training operation is queued or running; wait for it or cancel it "
           "(ListOperations shows it)");
-    }
-    if (stopping_) {
-      return absl::UnavailableError(
-          "memprofd is shutting down; retry against another instance");
     }
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);

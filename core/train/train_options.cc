@@ -1,6 +1,7 @@
 #include "core/train/train_options.h"
 
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -32,6 +33,17 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   RETURN_IF_ERROR(AtLeastOne("batch_size", o.batch_size));
   RETURN_IF_ERROR(AtLeastOne("seq_len", o.seq_len));
   RETURN_IF_ERROR(AtLeastOne("grad_accumulation_steps", o.grad_accumulation_steps));
+  // Limits on what is merely large: a step of 10^9 micro-batches could not be
+  // cancelled for hours, and a batch past these overflows a tensor's size.
+  for (auto [name, value, limit] :
+       {std::tuple<const char*, int64_t, int64_t>{"steps", o.steps, kMaxTrainSteps},
+        {"batch_size", o.batch_size, kMaxBatchSize},
+        {"grad_accumulation_steps", o.grad_accumulation_steps, kMaxGradAccumulationSteps}}) {
+    if (value > limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, " must be at most ", limit, ", got ", value));
+    }
+  }
   if (o.seq_len > max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat(
         "seq_len ", o.seq_len, " exceeds the model's max_position_embeddings (",

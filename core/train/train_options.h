@@ -17,6 +17,13 @@
 
 namespace memprofd {
 
+// The largest values ValidateTrainOptions takes (memprofd.v1.TrainRequest
+// documents them): a run checks for cancellation between steps, so one step
+// must stay short enough to cancel, and a batch's element count must fit.
+inline constexpr int64_t kMaxTrainSteps = int64_t{1} << 40;
+inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
+inline constexpr int64_t kMaxGradAccumulationSteps = 4096;
+
 // What one training run does, every field given. Fields are validated by
 // ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's.
 struct TrainOptions {

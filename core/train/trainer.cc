@@ -218,6 +218,17 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     }
     double total = norms.empty() ? 0.0 : torch::stack(norms).norm().item<double>();
     report.grad_norm = total;
+    // A NaN or infinite loss or gradient would make every weight NaN: the
+    // update is skipped, so the model stays as it was, and the run fails.
+    if (!std::isfinite(loss_sum) || !std::isfinite(total)) {
+      batch_status = absl::FailedPreconditionError(absl::StrCat(
+          "step ", report.global_step, " has a non-finite ",
+          std::isfinite(loss_sum) ? "gradient norm" : "loss", " (loss ", loss_sum,
+          ", gradient norm ", total,
+          "); its update was skipped and the weights are as they were before it. "
+          "Lower learning_rate, or set max_grad_norm"));
+      return;
+    }
     if (options.max_grad_norm > 0 && total > options.max_grad_norm) {
       // torch.nn.utils.clip_grad_norm_'s coefficient.
       const double coef = options.max_grad_norm / (total + 1e-6);

@@ -135,6 +135,25 @@ class HostileInputTest(harness.DaemonTestCase):
         self.assertIn("neither model.safetensors nor", op.error.message)
         self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
 
+    def test_a_non_finite_loss_fails_the_training_and_limits_hold(self):
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=6, batch_size=1, seq_len=8, learning_rate=1e30)).id, timeout=120)
+        self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+        self.assertEqual(op.error.code, grpc.StatusCode.FAILED_PRECONDITION.value[0], op.error.message)
+        self.assertIn("non-finite", op.error.message)
+        self.assertIn("update was skipped", op.error.message)
+        for request, needle in ((pb.TrainRequest(steps=1, grad_accumulation_steps=1000000000),
+                                 "grad_accumulation_steps must be at most 4096"),
+                                (pb.TrainRequest(steps=1, batch_size=2**63 - 1),
+                                 "batch_size must be at most"),
+                                (pb.TrainRequest(steps=2**62), "steps must be at most")):
+            e = rpc_error(self, lambda: self.d.call("Train", request))
+            self.assertEqual(e.code(), grpc.StatusCode.INVALID_ARGUMENT, e.details())
+            self.assertIn(needle, e.details())
+        # The weights the failed run left load again: a fresh model for the other tests.
+        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+            hf_directory=harness.micro_model_dir())).id)
+
     def test_long_values_are_cut_in_the_status_not_turned_into_resource_exhausted(self):
         huge = "x" * 20000
         for fn, code in ((lambda: self.d.call("GetOperation", pb.GetOperationRequest(id=huge)),

@@ -202,6 +202,33 @@ TEST(TrainerTest, ClippingBoundsTheGradientNorm) {
   EXPECT_LT(change[1], 1e-4);
 }
 
+TEST(TrainerTest, ANonFiniteStepFailsAndLeavesTheWeightsAsTheyWere) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  TrainOptions o = SmallOptions(5);
+  o.learning_rate = 1e30;  // the first step makes the weights huge, a later one NaN
+  std::vector<at::Tensor> last_good;
+  int64_t steps_seen = 0;
+  absl::StatusOr<TrainResult> r = trainer.Run(o, [&](const StepReport& s) {
+    steps_seen = s.step;
+    last_good.clear();
+    for (const at::Tensor& p : m->Parameters()) last_good.push_back(p.detach().clone());
+  });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(r.status().message(), HasSubstr("non-finite"));
+  EXPECT_THAT(r.status().message(), HasSubstr("update was skipped"));
+  ASSERT_GE(steps_seen, 1);
+  ASSERT_LT(steps_seen, 5);
+  EXPECT_EQ(trainer.global_step(), steps_seen);
+  const std::vector<at::Tensor> now = m->Parameters();
+  ASSERT_EQ(now.size(), last_good.size());
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_TRUE(torch::equal(now[i], last_good[i])) << i;
+    EXPECT_TRUE(torch::isfinite(now[i]).all().item<bool>()) << i;
+  }
+}
+
 // Records phase changes and step boundaries.
 class RecordingListener : public PhaseListener {
  public:
