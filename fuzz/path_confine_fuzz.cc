@@ -45,7 +45,8 @@ struct Tree {
     fs::create_symlink("sub/b.txt", root + "/b-link.txt", ec);
     ::mkfifo((root + "/fifo").c_str(), 0600);
     fs::create_symlink("fifo", root + "/fifo-link", ec);
-    absl::StatusOr<memprofd::PathRoots> made = memprofd::PathRoots::Create({root}, "--data_root");
+    absl::StatusOr<memprofd::PathRoots> made =
+        memprofd::PathRoots::Create({root}, "--data_root");
     FUZZ_CHECK(made.ok());
     roots = *std::move(made);
     root = roots.roots().front();  // canonical
@@ -63,14 +64,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const Tree& tree = GetTree();
   std::string path(reinterpret_cast<const char*>(data), size);
   // Mostly relative to the root (where the links are); '/'-led as given.
-  if (path.empty() || path[0] != '/') path = tree.root + "/" + path;
+  const bool under_root = path.empty() || path[0] != '/';
+  if (under_root) path = tree.root + "/" + path;
   if (path.size() > 4096) return 0;
 
   absl::StatusOr<std::string> confined = tree.roots.Confine(path, "data file");
   if (!confined.ok()) {
     memprofd::fuzz::CheckBadInputStatus(
-        confined.status(), {absl::StatusCode::kInvalidArgument,
-                            absl::StatusCode::kPermissionDenied, absl::StatusCode::kNotFound});
+        confined.status(),
+        {absl::StatusCode::kInvalidArgument, absl::StatusCode::kPermissionDenied,
+         absl::StatusCode::kNotFound});
     FUZZ_CHECK(!absl::StrContains(confined.status().message(), kSecret));
   } else {
     FUZZ_CHECK(tree.roots.Contains(*confined));
@@ -78,8 +81,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   // Opened under the roots, as the daemon opens a confined path (and as a
   // raw one that a rename could swap): only the root's own bytes come back.
-  for (const std::string& candidate : {confined.ok() ? *confined : path, path}) {
-    if (candidate.find('\0') != std::string::npos) continue;
+  // An absolute input is only ever confined, never opened raw: it could
+  // name a device whose open has effects.
+  for (const std::string& candidate :
+       {confined.ok() ? *confined : std::string(), under_root ? path : std::string()}) {
+    if (candidate.empty() || candidate.find('\0') != std::string::npos) continue;
     absl::StatusOr<std::unique_ptr<memprofd::MappedFile>> file =
         memprofd::MappedFile::Open(candidate, 1 << 20, "data file", &tree.roots);
     if (!file.ok()) {
