@@ -27,7 +27,7 @@ TEST(SnapshotNameTest, RejectsUnsafeNames) {
            std::string("a..b"), std::string("a\nb"), std::string("a\0b", 3),
            std::string("a\x7f"), std::string("\xff\xfe"), std::string("-rf"),
            std::string("a b"), std::string("*"), std::string("~root"),
-           std::string("a\xe2\x80\xaeb"), std::string("\xc3\xa9t\xc3\xa9")}) {
+           std::string("a\xe2\x80\xae" "b"), std::string("\xc3\xa9t\xc3\xa9")}) {
     EXPECT_EQ(ValidateSnapshotName(bad).code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
