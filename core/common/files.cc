@@ -34,9 +34,8 @@ absl::StatusOr<std::string> RealPath(const std::string& path) {
 
 bool Below(absl::string_view path, absl::string_view root) {
   if (root == "/") return absl::StartsWith(path, "/");
-  return path == root ||
-         (absl::StartsWith(path, root) && path.size() > root.size() &&
-          path[root.size()] == '/');
+  return path == root || (absl::StartsWith(path, root) && path.size() > root.size() &&
+                          path[root.size()] == '/');
 }
 
 // Opens `path` for reading without blocking and checks the handle: the fd
@@ -48,8 +47,8 @@ struct OpenedFile {
 
 absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_bytes,
                                        absl::string_view what, const PathRoots* roots) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY |
-                                           O_CLOEXEC);
+  const int fd =
+      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     const std::string p = Echo(path);
@@ -89,16 +88,18 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
   }
   if (st.st_size > max_bytes) {
     return fail(absl::InvalidArgumentError(
-        absl::StrCat(what, " ", Echo(path), " has ", st.st_size, " bytes, over the daemon's limit of ",
-                     max_bytes, " bytes")));
+        absl::StrCat(what, " ", Echo(path), " has ", st.st_size,
+                     " bytes, over the daemon's limit of ", max_bytes, " bytes")));
   }
   if (roots != nullptr) {
     // What was opened, not what was checked: a rename in between shows here.
     absl::StatusOr<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", fd));
     if (!opened.ok() || !roots->Contains(*opened)) {
       return fail(absl::PermissionDeniedError(
-          absl::StrCat(what, " ", Echo(path), " changed while it was opened and is not "
-                       "inside the data roots (", roots->Describe(), ")")));
+          absl::StrCat(what, " ", Echo(path),
+                       " changed while it was opened and is not "
+                       "inside the data roots (",
+                       roots->Describe(), ")")));
     }
   }
   return OpenedFile{fd, static_cast<size_t>(st.st_size)};
@@ -146,14 +147,15 @@ absl::StatusOr<std::string> PathRoots::Confine(absl::string_view path,
         absl::StrCat(what, " ", Echo(path), " contains a NUL byte"));
   }
   if (path[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", Echo(path), " is relative; give an absolute path on the daemon's host"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path),
+                     " is relative; give an absolute path on the daemon's host"));
   }
   auto denied = [&] {
-    return absl::PermissionDeniedError(absl::StrCat(
-        what, " ", Echo(path), " is outside the daemon's data roots (", Describe(),
-        "); put the file under a root, or start memprofd with ", flag_,
-        " naming its directory"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " ", Echo(path), " is outside the daemon's data roots (",
+                     Describe(), "); put the file under a root, or start memprofd with ",
+                     flag_, " naming its directory"));
   };
   if (roots_.empty()) return denied();
   const std::string p(path);
@@ -184,8 +186,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
   const int err = errno;
   ::close(file->fd);  // the mapping stays valid
   if (data == MAP_FAILED) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " ", Echo(path),
-                                                   " cannot be mapped: ", std::strerror(err)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path), " cannot be mapped: ", std::strerror(err)));
   }
   return std::unique_ptr<MappedFile>(new MappedFile(path, data, file->size));
 }
@@ -213,9 +215,10 @@ absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
     if (n <= 0) {
       const int err = n < 0 ? errno : 0;
       ::close(file->fd);
-      return absl::DataLossError(absl::StrCat(
-          "reading ", what, " ", Echo(path), " failed: ",
-          err != 0 ? std::strerror(err) : "it is shorter than its size (changed meanwhile)"));
+      return absl::DataLossError(
+          absl::StrCat("reading ", what, " ", Echo(path), " failed: ",
+                       err != 0 ? std::strerror(err)
+                                : "it is shorter than its size (changed meanwhile)"));
     }
     done += static_cast<size_t>(n);
   }

@@ -43,7 +43,8 @@ class PathRoots {
   // there are none); NOT_FOUND only for a missing path inside a root (so
   // nothing is said about what exists outside). `what` names the field
   // ("data.text_file") in every message.
-  absl::StatusOr<std::string> Confine(absl::string_view path, absl::string_view what) const;
+  absl::StatusOr<std::string> Confine(absl::string_view path,
+                                      absl::string_view what) const;
 
   // True when the canonical `path` is one of the roots or below one.
   bool Contains(absl::string_view canonical_path) const;
@@ -68,10 +69,9 @@ class MappedFile {
   // PERMISSION_DENIED when the daemon may not read it, and when `roots` is
   // given and the opened file is not inside them (a rename between the
   // check and the open).
-  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path,
-                                                          int64_t max_bytes,
-                                                          absl::string_view what,
-                                                          const PathRoots* roots = nullptr);
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(
+      const std::string& path, int64_t max_bytes, absl::string_view what,
+      const PathRoots* roots = nullptr);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -90,8 +90,8 @@ absl::StatusOr<BreakdownQuery> ParseBreakdownQuery(const BreakdownRequest& reque
     }
     if (!found) {
       return absl::InvalidArgumentError(absl::StrCat("phase must be one of ",
-                                                     absl::StrJoin(names, ", "),
-                                                     ", got ", Echo(*request.phase)));
+                                                     absl::StrJoin(names, ", "), ", got ",
+                                                     Echo(*request.phase)));
     }
   }
   q.top = request.top.value_or(kDefaultTop);

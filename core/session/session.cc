@@ -128,7 +128,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     return absl::InvalidArgumentError(
         "--resume needs --snapshot_root: the directory the checkpoints are in");
   }
-  ASSIGN_OR_RETURN(PathRoots data_roots, PathRoots::Create(options.data_roots, "--data_root"));
+  ASSIGN_OR_RETURN(PathRoots data_roots,
+                   PathRoots::Create(options.data_roots, "--data_root"));
   std::vector<std::string> model_roots = options.data_roots;
   if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
   ASSIGN_OR_RETURN(PathRoots model_roots_checked,

@@ -34,9 +34,9 @@ absl::Status CheckPlacement(const LoadModelSpec& spec) {
   std::set<std::string> seen;
   for (const auto& [module, placement] : spec.placement) {
     if (!seen.insert(module).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "placement names module ", Echo(module),
-          " twice; give one placement per module"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement names module ", Echo(module),
+                       " twice; give one placement per module"));
     }
     const bool known = module == "model.embed_tokens" || module == "model.norm" ||
                        module == "lm_head" || absl::StartsWith(module, "model.layers.");
@@ -125,35 +125,36 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     }
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
-  RETURN_IF_ERROR(Post([this, op, spec = LoadModelSpec(spec), command = LoadCommand(spec)]() mutable {
-    op->MarkRunning();
-    // Resolved here, off gRPC's threads, and loaded by its canonical path
-    // so that a link changed afterwards cannot redirect the load.
-    if (!spec.hf_directory.empty()) {
-      absl::StatusOr<std::string> dir =
-          model_roots_.Confine(spec.hf_directory, "hf_directory");
-      if (!dir.ok()) {
-        op->Finish(dir.status());
-        return;
-      }
-      spec.hf_directory = *std::move(dir);
-    }
-    // Data parallel: the followers load the same (and the next Train checks
-    // they did), in the order the owner runs things.
-    if (!command.empty()) {
-      if (absl::Status s = PublishCommand(command); !s.ok()) {
-        op->Finish(s);
-        FailRun(s);
-        return;
-      }
-    }
-    absl::Status status = LoadOnOwner(spec);
-    if (!status.ok()) {
-      op->Finish(status);
-      return;
-    }
-    op->Finish(absl::OkStatus(), *Model());
-  }));
+  RETURN_IF_ERROR(
+      Post([this, op, spec = LoadModelSpec(spec), command = LoadCommand(spec)]() mutable {
+        op->MarkRunning();
+        // Resolved here, off gRPC's threads, and loaded by its canonical path
+        // so that a link changed afterwards cannot redirect the load.
+        if (!spec.hf_directory.empty()) {
+          absl::StatusOr<std::string> dir =
+              model_roots_.Confine(spec.hf_directory, "hf_directory");
+          if (!dir.ok()) {
+            op->Finish(dir.status());
+            return;
+          }
+          spec.hf_directory = *std::move(dir);
+        }
+        // Data parallel: the followers load the same (and the next Train checks
+        // they did), in the order the owner runs things.
+        if (!command.empty()) {
+          if (absl::Status s = PublishCommand(command); !s.ok()) {
+            op->Finish(s);
+            FailRun(s);
+            return;
+          }
+        }
+        absl::Status status = LoadOnOwner(spec);
+        if (!status.ok()) {
+          op->Finish(status);
+          return;
+        }
+        op->Finish(absl::OkStatus(), *Model());
+      }));
   return op;
 }
 
