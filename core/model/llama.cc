@@ -176,6 +176,8 @@ at::Tensor LlamaModel::Head(const at::Tensor& hidden) const {
   return torch::linear(hidden, Fetch(lm_head_));
 }
 
+at::Tensor LlamaModel::HeadWeight() const { return Fetch(lm_head_); }
+
 at::Tensor LlamaModel::ForwardHidden(const at::Tensor& input_ids) const {
   at::Tensor x = Embed(input_ids);
   for (int64_t i = 0; i < num_layers(); ++i) x = Layer(i, x);

@@ -100,6 +100,14 @@ class LlamaModel {
   at::Tensor FinalNorm(const at::Tensor& hidden) const;
   // The language-model head: [B, T, hidden] -> logits [B, T, vocab_size].
   at::Tensor Head(const at::Tensor& hidden) const;
+  // The head's weight [vocab_size, hidden] on the compute device (fetched
+  // from its placement for this pass, as Head does), for callers that
+  // compute the head themselves (the chunked loss). The embedding's weight
+  // when the head is tied.
+  at::Tensor HeadWeight() const;
+  // The interned module id of "lm_head", for callers that scope the head's
+  // work themselves.
+  ModuleId head_module() const { return head_module_; }
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const LlamaLayerWeights& layer(int64_t index) const { return layers_.at(index); }
