@@ -47,6 +47,17 @@ absl::StatusOr<MixedPrecision> ParseMixedPrecision(absl::string_view name) {
                                                  "; use no (float32) or bf16"));
 }
 
+absl::Status ValidateLossChunkTokens(int64_t loss_chunk_tokens) {
+  if (loss_chunk_tokens < kLossChunkOff || loss_chunk_tokens > kMaxLossChunkTokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss_chunk_tokens must be -1 (off: materialize the logits), 0 (automatic, "
+        "from the vocabulary and hidden size) or a number of tokens per chunk from 1 "
+        "to ",
+        kMaxLossChunkTokens, ", got ", loss_chunk_tokens));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embeddings) {
   if (o.batch_size < 1) {
     return absl::InvalidArgumentError(
@@ -66,6 +77,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embe
     return absl::InvalidArgumentError(
         absl::StrCat("max_batches must be >= 0 (0: every window), got ", o.max_batches));
   }
+  RETURN_IF_ERROR(ValidateLossChunkTokens(o.loss_chunk_tokens));
   return ValidateDataSpec("data", o.data);
 }
 
@@ -76,6 +88,7 @@ absl::StatusOr<EvalOptions> MergeEvaluateRequest(const EvaluateRequest& request,
   o.batch_size = request.batch_size.value_or(o.batch_size);
   o.seq_len = request.seq_len.value_or(o.seq_len);
   o.max_batches = request.max_batches.value_or(o.max_batches);
+  o.loss_chunk_tokens = request.loss_chunk_tokens.value_or(o.loss_chunk_tokens);
   if (request.attn_implementation) {
     ASSIGN_OR_RETURN(o.attn_implementation,
                      ParseAttentionImplementation(*request.attn_implementation));

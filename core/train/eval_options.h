@@ -54,6 +54,19 @@ absl::string_view MixedPrecisionName(MixedPrecision precision);
 // INVALID_ARGUMENT naming the valid values for anything else.
 absl::StatusOr<MixedPrecision> ParseMixedPrecision(absl::string_view name);
 
+// How the language-model head and the loss are computed (loss_chunk_tokens
+// of EvalOptions and TrainOptions; core/train/chunked_loss.h): in chunks of
+// tokens sized from the vocabulary and hidden size (automatic, the default),
+// materializing the whole [tokens x vocab] logits (off), or in chunks of that
+// many tokens (>= 1).
+inline constexpr int64_t kLossChunkAutomatic = 0;
+inline constexpr int64_t kLossChunkOff = -1;
+inline constexpr int64_t kMaxLossChunkTokens = int64_t{1} << 30;
+
+// OK, or INVALID_ARGUMENT for a loss_chunk_tokens below -1 or above
+// kMaxLossChunkTokens, saying what the values mean.
+absl::Status ValidateLossChunkTokens(int64_t loss_chunk_tokens);
+
 // One evaluation, every field given: the loss over consecutive windows of
 // seq_len + 1 tokens (window i starts at token i * seq_len), batch_size
 // windows a batch, at most max_batches batches (0: every window; a last
@@ -65,6 +78,8 @@ struct EvalOptions {
   int64_t max_batches = 0;
   AttentionImplementation attn_implementation = AttentionImplementation::kSdpa;
   MixedPrecision mixed_precision = MixedPrecision::kNo;
+  // kLossChunkAutomatic, kLossChunkOff or tokens per chunk.
+  int64_t loss_chunk_tokens = kLossChunkAutomatic;
 };
 
 // An evaluation as a client sends it: each field unset takes EvalOptions'
@@ -76,6 +91,7 @@ struct EvaluateRequest {
   std::optional<int64_t> max_batches;
   std::optional<std::string> attn_implementation;  // "sdpa" or "eager"
   std::optional<std::string> mixed_precision;      // "no" or "bf16"
+  std::optional<int64_t> loss_chunk_tokens;
 };
 
 struct EvalResult {

@@ -10,6 +10,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
 #include "core/train/autocast.h"
+#include "core/train/chunked_loss.h"
 #include "core/train/data.h"
 
 namespace memprofd {
@@ -26,7 +27,6 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
   RETURN_IF_ERROR(data.Validate(o.seq_len));
   const auto start = std::chrono::steady_clock::now();
   const int64_t windows = EvalWindows(data, o);
-  const int64_t vocab = model.config().vocab_size;
   const c10::Device device = model.device();
   model.set_attention_implementation(o.attn_implementation);
 
@@ -44,15 +44,14 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
                             .contiguous();
       at::Tensor inputs = rows.narrow(1, 0, o.seq_len);
       at::Tensor targets = rows.narrow(1, 1, o.seq_len);
-      at::Tensor logits;
+      at::Tensor loss;
       {
+        // The head under autocast, as in training; the loss is float32 (as
+        // transformers' ForCausalLMLoss upcasts the logits) either way.
         AutocastScope autocast(o.mixed_precision, device.type());
-        logits = model.Forward(inputs);
+        loss = LanguageModelLoss(model, model.ForwardHidden(inputs), targets,
+                                 o.loss_chunk_tokens, LossReduction::kSum);
       }
-      // float32 loss, as transformers' ForCausalLMLoss upcasts the logits.
-      at::Tensor loss = torch::nn::functional::cross_entropy(
-          logits.to(torch::kFloat32).view({-1, vocab}), targets.reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum));
       loss_sum += loss.item<double>();
       result.tokens += n * o.seq_len;
       result.batches += 1;

@@ -86,6 +86,7 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
         "eval_data is given but eval_every_steps is not: say how often to evaluate");
   }
   if (o.eval_data) RETURN_IF_ERROR(ValidateDataSpec("eval_data", *o.eval_data));
+  RETURN_IF_ERROR(ValidateLossChunkTokens(o.loss_chunk_tokens));
   return absl::OkStatus();
 }
 
@@ -128,6 +129,7 @@ absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
   o.eval_every_steps = request.eval_every_steps.value_or(o.eval_every_steps);
   if (request.eval_data) o.eval_data = request.eval_data;
   o.eval_max_batches = request.eval_max_batches.value_or(o.eval_max_batches);
+  o.loss_chunk_tokens = request.loss_chunk_tokens.value_or(o.loss_chunk_tokens);
   RETURN_IF_ERROR(ValidateTrainOptions(o, max_position_embeddings));
   return o;
 }

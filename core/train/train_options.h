@@ -61,6 +61,11 @@ struct TrainOptions {
   int64_t eval_every_steps = 0;
   std::optional<DataSpec> eval_data;
   int64_t eval_max_batches = 0;
+  // How the head and the loss are computed, in training and in its
+  // evaluations: kLossChunkAutomatic (chunks sized from the vocabulary and
+  // hidden size), kLossChunkOff (the logits materialized) or tokens per
+  // chunk (core/train/chunked_loss.h).
+  int64_t loss_chunk_tokens = kLossChunkAutomatic;
 };
 
 // A training request as a client sends it: each field unset takes
@@ -92,6 +97,8 @@ struct TrainRequest {
   std::optional<int64_t> eval_every_steps;
   std::optional<DataSpec> eval_data;
   std::optional<int64_t> eval_max_batches;
+  // -1 off, 0 automatic, or tokens per chunk.
+  std::optional<int64_t> loss_chunk_tokens;
 };
 
 // One optimizer step.
@@ -137,7 +144,7 @@ struct TrainResult {
 // max_grad_norm >= 0 and finite; bytes_per_token 2 or 4 for a token file; a
 // path for file kinds; the schedule's (ValidateLrSchedule); eval_every_steps
 // and eval_max_batches >= 0, eval_every_steps > 0 exactly when eval_data is
-// given.
+// given; loss_chunk_tokens's (ValidateLossChunkTokens).
 absl::Status ValidateTrainOptions(const TrainOptions& options,
                                   int64_t max_position_embeddings);
 

@@ -21,6 +21,7 @@
 #include "core/train/adamw.h"
 #include "core/train/autocast.h"
 #include "core/train/checkpoint.h"
+#include "core/train/chunked_loss.h"
 #include "core/train/evaluate.h"
 
 namespace memprofd {
@@ -60,6 +61,7 @@ EvalOptions EvalOptionsOf(const TrainOptions& o) {
   e.max_batches = o.eval_max_batches;
   e.attn_implementation = o.attn_implementation;
   e.mixed_precision = o.mixed_precision;
+  e.loss_chunk_tokens = o.loss_chunk_tokens;
   return e;
 }
 
@@ -130,7 +132,6 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
   StepMarker marker(report.global_step);
   if (hooks_.before_step) hooks_.before_step(report.global_step);
 
-  const int64_t vocab = model_->config().vocab_size;
   const c10::Device device = model_->device();
   double loss_sum = 0.0;
   // A data or after_backward error, carried out of the boundary.
@@ -172,13 +173,8 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
           }
         }
         std::shared_ptr<void> scope = Enter(hooks_.head_scope);
-        at::Tensor logits = model_->Head(hidden);
-        static const ModuleId loss_module = InternModule("loss");
-        ModuleScope loss_scope(loss_module);
-        // A float32 loss, as transformers' ForCausalLMLoss upcasts the
-        // logits (a no-op without mixed precision).
-        loss = torch::nn::functional::cross_entropy(
-            logits.to(torch::kFloat32).view({-1, vocab}), targets.view({-1}));
+        loss = LanguageModelLoss(*model_, hidden, targets, options.loss_chunk_tokens,
+                                 LossReduction::kMean);
         if (options.grad_accumulation_steps > 1)
           loss = loss / static_cast<double>(options.grad_accumulation_steps);
       }

@@ -61,6 +61,7 @@ Json OptionsToJson(const TrainOptions& o) {
       {"eval_every_steps", o.eval_every_steps},
       {"eval_data", o.eval_data ? DataToJson(*o.eval_data) : Json(nullptr)},
       {"eval_max_batches", o.eval_max_batches},
+      {"loss_chunk_tokens", o.loss_chunk_tokens},
   };
 }
 
@@ -224,6 +225,11 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
     }
   }
   o.eval_max_batches = r.Int("eval_max_batches");
+  // Absent from states written before the chunked loss, whose runs
+  // materialized the logits: kept so, so that they resume bit for bit.
+  o.loss_chunk_tokens = JsonFind(v, "loss_chunk_tokens") != nullptr
+                            ? r.Int("loss_chunk_tokens")
+                            : kLossChunkOff;
   return o;
 }
 
