@@ -72,6 +72,7 @@ int EvaluateCommand(const Context& c, const Args& args) {
   if (auto v = GivenFlag(FLAGS_max_batches)) req.set_max_batches(*v);
   if (auto v = GivenFlag(FLAGS_attn_implementation)) req.set_attn_implementation(*v);
   if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
+  if (auto v = GivenFlag(FLAGS_loss_chunk_tokens)) req.set_loss_chunk_tokens(*v);
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);
   grpc::Status s = c.client->stub().Evaluate(ctx.get(), req, &op);
@@ -142,6 +143,7 @@ int TrainCommand(const Context& c, const Args& args) {
   if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
   if (auto v = GivenFlag(FLAGS_eval_every_steps)) req.set_eval_every_steps(*v);
   if (auto v = GivenFlag(FLAGS_eval_max_batches)) req.set_eval_max_batches(*v);
+  if (auto v = GivenFlag(FLAGS_loss_chunk_tokens)) req.set_loss_chunk_tokens(*v);
   const std::string eval_data = absl::GetFlag(FLAGS_eval_data);
   const std::string eval_token_data = absl::GetFlag(FLAGS_eval_token_data);
   if (!eval_data.empty() || !eval_token_data.empty()) {

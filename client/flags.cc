@@ -74,6 +74,9 @@ ABSL_FLAG(std::string, eval_token_data, "",
           "train: evaluation token file (as --token_data, --bytes_per_token)");
 ABSL_FLAG(int64_t, eval_max_batches, 0, "train: evaluation batches each time [0: all]");
 ABSL_FLAG(int64_t, max_batches, 0, "evaluate: at most N batches [0: every window]");
+ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
+          "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
+          "from the vocabulary and hidden size; -1: off, the logits materialized [0]");
 
 ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small, llama-1b)");
 ABSL_FLAG(std::string, hf_dir, "",

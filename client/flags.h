@@ -74,6 +74,8 @@ ABSL_DECLARE_FLAG(int64_t, eval_max_batches);
 // evaluate (and --data, --token_data, --bytes_per_token, --batch_size,
 // --seq_len, --attn_implementation, --mixed_precision)
 ABSL_DECLARE_FLAG(int64_t, max_batches);
+// train and evaluate
+ABSL_DECLARE_FLAG(int64_t, loss_chunk_tokens);
 // load
 ABSL_DECLARE_FLAG(std::string, preset);
 ABSL_DECLARE_FLAG(std::string, hf_dir);

@@ -105,6 +105,7 @@ EvaluateRequest FromProto(const v1::EvaluateRequest& r) {
   if (r.has_max_batches()) e.max_batches = r.max_batches();
   if (r.has_attn_implementation()) e.attn_implementation = r.attn_implementation();
   if (r.has_mixed_precision()) e.mixed_precision = r.mixed_precision();
+  if (r.has_loss_chunk_tokens()) e.loss_chunk_tokens = r.loss_chunk_tokens();
   return e;
 }
 
@@ -151,6 +152,7 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_eval_every_steps()) t.eval_every_steps = r.eval_every_steps();
   if (r.has_eval_data()) t.eval_data = FromProto(r.eval_data());
   if (r.has_eval_max_batches()) t.eval_max_batches = r.eval_max_batches();
+  if (r.has_loss_chunk_tokens()) t.loss_chunk_tokens = r.loss_chunk_tokens();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
     if (absl::Status s = CheckEnum("offload.target", o.target(), v1::OffloadTarget_IsValid);

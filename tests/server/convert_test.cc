@@ -162,6 +162,7 @@ TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {
   EXPECT_FALSE(n.max_grad_norm.has_value());
   EXPECT_FALSE(n.grad_accumulation_steps.has_value());
   EXPECT_FALSE(n.attn_implementation.has_value());
+  EXPECT_FALSE(n.loss_chunk_tokens.has_value());
   EXPECT_FALSE(n.data.has_value());  // the defaults' data (the embedded corpus)
 
   req.set_seq_len(48);
@@ -186,6 +187,7 @@ TEST(ConvertTest, TrainRequestFieldsSetToZeroAreZeroNotTheDefault) {
   req.set_adam_eps(0);
   req.set_max_grad_norm(0);
   req.set_grad_accumulation_steps(0);
+  req.set_loss_chunk_tokens(0);  // automatic, given as such
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
   const TrainRequest& t = spec->train;
@@ -201,6 +203,7 @@ TEST(ConvertTest, TrainRequestFieldsSetToZeroAreZeroNotTheDefault) {
   EXPECT_EQ(t.adam_eps, std::optional<double>(0));
   EXPECT_EQ(t.max_grad_norm, std::optional<double>(0));
   EXPECT_EQ(t.grad_accumulation_steps, std::optional<int64_t>(0));
+  EXPECT_EQ(t.loss_chunk_tokens, std::optional<int64_t>(0));
 }
 
 // Ranges are the session's to check, once (MergeTrainRequest): the
@@ -219,6 +222,7 @@ TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
   req.set_max_grad_norm(-1);
   req.set_grad_accumulation_steps(4);
   req.set_attn_implementation("flash");  // not one memprofd has
+  req.set_loss_chunk_tokens(-7);
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
   const TrainRequest& t = spec->train;
@@ -234,7 +238,15 @@ TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
   EXPECT_EQ(t.max_grad_norm, std::optional<double>(-1));
   EXPECT_EQ(t.grad_accumulation_steps, std::optional<int64_t>(4));
   EXPECT_EQ(t.attn_implementation, std::optional<std::string>("flash"));
+  EXPECT_EQ(t.loss_chunk_tokens, std::optional<int64_t>(-7));
   EXPECT_FALSE(spec->offload.enabled.has_value());  // no offload message
+}
+
+TEST(ConvertTest, EvaluateRequestLossChunkTokensOnlyWhenSet) {
+  v1::EvaluateRequest req;
+  EXPECT_FALSE(FromProto(req).loss_chunk_tokens.has_value());
+  req.set_loss_chunk_tokens(-1);
+  EXPECT_EQ(FromProto(req).loss_chunk_tokens, std::optional<int64_t>(-1));
 }
 
 TEST(ConvertTest, TrainRequestDataSourcesMapToDataSpecs) {

@@ -105,7 +105,7 @@ class _Api:
               eval_every_steps: Optional[int] = None,
               eval_data: Optional[pb.DataSource] = None,
               eval_max_batches: Optional[int] = None, resume: Optional[bool] = None,
-              timeout: Timeout = DEFAULT):
+              loss_chunk_tokens: Optional[int] = None, timeout: Timeout = DEFAULT):
         """Queues a training (TrainRequest's fields; see train.proto). Returns
         a training handle: wait(), cancel(), refresh(), reports()."""
         return self._start("Train", _request(
@@ -117,7 +117,8 @@ class _Api:
             attn_implementation=attn_implementation, lr_scheduler_type=lr_scheduler_type,
             warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
             mixed_precision=mixed_precision, eval_every_steps=eval_every_steps,
-            eval_data=eval_data, eval_max_batches=eval_max_batches, resume=resume), timeout)
+            eval_data=eval_data, eval_max_batches=eval_max_batches, resume=resume,
+            loss_chunk_tokens=loss_chunk_tokens), timeout)
 
     def stream_step_reports(self, operation_id: str, *, from_step: Optional[int] = None,
                             timeout: Timeout = DEFAULT):
@@ -130,13 +131,14 @@ class _Api:
     def evaluate(self, *, data: Optional[pb.DataSource] = None,
                  batch_size: Optional[int] = None, seq_len: Optional[int] = None,
                  max_batches: Optional[int] = None, attn_implementation: Optional[str] = None,
-                 mixed_precision: Optional[str] = None, timeout: Timeout = DEFAULT):
+                 mixed_precision: Optional[str] = None,
+                 loss_chunk_tokens: Optional[int] = None, timeout: Timeout = DEFAULT):
         """Mean cross-entropy on held-out tokens. Returns an operation handle
         (kind EVALUATE; result: `evaluate`)."""
         return self._start("Evaluate", _request(
             pb.EvaluateRequest, data=data, batch_size=batch_size, seq_len=seq_len,
             max_batches=max_batches, attn_implementation=attn_implementation,
-            mixed_precision=mixed_precision), timeout)
+            mixed_precision=mixed_precision, loss_chunk_tokens=loss_chunk_tokens), timeout)
 
     # -- snapshots ---------------------------------------------------------
     def snapshot(self, name: str, *, max_shard_size: Optional[str] = None,
