@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,24 +76,35 @@ TEST(ChunkedLossTest, LossAndGradientsEqualTheUnchunkedOnesInFloat32) {
   at::manual_seed(1);
   const at::Tensor ids = torch::randint(0, 256, {2, 24}, torch::kInt64);
   const at::Tensor targets = torch::randint(0, 256, {2, 24}, torch::kInt64);
+  double worst_loss = 0, worst_grad = 0;
   for (bool tied : {true, false}) {
     const LlamaConfig config = tied ? SmallLlamaConfig() : Untied(SmallLlamaConfig());
     std::unique_ptr<LlamaModel> m = MakeLlama(config, 3);
     const LossAndGrads plain = HeadLoss(*m, ids, targets, kLossChunkOff);
     // 48 tokens: chunks of 1, 7 (not dividing), 16 (dividing), 48 (one) and
-    // 100 (larger than the count), and automatic.
+    // 100 (larger than the count), and automatic. One-token chunks run
+    // LibTorch's matrix-vector kernels, whose float32 summation order differs
+    // most from the whole matmul's (up to 9.6e-7 here): they get 2e-6.
     for (int64_t chunk : {1, 7, 16, 48, 100, 0}) {
+      const double tolerance = chunk == 1 ? 2e-6 : 1e-6;
       const LossAndGrads chunked = HeadLoss(*m, ids, targets, chunk);
       SCOPED_TRACE(::testing::Message() << "tied " << tied << " chunk " << chunk);
       EXPECT_EQ(chunked.loss.scalar_type(), at::kFloat);
-      EXPECT_LE(RelativeDifference(chunked.loss, plain.loss), 1e-6);
+      worst_loss = std::max(worst_loss, RelativeDifference(chunked.loss, plain.loss));
+      EXPECT_LE(RelativeDifference(chunked.loss, plain.loss), tolerance);
       ASSERT_EQ(chunked.grads.size(), plain.grads.size());
       for (size_t i = 0; i < plain.grads.size(); ++i) {
         EXPECT_GT(plain.grads[i].abs().max().item<double>(), 0) << i;
-        EXPECT_LE(RelativeDifference(chunked.grads[i], plain.grads[i]), 1e-6) << i;
+        const double d = RelativeDifference(chunked.grads[i], plain.grads[i]);
+        if (chunk != 1) worst_grad = std::max(worst_grad, d);
+        EXPECT_LE(d, tolerance) << i;
       }
     }
   }
+  RecordProperty("worst_loss_difference", std::to_string(worst_loss));
+  RecordProperty("worst_gradient_difference", std::to_string(worst_grad));
+  std::printf("largest relative difference: loss %.3g, gradients %.3g (chunks > 1)\n",
+              worst_loss, worst_grad);
 }
 
 TEST(ChunkedLossTest, HiddenAndWeightGradientsMatchCrossEntropyWithIgnoredTargets) {
@@ -138,10 +150,15 @@ TEST(ChunkedLossTest, Bf16AutocastMatchesTheUnchunkedAutocastWithinBf16Rounding)
     EXPECT_EQ(chunked.loss.scalar_type(), at::kFloat);
     EXPECT_GT(RelativeDifference(chunked.loss, f32.loss), 1e-6);
     EXPECT_LE(RelativeDifference(chunked.loss, plain.loss), 4e-3);
+    double worst_grad = 0;
     for (size_t i = 0; i < plain.grads.size(); ++i) {
       EXPECT_EQ(chunked.grads[i].scalar_type(), at::kFloat);
-      EXPECT_LE(RelativeDifference(chunked.grads[i], plain.grads[i]), 2e-2) << i;
+      const double d = RelativeDifference(chunked.grads[i], plain.grads[i]);
+      worst_grad = std::max(worst_grad, d);
+      EXPECT_LE(d, 2e-2) << i;
     }
+    std::printf("bf16, tied %d: relative difference loss %.3g, gradients at most %.3g\n",
+                tied, RelativeDifference(chunked.loss, plain.loss), worst_grad);
   }
 }
 
