@@ -8,8 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "core/common/utf8.h"
 #include "core/common/torch_boundary.h"
+#include "core/common/utf8.h"
+#include "core/train/indexed_dataset.h"
 
 namespace memprofd {
 namespace {
@@ -50,9 +51,11 @@ absl::Status CheckRange(const at::Tensor& tokens, int64_t vocab_size,
 
 // One pass over a mapped file's ids in chunks, dropping each chunk's pages
 // behind it, so that checking a file of any size keeps one chunk resident.
+// `is_signed`: 4-byte ids are int32 (a Megatron dataset's), reported as such.
 absl::Status CheckMappedRange(const MappedFile& file, int width, int64_t count,
                               int64_t vocab_size, absl::string_view source,
-                              const std::function<bool()>& cancelled) {
+                              const std::function<bool()>& cancelled,
+                              bool is_signed = false) {
   // Every byte fits a vocabulary of 256 or more.
   if (width == 1 && vocab_size >= 256) return absl::OkStatus();
   constexpr int64_t kChunkTokens = int64_t{1} << 22;
@@ -65,7 +68,8 @@ absl::Status CheckMappedRange(const MappedFile& file, int width, int64_t count,
     for (int64_t i = first; i < last; ++i) {
       const uint32_t v = DecodeToken(base + i * width, width);
       if (v >= static_cast<uint64_t>(vocab_size)) {
-        return OutOfVocabulary(v, i, source, vocab_size);
+        return OutOfVocabulary(is_signed ? int64_t{static_cast<int32_t>(v)} : int64_t{v},
+                               i, source, vocab_size);
       }
     }
     file.Release(static_cast<size_t>(first * width),
@@ -74,9 +78,58 @@ absl::Status CheckMappedRange(const MappedFile& file, int width, int64_t count,
   return absl::OkStatus();
 }
 
+// `path` confined to access.roots (a missing path inside them is
+// INVALID_ARGUMENT: it is part of the request) and mapped.
+absl::StatusOr<std::unique_ptr<MappedFile>> OpenDataFile(const std::string& path,
+                                                         const DataAccess& access,
+                                                         absl::string_view what) {
+  std::string resolved = path;
+  if (access.roots != nullptr) {
+    absl::StatusOr<std::string> confined = access.roots->Confine(path, what);
+    if (absl::IsNotFound(confined.status())) {
+      return absl::InvalidArgumentError(confined.status().message());
+    }
+    ASSIGN_OR_RETURN(resolved, std::move(confined));
+  } else if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", Echo(path), " contains a NUL byte"));
+  }
+  return MappedFile::Open(resolved, access.max_file_bytes, what, access.roots);
+}
+
 }  // namespace
 
 TokenDataset::~TokenDataset() = default;
+
+absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::CreateIndexed(
+    const DataSpec& spec, int64_t vocab_size, const DataAccess& access) {
+  if (spec.path.empty()) {
+    return absl::InvalidArgumentError(
+        "the data source is an indexed dataset but no path prefix was given");
+  }
+  const std::string idx_path = spec.path + ".idx";
+  const std::string bin_path = spec.path + ".bin";
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> idx,
+                   OpenDataFile(idx_path, access, "indexed dataset index"));
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin,
+                   OpenDataFile(bin_path, access, "indexed dataset data"));
+  const std::string idx_name = Echo(idx_path);
+  const std::string bin_name = Echo(bin_path);
+  ASSIGN_OR_RETURN(MegatronIndex index,
+                   ParseMegatronIndex(idx->bytes(), idx_name,
+                                      static_cast<int64_t>(bin->bytes().size()), bin_name,
+                                      access.cancelled));
+  idx->Release(0, idx->bytes().size());
+  std::unique_ptr<TokenDataset> out(new TokenDataset());
+  out->file_ = std::move(bin);
+  out->width_ = index.width;
+  out->size_ = index.tokens;
+  out->doc_bounds_ = std::move(index.doc_bounds);
+  out->windows_ = spec.windows;
+  RETURN_IF_ERROR(CheckMappedRange(*out->file_, out->width_, out->size_, vocab_size,
+                                   bin_name, access.cancelled, index.is_signed));
+  return out;
+}
 
 absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(
     const DataSpec& spec, int64_t vocab_size, const DataAccess& access) {
@@ -110,6 +163,8 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(
     case DataSpec::Kind::kTextFile:
     case DataSpec::Kind::kTokenFile:
       break;
+    case DataSpec::Kind::kIndexedDataset:
+      return CreateIndexed(spec, vocab_size, access);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown data kind ", static_cast<int>(spec.kind)));
@@ -122,29 +177,15 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "bytes_per_token must be 2 (uint16) or 4 (uint32), got ", spec.bytes_per_token));
   }
-  std::string path = spec.path;
-  if (access.roots != nullptr) {
-    absl::StatusOr<std::string> confined = access.roots->Confine(spec.path, "data file");
-    if (absl::IsNotFound(confined.status())) {
-      // The path is part of the request (as for an unconfined missing file).
-      return absl::InvalidArgumentError(confined.status().message());
-    }
-    ASSIGN_OR_RETURN(path, std::move(confined));
-  } else if (path.find('\0') != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("data file ", Echo(path), " contains a NUL byte"));
-  }
-  ASSIGN_OR_RETURN(out->file_, MappedFile::Open(path, access.max_file_bytes, "data file",
-                                                access.roots));
+  ASSIGN_OR_RETURN(out->file_, OpenDataFile(spec.path, access, "data file"));
   out->width_ = token_file ? spec.bytes_per_token : 1;
   const std::string source = Echo(spec.path);
   const size_t bytes = out->file_->bytes().size();
   if (bytes % out->width_ != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token file ", source, " has ", bytes, " bytes, not a multiple of ",
-                     out->width_,
-                     " bytes per token; check bytes_per_token (2 for uint16, 4 for "
-                     "uint32)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token file ", source, " has ", bytes, " bytes, not a multiple of ", out->width_,
+        " bytes per token; check bytes_per_token (2 for uint16, 4 for "
+        "uint32)"));
   }
   out->size_ = static_cast<int64_t>(bytes) / out->width_;
   RETURN_IF_ERROR(CheckMappedRange(*out->file_, out->width_, out->size_, vocab_size,
@@ -175,7 +216,23 @@ absl::Status TokenDataset::Validate(int64_t seq_len) const {
         "the data holds ", size(), " tokens, fewer than seq_len + 1 = ", seq_len + 1,
         "; use a shorter seq_len or more data"));
   }
+  if (windows_ == DataSpec::Windows::kWithinDocuments) {
+    if (const int64_t longest = LongestDocument(); longest < seq_len + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the longest document holds ", longest,
+          " tokens, fewer than seq_len + 1 = ", seq_len + 1,
+          "; use a shorter seq_len, packed windows, or data with longer documents"));
+    }
+  }
   return absl::OkStatus();
+}
+
+int64_t TokenDataset::LongestDocument() const {
+  int64_t longest = 0;
+  for (size_t d = 0; d + 1 < doc_bounds_.size(); ++d) {
+    longest = std::max(longest, doc_bounds_[d + 1] - doc_bounds_[d]);
+  }
+  return longest;
 }
 
 absl::StatusOr<TokenBatch> TokenDataset::NextBatch(int64_t batch, int64_t seq_len,
@@ -185,11 +242,38 @@ absl::StatusOr<TokenBatch> TokenDataset::NextBatch(int64_t batch, int64_t seq_le
     return absl::InvalidArgumentError(
         absl::StrCat("batch_size must be at least 1, got ", batch));
   }
+  const bool within = windows_ == DataSpec::Windows::kWithinDocuments;
+  absl::MutexLock lock(&starts_mu_);
+  if (within && starts_.seq_len != seq_len) {
+    // Eligible document j offers its length - seq_len starts.
+    WithinDocumentStarts table;
+    table.seq_len = seq_len;
+    table.cumulative.push_back(0);
+    for (size_t d = 0; d + 1 < doc_bounds_.size(); ++d) {
+      const int64_t starts = doc_bounds_[d + 1] - doc_bounds_[d] - seq_len;
+      if (starts < 1) continue;
+      table.first_token.push_back(doc_bounds_[d]);
+      table.cumulative.push_back(table.cumulative.back() + starts);
+    }
+    starts_ = std::move(table);
+  }
   TokenBatch out;
   RETURN_IF_ERROR(TorchBoundary("drawing a batch", [&] {
-    // Windows [s, s + seq_len] for s uniform in [0, N - seq_len - 1].
-    at::Tensor starts = at::randint(0, size() - seq_len, {batch, 1}, generator,
+    // Windows [s, s + seq_len] for s uniform in [0, N - seq_len - 1], or
+    // for k uniform among the within-document starts.
+    const int64_t choices = within ? starts_.cumulative.back() : size() - seq_len;
+    at::Tensor starts = at::randint(0, choices, {batch, 1}, generator,
                                     torch::TensorOptions().dtype(torch::kInt64));
+    if (within) {
+      int64_t* k = starts.data_ptr<int64_t>();
+      for (int64_t b = 0; b < batch; ++b) {
+        const auto it =
+            std::upper_bound(starts_.cumulative.begin(), starts_.cumulative.end(), k[b]) -
+            1;
+        const size_t j = static_cast<size_t>(it - starts_.cumulative.begin());
+        k[b] = starts_.first_token[j] + (k[b] - *it);
+      }
+    }
     at::Tensor windows;
     if (file_ == nullptr) {
       at::Tensor index = starts + torch::arange(seq_len + 1, torch::kInt64).unsqueeze(0);

@@ -10,10 +10,13 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "core/common/files.h"
 #include "core/train/train_options.h"
 
@@ -46,8 +49,12 @@ struct DataAccess {
 // read-only mapping of the file (text and token files), so that a large
 // file costs page cache the kernel can reclaim rather than the daemon's own
 // memory; its pages are dropped behind the one scan that checks the ids.
-// Immutable after Create; NextBatch may be called from one thread at a time
-// (the generator is the caller's).
+// A Megatron indexed dataset is its .bin read so (the documents
+// concatenated, in order), its .idx checked and its document boundaries
+// kept. Immutable after Create but for a table of within-document window
+// starts built by the first NextBatch of a seq_len (under a mutex);
+// NextBatch may be called from one thread at a time (the generator is the
+// caller's).
 class TokenDataset {
  public:
   // Loads and checks the tokens of `spec` (see DataSpec) under `access`.
@@ -58,37 +65,67 @@ class TokenDataset {
   // outside [0, vocab_size) (naming its position and value; NOT_FOUND is not
   // used: the path is part of the request); PERMISSION_DENIED for a path
   // outside access.roots or one the daemon may not read; CANCELLED when
-  // access.cancelled said so. Messages never quote the file's contents.
+  // access.cancelled said so. An indexed dataset (PREFIX.bin and
+  // PREFIX.idx, each refused as a file above) adds DATA_LOSS naming the
+  // file and byte offset for a corrupt or inconsistent pair and
+  // INVALID_ARGUMENT for ids that are not token ids (ParseMegatronIndex).
+  // Messages never quote the file's contents.
   static absl::StatusOr<std::unique_ptr<TokenDataset>> Create(
       const DataSpec& spec, int64_t vocab_size, const DataAccess& access = {});
   ~TokenDataset();
 
-  // OK when windows of seq_len + 1 tokens fit in the data; INVALID_ARGUMENT
-  // with the token count otherwise.
+  // OK when windows of seq_len + 1 tokens fit in the data (within one
+  // document for DataSpec::Windows::kWithinDocuments); INVALID_ARGUMENT with
+  // the token count (or the longest document's) otherwise.
   absl::Status Validate(int64_t seq_len) const;
 
   // `batch` windows of seq_len + 1 contiguous tokens, starting at positions
-  // drawn uniformly by `generator` (a CPU generator). Validate(seq_len)'s
+  // drawn uniformly by `generator` (a CPU generator), one draw of `batch`
+  // integers per call: among every start for packed data, among the starts
+  // whose window stays inside its document for within-document windows.
+  // Validate(seq_len)'s
   // error when the data is too short; RESOURCE_EXHAUSTED when the batch
   // cannot be allocated.
   absl::StatusOr<TokenBatch> NextBatch(int64_t batch, int64_t seq_len,
                                        at::Generator& generator) const;
 
-  // Tokens [start, start + count) as int64 [count] on the CPU. Requires
-  // 0 <= start and start + count <= size(). May throw (allocation).
+  // Tokens [start, start + count) as int64 [count] on the CPU, across
+  // documents for an indexed dataset (evaluation reads its windows so).
+  // Requires 0 <= start and start + count <= size(). May throw (allocation).
   at::Tensor Window(int64_t start, int64_t count) const;
 
   int64_t size() const { return size_; }
 
+  // An indexed dataset's document d is tokens [bounds[d], bounds[d + 1]);
+  // empty for the other sources.
+  const std::vector<int64_t>& document_bounds() const { return doc_bounds_; }
+
  private:
+  // The within-document starts for one seq_len: window k of the
+  // `cumulative.back()` is in eligible document j with
+  // cumulative[j] <= k < cumulative[j + 1], at first_token[j] + k - cumulative[j].
+  struct WithinDocumentStarts {
+    int64_t seq_len = -1;
+    std::vector<int64_t> cumulative;   // [eligible + 1]
+    std::vector<int64_t> first_token;  // [eligible]
+  };
+
   TokenDataset() = default;
+  static absl::StatusOr<std::unique_ptr<TokenDataset>> CreateIndexed(
+      const DataSpec& spec, int64_t vocab_size, const DataAccess& access);
   // Token i of a mapped file.
   int64_t MappedToken(int64_t i) const;
+  // The longest document's tokens (an indexed dataset).
+  int64_t LongestDocument() const;
 
-  at::Tensor tokens_;                  // int32 [N], when held in memory
-  std::unique_ptr<MappedFile> file_;   // otherwise, read through this
-  int width_ = 0;                      // bytes per token in file_: 1, 2 or 4
+  at::Tensor tokens_;                 // int32 [N], when held in memory
+  std::unique_ptr<MappedFile> file_;  // otherwise, read through this
+  int width_ = 0;                     // bytes per token in file_: 1, 2 or 4
   int64_t size_ = 0;
+  std::vector<int64_t> doc_bounds_;  // an indexed dataset's documents
+  DataSpec::Windows windows_ = DataSpec::Windows::kPacked;
+  mutable absl::Mutex starts_mu_;
+  mutable WithinDocumentStarts starts_ ABSL_GUARDED_BY(starts_mu_);
 };
 
 }  // namespace memprofd

@@ -18,6 +18,14 @@ absl::Status ValidateDataSpec(absl::string_view field, const DataSpec& spec) {
             spec.bytes_per_token));
       }
       [[fallthrough]];
+    case DataSpec::Kind::kIndexedDataset:
+      if (spec.windows != DataSpec::Windows::kPacked &&
+          spec.windows != DataSpec::Windows::kWithinDocuments) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": unknown indexed windows ", static_cast<int>(spec.windows),
+                         "; use packed or within_documents"));
+      }
+      [[fallthrough]];
     case DataSpec::Kind::kTextFile:
       if (spec.path.empty()) {
         return absl::InvalidArgumentError(
@@ -27,6 +35,24 @@ absl::Status ValidateDataSpec(absl::string_view field, const DataSpec& spec) {
   }
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": unknown data kind ", static_cast<int>(spec.kind)));
+}
+
+absl::string_view DataWindowsName(DataSpec::Windows windows) {
+  switch (windows) {
+    case DataSpec::Windows::kPacked:
+      return "packed";
+    case DataSpec::Windows::kWithinDocuments:
+      return "within_documents";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<DataSpec::Windows> ParseDataWindows(absl::string_view name) {
+  if (name == "packed") return DataSpec::Windows::kPacked;
+  if (name == "within_documents") return DataSpec::Windows::kWithinDocuments;
+  return absl::InvalidArgumentError(
+      absl::StrCat("indexed windows: unknown value ", Echo(name),
+                   "; use packed (across documents) or within_documents"));
 }
 
 absl::string_view MixedPrecisionName(MixedPrecision precision) {

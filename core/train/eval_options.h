@@ -29,12 +29,31 @@ struct DataSpec {
     kTokenFile = 2,
     // The ids in `tokens`.
     kInlineTokens = 3,
+    // A Megatron indexed dataset: `path` is the prefix of PREFIX.bin (the
+    // token ids) and PREFIX.idx (megatron-core's MMIDIDX index of sequences
+    // and documents; core/train/indexed_dataset.h).
+    kIndexedDataset = 4,
+  };
+  // How training windows are drawn from an indexed dataset.
+  enum class Windows {
+    // Across documents, as Megatron's GPTDataset packs them: the documents
+    // concatenated and windows drawn from the whole stream (the default).
+    kPacked = 0,
+    // Inside one document: a window never crosses a document boundary, and
+    // documents shorter than seq_len + 1 tokens are never drawn.
+    kWithinDocuments = 1,
   };
   Kind kind = Kind::kEmbeddedCorpus;
-  std::string path;             // kTextFile, kTokenFile
+  std::string path;             // kTextFile, kTokenFile, kIndexedDataset (the prefix)
   int bytes_per_token = 2;      // kTokenFile
   std::vector<int64_t> tokens;  // kInlineTokens
+  Windows windows = Windows::kPacked;  // kIndexedDataset
 };
+
+// "packed", "within_documents".
+absl::string_view DataWindowsName(DataSpec::Windows windows);
+// INVALID_ARGUMENT naming the valid values for anything else.
+absl::StatusOr<DataSpec::Windows> ParseDataWindows(absl::string_view name);
 
 // OK, or INVALID_ARGUMENT (prefixed with `field`): bytes_per_token other than
 // 2 or 4 for a token file, no path for a file kind, an unknown kind.

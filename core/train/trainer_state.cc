@@ -22,6 +22,7 @@ constexpr DataKindName kDataKinds[] = {
     {DataSpec::Kind::kTextFile, "text_file"},
     {DataSpec::Kind::kTokenFile, "token_file"},
     {DataSpec::Kind::kInlineTokens, "inline_tokens"},
+    {DataSpec::Kind::kIndexedDataset, "indexed_dataset"},
 };
 
 Json DataToJson(const DataSpec& d) {
@@ -32,7 +33,8 @@ Json DataToJson(const DataSpec& d) {
   return {{"kind", kind},
           {"path", d.path},
           {"bytes_per_token", d.bytes_per_token},
-          {"tokens", d.tokens}};
+          {"tokens", d.tokens},
+          {"windows", DataWindowsName(d.windows)}};
 }
 
 Json OptionsToJson(const TrainOptions& o) {
@@ -156,6 +158,15 @@ DataSpec DataFromJson(const Json& v, absl::Status* error) {
   if (!known && error->ok()) r.Fail("kind", absl::StrCat("\"", kind, "\" is unknown"));
   d.path = r.String("path");
   d.bytes_per_token = static_cast<int>(r.Int("bytes_per_token"));
+  // Absent from states written before indexed datasets: packed.
+  if (r.Get("windows") != nullptr) {
+    absl::StatusOr<DataSpec::Windows> windows = ParseDataWindows(r.String("windows"));
+    if (windows.ok()) {
+      d.windows = *windows;
+    } else if (error->ok()) {
+      r.Fail("windows", windows.status().message());
+    }
+  }
   if (const Json* tokens = r.Get("tokens"); tokens != nullptr) {
     if (!tokens->is_array()) r.Fail("tokens", "is not an array");
     for (const Json& t : tokens->is_array() ? *tokens : Json::array()) {
