@@ -125,9 +125,8 @@ class ChunkedCrossEntropyFunction
       ModuleScope scope(head);
       w = weight.to(compute);
       if (want_hidden) grad_hidden = at::empty_like(h);
-      // float32 (the weight's dtype): bf16 chunks' shares are summed without
-      // rounding the running sum to bf16.
-      if (want_weight) grad_weight = at::zeros_like(weight);
+      if (want_weight)
+        grad_weight = at::zeros_like(weight, weight.options().dtype(at::kFloat));
     }
     ModuleScope scope(loss);
     const at::Tensor valid = t.ne(kIgnoreIndex);
@@ -151,15 +150,22 @@ class ChunkedCrossEntropyFunction
       grad.scatter_add_(1, index.narrow(0, start, rows), minus_one.expand({rows, 1}));
       grad.mul_(row_scale.narrow(0, start, rows));
       ModuleScope head_scope(head);
-      grad = grad.to(compute);
-      if (want_hidden) grad_hidden.narrow(0, start, rows).copy_(grad.mm(w));
-      if (want_weight) {
-        if (compute == grad_weight.scalar_type()) {
-          grad_weight.addmm_(grad.t(), hc);
-        } else {
-          grad_weight.add_(grad.t().mm(hc));
-        }
+      if (compute == at::kFloat) {
+        if (want_hidden) grad_hidden.narrow(0, start, rows).copy_(grad.mm(w));
+        if (want_weight) grad_weight.addmm_(grad.t(), hc);
+        continue;
       }
+      // Autocast's backward: the logits' gradient cast to the compute dtype,
+      // both matmuls on the cast values. The weight's is summed over the
+      // chunks in float32 from the rounded values (as one bf16 matmul sums
+      // internally) and rounded once at the end, as the unchunked matmul
+      // rounds its output.
+      const at::Tensor low = grad.to(compute);
+      if (want_hidden) grad_hidden.narrow(0, start, rows).copy_(low.mm(w));
+      if (want_weight) grad_weight.addmm_(grad.copy_(low).t(), hc.to(at::kFloat));
+    }
+    if (want_weight && compute != at::kFloat) {
+      grad_weight = grad_weight.to(compute).to(weight.scalar_type());
     }
     if (want_hidden) grad_hidden = grad_hidden.view(hidden.sizes());
     // No gradient for the targets and the four integers.

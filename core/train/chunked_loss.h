@@ -23,7 +23,10 @@
 // bf16, as autocast runs the unchunked linear (inputs and weight cast to
 // bf16), and the loss in float32; the function reads the autocast state
 // when it runs forward and replays it in backward, which runs outside
-// autocast.
+// autocast: the logits' gradient is cast to bf16 for both matmuls and the
+// weight's gradient, summed over the chunks in float32, is rounded to bf16
+// once, as the unchunked bf16 matmul rounds its output (the gradients then
+// equal autocast's unchunked ones; chunked_loss_test measures it).
 //
 // Chunk size (AutomaticLossChunkTokens): min(hidden_size, the rows whose
 // float32 logits fit kMaxLossChunkBytes), but at least kMinLossChunkTokens.
