@@ -59,6 +59,32 @@ bool DataSourceFromFlags(const std::string& text_file, const std::string& token_
   return true;
 }
 
+// --indexed_data and --indexed_windows into `source` (train's and
+// evaluate's data, never eval_data). False, with `error`, for a second source
+// or a windows value the flag does not name.
+bool IndexedDataFromFlags(v1::DataSource* source, std::string* error) {
+  const std::string prefix = absl::GetFlag(FLAGS_indexed_data);
+  const std::string windows = absl::GetFlag(FLAGS_indexed_windows);
+  if (prefix.empty()) {
+    if (!windows.empty()) *error = "--indexed_windows goes with --indexed_data";
+    return windows.empty();
+  }
+  if (source->source_case() != v1::DataSource::SOURCE_NOT_SET) {
+    *error = "give one of --data, --token_data and --indexed_data";
+    return false;
+  }
+  source->mutable_indexed_dataset()->set_prefix(prefix);
+  if (windows == "packed") {
+    source->mutable_indexed_dataset()->set_windows(v1::INDEXED_WINDOWS_PACKED);
+  } else if (windows == "within_documents") {
+    source->mutable_indexed_dataset()->set_windows(v1::INDEXED_WINDOWS_WITHIN_DOCUMENTS);
+  } else if (!windows.empty()) {
+    *error = "--indexed_windows is packed or within_documents";
+    return false;
+  }
+  return true;
+}
+
 int EvaluateCommand(const Context& c, const Args& args) {
   if (!args.empty()) return Usage("evaluate takes flags only (see usage)");
   v1::EvaluateRequest req;
@@ -66,6 +92,9 @@ int EvaluateCommand(const Context& c, const Args& args) {
   if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
                            req.mutable_data(), &error)) {
     return Usage(absl::StrCat("--data / --token_data: ", error));
+  }
+  if (!IndexedDataFromFlags(req.mutable_data(), &error)) {
+    return Usage(absl::StrCat("--indexed_data: ", error));
   }
   if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
   if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
@@ -136,6 +165,9 @@ int TrainCommand(const Context& c, const Args& args) {
   if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
                            req.mutable_data(), &error)) {
     return Usage(absl::StrCat("--data / --token_data: ", error));
+  }
+  if (!IndexedDataFromFlags(req.mutable_data(), &error)) {
+    return Usage(absl::StrCat("--indexed_data: ", error));
   }
   if (auto v = GivenFlag(FLAGS_lr_scheduler_type)) req.set_lr_scheduler_type(*v);
   if (auto v = GivenFlag(FLAGS_warmup_steps)) req.set_warmup_steps(*v);

@@ -29,6 +29,12 @@ ABSL_FLAG(std::string, data, "",
 ABSL_FLAG(std::string, token_data, "",
           "train: a binary file of little-endian token ids on the daemon's host (nanoGPT "
           ".bin)");
+ABSL_FLAG(std::string, indexed_data, "",
+          "train, evaluate: a Megatron indexed dataset on the daemon's host, the "
+          "prefix of PREFIX.bin and PREFIX.idx");
+ABSL_FLAG(std::string, indexed_windows, "",
+          "train: packed (across documents, Megatron's) or within_documents for "
+          "--indexed_data [packed]");
 ABSL_FLAG(int32_t, bytes_per_token, 2,
           "train: 2 (uint16) or 4 (uint32) for --token_data [2]");
 ABSL_FLAG(bool, gradient_checkpointing, false,
@@ -97,6 +103,9 @@ ABSL_FLAG(bool, resume, false,
           "load: the directory is a checkpoint, restore its training state too; train: "
           "continue the last run at its next step (unset flags, --steps included, take "
           "that run's values)");
+ABSL_FLAG(bool, init_weights, false,
+          "load: take --hf_dir's config.json only and initialise the weights from "
+          "--seed (a directory without weights needs it)");
 
 ABSL_FLAG(int64_t, max_entries, 100000, "memory record start: history ring size");
 ABSL_FLAG(bool, clear, false, "memory record stop: also drop the history");

@@ -48,6 +48,8 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, data);
 ABSL_DECLARE_FLAG(std::string, token_data);
 ABSL_DECLARE_FLAG(int32_t, bytes_per_token);
+ABSL_DECLARE_FLAG(std::string, indexed_data);
+ABSL_DECLARE_FLAG(std::string, indexed_windows);
 ABSL_DECLARE_FLAG(bool, gradient_checkpointing);
 ABSL_DECLARE_FLAG(bool, checkpointing);
 ABSL_DECLARE_FLAG(std::string, attn_implementation);
@@ -87,6 +89,7 @@ ABSL_DECLARE_FLAG(std::string, mode);
 ABSL_DECLARE_FLAG(std::string, kind);
 // load and train
 ABSL_DECLARE_FLAG(bool, resume);
+ABSL_DECLARE_FLAG(bool, init_weights);
 // memory
 ABSL_DECLARE_FLAG(int64_t, max_entries);
 ABSL_DECLARE_FLAG(bool, clear);

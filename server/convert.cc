@@ -93,6 +93,21 @@ DataSpec FromProto(const v1::DataSource& d) {
       spec.kind = DataSpec::Kind::kInlineTokens;
       spec.tokens.assign(d.inline_tokens().ids().begin(), d.inline_tokens().ids().end());
       break;
+    case v1::DataSource::kIndexedDataset:
+      spec.kind = DataSpec::Kind::kIndexedDataset;
+      spec.path = d.indexed_dataset().prefix();
+      switch (d.indexed_dataset().windows()) {
+        case v1::INDEXED_WINDOWS_UNSPECIFIED:
+        case v1::INDEXED_WINDOWS_PACKED:
+          spec.windows = DataSpec::Windows::kPacked;
+          break;
+        case v1::INDEXED_WINDOWS_WITHIN_DOCUMENTS:
+          spec.windows = DataSpec::Windows::kWithinDocuments;
+          break;
+        default:  // an unknown value: ValidateDataSpec refuses it
+          spec.windows = static_cast<DataSpec::Windows>(d.indexed_dataset().windows());
+      }
+      break;
   }
   return spec;
 }
@@ -155,7 +170,8 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_loss_chunk_tokens()) t.loss_chunk_tokens = r.loss_chunk_tokens();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
-    if (absl::Status s = CheckEnum("offload.target", o.target(), v1::OffloadTarget_IsValid);
+    if (absl::Status s =
+            CheckEnum("offload.target", o.target(), v1::OffloadTarget_IsValid);
         !s.ok()) {
       return s;
     }
@@ -181,9 +197,10 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
   spec.hf_directory = r.hf_directory();
   spec.seed = r.seed();
   spec.resume = r.resume();
+  spec.init_weights = r.init_weights();
   for (const auto& p : r.placement()) {
-    if (absl::Status s = CheckEnum("placement.placement", p.placement(),
-                                   v1::Placement_IsValid);
+    if (absl::Status s =
+            CheckEnum("placement.placement", p.placement(), v1::Placement_IsValid);
         !s.ok()) {
       return s;
     }
@@ -198,10 +215,9 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
 absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
   SnapshotSpec spec;
   spec.name = r.name();
-  for (const absl::Status& s :
-       {CheckEnum("dtype", r.dtype(), v1::SnapshotDtype_IsValid),
-        CheckEnum("mode", r.mode(), v1::SnapshotMode_IsValid),
-        CheckEnum("kind", r.kind(), v1::SnapshotKind_IsValid)}) {
+  for (const absl::Status& s : {CheckEnum("dtype", r.dtype(), v1::SnapshotDtype_IsValid),
+                                CheckEnum("mode", r.mode(), v1::SnapshotMode_IsValid),
+                                CheckEnum("kind", r.kind(), v1::SnapshotKind_IsValid)}) {
     if (!s.ok()) return s;
   }
   if (!r.max_shard_size().empty()) {

@@ -35,7 +35,8 @@ int64_t StepPeakBytes(const std::string& device) {
 }  // namespace
 
 bool NamesFile(const DataSpec& spec) {
-  return spec.kind == DataSpec::Kind::kTextFile || spec.kind == DataSpec::Kind::kTokenFile;
+  return spec.kind == DataSpec::Kind::kTextFile || spec.kind == DataSpec::Kind::kTokenFile ||
+         spec.kind == DataSpec::Kind::kIndexedDataset;
 }
 
 DataAccess ClientDataAccess(const PathRoots& roots, const SessionOptions& options,
@@ -351,11 +352,22 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // The op half of attribution for the training's lifetime (every thread's
   // ops, autograd's included; the module scopes come from the forward).
   memory::OpAttribution op_attribution;
+  // A cancel (or shutdown) stops a single-process step between micro-batches;
+  // data-parallel ranks stop together at the step boundary (SyncStepBoundary).
+  if (data_parallel == nullptr) {
+    trainer_->set_step_interrupt([op] { return op->cancel_requested(); });
+  }
+  const int64_t nonfinite_before = trainer_->nonfinite_steps();
   absl::StatusOr<TrainResult> result =
       resume ? trainer_->ContinueRun(train, data, on_step, cancelled, eval_data)
              : trainer_->Run(train, data, on_step, cancelled, eval_data);
   data_parallel.reset();  // puts the hooks and the data shard back
   trainer_->set_hooks(StepHooks());
+  trainer_->set_step_interrupt({});
+  if (const int64_t n = trainer_->nonfinite_steps() - nonfinite_before; n > 0) {
+    absl::MutexLock lock(&mu_);
+    counters_.nonfinite_steps_total += n;
+  }
   PublishCategories();
   PublishRun();
   if (group_ != nullptr) {
