@@ -149,6 +149,7 @@ int LoadCommand(const Context& c, const Args& args) {
   if (!dir.empty()) req.set_hf_directory(dir);
   req.set_seed(absl::GetFlag(FLAGS_seed));
   req.set_resume(absl::GetFlag(FLAGS_resume));
+  req.set_init_weights(absl::GetFlag(FLAGS_init_weights));
   const std::string placement = absl::GetFlag(FLAGS_placement);
   if (!placement.empty()) {
     for (absl::string_view item : absl::StrSplit(placement, ',')) {

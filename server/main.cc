@@ -1,9 +1,11 @@
 // memprofd: the training daemon. Flags fill ServerOptions; everything else
 // lives in Server.
 
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "core/common/log.h"
 #include "core/common/threads.h"
@@ -51,6 +54,10 @@ ABSL_FLAG(int64_t, max_data_file_bytes, memprofd::SessionOptions().max_data_file
 ABSL_FLAG(int64_t, keep_last, 0, "keep only the newest N snapshots (0 keeps all)");
 ABSL_FLAG(int64_t, snapshot_every_steps, 0, "snapshot every N training steps (0: never)");
 ABSL_FLAG(bool, snapshot_on_shutdown, false, "take a final snapshot on SIGTERM/SIGINT");
+ABSL_FLAG(double, drain_seconds, 25.0,
+          "after SIGTERM/SIGINT, the longest the daemon waits for running work (a step, "
+          "an evaluation, the shutdown snapshot) before it exits anyway, with status 1; "
+          "a second signal exits at once. Below Kubernetes' default 30 s grace period");
 ABSL_FLAG(std::string, auto_snapshot_kind, "checkpoint",
           "what the daemon's own snapshots (--snapshot_every_steps, "
           "--snapshot_on_shutdown) hold: checkpoint (weights, optimizer and training "
@@ -241,17 +248,35 @@ int main(int argc, char** argv) {
     return Fail(std::string(s.message()));
   }
 
+  const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
+  if (!(drain_seconds > 0)) return Fail("--drain_seconds must be positive");
   InstallSignalHandlers();
   memprofd::Server server(options);
   if (absl::Status s = server.Start(); !s.ok()) {
     return Fail(absl::StrCat("cannot start: ", s.message()));
   }
-  std::thread signal_thread([&server] {
+  std::thread signal_thread([&server, drain_seconds] {
     memprofd::NameThisThread("mpd-signals");
     char sig = 0;
     if (read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0) {
-      memprofd::LogInfo(absl::StrCat("received signal ", static_cast<int>(sig),
-                                     "; draining and shutting down"));
+      memprofd::LogInfo(absl::StrFormat(
+          "received signal %d; draining and shutting down (at most %.1f s; a second "
+          "signal exits at once)",
+          static_cast<int>(sig), drain_seconds));
+      // The drain's deadline: whatever still runs then (a step between
+      // micro-batches, the shutdown snapshot) is abandoned. A snapshot is
+      // published by a rename only when complete, so none is half-written.
+      std::thread([drain_seconds] {
+        pollfd p{g_signal_pipe[0], POLLIN, 0};
+        const int ready =
+            poll(&p, 1, static_cast<int>(std::min(drain_seconds, 86400.0) * 1000));
+        char next = 0;
+        if (ready > 0 && read(g_signal_pipe[0], &next, 1) == 1 && next == 0) return;
+        memprofd::LogError(ready > 0 ? "second signal: exiting now, abandoning the drain"
+                                     : "drain deadline passed: exiting now, abandoning "
+                                       "the work still running");
+        _exit(1);
+      }).detach();
     }
     server.Shutdown();
   });

@@ -107,6 +107,12 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
         c.last_step->step.learning_rate);
   }
   Families::Sample(
+      out.Add("memprofd_train_nonfinite_steps_total",
+              "Training steps whose loss or gradient norm was not finite: their update "
+              "was skipped and the training failed (FAILED_PRECONDITION).",
+              MetricType::Counter),
+      static_cast<double>(c.nonfinite_steps_total));
+  Families::Sample(
       out.Add("memprofd_eval_evaluations_total",
               "Evaluations finished (Evaluate calls and training's periodic ones).",
               MetricType::Counter),

@@ -3,6 +3,7 @@
 #include <ATen/Context.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #include <torch/version.h>
 
 #include <algorithm>
@@ -369,6 +370,24 @@ std::vector<CudaDeviceSample> SampleCudaDevices() {
     }
   }
   return out;
+}
+
+bool CudaMemInfo(int device, int64_t* free_bytes, int64_t* total_bytes) {
+  if (device < 0 || device >= CudaDeviceCount()) return false;
+  int previous = 0;
+  if (cudaGetDevice(&previous) != cudaSuccess) return false;
+  if (previous != device && cudaSetDevice(device) != cudaSuccess) return false;
+  size_t free = 0;
+  size_t total = 0;
+  const cudaError_t rc = cudaMemGetInfo(&free, &total);
+  if (previous != device) (void)cudaSetDevice(previous);
+  if (rc != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it: the next CUDA call should not see it
+    return false;
+  }
+  *free_bytes = static_cast<int64_t>(free);
+  *total_bytes = static_cast<int64_t>(total);
+  return true;
 }
 
 void ResetCudaPeaks() {

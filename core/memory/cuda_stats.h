@@ -42,6 +42,11 @@ int CudaDeviceCount();
 // before the first CUDA allocation. Thread-safe (the allocator locks).
 std::vector<CudaDeviceSample> SampleCudaDevices();
 
+// cudaMemGetInfo for `device`: the driver's free and total bytes. false
+// when CUDA fails (no such device). Initialises CUDA on that device if
+// nothing did yet. Thread-safe.
+bool CudaMemInfo(int device, int64_t* free_bytes, int64_t* total_bytes);
+
 // Resets the peaks of every initialised device to their current values.
 void ResetCudaPeaks();
 

@@ -85,6 +85,12 @@ void FillCpuFigures(OomCapture* c) {
   }
 }
 
+DeviceRoom CpuRoom() {
+  OomCapture c;
+  FillCpuFigures(&c);
+  return {c.free_bytes, c.total_bytes};
+}
+
 #ifdef MEMPROFD_WITH_CUDA
 void FillCudaFigures(OomCapture* c) {
   for (const CudaDeviceSample& s : SampleCudaDevices()) {
@@ -151,6 +157,21 @@ void AddToCategory(CategoryBytes* c, absl::string_view name, int64_t bytes) {
 }
 
 }  // namespace
+
+DeviceRoom QueryDeviceRoom(int device) {
+  if (device == kCpuDevice) return CpuRoom();
+#ifdef MEMPROFD_WITH_CUDA
+  DeviceRoom room;
+  if (!CudaMemInfo(device, &room.free_bytes, &room.total_bytes)) return {};
+  for (const CudaDeviceSample& s : SampleCudaDevices()) {
+    if (s.device == device)
+      room.free_bytes += std::max<int64_t>(0, s.reserved_bytes - s.allocated_bytes);
+  }
+  return room;
+#else
+  return {};
+#endif
+}
 
 void NoteAllocationFailure(int device, int64_t requested_bytes, int64_t free_bytes,
                            int64_t total_bytes) {

@@ -55,6 +55,18 @@ struct OomCapture {
   int64_t total_bytes = -1;
 };
 
+// What a device can still hold, in bytes; -1 where unknown. CPU: free is
+// MemAvailable, or what RLIMIT_AS leaves of the address space when less;
+// total is MemTotal or RLIMIT_AS. CUDA (device >= 0): cudaMemGetInfo's free
+// and total, plus what the caching allocator keeps reserved but unused
+// (reusable without asking the driver). Reads /proc: call it off gRPC's
+// threads. Thread-safe.
+struct DeviceRoom {
+  int64_t free_bytes = -1;
+  int64_t total_bytes = -1;
+};
+DeviceRoom QueryDeviceRoom(int device);
+
 // Records a failed allocation of `requested_bytes` on `device`: the phase,
 // step and time, the live allocations of that device and its byte counts.
 // Called by the allocators' failure paths (the CPU allocator wrapper, the

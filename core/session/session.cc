@@ -158,6 +158,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
       spec.resume = true;
     } else if (absl::StrContains(options.model, "/")) {
       spec.hf_directory = options.model;
+      spec.init_if_no_weights = true;
     } else {
       spec.preset = options.model;
     }

@@ -286,6 +286,7 @@ absl::Status Session::FollowCommand(const std::string& text) {
     spec.hf_directory = StringField(command, "hf_directory");
     spec.seed = static_cast<uint64_t>(IntField(command, "seed").value_or(0));
     spec.resume = BoolField(command, "resume").value_or(false);
+    spec.init_weights = BoolField(command, "init_weights").value_or(false);
     std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
     return Post([this, op, spec] {
       op->MarkRunning();
@@ -359,7 +360,8 @@ std::string Session::LoadCommand(const LoadModelSpec& spec) const {
                        {"preset", spec.preset},
                        {"hf_directory", spec.hf_directory},
                        {"seed", spec.seed},
-                       {"resume", spec.resume}});
+                       {"resume", spec.resume},
+                       {"init_weights", spec.init_weights}});
 }
 
 bool Session::HasBoundaryWork() const {

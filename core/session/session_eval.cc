@@ -79,7 +79,8 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   // The trainer sets the attention implementation of every step; restore
   // what it was so that an evaluation between two steps changes nothing.
   const AttentionImplementation attention = model_->attention_implementation();
-  absl::StatusOr<EvalResult> result = EvaluateModel(*model_, data, options);
+  absl::StatusOr<EvalResult> result =
+      EvaluateModel(*model_, data, options, [&op] { return op->cancel_requested(); });
   model_->set_attention_implementation(attention);
   if (!result.ok()) {
     op->Finish(result.status());

@@ -10,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/common/files.h"
 #include "core/common/phase.h"
@@ -17,6 +18,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/common/utf8.h"
 #include "core/memory/history.h"
+#include "core/memory/oom_report.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
@@ -92,6 +94,47 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
   return out;
 }
 
+std::string Gib(int64_t bytes) {
+  return absl::StrFormat("%.2f GiB (%d bytes)", static_cast<double>(bytes) / (1 << 30),
+                         bytes);
+}
+
+// The float32 parameters and rotary caches a config's model allocates,
+// checked against what the device can hold before the first allocation: a
+// million layers would otherwise be allocated layer by layer until the
+// allocator (or the kernel's OOM killer) stopped it. The old model is still
+// loaded while the new one is built (a failed load leaves it), so its
+// bytes are not counted as room.
+absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device) {
+  const int64_t params = config.NumParameters();  // Validate() refused -1
+  int64_t param_bytes = 0;
+  int64_t rope_bytes = 0;
+  int64_t bytes = 0;
+  if (params < 0 || __builtin_mul_overflow(params, int64_t{4}, &param_bytes) ||
+      __builtin_mul_overflow(config.max_position_embeddings, config.head_dim(),
+                             &rope_bytes) ||
+      __builtin_mul_overflow(rope_bytes, int64_t{2 * 4}, &rope_bytes) ||
+      __builtin_add_overflow(param_bytes, rope_bytes, &bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the model's byte count overflows int64 (", params,
+                     " parameters, max_position_embeddings ",
+                     config.max_position_embeddings, " x head_dim ", config.head_dim(),
+                     " for the rotary caches): check num_hidden_layers, the sizes and "
+                     "max_position_embeddings"));
+  }
+  const memory::DeviceRoom room =
+      memory::QueryDeviceRoom(device.is_cpu() ? memory::kCpuDevice : device.index());
+  if (room.free_bytes >= 0 && bytes > room.free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the model needs ", Gib(bytes), " for its ", params,
+        " float32 parameters and rotary caches, and the ", device.str(), " device has ",
+        Gib(room.free_bytes), " free",
+        room.total_bytes >= 0 ? absl::StrCat(" of ", Gib(room.total_bytes)) : "",
+        ": load a smaller model or free memory on the daemon's host"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpec& spec) {
@@ -106,6 +149,16 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     return absl::InvalidArgumentError(
         "resume needs hf_directory: the directory of a checkpoint (a preset has no "
         "training state to resume)");
+  }
+  if (spec.init_weights && spec.hf_directory.empty()) {
+    return absl::InvalidArgumentError(
+        "init_weights applies to hf_directory (a preset's weights are always freshly "
+        "initialised); drop it");
+  }
+  if (spec.init_weights && spec.resume) {
+    return absl::InvalidArgumentError(
+        "init_weights and resume contradict each other: resume continues from the "
+        "checkpoint's weights; drop one");
   }
   RETURN_IF_ERROR(CheckPlacement(spec));
   if (options_.world.distributed() && !spec.placement.empty()) {
@@ -166,15 +219,28 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
   std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
+    RETURN_IF_ERROR(CheckModelFits(config, device));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
     source = absl::StrCat("preset:", spec.preset);
   } else {
     ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory));
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(dir.config_json));
+    // Fresh weights only when asked for: a directory whose weights went
+    // missing must not train from random ones as if nothing had happened.
+    if (!dir.weights && !spec.init_weights && !spec.init_if_no_weights) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          Echo(spec.hf_directory),
+          " holds a config.json but no weights (no model.safetensors, no "
+          "model.safetensors.index.json, no *.safetensors); set init_weights to start "
+          "from freshly initialised weights"));
+    }
+    RETURN_IF_ERROR(CheckModelFits(config, device));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
-    // A directory with a config.json alone gets freshly initialised weights.
-    if (dir.weights) RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
-    if (dir.weights) mapped = std::move(dir.weights);
+    // init_weights: the config alone, whatever weights the directory holds.
+    if (dir.weights && !spec.init_weights) {
+      RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
+      mapped = std::move(dir.weights);
+    }
     source = spec.hf_directory;
   }
   std::string mapped_directory;

@@ -100,6 +100,15 @@ struct LoadModelSpec {
   // training state (trainer_state.json), so that a Train with resume goes on
   // where it stopped.
   bool resume = false;
+  // hf_directory: take its config.json only and initialise the weights from
+  // `seed`, as for a preset. Without it a directory must hold weights for
+  // every parameter. Refused with resume (a checkpoint's weights are its
+  // point).
+  bool init_weights = false;
+  // A directory with config.json only gets weights from `seed` (the
+  // operator's own model flag, where that is its documented meaning); a
+  // directory with weights loads them. Never set from a client's request.
+  bool init_if_no_weights = false;
 };
 
 struct ParameterSummary {
@@ -233,6 +242,9 @@ struct SessionCounters {
   std::optional<EvalResult> last_eval;
   // Steps that ran out of memory (each wrote an OOM report).
   int64_t oom_reports_total = 0;
+  // Steps whose loss or gradient norm was not finite: their update was
+  // skipped and the training failed.
+  int64_t nonfinite_steps_total = 0;
   DataParallelCounters data_parallel;
 };
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
@@ -22,7 +23,8 @@ int64_t EvalWindows(const TokenDataset& data, const EvalOptions& o) {
 }
 
 absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
-                                         const EvalOptions& o) {
+                                         const EvalOptions& o,
+                                         const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(ValidateEvalOptions(o, model.config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(o.seq_len));
   const auto start = std::chrono::steady_clock::now();
@@ -32,9 +34,14 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
 
   EvalResult result;
   double loss_sum = 0.0;
+  bool stopped = false;
   RETURN_IF_ERROR(TorchBoundary("evaluation", [&] {
     torch::NoGradGuard no_grad;
     for (int64_t first = 0; first < windows; first += o.batch_size) {
+      if (first > 0 && cancelled && cancelled()) {
+        stopped = true;
+        return;
+      }
       const int64_t n = std::min(o.batch_size, windows - first);
       // Window i is tokens[i * seq_len, i * seq_len + seq_len] (seq_len + 1
       // tokens, so consecutive windows share one token, as input and target).
@@ -57,6 +64,11 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
       result.batches += 1;
     }
   }));
+  if (stopped) {
+    return absl::CancelledError(
+        absl::StrCat("evaluation cancelled after ", result.batches, " of ",
+                     (windows + o.batch_size - 1) / o.batch_size, " batches"));
+  }
   result.loss = loss_sum / static_cast<double>(result.tokens);
   result.perplexity = std::exp(result.loss);
   result.seconds =

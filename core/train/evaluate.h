@@ -6,6 +6,7 @@
 // the CPU or on disk are fetched for each layer's forward, as in training).
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 #include "core/train/eval_options.h"
@@ -30,9 +31,11 @@ int64_t EvalWindows(const TokenDataset& data, const EvalOptions& options);
 // RESOURCE_EXHAUSTED when a batch does not fit, INTERNAL for other LibTorch
 // errors; INVALID_ARGUMENT for options or data that ValidateEvalOptions or
 // data.Validate reject. result.global_step is left 0 for the caller. Owner
-// thread only.
+// thread only. `cancelled` (optional) is polled before each batch after the
+// first; true stops with CANCELLED naming the batches done.
 absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
-                                         const EvalOptions& options);
+                                         const EvalOptions& options,
+                                         const std::function<bool()>& cancelled = {});
 
 }  // namespace memprofd
 

@@ -140,6 +140,12 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     ConfigureOptimizer(options, report.learning_rate);
     ClearGradients();
     for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
+      if (micro > 0 && interrupt_ && interrupt_()) {
+        batch_status = absl::CancelledError(
+            absl::StrCat("step interrupted after ", micro, " of ",
+                         options.grad_accumulation_steps, " micro-batches"));
+        return;
+      }
       absl::StatusOr<TokenBatch> batch =
           data.NextBatch(options.batch_size * shard_.count, options.seq_len, generator);
       if (!batch.ok()) {
@@ -217,6 +223,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     // A NaN or infinite loss or gradient would make every weight NaN: the
     // update is skipped, so the model stays as it was, and the run fails.
     if (!std::isfinite(loss_sum) || !std::isfinite(total)) {
+      ++nonfinite_steps_;
       batch_status = absl::FailedPreconditionError(absl::StrCat(
           "step ", report.global_step, " has a non-finite ",
           std::isfinite(loss_sum) ? "gradient norm" : "loss", " (loss ", loss_sum,
@@ -323,9 +330,17 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
       result.cancelled = true;
       break;
     }
-    ASSIGN_OR_RETURN(StepReport report,
-                     StepUnchecked(options, data, generator_, step, run_->steps_completed,
-                                   run_->options.steps));
+    // Where the step's windows start, to put back if it is interrupted.
+    const at::Generator before = interrupt_ ? generator_.clone() : at::Generator();
+    absl::StatusOr<StepReport> stepped = StepUnchecked(
+        options, data, generator_, step, run_->steps_completed, run_->options.steps);
+    if (absl::IsCancelled(stepped.status()) && interrupt_) {
+      ClearGradients();
+      generator_.set_state(before.get_state());
+      result.cancelled = true;
+      break;
+    }
+    ASSIGN_OR_RETURN(StepReport report, std::move(stepped));
     // The cursor and the losses move before on_step, whose snapshots (taken
     // at the next boundary) must see this step as done.
     run_->steps_completed += 1;

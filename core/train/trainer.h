@@ -96,6 +96,18 @@ class Trainer {
   // Which part of each global batch this trainer takes (default: all of it).
   void set_data_shard(DataShard shard) { shard_ = shard; }
 
+  // Polled between the micro-batches of every step of a run; true abandons
+  // the step under way: no optimizer update (the weights stay as the last
+  // completed step left them), its gradients dropped, the run's generator
+  // put back where the step began (a continued run draws the same windows),
+  // and the run returns OK with result.cancelled and the steps completed.
+  // Single-process runs only: data-parallel ranks agree on stopping at step
+  // boundaries, since a rank leaving mid-step would leave the others in the
+  // gradient all-reduce. Empty (the default): never.
+  void set_step_interrupt(std::function<bool()> interrupted) {
+    interrupt_ = std::move(interrupted);
+  }
+
   // One optimizer step (grad_accumulation_steps micro-batches of batch_size windows drawn
   // from `data` by `generator`). INVALID_ARGUMENT for options that
   // ValidateTrainOptions or data.Validate(seq_len) reject; otherwise the
@@ -172,6 +184,9 @@ class Trainer {
 
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }
+  // Steps refused because their loss or gradient norm was not finite (their
+  // update skipped), since this trainer was made.
+  int64_t nonfinite_steps() const { return nonfinite_steps_; }
   // The run ContinueRun would continue; unset before the first run. Its
   // sampler's generator_state is empty (State() fills it).
   const std::optional<RunState>& run() const { return run_; }
@@ -207,6 +222,8 @@ class Trainer {
   LlamaModel* const model_;
   std::unique_ptr<FusedAdamW> optimizer_;
   StepHooks hooks_;
+  std::function<bool()> interrupt_;  // see set_step_interrupt
+  int64_t nonfinite_steps_ = 0;
   DataShard shard_;
   int64_t global_step_ = 0;
   // The run ContinueRun continues (its sampler's generator_state is filled

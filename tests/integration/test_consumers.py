@@ -221,7 +221,7 @@ class TransformersReadsSnapshotsTest(DaemonWithSnapshotsTest):
     def test_untied_head_snapshot_keeps_both_matrices_and_the_rope_theta(self):
         config_only = os.path.join(self.scratch, "untied-config")
         write_config(config_only, **UNTIED_TINY)
-        info = load_model(self, hf_directory=config_only, seed=3)  # fresh weights
+        info = load_model(self, hf_directory=config_only, seed=3, init_weights=True)  # fresh weights
         self.assertFalse(info.config.tie_word_embeddings)
         self.assertEqual(info.config.rope_theta, 500000.0)
         warm_up(self)
@@ -280,7 +280,7 @@ class SafetensorsReadsSnapshotsTest(DaemonWithSnapshotsTest):
         take_snapshot(self, "tied-fp16", dtype=pb.SNAPSHOT_DTYPE_FP16)
         untied = os.path.join(self.scratch, "untied")
         write_config(untied, **UNTIED_TINY)
-        load_model(self, hf_directory=untied, seed=2)
+        load_model(self, hf_directory=untied, seed=2, init_weights=True)
         take_snapshot(self, "untied-fp32-sharded", dtype=pb.SNAPSHOT_DTYPE_FP32, max_shard_size="1MB")
         take_snapshot(self, "untied-bf16", dtype=pb.SNAPSHOT_DTYPE_BF16)
         # All the daemon wrote, these five and any other test's.

@@ -5,7 +5,9 @@ values, snapshot names, the bearer scheme in any case, and /metrics under idle
 connections. The real daemon, started by harness.Daemon, on loopback; every
 FIFO, link and file is the test's own."""
 
+import json
 import os
+import signal
 import socket
 import threading
 import time
@@ -142,6 +144,9 @@ class HostileInputTest(harness.DaemonTestCase):
         self.assertEqual(op.error.code, grpc.StatusCode.FAILED_PRECONDITION.value[0], op.error.message)
         self.assertIn("non-finite", op.error.message)
         self.assertIn("update was skipped", op.error.message)
+        nonfinite = [v for name, _, v in harness.metric_samples(self.d.metrics_text())
+                     if name == "memprofd_train_nonfinite_steps_total"]
+        self.assertEqual(nonfinite, [1.0])
         for request, needle in ((pb.TrainRequest(steps=1, grad_accumulation_steps=1000000000),
                                  "grad_accumulation_steps must be at most 4096"),
                                 (pb.TrainRequest(steps=1, batch_size=2**63 - 1),
@@ -152,7 +157,31 @@ class HostileInputTest(harness.DaemonTestCase):
             self.assertIn(needle, e.details())
         # The weights the failed run left load again: a fresh model for the other tests.
         wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
-            hf_directory=harness.micro_model_dir())).id)
+            hf_directory=harness.micro_model_dir(), init_weights=True)).id)
+
+    def test_a_model_too_large_for_the_device_is_refused_before_allocating(self):
+        before = self.d.call("DescribeModel", pb.DescribeModelRequest()).source
+        with open(os.path.join(harness.micro_model_dir(), "config.json")) as f:
+            micro = json.load(f)
+        cases = (({"num_hidden_layers": 1000000, "hidden_size": 2048, "intermediate_size": 8192,
+                   "num_attention_heads": 16, "num_key_value_heads": 16},
+                  grpc.StatusCode.RESOURCE_EXHAUSTED, "free"),
+                 ({"max_position_embeddings": 2 ** 62}, grpc.StatusCode.INVALID_ARGUMENT,
+                  "overflows"))
+        for i, (change, code, needle) in enumerate(cases):
+            directory = os.path.join(self.scratch, "huge-%d" % i)
+            os.mkdir(directory)
+            with open(os.path.join(directory, "config.json"), "w") as f:
+                json.dump(dict(micro, **change), f)
+            start = time.time()
+            op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+                hf_directory=directory, init_weights=True)).id, timeout=60)
+            elapsed = time.time() - start
+            self.assertEqual(op.error.code, code.value[0], op.error.message)
+            self.assertIn(needle, op.error.message)
+            # Refused from the config: nothing was allocated layer by layer.
+            self.assertLess(elapsed, 5.0, op.error.message)
+        self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
 
     def test_long_values_are_cut_in_the_status_not_turned_into_resource_exhausted(self):
         huge = "x" * 20000
@@ -189,6 +218,53 @@ class HostileInputTest(harness.DaemonTestCase):
             self.assertIn("ASCII letters, digits", e.details())
         names = {m.name for m in self.d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots}
         self.assertFalse(names & {"s", "-rf", "a b", "*", "~root"}, names)
+
+
+class ShutdownDeadlineTest(unittest.TestCase):
+    """SIGTERM ends the process within the drain time whatever runs: a long
+    step stops between micro-batches; work that cannot stop in time (one long
+    micro-batch) is abandoned at --drain_seconds; a second signal exits at once."""
+
+    def start_long_step(self, d, **kwargs):
+        op = d.call("Train", pb.TrainRequest(steps=1, **kwargs)).id
+        deadline = time.time() + 60
+        while d.call("GetOperation", pb.GetOperationRequest(id=op)).state != pb.OPERATION_STATE_RUNNING:
+            self.assertLess(time.time(), deadline)
+            time.sleep(0.05)
+        time.sleep(1.0)  # well into the step
+
+    def test_a_step_of_4096_micro_batches_stops_between_them(self):
+        d = Daemon("--model=" + harness.micro_model_dir())
+        try:
+            self.start_long_step(d, batch_size=8, seq_len=64, grad_accumulation_steps=4096)
+            code, seconds = d.stop(signal.SIGTERM, timeout=10)
+            print("SIGTERM during a 4096-micro-batch step: exited %d after %.2f s" % (code, seconds))
+            self.assertEqual(code, 0, d.output())
+            self.assertLess(seconds, 5.0)
+        finally:
+            d.close()
+
+    def test_work_that_cannot_stop_is_abandoned_at_the_deadline_or_a_second_signal(self):
+        # One micro-batch of 8 x 1024 tokens on the small preset takes tens of
+        # seconds on two cores: nothing polls for a cancel inside it.
+        for flags, second in ((("--drain_seconds=2",), False), (("--drain_seconds=120",), True)):
+            d = Daemon("--model=small", *flags)
+            try:
+                self.start_long_step(d, batch_size=8, seq_len=1024)
+                start = time.time()
+                d.proc.send_signal(signal.SIGTERM)
+                if second:
+                    time.sleep(0.5)
+                    d.proc.send_signal(signal.SIGTERM)
+                d.proc.wait(timeout=30)
+                seconds = time.time() - start
+                print("%s: exited %d after %.2f s" % (
+                    "second SIGTERM" if second else "--drain_seconds=2", d.proc.returncode, seconds))
+                self.assertEqual(d.proc.returncode, 1, d.output())
+                self.assertIn("second signal" if second else "drain deadline passed", d.output())
+                self.assertLess(seconds, 2.0 if second else 6.0)
+            finally:
+                d.close()
 
 
 class BearerAnyCaseTest(harness.DaemonTestCase):

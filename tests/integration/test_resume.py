@@ -308,9 +308,9 @@ class BadResumeTest(harness.DaemonTestCase):
         assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.error.message
         return op.snapshot.directory
 
-    def load(self, directory, resume=True):
+    def load(self, directory, resume=True, init_weights=False):
         return wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
-            hf_directory=directory, resume=resume)).id)
+            hf_directory=directory, resume=resume, init_weights=init_weights)).id)
 
     def copy_of_checkpoint(self, name):
         dst = os.path.join(self.scratch, name)
@@ -347,7 +347,7 @@ class BadResumeTest(harness.DaemonTestCase):
         config.update(hidden_size=32, intermediate_size=64, head_dim=8)
         with open(os.path.join(other, "config.json"), "w") as f:
             json.dump(config, f)
-        op = self.load(other, resume=False)
+        op = self.load(other, resume=False, init_weights=True)
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=1, batch_size=1,
                                                                seq_len=16)).id)

@@ -167,15 +167,43 @@ class SnapshotTest(harness.DaemonTestCase):
         finally:
             shutil.rmtree(bad)
 
-    def test_config_only_directory_gets_fresh_weights(self):
+    def test_config_only_directory_gets_fresh_weights_only_when_asked(self):
         m = self.snapshot(name="for-config")
         only_config = tempfile.mkdtemp(prefix="memprofd-cfg-")
         empty = tempfile.mkdtemp(prefix="memprofd-empty-")
         try:
             shutil.copy(os.path.join(m.directory, "config.json"), only_config)
+            before = self.d.call("GetStatus", pb.GetStatusRequest()).model
+            # Weights gone missing must not turn into random ones silently.
             op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=only_config)).id)
+            self.assertEqual(op.error.code, grpc.StatusCode.FAILED_PRECONDITION.value[0])
+            self.assertIn("no weights", op.error.message)
+            self.assertIn("init_weights", op.error.message)
+            after = self.d.call("GetStatus", pb.GetStatusRequest()).model
+            self.assertEqual((before.source, before.steps_trained), (after.source, after.steps_trained))
+            for bad in (pb.LoadModelRequest(preset="tiny", init_weights=True),
+                        pb.LoadModelRequest(hf_directory=m.directory, init_weights=True, resume=True)):
+                with self.assertRaises(grpc.RpcError) as e:
+                    self.d.call("LoadModel", bad)
+                self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertIn("init_weights", e.exception.details())
+            op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+                hf_directory=only_config, init_weights=True)).id)
             self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
             self.assertEqual(op.model.num_parameters, 4000000)
+            # init_weights ignores the weights a directory holds: the same
+            # first loss as the config alone with the same seed, another seed
+            # another loss.
+            probe = pb.TrainRequest(steps=1, batch_size=1, seq_len=16, seed=5)
+
+            def first_loss(directory, seed):
+                op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+                    hf_directory=directory, init_weights=True, seed=seed)).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                return wait_done(self.d, self.d.call("Train", probe).id).train.first_loss
+
+            self.assertEqual(first_loss(m.directory, 7), first_loss(only_config, 7))
+            self.assertNotEqual(first_loss(only_config, 7), first_loss(only_config, 8))
             op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=empty)).id)
             self.assertEqual(op.error.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
             self.assertIn("config.json", op.error.message)

@@ -274,6 +274,26 @@ TEST(ConvertTest, TrainRequestDataSourcesMapToDataSpecs) {
   d = *FromProto(req)->train.data;
   EXPECT_EQ(d.kind, DataSpec::Kind::kInlineTokens);
   EXPECT_THAT(d.tokens, ElementsAre(5, 0, 255));
+
+  req.mutable_data()->mutable_indexed_dataset()->set_prefix("/data/wiki_text_document");
+  d = *FromProto(req)->train.data;
+  EXPECT_EQ(d.kind, DataSpec::Kind::kIndexedDataset);
+  EXPECT_EQ(d.path, "/data/wiki_text_document");
+  EXPECT_EQ(d.windows, DataSpec::Windows::kPacked);  // unset: packed, Megatron's
+  req.mutable_data()->mutable_indexed_dataset()->set_windows(
+      v1::INDEXED_WINDOWS_WITHIN_DOCUMENTS);
+  EXPECT_EQ(FromProto(req)->train.data->windows, DataSpec::Windows::kWithinDocuments);
+  req.mutable_data()->mutable_indexed_dataset()->set_windows(v1::INDEXED_WINDOWS_PACKED);
+  EXPECT_EQ(FromProto(req)->train.data->windows, DataSpec::Windows::kPacked);
+  // An unknown value reaches core, whose validation refuses it by name.
+  req.mutable_data()->mutable_indexed_dataset()->set_windows(
+      static_cast<v1::IndexedWindows>(7));
+  d = *FromProto(req)->train.data;
+  EXPECT_THAT(std::string(ValidateDataSpec("data", d).message()), HasSubstr("windows"));
+  v1::EvaluateRequest eval;
+  eval.mutable_data()->mutable_indexed_dataset()->set_prefix("/data/val");
+  EXPECT_EQ(FromProto(eval).data.kind, DataSpec::Kind::kIndexedDataset);
+  EXPECT_EQ(FromProto(eval).data.path, "/data/val");
 }
 
 TEST(ConvertTest, LoadModelRequestCarriesSourceSeedAndPlacements) {
@@ -305,6 +325,12 @@ TEST(ConvertTest, LoadModelRequestCarriesSourceSeedAndPlacements) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->preset, "");  // a oneof: the directory replaced the preset
   EXPECT_EQ(spec->hf_directory, "/models/llama");
+  EXPECT_FALSE(spec->init_weights);
+  req.set_init_weights(true);
+  spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(spec->init_weights);
+  EXPECT_FALSE(spec->init_if_no_weights);  // the operator's flag only, never a request
 }
 
 TEST(ConvertTest, SnapshotRequestShardSizeDtypeAndMode) {

@@ -205,6 +205,12 @@ TEST(EvaluateTest, LossIsTheMeanCrossEntropyOverConsecutiveWindows) {
   absl::StatusOr<EvalResult> two = EvaluateModel(*m, *data, o);
   ASSERT_TRUE(two.ok());
   EXPECT_EQ(two->tokens, 6 * 16);
+  // A cancel is seen before the next batch: polled before batches 2 and 3.
+  int polls = 0;
+  absl::StatusOr<EvalResult> cancelled =
+      EvaluateModel(*m, *data, o, [&] { return ++polls == 1; });
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(cancelled.status().message(), HasSubstr("after 1 of 2 batches"));
   o.seq_len = 200;
   EXPECT_THAT(EvaluateModel(*m, *data, o).status().message(),
               HasSubstr("max_position_embeddings (64)"));

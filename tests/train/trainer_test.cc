@@ -8,6 +8,7 @@
 
 #include "core/common/phase.h"
 #include "core/train/checkpoint.h"
+#include "core/train/data.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
@@ -296,6 +297,54 @@ TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->cancelled);
   EXPECT_EQ(r->global_step, 5);
+}
+
+TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly) {
+  TrainOptions o = SmallOptions(3);
+  o.grad_accumulation_steps = 3;
+  std::unique_ptr<LlamaModel> ref_model = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer reference(ref_model.get());
+  std::vector<double> losses;
+  std::vector<at::Tensor> after_first;
+  ASSERT_TRUE(reference
+                  .Run(o,
+                       [&](const StepReport& s) {
+                         losses.push_back(s.loss);
+                         if (s.step != 1) return;
+                         for (const at::Tensor& p : ref_model->Parameters())
+                           after_first.push_back(p.detach().clone());
+                       })
+                  .ok());
+
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  // Polled before micro-batches 2 and 3 of each step: the third poll is in
+  // the second step, after one of its micro-batches ran forward and backward.
+  int polls = 0;
+  trainer.set_step_interrupt([&] { return ++polls == 3; });
+  absl::StatusOr<TrainResult> r = trainer.Run(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->cancelled);
+  EXPECT_EQ(r->steps_completed, 1);
+  EXPECT_EQ(trainer.global_step(), 1);
+  const std::vector<at::Tensor> now = m->Parameters();
+  ASSERT_EQ(now.size(), after_first.size());
+  for (size_t i = 0; i < now.size(); ++i) {
+    EXPECT_TRUE(torch::equal(now[i], after_first[i])) << i;  // no update, no partial one
+    EXPECT_FALSE(now[i].grad().defined()) << i;              // its gradients dropped
+  }
+  // The run goes on from the abandoned step's windows: the uninterrupted losses.
+  trainer.set_step_interrupt({});
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(o.data, 256);
+  ASSERT_TRUE(data.ok());
+  TrainOptions rest = o;
+  rest.steps = 2;
+  std::vector<double> resumed;
+  ASSERT_TRUE(trainer
+                  .ContinueRun(rest, **data,
+                               [&](const StepReport& s) { resumed.push_back(s.loss); })
+                  .ok());
+  EXPECT_EQ(resumed, std::vector<double>(losses.begin() + 1, losses.end()));
 }
 
 TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {

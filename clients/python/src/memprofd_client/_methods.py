@@ -78,12 +78,14 @@ class _Api:
     def load_model(self, *, preset: Optional[str] = None, hf_directory: Optional[str] = None,
                    seed: Optional[int] = None,
                    placement: Optional[Iterable[pb.ModulePlacement]] = None,
-                   resume: Optional[bool] = None, timeout: Timeout = DEFAULT):
+                   resume: Optional[bool] = None, init_weights: Optional[bool] = None,
+                   timeout: Timeout = DEFAULT):
         """Replaces the model (exactly one of preset, hf_directory). Returns an
-        operation handle (kind LOAD_MODEL; result: `model`)."""
+        operation handle (kind LOAD_MODEL; result: `model`). init_weights: take
+        hf_directory's config.json only, with weights initialised from seed."""
         return self._start("LoadModel", _request(
             pb.LoadModelRequest, preset=preset, hf_directory=hf_directory, seed=seed,
-            placement=placement, resume=resume), timeout)
+            placement=placement, resume=resume, init_weights=init_weights), timeout)
 
     def describe_model(self, *, timeout: Timeout = DEFAULT) -> pb.ModelInfo:
         """The model with every parameter. FailedPrecondition: no model."""
