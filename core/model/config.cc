@@ -69,6 +69,95 @@ absl::Status Positive(absl::string_view field, int64_t value) {
   return absl::OkStatus();
 }
 
+// Reads the rotary settings as transformers 5.17's
+// RotaryEmbeddingConfigMixin does: "rope_scaling" when set (older files),
+// else "rope_parameters"; the type from "rope_type" or the older "type";
+// rope_theta from the dict, else the top level; for llama3 and yarn,
+// original_max_position_embeddings from the top level when given there
+// (transformers gives that priority), else from the dict, else
+// max_position_embeddings.
+absl::Status ReadRope(const Json& root, LlamaConfig* c) {
+  RETURN_IF_ERROR(ReadDouble(root, "rope_theta", &c->rope_theta));
+  const char* field = "rope_scaling";
+  const Json* rope = JsonFind(root, field);
+  if (rope == nullptr || rope->is_null() || (rope->is_object() && rope->empty())) {
+    field = "rope_parameters";
+    rope = JsonFind(root, field);
+  }
+  if (rope == nullptr || rope->is_null()) return absl::OkStatus();
+  if (!rope->is_object()) {
+    return FieldError(field, absl::StrCat("must be an object, got ", DumpJson(*rope)));
+  }
+  auto sub = [&](absl::string_view key) { return absl::StrCat(field, ".", key); };
+  RopeScaling& r = c->rope_scaling;
+  const Json* type = JsonFind(*rope, "rope_type");
+  if (type == nullptr) type = JsonFind(*rope, "type");
+  if (type != nullptr && !type->is_null()) {
+    if (!type->is_string()) {
+      return FieldError(sub("rope_type"),
+                        absl::StrCat("must be a string, got ", DumpJson(*type)));
+    }
+    r.rope_type = type->get<std::string>();
+  }
+  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3" &&
+      r.rope_type != "yarn") {
+    return FieldError(
+        sub("rope_type"),
+        absl::StrCat("is ", DumpJson(*type), "; supported: ", SupportedRopeTypes()));
+  }
+  RETURN_IF_ERROR(ReadDouble(*rope, "rope_theta", &c->rope_theta));
+  double partial = 1.0;
+  RETURN_IF_ERROR(ReadDouble(*rope, "partial_rotary_factor", &partial));
+  if (partial != 1.0) {
+    return FieldError(
+        sub("partial_rotary_factor"),
+        absl::StrCat("is ", partial, "; only 1 (the whole head) is supported"));
+  }
+  auto required = [&](absl::string_view key, double* out) -> absl::Status {
+    if (JsonFind(*rope, key) == nullptr) {
+      return FieldError(sub(key), absl::StrCat("is missing; rope_type \"", r.rope_type,
+                                               "\" needs it (a number)"));
+    }
+    return ReadDouble(*rope, key, out);
+  };
+  auto optional = [&](absl::string_view key, std::optional<double>* out) -> absl::Status {
+    const Json* v = JsonFind(*rope, key);
+    if (v == nullptr || v->is_null()) return absl::OkStatus();
+    double d = 0;
+    RETURN_IF_ERROR(ReadDouble(*rope, key, &d));
+    *out = d;
+    return absl::OkStatus();
+  };
+  if (r.rope_type == "default") return absl::OkStatus();
+  RETURN_IF_ERROR(required("factor", &r.factor));
+  if (r.rope_type == "linear") return absl::OkStatus();
+  if (r.rope_type == "llama3") {
+    RETURN_IF_ERROR(required("low_freq_factor", &r.low_freq_factor));
+    RETURN_IF_ERROR(required("high_freq_factor", &r.high_freq_factor));
+  } else {
+    RETURN_IF_ERROR(optional("attention_factor", &r.attention_factor));
+    RETURN_IF_ERROR(optional("beta_fast", &r.beta_fast));
+    RETURN_IF_ERROR(optional("beta_slow", &r.beta_slow));
+    RETURN_IF_ERROR(optional("mscale", &r.mscale));
+    RETURN_IF_ERROR(optional("mscale_all_dim", &r.mscale_all_dim));
+    const Json* truncate = JsonFind(*rope, "truncate");
+    if (truncate != nullptr && !truncate->is_null()) {
+      bool t = true;
+      RETURN_IF_ERROR(ReadBool(*rope, "truncate", &t));
+      r.truncate = t;
+    }
+  }
+  r.original_max_position_embeddings = c->max_position_embeddings;
+  if (JsonFind(root, "original_max_position_embeddings") != nullptr) {
+    RETURN_IF_ERROR(ReadInt(root, "original_max_position_embeddings", true,
+                            &r.original_max_position_embeddings));
+  } else {
+    RETURN_IF_ERROR(ReadInt(*rope, "original_max_position_embeddings", false,
+                            &r.original_max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
@@ -138,38 +227,17 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
     return FieldError("hidden_act", absl::StrCat("is ", DumpJson(*act),
                                                  "; only \"silu\" is supported"));
   }
-  const Json* scaling = JsonFind(root, "rope_scaling");
-  if (scaling != nullptr && !scaling->is_null()) {
-    return FieldError("rope_scaling", "is set, which is not supported; use null");
-  }
-  // transformers 5 writes the rotary settings as "rope_parameters":
-  // {"rope_theta": ..., "rope_type": "default"} instead of a top-level
-  // rope_theta; it still reads the older form, which ToJson writes.
-  const Json* rope = JsonFind(root, "rope_parameters");
-  if (rope != nullptr && !rope->is_null()) {
-    if (!rope->is_object()) {
-      return FieldError("rope_parameters",
-                        absl::StrCat("must be an object, got ", DumpJson(*rope)));
-    }
-    const Json* type = JsonFind(*rope, "rope_type");
-    if (type != nullptr && *type != "default") {
-      return FieldError("rope_parameters.rope_type",
-                        absl::StrCat("is ", DumpJson(*type),
-                                     "; only \"default\" (no scaling) is supported"));
-    }
-    RETURN_IF_ERROR(ReadDouble(*rope, "rope_theta", &c.rope_theta));
-  }
+  RETURN_IF_ERROR(ReadRope(root, &c));
   RETURN_IF_ERROR(RequireFalse(root, "attention_bias"));
   RETURN_IF_ERROR(RequireFalse(root, "mlp_bias"));
   const Json* head_dim = JsonFind(root, "head_dim");
   if (head_dim != nullptr && !head_dim->is_null()) {
-    int64_t hd = 0;
-    RETURN_IF_ERROR(ReadInt(root, "head_dim", true, &hd));
-    if (c.num_attention_heads > 0 && hd * c.num_attention_heads != c.hidden_size) {
-      return FieldError(
-          "head_dim",
-          absl::StrCat("is ", hd, "; only hidden_size / num_attention_heads (",
-                       c.head_dim(), ") is supported"));
+    RETURN_IF_ERROR(ReadInt(root, "head_dim", true, &c.explicit_head_dim));
+    RETURN_IF_ERROR(Positive("head_dim", c.explicit_head_dim));
+    // The same model either way; keeping 0 keeps the default's spelling.
+    if (c.num_attention_heads > 0 &&
+        c.explicit_head_dim * c.num_attention_heads == c.hidden_size) {
+      c.explicit_head_dim = 0;
     }
   }
 
@@ -203,10 +271,11 @@ namespace {
 // int64 (a config.json with hidden_size 2^32 passed every other check and
 // made the plain sum signed overflow, found by fuzz/config_fuzz under UBSan).
 bool CountParameters(const LlamaConfig& c, int64_t* out) {
-  int64_t kv_dim, hh, hkv, hi, per_layer, layers, embed, total;
+  int64_t q_dim, kv_dim, hh, hkv, hi, per_layer, layers, embed, total;
   const bool overflow =
+      __builtin_mul_overflow(c.head_dim(), c.num_attention_heads, &q_dim) ||
       __builtin_mul_overflow(c.head_dim(), c.num_key_value_heads, &kv_dim) ||
-      __builtin_mul_overflow(c.hidden_size, c.hidden_size, &hh) ||
+      __builtin_mul_overflow(c.hidden_size, q_dim, &hh) ||
       __builtin_mul_overflow(hh, int64_t{2}, &hh) ||  // q, o
       __builtin_mul_overflow(c.hidden_size, kv_dim, &hkv) ||
       __builtin_mul_overflow(hkv, int64_t{2}, &hkv) ||  // k, v
@@ -246,11 +315,15 @@ absl::Status LlamaConfig::Validate() const {
         absl::StrCat("(", hidden_size, ") must be a multiple of num_attention_heads (",
                      num_attention_heads, ")"));
   }
+  if (explicit_head_dim < 0) {
+    return FieldError("head_dim",
+                      absl::StrCat("must be positive, got ", explicit_head_dim));
+  }
   if (head_dim() % 2 != 0) {
-    return FieldError("hidden_size",
-                      absl::StrCat("/ num_attention_heads must be even for the rotary "
-                                   "embedding, got head_dim ",
-                                   head_dim()));
+    return FieldError(
+        explicit_head_dim > 0 ? "head_dim" : "hidden_size",
+        absl::StrCat(explicit_head_dim > 0 ? "" : "/ num_attention_heads ",
+                     "must be even for the rotary embedding, got head_dim ", head_dim()));
   }
   if (num_attention_heads % num_key_value_heads != 0) {
     return FieldError("num_attention_heads",
@@ -265,6 +338,31 @@ absl::Status LlamaConfig::Validate() const {
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
     return FieldError("rope_theta", absl::StrCat("must be positive, got ", rope_theta));
   }
+  const RopeScaling& r = rope_scaling;
+  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3" &&
+      r.rope_type != "yarn") {
+    return FieldError(
+        "rope_parameters.rope_type",
+        absl::StrCat("is \"", r.rope_type, "\"; supported: ", SupportedRopeTypes()));
+  }
+  if (r.rope_type != "default" && !(r.factor >= 1.0 && std::isfinite(r.factor))) {
+    return FieldError("rope_parameters.factor",
+                      absl::StrCat("must be a finite number >= 1, got ", r.factor));
+  }
+  if ((r.rope_type == "llama3" || r.rope_type == "yarn") &&
+      r.original_max_position_embeddings <= 0) {
+    return FieldError(
+        "rope_parameters.original_max_position_embeddings",
+        absl::StrCat("must be positive, got ", r.original_max_position_embeddings));
+  }
+  if (r.rope_type == "llama3" &&
+      !(r.low_freq_factor > 0 && r.high_freq_factor > r.low_freq_factor &&
+        std::isfinite(r.high_freq_factor))) {
+    return FieldError("rope_parameters.high_freq_factor",
+                      absl::StrCat("(", r.high_freq_factor, ") must be finite and above ",
+                                   "low_freq_factor (", r.low_freq_factor,
+                                   "), which must be positive"));
+  }
   if (torch_dtype != "float32" && torch_dtype != "bfloat16" && torch_dtype != "float16") {
     return FieldError(
         "torch_dtype",
@@ -278,6 +376,49 @@ absl::Status LlamaConfig::Validate() const {
                                    ") gives more than 2^63 parameters; check the sizes"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// "rope_parameters" as transformers 5.17's save_pretrained writes it: the
+// theta, the type and the fields the type reads (yarn's optional ones only
+// when they were given).
+Json RopeJson(const LlamaConfig& c) {
+  const RopeScaling& r = c.rope_scaling;
+  Json j = {{"rope_theta", c.rope_theta}, {"rope_type", r.rope_type}};
+  if (r.rope_type == "default") return j;
+  j["factor"] = r.factor;
+  if (r.rope_type == "linear") return j;
+  j["original_max_position_embeddings"] = r.original_max_position_embeddings;
+  if (r.rope_type == "llama3") {
+    j["low_freq_factor"] = r.low_freq_factor;
+    j["high_freq_factor"] = r.high_freq_factor;
+    return j;
+  }
+  auto put = [&](const char* key, const std::optional<double>& v) {
+    if (v.has_value()) j[key] = *v;
+  };
+  put("attention_factor", r.attention_factor);
+  put("beta_fast", r.beta_fast);
+  put("beta_slow", r.beta_slow);
+  put("mscale", r.mscale);
+  put("mscale_all_dim", r.mscale_all_dim);
+  if (r.truncate.has_value()) j["truncate"] = *r.truncate;
+  return j;
+}
+
+}  // namespace
+
+const char* SupportedRopeTypes() { return "default, linear, llama3, yarn"; }
+
+bool operator==(const RopeScaling& a, const RopeScaling& b) {
+  return a.rope_type == b.rope_type && a.factor == b.factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor &&
+         a.attention_factor == b.attention_factor && a.beta_fast == b.beta_fast &&
+         a.beta_slow == b.beta_slow && a.mscale == b.mscale &&
+         a.mscale_all_dim == b.mscale_all_dim && a.truncate == b.truncate;
 }
 
 std::string LlamaConfig::ToJson() const {
@@ -299,7 +440,8 @@ std::string LlamaConfig::ToJson() const {
       {"num_key_value_heads", num_key_value_heads},
       {"pretraining_tp", 1},
       {"rms_norm_eps", rms_norm_eps},
-      {"rope_scaling", nullptr},
+      {"rope_parameters", RopeJson(*this)},
+      // transformers 4 reads it here (5.17 from rope_parameters, first).
       {"rope_theta", rope_theta},
       {"tie_word_embeddings", tie_word_embeddings},
       {"torch_dtype", torch_dtype},
@@ -315,7 +457,7 @@ int64_t LlamaConfig::NumParameters() const {
 }
 
 std::vector<std::string> LlamaConfig::PresetNames() {
-  return {"tiny", "small", "llama-1b"};
+  return {"tiny", "small", "llama-3.2-1b", "llama-1b"};
 }
 
 absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
@@ -342,15 +484,12 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
     c.max_position_embeddings = 1024;
     return c;
   }
-  if (name == "llama-1b") {
-    // The shape of Llama-3.2-1B (its config.json): 1,235,814,400 parameters,
+  if (name == "llama-3.2-1b" || name == "llama-1b") {
+    // Llama-3.2-1B as its config.json gives it: 1,235,814,400 parameters,
     // 4.9 GB in float32, about 20 GB with gradients and AdamW state; meant
-    // for a GPU. It omits Llama 3's rope_scaling ("rope_type": "llama3"),
-    // which this implementation does not support: the rotary embedding is
-    // the plain one with theta 500000, as config.json says with
-    // "rope_scaling": null. The daemon's byte-level data use ids < 256 of
-    // the 128256; a token file can use them all. The rotary tables for all
-    // 131072 positions take 64 MiB on the device.
+    // for a GPU. The daemon's byte-level data use ids < 256 of the 128256;
+    // a token file can use them all. The rotary tables for all 131072
+    // positions take 64 MiB on the device.
     c.vocab_size = 128256;
     c.hidden_size = 2048;
     c.intermediate_size = 8192;
@@ -359,6 +498,11 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
     c.num_key_value_heads = 8;
     c.max_position_embeddings = 131072;
     c.rope_theta = 500000.0;
+    c.rope_scaling.rope_type = "llama3";
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.low_freq_factor = 1.0;
+    c.rope_scaling.high_freq_factor = 4.0;
+    c.rope_scaling.original_max_position_embeddings = 8192;
     return c;
   }
   return absl::InvalidArgumentError(
@@ -374,6 +518,7 @@ bool operator==(const LlamaConfig& a, const LlamaConfig& b) {
          a.num_key_value_heads == b.num_key_value_heads &&
          a.max_position_embeddings == b.max_position_embeddings &&
          a.rms_norm_eps == b.rms_norm_eps && a.rope_theta == b.rope_theta &&
+         a.rope_scaling == b.rope_scaling && a.head_dim() == b.head_dim() &&
          a.tie_word_embeddings == b.tie_word_embeddings && a.torch_dtype == b.torch_dtype;
 }
 

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <iterator>
 #include <map>
 #include <set>
@@ -23,6 +24,73 @@ constexpr double kInitStd = 0.02;  // transformers' initializer_range
 
 std::string ShapeString(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
+}
+
+// inv_freq [head_dim / 2] (float32, CPU) and the factor cos and sin are
+// multiplied by, for config's rope type, in the order of operations of
+// transformers 5.17's modeling_rope_utils (_compute_*_parameters), so that
+// the float32 values are the same.
+at::Tensor RotaryInverseFrequencies(const LlamaConfig& c, double* attention_factor) {
+  const RopeScaling& r = c.rope_scaling;
+  const int64_t dim = c.head_dim();
+  const double base = c.rope_theta;
+  *attention_factor = 1.0;
+  at::Tensor exponents =
+      torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / dim;
+  if (r.rope_type == "yarn") {
+    const double factor = r.factor;
+    auto get_mscale = [](double scale, double mscale) {
+      return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+    };
+    if (r.attention_factor.has_value()) {
+      *attention_factor = *r.attention_factor;
+    } else if (r.mscale.value_or(0) != 0 && r.mscale_all_dim.value_or(0) != 0) {
+      *attention_factor =
+          get_mscale(factor, *r.mscale) / get_mscale(factor, *r.mscale_all_dim);
+    } else {
+      *attention_factor = get_mscale(factor, 1.0);
+    }
+    // transformers: `get("beta_fast") or 32`, so 0 means the default too.
+    const double beta_fast = r.beta_fast.value_or(0) != 0 ? *r.beta_fast : 32.0;
+    const double beta_slow = r.beta_slow.value_or(0) != 0 ? *r.beta_slow : 1.0;
+    const double original = static_cast<double>(r.original_max_position_embeddings);
+    auto correction_dim = [&](double rotations) {
+      return (dim * std::log(original / (rotations * 2 * M_PI))) / (2 * std::log(base));
+    };
+    double low = correction_dim(beta_fast);
+    double high = correction_dim(beta_slow);
+    if (r.truncate.value_or(true)) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+    at::Tensor pos_freqs = torch::pow(base, exponents);
+    at::Tensor extrapolation = 1.0 / pos_freqs;
+    at::Tensor interpolation = 1.0 / (factor * pos_freqs);
+    at::Tensor ramp = torch::clamp(
+        (torch::arange(dim / 2, torch::kFloat32) - low) / (high - low), 0, 1);
+    at::Tensor extrapolation_factor = 1 - ramp;
+    return interpolation * (1 - extrapolation_factor) +
+           extrapolation * extrapolation_factor;
+  }
+  at::Tensor inv_freq = 1.0 / torch::pow(base, exponents);
+  if (r.rope_type == "linear") return inv_freq / r.factor;
+  if (r.rope_type == "llama3") {
+    const double old_context = static_cast<double>(r.original_max_position_embeddings);
+    const double low_wavelen = old_context / r.low_freq_factor;
+    const double high_wavelen = old_context / r.high_freq_factor;
+    at::Tensor wavelen = 2 * M_PI / inv_freq;
+    at::Tensor scaled =
+        torch::where(wavelen > low_wavelen, inv_freq / r.factor, inv_freq);
+    at::Tensor smooth = (old_context / wavelen - r.low_freq_factor) /
+                        (r.high_freq_factor - r.low_freq_factor);
+    at::Tensor smoothed = (1 - smooth) * scaled / r.factor + smooth * scaled;
+    at::Tensor medium = wavelen.ge(high_wavelen).logical_and(wavelen.le(low_wavelen));
+    return torch::where(medium, smoothed, scaled);
+  }
+  return inv_freq;
 }
 
 }  // namespace
@@ -142,15 +210,18 @@ void LlamaModel::Initialize(uint64_t seed) {
   lm_head_ = c.tie_word_embeddings ? embed_tokens_ : normal({c.vocab_size, h});
 
   // transformers' LlamaRotaryEmbedding, in float32 as it computes it:
-  // inv_freq = 1 / theta^(2i / d), angle = position * inv_freq.
-  const int64_t d = c.head_dim();
-  at::Tensor inv_freq =
-      1.0 / torch::pow(c.rope_theta,
-                       torch::arange(0, d, 2, torch::kInt64).to(torch::kFloat32) / d);
+  // angle = position * inv_freq, cos and sin times the attention factor.
+  double attention_factor = 1.0;
+  at::Tensor inv_freq = RotaryInverseFrequencies(c, &attention_factor);
   at::Tensor positions =
       torch::arange(c.max_position_embeddings, torch::kInt64).to(torch::kFloat32);
   at::Tensor freqs = torch::outer(positions, inv_freq);
   at::Tensor emb = torch::cat({freqs, freqs}, -1);
+  if (attention_factor != 1.0) {
+    rope_cos_ = (emb.cos() * attention_factor).to(device_);
+    rope_sin_ = (emb.sin() * attention_factor).to(device_);
+    return;
+  }
   rope_cos_ = emb.cos().to(device_);
   rope_sin_ = emb.sin().to(device_);
 }

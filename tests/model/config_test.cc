@@ -135,20 +135,103 @@ TEST(LlamaConfigTest, RejectsSizesWhoseParameterCountOverflows) {
 }
 
 TEST(LlamaConfigTest, RejectsUnsupportedOptions) {
-  EXPECT_THAT(ParseWith("\"rope_scaling\": null", "\"rope_scaling\": {\"factor\": 2.0}")
-                  .status()
-                  .message(),
-              HasSubstr("rope_scaling"));
+  EXPECT_THAT(
+      ParseWith("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"su\"}")
+          .status()
+          .message(),
+      HasSubstr("rope_scaling"));
   EXPECT_THAT(ParseWith("\"attention_bias\": false", "\"attention_bias\": true")
                   .status()
                   .message(),
               HasSubstr("attention_bias"));
   EXPECT_THAT(ParseWith("\"silu\"", "\"gelu\"").status().message(),
               HasSubstr("hidden_act"));
-  EXPECT_THAT(ParseWith("\"pretraining_tp\"", "\"head_dim\": 128, \"pretraining_tp\"")
+  EXPECT_THAT(ParseWith("\"pretraining_tp\"", "\"head_dim\": 63, \"pretraining_tp\"")
                   .status()
                   .message(),
               HasSubstr("head_dim"));
+  absl::StatusOr<LlamaConfig> dynamic =
+      ParseWith("\"rope_scaling\": null",
+                "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}");
+  EXPECT_EQ(dynamic.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      dynamic.status().message(),
+      HasSubstr("rope_scaling.rope_type\" is \"dynamic\"; supported: default, linear, "
+                "llama3, yarn"));
+  EXPECT_THAT(ParseWith("\"rope_scaling\": null",
+                        "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}")
+                  .status()
+                  .message(),
+              HasSubstr("rope_scaling.low_freq_factor\" is missing"));
+  EXPECT_THAT(ParseWith("\"rope_scaling\": null",
+                        "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 0.5}")
+                  .status()
+                  .message(),
+              HasSubstr("factor"));
+  EXPECT_THAT(ParseWith("\"rope_scaling\": null",
+                        "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2, "
+                        "\"partial_rotary_factor\": 0.5}")
+                  .status()
+                  .message(),
+              HasSubstr("partial_rotary_factor"));
+}
+
+TEST(LlamaConfigTest, ReadsExplicitHeadDim) {
+  absl::StatusOr<LlamaConfig> c =
+      ParseWith("\"pretraining_tp\"", "\"head_dim\": 128, \"pretraining_tp\"");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim(), 128);
+  // q and o are [32 * 128, 2048] and its transpose instead of 2048 x 2048.
+  EXPECT_EQ(c->NumParameters(),
+            1100048384 + 22 * 2 * 2048 * (4096 - 2048) + 22 * 2 * 2048 * 4 * 64);
+  absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *c);
+  absl::StatusOr<LlamaConfig> same =
+      ParseWith("\"pretraining_tp\"", "\"head_dim\": 64, \"pretraining_tp\"");
+  ASSERT_TRUE(same.ok());
+  EXPECT_TRUE(*same == *LlamaConfig::FromJson(kTinyLlamaConfig));
+}
+
+TEST(LlamaConfigTest, ReadsEveryRopeTypeFromBothFormsAndWritesRopeParameters) {
+  // Llama 3.1's settings in the older form, with the theta at the top level.
+  absl::StatusOr<LlamaConfig> llama3 =
+      ParseWith("\"rope_scaling\": null",
+                "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+                "\"low_freq_factor\": 1.0, "
+                "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 512}");
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ(llama3->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(llama3->rope_scaling.factor, 8.0);
+  EXPECT_EQ(llama3->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(llama3->rope_scaling.original_max_position_embeddings, 512);
+  EXPECT_EQ(llama3->rope_theta, 10000.0);
+  // yarn in transformers 5's form, original_max defaulting to max_position_embeddings.
+  absl::StatusOr<LlamaConfig> yarn =
+      ParseWith("\"rope_theta\": 10000.0,",
+                "\"rope_parameters\": {\"rope_theta\": 20000.0, \"rope_type\": \"yarn\", "
+                "\"factor\": 4.0, \"beta_fast\": 16, \"truncate\": false},");
+  ASSERT_TRUE(yarn.ok()) << yarn.status();
+  EXPECT_EQ(yarn->rope_theta, 20000.0);
+  EXPECT_EQ(yarn->rope_scaling.original_max_position_embeddings, 2048);
+  EXPECT_EQ(yarn->rope_scaling.beta_fast, 16.0);
+  EXPECT_FALSE(yarn->rope_scaling.beta_slow.has_value());
+  EXPECT_EQ(yarn->rope_scaling.truncate, false);
+  absl::StatusOr<LlamaConfig> linear =
+      ParseWith("\"rope_scaling\": null",
+                "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling.rope_type, "linear");
+  for (const LlamaConfig& c : {*llama3, *yarn, *linear}) {
+    std::string text = c.ToJson();
+    absl::StatusOr<Json> json = ParseJson(text);
+    ASSERT_TRUE(json.ok());
+    EXPECT_EQ((*json)["rope_parameters"]["rope_type"], c.rope_scaling.rope_type);
+    EXPECT_EQ((*json)["rope_parameters"]["rope_theta"].get<double>(), c.rope_theta);
+    absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(text);
+    ASSERT_TRUE(back.ok()) << back.status() << text;
+    EXPECT_TRUE(*back == c) << text;
+  }
 }
 
 TEST(LlamaConfigTest, ReadsTransformers5RopeParameters) {
@@ -158,10 +241,10 @@ TEST(LlamaConfigTest, ReadsTransformers5RopeParameters) {
       "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"default\"},");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rope_theta, 500000.0);
-  // A scaled rotary embedding would be a different model: refused.
+  // A rope type this implementation does not compute: refused.
   absl::StatusOr<LlamaConfig> scaled = ParseWith(
       "\"rope_theta\": 10000.0,",
-      "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"llama3\"},");
+      "\"rope_parameters\": {\"rope_theta\": 500000.0, \"rope_type\": \"longrope\"},");
   EXPECT_EQ(scaled.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(scaled.status().message(), HasSubstr("rope_parameters.rope_type"));
   EXPECT_EQ(
@@ -202,8 +285,8 @@ TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_TRUE(small->Validate().ok());
   EXPECT_GT(small->NumParameters(), 25000000);
   EXPECT_LT(small->NumParameters(), 35000000);
-  // Llama-3.2-1B's shape, and its parameter count as transformers reports it.
-  absl::StatusOr<LlamaConfig> llama1b = LlamaConfig::Preset("llama-1b");
+  // Llama-3.2-1B, and its parameter count as transformers reports it.
+  absl::StatusOr<LlamaConfig> llama1b = LlamaConfig::Preset("llama-3.2-1b");
   ASSERT_TRUE(llama1b.ok());
   EXPECT_TRUE(llama1b->Validate().ok());
   EXPECT_EQ(llama1b->vocab_size, 128256);
@@ -212,9 +295,13 @@ TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_EQ(llama1b->rope_theta, 500000.0);
   EXPECT_TRUE(llama1b->tie_word_embeddings);
   EXPECT_EQ(llama1b->NumParameters(), 1235814400);
+  EXPECT_EQ(llama1b->rope_scaling.rope_type, "llama3");
+  EXPECT_EQ(llama1b->rope_scaling.factor, 32.0);
+  EXPECT_EQ(llama1b->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(*LlamaConfig::Preset("llama-1b") == *llama1b);
   absl::StatusOr<LlamaConfig> none = LlamaConfig::Preset("huge");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small, llama-1b"));
+  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small, llama-3.2-1b, llama-1b"));
 }
 
 }  // namespace
