@@ -22,6 +22,14 @@ def token_file(path: str, bytes_per_token: Optional[int] = None) -> pb.DataSourc
     return pb.DataSource(token_file=pb.TokenFile(path=path, bytes_per_token=bytes_per_token))
 
 
+def indexed_dataset(prefix: str, within_documents: bool = False) -> pb.DataSource:
+    """A Megatron indexed dataset (prefix.bin + prefix.idx) on the daemon's host; windows
+    packed across documents (Megatron's default) unless within_documents."""
+    windows = (pb.INDEXED_WINDOWS_WITHIN_DOCUMENTS if within_documents
+               else pb.INDEXED_WINDOWS_PACKED)
+    return pb.DataSource(indexed_dataset=pb.IndexedDataset(prefix=prefix, windows=windows))
+
+
 def inline_tokens(ids: Iterable[int]) -> pb.DataSource:
     """Token ids sent in the request."""
     return pb.DataSource(inline_tokens=pb.InlineTokens(ids=list(ids)))
