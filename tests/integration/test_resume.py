@@ -399,7 +399,7 @@ class BadResumeTest(harness.DaemonTestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("dtype keep", e.exception.details())
         # A fresh model has no run to resume.
-        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=MICRO_DIR)).id)
+        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=MICRO_DIR, init_weights=True)).id)
         with self.assertRaises(grpc.RpcError) as e:
             self.d.call("Train", pb.TrainRequest(resume=True))
         self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
