@@ -35,7 +35,8 @@ int64_t StepPeakBytes(const std::string& device) {
 }  // namespace
 
 bool NamesFile(const DataSpec& spec) {
-  return spec.kind == DataSpec::Kind::kTextFile || spec.kind == DataSpec::Kind::kTokenFile ||
+  return spec.kind == DataSpec::Kind::kTextFile ||
+         spec.kind == DataSpec::Kind::kTokenFile ||
          spec.kind == DataSpec::Kind::kIndexedDataset;
 }
 
@@ -65,7 +66,8 @@ absl::StatusOr<TrainingData> ReadTrainingData(const TrainOptions& train,
   if (train.eval_data) {
     absl::StatusOr<std::unique_ptr<TokenDataset>> created =
         TokenDataset::Create(*train.eval_data, vocab_size, access);
-    absl::Status s = created.ok() ? (*created)->Validate(train.seq_len) : created.status();
+    absl::Status s =
+        created.ok() ? (*created)->Validate(train.seq_len) : created.status();
     if (!s.ok()) return absl::Status(s.code(), absl::StrCat("eval_data: ", s.message()));
     out.eval_data = *std::move(created);
   }

@@ -21,9 +21,9 @@ absl::Status ValidateDataSpec(absl::string_view field, const DataSpec& spec) {
     case DataSpec::Kind::kIndexedDataset:
       if (spec.windows != DataSpec::Windows::kPacked &&
           spec.windows != DataSpec::Windows::kWithinDocuments) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ": unknown indexed windows ", static_cast<int>(spec.windows),
-                         "; use packed or within_documents"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": unknown indexed windows ", static_cast<int>(spec.windows),
+            "; use packed or within_documents"));
       }
       [[fallthrough]];
     case DataSpec::Kind::kTextFile:
@@ -69,8 +69,8 @@ absl::StatusOr<MixedPrecision> ParseMixedPrecision(absl::string_view name) {
   for (MixedPrecision p : {MixedPrecision::kNo, MixedPrecision::kBf16}) {
     if (name == MixedPrecisionName(p)) return p;
   }
-  return absl::InvalidArgumentError(absl::StrCat("mixed_precision: unknown value ", Echo(name),
-                                                 "; use no (float32) or bf16"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mixed_precision: unknown value ", Echo(name), "; use no (float32) or bf16"));
 }
 
 absl::Status ValidateLossChunkTokens(int64_t loss_chunk_tokens) {

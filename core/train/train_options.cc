@@ -38,7 +38,8 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   for (auto [name, value, limit] :
        {std::tuple<const char*, int64_t, int64_t>{"steps", o.steps, kMaxTrainSteps},
         {"batch_size", o.batch_size, kMaxBatchSize},
-        {"grad_accumulation_steps", o.grad_accumulation_steps, kMaxGradAccumulationSteps}}) {
+        {"grad_accumulation_steps", o.grad_accumulation_steps,
+         kMaxGradAccumulationSteps}}) {
     if (value > limit) {
       return absl::InvalidArgumentError(
           absl::StrCat(name, " must be at most ", limit, ", got ", value));
