@@ -10,6 +10,7 @@ import struct
 import subprocess
 import tempfile
 import unittest
+import time
 
 import grpc
 
@@ -313,12 +314,14 @@ class SnapshotFlagsTest(unittest.TestCase):
         try:
             self.assertFalse(os.path.exists(os.path.join(root, ".tmp-old-abc123")))
             wait_done(d, d.call("Train", pb.TrainRequest(steps=6, batch_size=1, seq_len=16)).id)
+            # step-6 becomes visible when its directory is renamed into place; retention
+            # removes step-2 just after that, when the snapshot operation finishes.
             names = []
-            for _ in range(100):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
                 names = sorted(s.name for s in d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots)
-                if "step-6" in names:
+                if names == ["step-4", "step-6"]:
                     break
-                import time
                 time.sleep(0.1)
             self.assertEqual(names, ["step-4", "step-6"])  # keep_last=2
             code, _ = d.stop(signal.SIGTERM, timeout=30)
