@@ -56,12 +56,9 @@ absl::Status ReadBool(const Json& root, absl::string_view field, bool* out) {
   return absl::OkStatus();
 }
 
-// A boolean option this implementation supports only as false.
-absl::Status RequireFalse(const Json& root, absl::string_view field) {
-  bool value = false;
-  RETURN_IF_ERROR(ReadBool(root, field, &value));
-  if (value) return FieldError(field, "is true, which is not supported; set it to false");
-  return absl::OkStatus();
+bool IsSupportedRopeType(absl::string_view type) {
+  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3" ||
+         type == "yarn";
 }
 
 absl::Status Positive(absl::string_view field, int64_t value) {
@@ -99,8 +96,7 @@ absl::Status ReadRope(const Json& root, LlamaConfig* c) {
     }
     r.rope_type = type->get<std::string>();
   }
-  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3" &&
-      r.rope_type != "yarn") {
+  if (!IsSupportedRopeType(r.rope_type)) {
     return FieldError(
         sub("rope_type"),
         absl::StrCat("is ", DumpJson(*type), "; supported: ", SupportedRopeTypes()));
@@ -130,7 +126,7 @@ absl::Status ReadRope(const Json& root, LlamaConfig* c) {
   };
   if (r.rope_type == "default") return absl::OkStatus();
   RETURN_IF_ERROR(required("factor", &r.factor));
-  if (r.rope_type == "linear") return absl::OkStatus();
+  if (r.rope_type == "linear" || r.rope_type == "dynamic") return absl::OkStatus();
   if (r.rope_type == "llama3") {
     RETURN_IF_ERROR(required("low_freq_factor", &r.low_freq_factor));
     RETURN_IF_ERROR(required("high_freq_factor", &r.high_freq_factor));
@@ -158,7 +154,162 @@ absl::Status ReadRope(const Json& root, LlamaConfig* c) {
   return absl::OkStatus();
 }
 
+const ModelFamily* FamilyOfArchitecture(absl::string_view architecture) {
+  for (const ModelFamily& f : ModelFamilies()) {
+    if (architecture == f.architecture) return &f;
+  }
+  return nullptr;
+}
+
+const ModelFamily* FamilyOfModelType(absl::string_view model_type) {
+  for (const ModelFamily& f : ModelFamilies()) {
+    if (model_type == f.model_type) return &f;
+  }
+  return nullptr;
+}
+
+// The family config.json names: by model_type and "architectures", which
+// must agree when both are given (AutoModelForCausalLM picks the class by
+// model_type; the daemon refuses a file whose two fields disagree rather
+// than guess).
+absl::StatusOr<const ModelFamily*> ReadFamily(const Json& root) {
+  const ModelFamily* by_type = nullptr;
+  const Json* model_type = JsonFind(root, "model_type");
+  if (model_type != nullptr && !model_type->is_null()) {
+    if (model_type->is_string())
+      by_type = FamilyOfModelType(model_type->get<std::string>());
+    if (by_type == nullptr) {
+      return FieldError("model_type", absl::StrCat("is ", DumpJson(*model_type),
+                                                   "; supported: llama, mistral, qwen2, "
+                                                   "qwen3 (",
+                                                   SupportedArchitectures(), ")"));
+    }
+  }
+  const Json* archs = JsonFind(root, "architectures");
+  if (archs == nullptr || archs->is_null()) {
+    if (by_type != nullptr) return by_type;
+    return FieldError(
+        "architectures",
+        absl::StrCat("is missing (and there is no model_type); name one of ",
+                     SupportedArchitectures(), ", as [\"LlamaForCausalLM\"]"));
+  }
+  const ModelFamily* by_arch = nullptr;
+  if (archs->is_array() && archs->size() == 1 && (*archs)[0].is_string()) {
+    by_arch = FamilyOfArchitecture((*archs)[0].get<std::string>());
+  }
+  if (by_arch == nullptr) {
+    return FieldError(
+        "architectures",
+        absl::StrCat("is ", DumpJson(*archs), "; it must name one of ",
+                     SupportedArchitectures(), ", as [\"LlamaForCausalLM\"]"));
+  }
+  if (by_type != nullptr && by_type != by_arch) {
+    return FieldError("architectures",
+                      absl::StrCat("names ", by_arch->architecture,
+                                   " but model_type is \"", by_type->model_type, "\" (",
+                                   by_type->architecture, "); make them agree"));
+  }
+  return by_arch;
+}
+
+// sliding_window as transformers reads it: absent -> `absent`, null -> 0
+// (none), else a positive integer.
+absl::Status ReadWindow(const Json& root, int64_t absent, int64_t* out) {
+  const Json* v = JsonFind(root, "sliding_window");
+  if (v == nullptr) {
+    *out = absent;
+    return absl::OkStatus();
+  }
+  if (v->is_null()) {
+    *out = 0;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(ReadInt(root, "sliding_window", true, out));
+  return Positive("sliding_window", *out);
+}
+
+// The fields only some families read, as each transformers config class
+// reads them (a field another family would read is ignored, as transformers
+// ignores it).
+absl::Status ReadFamilyFields(const Json& root, LlamaConfig* c) {
+  constexpr int64_t kDefaultWindow = 4096;  // MistralConfig, Qwen2Config, Qwen3Config
+  if (c->model_type == "llama") {
+    RETURN_IF_ERROR(ReadBool(root, "attention_bias", &c->attention_bias));
+    RETURN_IF_ERROR(ReadBool(root, "mlp_bias", &c->mlp_bias));
+    return absl::OkStatus();
+  }
+  if (c->model_type == "mistral") {
+    return ReadWindow(root, kDefaultWindow, &c->sliding_window);
+  }
+  // qwen2, qwen3
+  if (c->model_type == "qwen3") {
+    RETURN_IF_ERROR(ReadBool(root, "attention_bias", &c->attention_bias));
+  }
+  bool use_sliding_window = false;
+  RETURN_IF_ERROR(ReadBool(root, "use_sliding_window", &use_sliding_window));
+  int64_t window = 0;
+  RETURN_IF_ERROR(ReadWindow(root, kDefaultWindow, &window));
+  c->sliding_window = use_sliding_window ? window : 0;
+  RETURN_IF_ERROR(ReadInt(root, "max_window_layers", false, &c->max_window_layers));
+  if (c->max_window_layers < 0) {
+    return FieldError("max_window_layers",
+                      absl::StrCat("must be >= 0, got ", c->max_window_layers));
+  }
+  const Json* types = JsonFind(root, "layer_types");
+  if (types != nullptr && !types->is_null()) {
+    if (!types->is_array()) {
+      return FieldError("layer_types", absl::StrCat("must be a list of strings, got ",
+                                                    DumpJson(*types)));
+    }
+    for (const Json& t : *types) {
+      if (!t.is_string()) {
+        return FieldError("layer_types", absl::StrCat("must be a list of strings, got ",
+                                                      DumpJson(*types)));
+      }
+      c->layer_types.push_back(t.get<std::string>());
+    }
+    return absl::OkStatus();
+  }
+  for (int64_t i = 0; i < c->num_hidden_layers; ++i) {
+    c->layer_types.push_back(c->sliding_window > 0 && i >= c->max_window_layers
+                                 ? "sliding_attention"
+                                 : "full_attention");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+const std::vector<ModelFamily>& ModelFamilies() {
+  static const std::vector<ModelFamily> families = {
+      {"llama", "LlamaForCausalLM", 2048, 0},
+      {"mistral", "MistralForCausalLM", 131072, 0},
+      {"qwen2", "Qwen2ForCausalLM", 32768, 0},
+      {"qwen3", "Qwen3ForCausalLM", 32768, 128},
+  };
+  return families;
+}
+
+std::string SupportedArchitectures() {
+  std::vector<std::string> names;
+  for (const ModelFamily& f : ModelFamilies()) names.push_back(f.architecture);
+  return absl::StrJoin(names, ", ");
+}
+
+int64_t LlamaConfig::head_dim() const {
+  if (explicit_head_dim > 0) return explicit_head_dim;
+  return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
+}
+
+int64_t LlamaConfig::LayerWindow(int64_t index) const {
+  if (sliding_window <= 0) return 0;
+  if (model_type == "mistral") return sliding_window;
+  if (index >= 0 && index < static_cast<int64_t>(layer_types.size()) &&
+      layer_types[static_cast<size_t>(index)] == "sliding_attention") {
+    return sliding_window;
+  }
+  return 0;
+}
 
 absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   absl::StatusOr<Json> parsed = ParseJson(json);
@@ -172,25 +323,11 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   }
   LlamaConfig c;
 
-  const Json* model_type = JsonFind(root, "model_type");
-  if (model_type != nullptr && *model_type != "llama") {
-    return FieldError("model_type",
-                      absl::StrCat("is ", DumpJson(*model_type),
-                                   "; only \"llama\" (LlamaForCausalLM) is supported"));
-  }
-  const Json* archs = JsonFind(root, "architectures");
-  if (archs != nullptr && !archs->is_null()) {
-    if (!archs->is_array() || archs->size() != 1 || !(*archs)[0].is_string()) {
-      return FieldError("architectures", absl::StrCat("must be [\"", kArchitecture,
-                                                      "\"], got ", DumpJson(*archs)));
-    }
-    c.architecture = (*archs)[0].get<std::string>();
-  } else if (model_type == nullptr) {
-    return FieldError(
-        "architectures",
-        absl::StrCat("is missing (and there is no model_type); set it to [\"",
-                     kArchitecture, "\"]"));
-  }
+  ASSIGN_OR_RETURN(const ModelFamily* family, ReadFamily(root));
+  c.architecture = family->architecture;
+  c.model_type = family->model_type;
+  c.max_position_embeddings = family->default_max_position_embeddings;
+  c.explicit_head_dim = family->default_head_dim;
 
   RETURN_IF_ERROR(ReadInt(root, "vocab_size", true, &c.vocab_size));
   RETURN_IF_ERROR(ReadInt(root, "hidden_size", true, &c.hidden_size));
@@ -227,18 +364,26 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
     return FieldError("hidden_act", absl::StrCat("is ", DumpJson(*act),
                                                  "; only \"silu\" is supported"));
   }
+  double attention_dropout = 0.0;
+  RETURN_IF_ERROR(ReadDouble(root, "attention_dropout", &attention_dropout));
+  if (attention_dropout != 0.0) {
+    return FieldError("attention_dropout",
+                      absl::StrCat("is ", attention_dropout,
+                                   "; the daemon trains without dropout, set it to 0"));
+  }
   RETURN_IF_ERROR(ReadRope(root, &c));
-  RETURN_IF_ERROR(RequireFalse(root, "attention_bias"));
-  RETURN_IF_ERROR(RequireFalse(root, "mlp_bias"));
+  RETURN_IF_ERROR(ReadFamilyFields(root, &c));
   const Json* head_dim = JsonFind(root, "head_dim");
-  if (head_dim != nullptr && !head_dim->is_null()) {
+  if (head_dim != nullptr && head_dim->is_null()) {
+    c.explicit_head_dim = 0;  // null: hidden_size / num_attention_heads
+  } else if (head_dim != nullptr) {
     RETURN_IF_ERROR(ReadInt(root, "head_dim", true, &c.explicit_head_dim));
     RETURN_IF_ERROR(Positive("head_dim", c.explicit_head_dim));
-    // The same model either way; keeping 0 keeps the default's spelling.
-    if (c.num_attention_heads > 0 &&
-        c.explicit_head_dim * c.num_attention_heads == c.hidden_size) {
-      c.explicit_head_dim = 0;
-    }
+  }
+  // The same model either way; keeping 0 keeps the default's spelling.
+  if (c.num_attention_heads > 0 &&
+      c.explicit_head_dim * c.num_attention_heads == c.hidden_size) {
+    c.explicit_head_dim = 0;
   }
 
   RETURN_IF_ERROR(c.Validate());
@@ -271,7 +416,7 @@ namespace {
 // int64 (a config.json with hidden_size 2^32 passed every other check and
 // made the plain sum signed overflow, found by fuzz/config_fuzz under UBSan).
 bool CountParameters(const LlamaConfig& c, int64_t* out) {
-  int64_t q_dim, kv_dim, hh, hkv, hi, per_layer, layers, embed, total;
+  int64_t q_dim, kv_dim, hh, hkv, hi, per_layer, layers, embed, total, biases;
   const bool overflow =
       __builtin_mul_overflow(c.head_dim(), c.num_attention_heads, &q_dim) ||
       __builtin_mul_overflow(c.head_dim(), c.num_key_value_heads, &kv_dim) ||
@@ -284,6 +429,12 @@ bool CountParameters(const LlamaConfig& c, int64_t* out) {
       __builtin_add_overflow(hh, hkv, &per_layer) ||
       __builtin_add_overflow(per_layer, hi, &per_layer) ||
       __builtin_add_overflow(per_layer, 2 * c.hidden_size, &per_layer) ||  // norms
+      // q/k/v, o, MLP biases and the q/k norms: sums of sizes already checked
+      __builtin_add_overflow(
+          (c.qkv_bias() ? q_dim + 2 * kv_dim : 0) + (c.o_bias() ? c.hidden_size : 0) +
+              (c.qk_norm() ? 2 * c.head_dim() : 0),
+          c.mlp_bias ? 2 * c.intermediate_size + c.hidden_size : 0, &biases) ||
+      __builtin_add_overflow(per_layer, biases, &per_layer) ||
       __builtin_mul_overflow(c.num_hidden_layers, per_layer, &layers) ||
       __builtin_mul_overflow(c.vocab_size, c.hidden_size, &embed) ||
       __builtin_mul_overflow(embed, int64_t{c.tie_word_embeddings ? 1 : 2}, &embed) ||
@@ -297,10 +448,16 @@ bool CountParameters(const LlamaConfig& c, int64_t* out) {
 }  // namespace
 
 absl::Status LlamaConfig::Validate() const {
-  if (architecture != kArchitecture) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown architecture \"",
-                                                   architecture, "\"; only ",
-                                                   kArchitecture, " is supported"));
+  const ModelFamily* family = FamilyOfArchitecture(architecture);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown architecture ", Echo(architecture),
+                     "; supported: ", SupportedArchitectures()));
+  }
+  if (model_type != family->model_type) {
+    return FieldError("model_type",
+                      absl::StrCat("is ", Echo(model_type), " but ", architecture,
+                                   " is model_type \"", family->model_type, "\""));
   }
   RETURN_IF_ERROR(Positive("vocab_size", vocab_size));
   RETURN_IF_ERROR(Positive("hidden_size", hidden_size));
@@ -309,7 +466,10 @@ absl::Status LlamaConfig::Validate() const {
   RETURN_IF_ERROR(Positive("num_attention_heads", num_attention_heads));
   RETURN_IF_ERROR(Positive("num_key_value_heads", num_key_value_heads));
   RETURN_IF_ERROR(Positive("max_position_embeddings", max_position_embeddings));
-  if (hidden_size % num_attention_heads != 0) {
+  // transformers' LlamaConfig refuses it even with a head_dim; the others
+  // need it only to derive head_dim.
+  if (hidden_size % num_attention_heads != 0 &&
+      (model_type == "llama" || explicit_head_dim == 0)) {
     return FieldError(
         "hidden_size",
         absl::StrCat("(", hidden_size, ") must be a multiple of num_attention_heads (",
@@ -338,9 +498,27 @@ absl::Status LlamaConfig::Validate() const {
   if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
     return FieldError("rope_theta", absl::StrCat("must be positive, got ", rope_theta));
   }
+  if (sliding_window < 0) {
+    return FieldError("sliding_window",
+                      absl::StrCat("must be positive or null, got ", sliding_window));
+  }
+  if (!layer_types.empty()) {
+    if (static_cast<int64_t>(layer_types.size()) != num_hidden_layers) {
+      return FieldError("layer_types",
+                        absl::StrCat("has ", layer_types.size(), " entries for ",
+                                     num_hidden_layers, " layers; give one per layer"));
+    }
+    for (const std::string& type : layer_types) {
+      if (type != "full_attention" && type != "sliding_attention") {
+        return FieldError(
+            "layer_types",
+            absl::StrCat("holds ", Echo(type),
+                         "; use \"full_attention\" or \"sliding_attention\""));
+      }
+    }
+  }
   const RopeScaling& r = rope_scaling;
-  if (r.rope_type != "default" && r.rope_type != "linear" && r.rope_type != "llama3" &&
-      r.rope_type != "yarn") {
+  if (!IsSupportedRopeType(r.rope_type)) {
     return FieldError(
         "rope_parameters.rope_type",
         absl::StrCat("is \"", r.rope_type, "\"; supported: ", SupportedRopeTypes()));
@@ -388,7 +566,7 @@ Json RopeJson(const LlamaConfig& c) {
   Json j = {{"rope_theta", c.rope_theta}, {"rope_type", r.rope_type}};
   if (r.rope_type == "default") return j;
   j["factor"] = r.factor;
-  if (r.rope_type == "linear") return j;
+  if (r.rope_type == "linear" || r.rope_type == "dynamic") return j;
   j["original_max_position_embeddings"] = r.original_max_position_embeddings;
   if (r.rope_type == "llama3") {
     j["low_freq_factor"] = r.low_freq_factor;
@@ -409,7 +587,7 @@ Json RopeJson(const LlamaConfig& c) {
 
 }  // namespace
 
-const char* SupportedRopeTypes() { return "default, linear, llama3, yarn"; }
+const char* SupportedRopeTypes() { return "default, linear, dynamic, llama3, yarn"; }
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
   return a.rope_type == b.rope_type && a.factor == b.factor &&
@@ -423,9 +601,8 @@ bool operator==(const RopeScaling& a, const RopeScaling& b) {
 
 std::string LlamaConfig::ToJson() const {
   // Json objects are written with sorted keys, as transformers writes them.
-  const Json j = {
+  Json j = {
       {"architectures", Json::array({architecture})},
-      {"attention_bias", false},
       {"attention_dropout", 0.0},
       {"head_dim", head_dim()},
       {"hidden_act", "silu"},
@@ -433,12 +610,10 @@ std::string LlamaConfig::ToJson() const {
       {"initializer_range", 0.02},
       {"intermediate_size", intermediate_size},
       {"max_position_embeddings", max_position_embeddings},
-      {"mlp_bias", false},
-      {"model_type", "llama"},
+      {"model_type", model_type},
       {"num_attention_heads", num_attention_heads},
       {"num_hidden_layers", num_hidden_layers},
       {"num_key_value_heads", num_key_value_heads},
-      {"pretraining_tp", 1},
       {"rms_norm_eps", rms_norm_eps},
       {"rope_parameters", RopeJson(*this)},
       // transformers 4 reads it here (5.17 from rope_parameters, first).
@@ -448,6 +623,24 @@ std::string LlamaConfig::ToJson() const {
       {"use_cache", true},
       {"vocab_size", vocab_size},
   };
+  // Each family's own fields, as its config class writes them.
+  const Json window = sliding_window > 0 ? Json(sliding_window) : Json(nullptr);
+  if (model_type == "llama") {
+    j["attention_bias"] = attention_bias;
+    j["mlp_bias"] = mlp_bias;
+    j["pretraining_tp"] = 1;
+  } else if (model_type == "mistral") {
+    j["sliding_window"] = window;
+  } else {  // qwen2, qwen3
+    if (model_type == "qwen3") j["attention_bias"] = attention_bias;
+    // Qwen2Config has no head_dim field; transformers writes one only when
+    // it was given.
+    if (model_type == "qwen2" && explicit_head_dim == 0) j.erase("head_dim");
+    j["use_sliding_window"] = sliding_window > 0;
+    j["sliding_window"] = window;
+    j["max_window_layers"] = max_window_layers;
+    j["layer_types"] = layer_types;
+  }
   return DumpJson(j, 2) + "\n";
 }
 
@@ -457,7 +650,7 @@ int64_t LlamaConfig::NumParameters() const {
 }
 
 std::vector<std::string> LlamaConfig::PresetNames() {
-  return {"tiny", "small", "llama-3.2-1b", "llama-1b"};
+  return {"tiny", "small", "llama-3.2-1b", "llama-1b", "qwen2.5-0.5b", "smollm2-135m"};
 }
 
 absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
@@ -505,14 +698,48 @@ absl::StatusOr<LlamaConfig> LlamaConfig::Preset(absl::string_view name) {
     c.rope_scaling.original_max_position_embeddings = 8192;
     return c;
   }
+  if (name == "qwen2.5-0.5b") {
+    // Qwen2.5-0.5B as its config.json gives it (its sliding window is
+    // configured but off: use_sliding_window false).
+    c.architecture = "Qwen2ForCausalLM";
+    c.model_type = "qwen2";
+    c.vocab_size = 151936;
+    c.hidden_size = 896;
+    c.intermediate_size = 4864;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 14;
+    c.num_key_value_heads = 2;
+    c.max_position_embeddings = 32768;
+    c.rms_norm_eps = 1e-6;
+    c.rope_theta = 1000000.0;
+    c.max_window_layers = 24;
+    c.layer_types.assign(24, "full_attention");
+    return c;
+  }
+  if (name == "smollm2-135m") {
+    // SmolLM2-135M as its config.json gives it.
+    c.vocab_size = 49152;
+    c.hidden_size = 576;
+    c.intermediate_size = 1536;
+    c.num_hidden_layers = 30;
+    c.num_attention_heads = 9;
+    c.num_key_value_heads = 3;
+    c.max_position_embeddings = 8192;
+    c.rope_theta = 100000.0;
+    return c;
+  }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown model preset ", Echo(name),
                    "; known presets: ", absl::StrJoin(PresetNames(), ", ")));
 }
 
 bool operator==(const LlamaConfig& a, const LlamaConfig& b) {
-  return a.architecture == b.architecture && a.vocab_size == b.vocab_size &&
-         a.hidden_size == b.hidden_size && a.intermediate_size == b.intermediate_size &&
+  return a.architecture == b.architecture && a.model_type == b.model_type &&
+         a.attention_bias == b.attention_bias && a.mlp_bias == b.mlp_bias &&
+         a.sliding_window == b.sliding_window &&
+         a.max_window_layers == b.max_window_layers && a.layer_types == b.layer_types &&
+         a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size &&
+         a.intermediate_size == b.intermediate_size &&
          a.num_hidden_layers == b.num_hidden_layers &&
          a.num_attention_heads == b.num_attention_heads &&
          a.num_key_value_heads == b.num_key_value_heads &&

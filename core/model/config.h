@@ -38,11 +38,13 @@ absl::StatusOr<AttentionImplementation> ParseAttentionImplementation(
 // config.rope_parameters (older config.json files: "rope_scaling"), and as
 // modeling_rope_utils computes inv_freq from it. A plain value type.
 struct RopeScaling {
-  // "default" (no scaling), "linear" (inv_freq / factor), "llama3" (Llama
-  // 3.1's wavelength-dependent scaling) or "yarn" (YaRN, with its
-  // attention factor on cos and sin).
+  // "default" (no scaling), "linear" (inv_freq / factor), "dynamic"
+  // (dynamic NTK: rescales theta only for sequences longer than
+  // max_position_embeddings, which the model refuses, so it computes as
+  // default), "llama3" (Llama 3.1's wavelength-dependent scaling) or "yarn"
+  // (YaRN, with its attention factor on cos and sin).
   std::string rope_type = "default";
-  double factor = 1.0;  // linear, llama3, yarn
+  double factor = 1.0;  // linear, dynamic, llama3, yarn
   // llama3 and yarn: the pretraining context; transformers defaults it to
   // max_position_embeddings.
   int64_t original_max_position_embeddings = 0;
@@ -61,16 +63,35 @@ struct RopeScaling {
   friend bool operator==(const RopeScaling& a, const RopeScaling& b);
 };
 
-// The rope types RopeScaling supports, for messages: "default, linear, llama3, yarn".
+// The rope types RopeScaling supports, for messages: "default, linear,
+// dynamic, llama3, yarn".
 const char* SupportedRopeTypes();
 
-// The fields of a transformers LlamaConfig that determine the model's shape
-// and numerics. A plain value type.
+// A model family the daemon implements: transformers' model_type, the
+// *ForCausalLM class that config.json's "architectures" names, and what the
+// family's config class defaults to where config.json is silent.
+struct ModelFamily {
+  const char* model_type;    // "llama"
+  const char* architecture;  // "LlamaForCausalLM"
+  int64_t default_max_position_embeddings;
+  int64_t default_head_dim;  // 0: hidden_size / num_attention_heads
+};
+// llama, mistral, qwen2, qwen3, as transformers 5.17 defines them.
+const std::vector<ModelFamily>& ModelFamilies();
+// "LlamaForCausalLM, MistralForCausalLM, ...", for messages.
+std::string SupportedArchitectures();
+
+// The fields of a transformers Llama-family config (LlamaConfig,
+// MistralConfig, Qwen2Config, Qwen3Config) that determine the model's shape
+// and numerics. One decoder computes all four; the family decides which
+// optional parts a layer has (see qkv_bias() and the others below). A plain
+// value type.
 struct LlamaConfig {
-  // The only architecture supported; config.json's "architectures" must name it.
   static constexpr const char* kArchitecture = "LlamaForCausalLM";
 
+  // One of ModelFamilies(): the class and its model_type agree.
   std::string architecture = kArchitecture;
+  std::string model_type = "llama";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;
@@ -83,48 +104,69 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   RopeScaling rope_scaling;
-  // config.json's head_dim when it gives one; 0: hidden_size /
-  // num_attention_heads (transformers' default).
+  // config.json's head_dim when it gives one; 0: the family's default
+  // (hidden_size / num_attention_heads; Qwen3: 128).
   int64_t explicit_head_dim = 0;
   bool tie_word_embeddings = false;
+  // Llama and Qwen3: biases on q/k/v/o_proj. Llama: biases on the MLP's
+  // projections. (Qwen2 always has q/k/v biases and no others; Mistral none.)
+  bool attention_bias = false;
+  bool mlp_bias = false;
+  // Sliding-window attention: a query at position q attends to keys in
+  // (q - sliding_window, q]. 0: none (every layer attends to all earlier
+  // positions). Mistral applies it to every layer; Qwen2 and Qwen3 to the
+  // layers that layer_types names "sliding_attention" (by default those at
+  // index >= max_window_layers), and only when use_sliding_window is set, as
+  // transformers reads them; the value kept here is the effective one.
+  int64_t sliding_window = 0;
+  int64_t max_window_layers = 28;  // Qwen2 and Qwen3, written back
+  // Qwen2 and Qwen3: "full_attention" or "sliding_attention" per layer, as
+  // transformers computes them; empty for Llama and Mistral.
+  std::vector<std::string> layer_types;
   // The dtype the weights are stored in ("float32", "bfloat16", "float16").
   // The daemon trains in float32 whatever this says; it is kept for
   // snapshots and config.json.
   std::string torch_dtype = "float32";
 
-  int64_t head_dim() const {
-    if (explicit_head_dim > 0) return explicit_head_dim;
-    return num_attention_heads > 0 ? hidden_size / num_attention_heads : 0;
-  }
+  // The family's optional parts, from model_type and the flags above.
+  bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
+  bool o_bias() const { return attention_bias; }
+  bool qk_norm() const { return model_type == "qwen3"; }
+  // The window layer `index` attends within; 0: the whole causal past.
+  int64_t LayerWindow(int64_t index) const;
 
-  // Parses a Hugging Face config.json. Fields absent from the file take
-  // transformers' LlamaConfig defaults, except the shape fields (vocab_size,
-  // hidden_size, intermediate_size, num_hidden_layers, num_attention_heads),
-  // which are required. INVALID_ARGUMENT for malformed JSON, a missing or
-  // mistyped field, an architecture other than LlamaForCausalLM, options this
-  // implementation does not support (a rope type other than default,
-  // linear, llama3 and yarn, a partial_rotary_factor, attention_bias,
-  // mlp_bias, a hidden_act other than silu), and everything Validate()
-  // rejects. The rotary settings come from "rope_scaling" when it is set,
-  // else from "rope_parameters" (transformers 5), rope_theta from that dict
-  // or the top level, as transformers 5.17 reads them.
+  int64_t head_dim() const;
+
+  // Parses a Hugging Face config.json of one of ModelFamilies(). Fields
+  // absent from the file take the family's transformers defaults, except
+  // the shape fields (vocab_size, hidden_size, intermediate_size,
+  // num_hidden_layers, num_attention_heads), which are required.
+  // INVALID_ARGUMENT for malformed JSON, a missing or mistyped field, an
+  // architecture or model_type of another family (or the two disagreeing),
+  // options this implementation does not support (a rope type it does not
+  // compute, a partial_rotary_factor, a hidden_act other than silu), and
+  // everything Validate() rejects. The rotary settings come from
+  // "rope_scaling" when it is set, else from "rope_parameters"
+  // (transformers 5), rope_theta from that dict or the top level, as
+  // transformers 5.17 reads them.
   static absl::StatusOr<LlamaConfig> FromJson(absl::string_view json);
 
-  // A config.json that transformers' AutoConfig / LlamaForCausalLM load
-  // (architectures, model_type "llama", hidden_act "silu", ...), pretty
+  // A config.json that transformers' AutoConfig / AutoModelForCausalLM
+  // load as the same class with the same settings (architectures,
+  // model_type, hidden_act "silu", the family's own fields), pretty
   // printed with an indent of 2, with the rotary settings as transformers
   // 5.17 writes them ("rope_parameters": rope_theta, rope_type and the
   // type's fields).
   std::string ToJson() const;
 
   // OK, or INVALID_ARGUMENT saying which field is wrong and how to fix it:
-  // unknown architecture, non-positive sizes or epsilon/theta, sizes whose
-  // parameter count overflows int64,
-  // hidden_size % num_attention_heads != 0 (transformers' LlamaConfig
-  // refuses it even with an explicit head_dim), odd head_dim (rotary
-  // embedding needs pairs), num_attention_heads % num_key_value_heads != 0,
-  // an unsupported torch_dtype, rope scaling fields out of range (factor
-  // < 1, llama3's high_freq_factor <= low_freq_factor, a non-positive
+  // unknown architecture, non-positive sizes or a negative sliding_window or
+  // epsilon/theta, sizes whose parameter count overflows int64, hidden_size %
+  // num_attention_heads != 0 (transformers' LlamaConfig refuses it even with an explicit
+  // head_dim; the other families when head_dim is not given), layer_types of the wrong
+  // length, odd head_dim (rotary embedding needs pairs), num_attention_heads %
+  // num_key_value_heads != 0, an unsupported torch_dtype, rope scaling fields out of
+  // range (factor < 1, llama3's high_freq_factor <= low_freq_factor, a non-positive
   // original_max_position_embeddings).
   absl::Status Validate() const;
 
@@ -146,6 +188,15 @@ struct LlamaConfig {
   //            high_freq_factor 4, original_max_position_embeddings 8192;
   //            rms_norm_eps 1e-5, tied head); 1,235,814,400 parameters,
   //            for GPUs. "llama-1b" is the same model (its older name).
+  //   "qwen2.5-0.5b": Qwen2.5-0.5B (Qwen2ForCausalLM: vocabulary 151936,
+  //            hidden 896, intermediate 4864, 24 layers, 14 heads, 2
+  //            key/value heads, q/k/v biases, 32768 positions, rope_theta
+  //            1e6, rms_norm_eps 1e-6, tied head; sliding window off);
+  //            494,032,768 parameters.
+  //   "smollm2-135m": SmolLM2-135M (LlamaForCausalLM: vocabulary 49152,
+  //            hidden 576, intermediate 1536, 30 layers, 9 heads, 3
+  //            key/value heads, 8192 positions, rope_theta 100000,
+  //            rms_norm_eps 1e-5, tied head); 134,515,008 parameters.
   // INVALID_ARGUMENT listing the known names otherwise.
   static absl::StatusOr<LlamaConfig> Preset(absl::string_view name);
   static std::vector<std::string> PresetNames();

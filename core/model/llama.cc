@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "core/common/status_macros.h"
@@ -29,10 +30,47 @@ at::Tensor Residual(const at::Tensor& residual, at::Tensor branch) {
   return residual + branch;
 }
 
+std::vector<LayerParameter> LayerParametersOf(const LlamaConfig& config) {
+  std::vector<LayerParameter> out;
+  for (const LayerParameter& param : kLayerParameters) {
+    if (HasLayerPart(config, param.part)) out.push_back(param);
+  }
+  return out;
+}
+
+// What a sliding window of `window` keys lets each of `t` queries attend
+// to: key k for query q when q - window < k <= q. [t, t] bool, true to
+// attend (SDPA's convention for a boolean mask).
+at::Tensor SlidingWindowMask(int64_t t, int64_t window, c10::Device device) {
+  at::Tensor q =
+      torch::arange(t, torch::TensorOptions().dtype(torch::kInt64).device(device))
+          .unsqueeze(1);
+  at::Tensor k = q.transpose(0, 1);
+  return k.le(q).logical_and_(k.gt(q - window));
+}
+
 }  // namespace
 
+bool HasLayerPart(const LlamaConfig& config, LayerPart part) {
+  switch (part) {
+    case LayerPart::kAlways:
+      return true;
+    case LayerPart::kQkvBias:
+      return config.qkv_bias();
+    case LayerPart::kOBias:
+      return config.o_bias();
+    case LayerPart::kQkNorm:
+      return config.qk_norm();
+    case LayerPart::kMlpBias:
+      return config.mlp_bias;
+  }
+  return false;
+}
+
 LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
-    : config_(std::move(config)), device_(device) {
+    : config_(std::move(config)),
+      device_(device),
+      layer_parameters_(LayerParametersOf(config_)) {
   embed_module_ = InternModule("model.embed_tokens");
   norm_module_ = InternModule("model.norm");
   head_module_ = InternModule("lm_head");
@@ -42,8 +80,9 @@ LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
     layer_modules_.push_back(
         {InternModule(layer), sub("input_layernorm"), sub("self_attn"),
          sub("self_attn.q_proj"), sub("self_attn.k_proj"), sub("self_attn.v_proj"),
-         sub("self_attn.o_proj"), sub("post_attention_layernorm"), sub("mlp"),
-         sub("mlp.gate_proj"), sub("mlp.up_proj"), sub("mlp.down_proj")});
+         sub("self_attn.o_proj"), sub("self_attn.q_norm"), sub("self_attn.k_norm"),
+         sub("post_attention_layernorm"), sub("mlp"), sub("mlp.gate_proj"),
+         sub("mlp.up_proj"), sub("mlp.down_proj")});
   }
 }
 
@@ -66,7 +105,7 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
 }
 
 at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules& m,
-                                 const at::Tensor& h) const {
+                                 int64_t window, const at::Tensor& h) const {
   ModuleScope module(m.self_attn);
   const int64_t b = h.size(0);
   const int64_t t = h.size(1);
@@ -76,28 +115,46 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
   TORCH_CHECK(t <= config_.max_position_embeddings, "sequence length ", t,
               " exceeds max_position_embeddings ", config_.max_position_embeddings);
 
-  auto project = [&](ModuleId id, const at::Tensor& weight) {
+  // [B, T, n, D]; Qwen3 normalises each head of q and k here (RMSNorm over
+  // head_dim), before the rotary embedding, as transformers does.
+  auto project = [&](ModuleId id, const at::Tensor& weight, const at::Tensor& bias,
+                     int64_t n) {
     ModuleScope proj(id);
-    return torch::linear(h, weight);
+    return torch::linear(h, weight, bias).view({b, t, n, d});
   };
-  at::Tensor q = project(m.q_proj, w.q_proj).view({b, t, heads, d}).transpose(1, 2);
-  at::Tensor k = project(m.k_proj, w.k_proj).view({b, t, kv_heads, d}).transpose(1, 2);
-  at::Tensor v = project(m.v_proj, w.v_proj).view({b, t, kv_heads, d}).transpose(1, 2);
+  auto head_norm = [&](ModuleId id, const at::Tensor& x, const at::Tensor& weight) {
+    if (!weight.defined()) return x;
+    ModuleScope norm(id);
+    return RmsNorm(x, weight);
+  };
+  at::Tensor q =
+      head_norm(m.q_norm, project(m.q_proj, w.q_proj, w.q_bias, heads), w.q_norm)
+          .transpose(1, 2);
+  at::Tensor k =
+      head_norm(m.k_norm, project(m.k_proj, w.k_proj, w.k_bias, kv_heads), w.k_norm)
+          .transpose(1, 2);
+  at::Tensor v = project(m.v_proj, w.v_proj, w.v_bias, kv_heads).transpose(1, 2);
 
   at::Tensor cos = rope_cos_.narrow(0, 0, t);
   at::Tensor sin = rope_sin_.narrow(0, 0, t);
   q = q * cos + RotateHalf(q) * sin;
   k = k * cos + RotateHalf(k) * sin;
 
+  // A window at least as long as the sequence changes nothing: plain causal.
+  const bool windowed = window > 0 && window < t;
   if (attention_ == AttentionImplementation::kSdpa) {
     // Causal, key/value heads as they are (enable_gqa: key/value head k
     // serves query heads [k * n_rep, (k + 1) * n_rep), as repeat_kv does).
+    // A sliding window needs an explicit mask (causal within the window),
+    // which SDPA's causal flag cannot express.
+    std::optional<at::Tensor> mask;
+    if (windowed) mask = SlidingWindowMask(t, window, h.device());
     at::Tensor out = at::scaled_dot_product_attention(
-        q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+        q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!windowed,
         /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
     at::Tensor merged = out.transpose(1, 2).reshape({b, t, heads * d});
     ModuleScope proj(m.o_proj);
-    return torch::linear(merged, w.o_proj);
+    return torch::linear(merged, w.o_proj, w.o_bias);
   }
   if (kv_heads != heads) {
     // HF's repeat_kv: [B, KV, T, D] -> [B, KV * n_rep, T, D], grouped by kv head.
@@ -108,15 +165,18 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
 
   at::Tensor scores = torch::matmul(q, k.transpose(2, 3)) * (1.0 / std::sqrt(double(d)));
   at::Tensor future =
-      torch::ones({t, t}, torch::TensorOptions().dtype(torch::kBool).device(h.device()))
-          .triu(1);
+      windowed
+          ? SlidingWindowMask(t, window, h.device()).logical_not_()
+          : torch::ones({t, t},
+                        torch::TensorOptions().dtype(torch::kBool).device(h.device()))
+                .triu(1);
   // In place: nothing saved for backward refers to the scaled scores (the
   // scalar multiply saves no tensor), so this saves a [B, H, T, T] copy.
   scores.masked_fill_(future, -std::numeric_limits<float>::infinity());
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   at::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * d});
   ModuleScope proj(m.o_proj);
-  return torch::linear(out, w.o_proj);
+  return torch::linear(out, w.o_proj, w.o_bias);
 }
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
@@ -124,7 +184,7 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   const LayerModules& m = layer_modules_.at(static_cast<size_t>(index));
   ModuleScope layer(m.layer);
   LlamaLayerWeights w;
-  for (const LayerParameter& param : kLayerParameters) {
+  for (const LayerParameter& param : layer_parameters_) {
     w.*param.member = Fetch(home.*param.member);
   }
   at::Tensor normed;
@@ -137,7 +197,7 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   // hidden + attention. Under bf16 autocast the projections are bf16 and the
   // residual stream float32: the sum is float32 (type promotion), as in
   // transformers, so it cannot go in place.
-  at::Tensor x = Residual(hidden, Attention(w, m, normed));
+  at::Tensor x = Residual(hidden, Attention(w, m, config_.LayerWindow(index), normed));
   at::Tensor h;
   {
     ModuleScope norm(m.post_attention_layernorm);
@@ -147,15 +207,15 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   at::Tensor gate, up;
   {
     ModuleScope proj(m.gate_proj);
-    gate = torch::linear(h, w.gate_proj);
+    gate = torch::linear(h, w.gate_proj, w.gate_bias);
   }
   {
     ModuleScope proj(m.up_proj);
-    up = torch::linear(h, w.up_proj);
+    up = torch::linear(h, w.up_proj, w.up_bias);
   }
   at::Tensor act = torch::silu(gate) * up;
   ModuleScope proj(m.down_proj);
-  at::Tensor mlp = torch::linear(act, w.down_proj);
+  at::Tensor mlp = torch::linear(act, w.down_proj, w.down_bias);
   return Residual(x, mlp);
 }
 

@@ -1,10 +1,12 @@
 #ifndef MEMPROFD_CORE_MODEL_LLAMA_H_
 #define MEMPROFD_CORE_MODEL_LLAMA_H_
 
-// A Llama-architecture causal decoder (transformers' LlamaForCausalLM) in
-// LibTorch: token embedding, decoder layers (RMSNorm, rotary position
-// embedding, grouped-query causal self-attention, SwiGLU MLP), final RMSNorm
-// and a language-model head, tied to the embedding when the config says so.
+// A Llama-family causal decoder (transformers' LlamaForCausalLM,
+// MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM) in LibTorch:
+// token embedding, decoder layers (RMSNorm, rotary position embedding,
+// grouped-query causal self-attention, optionally within a sliding window,
+// with the family's biases and q/k norms; SwiGLU MLP), final RMSNorm and a
+// language-model head, tied to the embedding when the config says so.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
@@ -26,36 +28,63 @@
 namespace memprofd {
 
 // The weights of one decoder layer, as leaf tensors that require grad.
+// The optional ones are undefined where the config's family has none.
 struct LlamaLayerWeights {
   at::Tensor q_proj;                    // [heads * head_dim, hidden]
+  at::Tensor q_bias;                    // [heads * head_dim]      qkv_bias()
   at::Tensor k_proj;                    // [kv_heads * head_dim, hidden]
+  at::Tensor k_bias;                    // [kv_heads * head_dim]   qkv_bias()
   at::Tensor v_proj;                    // [kv_heads * head_dim, hidden]
+  at::Tensor v_bias;                    // [kv_heads * head_dim]   qkv_bias()
   at::Tensor o_proj;                    // [hidden, heads * head_dim]
+  at::Tensor o_bias;                    // [hidden]                o_bias()
+  at::Tensor q_norm;                    // [head_dim]              qk_norm()
+  at::Tensor k_norm;                    // [head_dim]              qk_norm()
   at::Tensor gate_proj;                 // [intermediate, hidden]
+  at::Tensor gate_bias;                 // [intermediate]          mlp_bias
   at::Tensor up_proj;                   // [intermediate, hidden]
+  at::Tensor up_bias;                   // [intermediate]          mlp_bias
   at::Tensor down_proj;                 // [hidden, intermediate]
+  at::Tensor down_bias;                 // [hidden]                mlp_bias
   at::Tensor input_layernorm;           // [hidden]
   at::Tensor post_attention_layernorm;  // [hidden]
 };
 
-// A decoder layer's parameters in transformers' state_dict order: the name
-// under "model.layers.N." and the member that holds it. The one list of
-// them: names, the state dict, loading, placement and the forward's fetches
-// all walk it.
+// Which configs a layer parameter exists in.
+enum class LayerPart { kAlways, kQkvBias, kOBias, kQkNorm, kMlpBias };
+bool HasLayerPart(const LlamaConfig& config, LayerPart part);
+
+// A decoder layer's parameters in transformers' state_dict order (modules
+// in registration order, a Linear's weight before its bias): the name
+// under "model.layers.N.", the member that holds it and when it exists.
+// The one list of them: names, the state dict, loading, placement and the
+// forward's fetches all walk it (through LlamaModel::layer_parameters(),
+// which keeps the entries of the model's config).
 struct LayerParameter {
   const char* name;
   at::Tensor LlamaLayerWeights::*member;
+  LayerPart part;
 };
 inline constexpr LayerParameter kLayerParameters[] = {
-    {"self_attn.q_proj.weight", &LlamaLayerWeights::q_proj},
-    {"self_attn.k_proj.weight", &LlamaLayerWeights::k_proj},
-    {"self_attn.v_proj.weight", &LlamaLayerWeights::v_proj},
-    {"self_attn.o_proj.weight", &LlamaLayerWeights::o_proj},
-    {"mlp.gate_proj.weight", &LlamaLayerWeights::gate_proj},
-    {"mlp.up_proj.weight", &LlamaLayerWeights::up_proj},
-    {"mlp.down_proj.weight", &LlamaLayerWeights::down_proj},
-    {"input_layernorm.weight", &LlamaLayerWeights::input_layernorm},
-    {"post_attention_layernorm.weight", &LlamaLayerWeights::post_attention_layernorm},
+    {"self_attn.q_proj.weight", &LlamaLayerWeights::q_proj, LayerPart::kAlways},
+    {"self_attn.q_proj.bias", &LlamaLayerWeights::q_bias, LayerPart::kQkvBias},
+    {"self_attn.k_proj.weight", &LlamaLayerWeights::k_proj, LayerPart::kAlways},
+    {"self_attn.k_proj.bias", &LlamaLayerWeights::k_bias, LayerPart::kQkvBias},
+    {"self_attn.v_proj.weight", &LlamaLayerWeights::v_proj, LayerPart::kAlways},
+    {"self_attn.v_proj.bias", &LlamaLayerWeights::v_bias, LayerPart::kQkvBias},
+    {"self_attn.o_proj.weight", &LlamaLayerWeights::o_proj, LayerPart::kAlways},
+    {"self_attn.o_proj.bias", &LlamaLayerWeights::o_bias, LayerPart::kOBias},
+    {"self_attn.q_norm.weight", &LlamaLayerWeights::q_norm, LayerPart::kQkNorm},
+    {"self_attn.k_norm.weight", &LlamaLayerWeights::k_norm, LayerPart::kQkNorm},
+    {"mlp.gate_proj.weight", &LlamaLayerWeights::gate_proj, LayerPart::kAlways},
+    {"mlp.gate_proj.bias", &LlamaLayerWeights::gate_bias, LayerPart::kMlpBias},
+    {"mlp.up_proj.weight", &LlamaLayerWeights::up_proj, LayerPart::kAlways},
+    {"mlp.up_proj.bias", &LlamaLayerWeights::up_bias, LayerPart::kMlpBias},
+    {"mlp.down_proj.weight", &LlamaLayerWeights::down_proj, LayerPart::kAlways},
+    {"mlp.down_proj.bias", &LlamaLayerWeights::down_bias, LayerPart::kMlpBias},
+    {"input_layernorm.weight", &LlamaLayerWeights::input_layernorm, LayerPart::kAlways},
+    {"post_attention_layernorm.weight", &LlamaLayerWeights::post_attention_layernorm,
+     LayerPart::kAlways},
 };
 
 // The model: float32 parameters on one device, named exactly as in
@@ -113,6 +142,10 @@ class LlamaModel {
   const LlamaLayerWeights& layer(int64_t index) const { return layers_.at(index); }
   // Layer `index`'s parameters in state-dict order.
   std::vector<at::Tensor> LayerParameters(int64_t index) const;
+  // The entries of kLayerParameters this model's layers have.
+  const std::vector<LayerParameter>& layer_parameters() const {
+    return layer_parameters_;
+  }
 
   // All parameters with their transformers names, in state_dict() order.
   // "lm_head.weight" is always last; when the head is tied it is the same
@@ -180,16 +213,18 @@ class LlamaModel {
   // submodules), pushed as ModuleScopes by the forward so that every
   // allocation names its module (memory attribution).
   struct LayerModules {
-    ModuleId layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj,
-        post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
+    ModuleId layer, input_layernorm, self_attn, q_proj, k_proj, v_proj, o_proj, q_norm,
+        k_norm, post_attention_layernorm, mlp, gate_proj, up_proj, down_proj;
   };
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
-  at::Tensor Attention(const LlamaLayerWeights& w, const LayerModules& m,
+  // `window`: the layer's sliding window (config.LayerWindow), 0 for none.
+  at::Tensor Attention(const LlamaLayerWeights& w, const LayerModules& m, int64_t window,
                        const at::Tensor& h) const;
 
   const LlamaConfig config_;
   const c10::Device device_;
+  const std::vector<LayerParameter> layer_parameters_;
   AttentionImplementation attention_ = AttentionImplementation::kSdpa;
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<LlamaLayerWeights> layers_;

@@ -1,6 +1,7 @@
 // LlamaModel's weights: the Hugging Face names of every parameter (one
-// table, kLayerParameters, for a decoder layer), their initialisation, their
-// placement on the device, the CPU or disk, and loading a state dict.
+// table, kLayerParameters, for a decoder layer, filtered by the config), their
+// initialisation, their placement on the device, the CPU or disk, and loading a state
+// dict.
 
 #include <torch/torch.h>
 
@@ -115,7 +116,7 @@ std::vector<std::pair<std::string, at::Tensor*>> LlamaModel::ModuleSlots(
       return slots;
     }
     LlamaLayerWeights& w = layers_[static_cast<size_t>(i)];
-    for (const LayerParameter& param : kLayerParameters) {
+    for (const LayerParameter& param : layer_parameters_) {
       slots.emplace_back(absl::StrCat(module, ".", param.name), &(w.*param.member));
     }
   }
@@ -187,6 +188,12 @@ void LlamaModel::Initialize(uint64_t seed) {
   auto ones = [&](int64_t n) {
     return torch::ones({n}, cpu.device(device_)).requires_grad_(true);
   };
+  // transformers zeroes Linear biases; they draw nothing, so a model without
+  // them gets the same weights from a seed as before they existed.
+  auto zeros_if = [&](bool present, int64_t n) {
+    return present ? torch::zeros({n}, cpu.device(device_)).requires_grad_(true)
+                   : at::Tensor();
+  };
   const int64_t h = c.hidden_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim();
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim();
@@ -205,6 +212,17 @@ void LlamaModel::Initialize(uint64_t seed) {
     w.down_proj = normal({h, inter});
     w.input_layernorm = ones(h);
     w.post_attention_layernorm = ones(h);
+    w.q_bias = zeros_if(c.qkv_bias(), q_dim);
+    w.k_bias = zeros_if(c.qkv_bias(), kv_dim);
+    w.v_bias = zeros_if(c.qkv_bias(), kv_dim);
+    w.o_bias = zeros_if(c.o_bias(), h);
+    w.gate_bias = zeros_if(c.mlp_bias, inter);
+    w.up_bias = zeros_if(c.mlp_bias, inter);
+    w.down_bias = zeros_if(c.mlp_bias, h);
+    if (c.qk_norm()) {
+      w.q_norm = ones(c.head_dim());
+      w.k_norm = ones(c.head_dim());
+    }
   }
   norm_ = ones(h);
   lm_head_ = c.tie_word_embeddings ? embed_tokens_ : normal({c.vocab_size, h});
@@ -229,18 +247,18 @@ void LlamaModel::Initialize(uint64_t seed) {
 std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
   const LlamaLayerWeights& w = layers_.at(index);
   std::vector<at::Tensor> out;
-  out.reserve(std::size(kLayerParameters));
-  for (const LayerParameter& param : kLayerParameters) out.push_back(w.*param.member);
+  out.reserve(layer_parameters_.size());
+  for (const LayerParameter& param : layer_parameters_) out.push_back(w.*param.member);
   return out;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  out.reserve(3 + std::size(kLayerParameters) * layers_.size());
+  out.reserve(3 + layer_parameters_.size() * layers_.size());
   out.emplace_back("model.embed_tokens.weight", embed_tokens_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayerWeights& w = layers_[i];
-    for (const LayerParameter& param : kLayerParameters) {
+    for (const LayerParameter& param : layer_parameters_) {
       out.emplace_back(absl::StrCat("model.layers.", i, ".", param.name),
                        w.*param.member);
     }
@@ -277,10 +295,9 @@ absl::Status LlamaModel::LoadStateDict(
   for (const auto& [name, t] : state) {
     auto it = params.find(name);
     if (it == params.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state dict holds \"", name,
-                       "\", which is not a parameter of this ", config_.num_hidden_layers,
-                       "-layer Llama model; check that it matches the config"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "state dict holds \"", name, "\", which is not a parameter of this ",
+          config_.num_hidden_layers, "-layer model; check that it matches the config"));
     }
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(

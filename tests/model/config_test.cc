@@ -71,12 +71,154 @@ TEST(LlamaConfigTest, MissingKeyValueHeadsMeansMultiHead) {
 }
 
 TEST(LlamaConfigTest, RejectsOtherArchitectures) {
+  // The class and model_type disagree.
   absl::StatusOr<LlamaConfig> c = ParseWith("LlamaForCausalLM", "MistralForCausalLM");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("MistralForCausalLM"));
+  EXPECT_THAT(c.status().message(), HasSubstr("make them agree"));
   c = ParseWith("\"model_type\": \"llama\"", "\"model_type\": \"gpt2\"");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("model_type"));
+  // A family the daemon does not implement: refused, naming what it does.
+  c = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kTinyLlamaConfig,
+      {{"LlamaForCausalLM", "GemmaForCausalLM"}, {"\"llama\"", "\"gemma\""}}));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(),
+              HasSubstr("LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, "
+                        "Qwen3ForCausalLM"));
+}
+
+// Qwen2.5-0.5B's config.json as published on the Hugging Face hub.
+constexpr char kQwen25Config[] = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_mrope": false,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+TEST(ModelFamilyTest, ReadsQwen2WithItsBiasesAndAnInactiveWindow) {
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(kQwen25Config);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(c->model_type, "qwen2");
+  EXPECT_TRUE(c->qkv_bias());
+  EXPECT_FALSE(c->o_bias());
+  EXPECT_FALSE(c->qk_norm());
+  // use_sliding_window false: transformers drops the window.
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->LayerWindow(23), 0);
+  EXPECT_EQ(c->layer_types, std::vector<std::string>(24, "full_attention"));
+  // Qwen2.5-0.5B has 494,032,768 parameters (q/k/v biases included).
+  EXPECT_EQ(c->NumParameters(), 494032768);
+  // The preset is this file's model (stored in float32).
+  LlamaConfig as_float32 = *c;
+  as_float32.torch_dtype = "float32";
+  EXPECT_TRUE(as_float32 == *LlamaConfig::Preset("qwen2.5-0.5b"));
+
+  // With the window on, the layers from max_window_layers on use it.
+  absl::StatusOr<LlamaConfig> windowed = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kQwen25Config, {{"\"use_sliding_window\": false", "\"use_sliding_window\": true"},
+                      {"\"max_window_layers\": 24", "\"max_window_layers\": 20"},
+                      {"\"sliding_window\": 32768", "\"sliding_window\": 64"}}));
+  ASSERT_TRUE(windowed.ok()) << windowed.status();
+  EXPECT_EQ(windowed->LayerWindow(19), 0);
+  EXPECT_EQ(windowed->LayerWindow(20), 64);
+  EXPECT_EQ(windowed->LayerWindow(23), 64);
+  absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(windowed->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *windowed) << windowed->ToJson();
+  // layer_types, when given, decide; it must have one entry per layer.
+  absl::StatusOr<LlamaConfig> short_types = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kQwen25Config,
+      {{"\"use_mrope\": false", "\"layer_types\": [\"full_attention\"]"}}));
+  EXPECT_THAT(short_types.status().message(), HasSubstr("layer_types"));
+  absl::StatusOr<LlamaConfig> odd_type = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kQwen25Config, {{"\"use_mrope\": false", "\"layer_types\": 7"}}));
+  EXPECT_THAT(odd_type.status().message(), HasSubstr("layer_types"));
+}
+
+TEST(ModelFamilyTest, Qwen3DefaultsHeadDimTo128AndHasQkNorms) {
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(R"({
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 1000,
+    "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 2,
+    "num_attention_heads": 16, "num_key_value_heads": 8})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim(), 128);  // Qwen3Config's default, not 1024 / 16
+  EXPECT_TRUE(c->qk_norm());
+  EXPECT_FALSE(c->qkv_bias());
+  EXPECT_EQ(c->max_position_embeddings, 32768);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  // Per layer: q, o [2048 x 1024]; k, v [1024 x 1024]; MLP; two norms; q/k norms.
+  const int64_t layer =
+      2 * 2048 * 1024 + 2 * 1024 * 1024 + 3 * 1024 * 3072 + 2 * 1024 + 2 * 128;
+  EXPECT_EQ(c->NumParameters(), 2 * 1000 * 1024 + 2 * layer + 1024);
+  absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *c);
+}
+
+TEST(ModelFamilyTest, MistralWindowDefaultsTo4096AndNullTurnsItOff) {
+  const std::string mistral = absl::StrReplaceAll(
+      kTinyLlamaConfig, {{"LlamaForCausalLM", "MistralForCausalLM"},
+                         {"\"model_type\": \"llama\"", "\"model_type\": \"mistral\""}});
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(mistral);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->LayerWindow(0), 4096);  // every layer
+  EXPECT_EQ(c->LayerWindow(21), 4096);
+  EXPECT_EQ(c->NumParameters(), 1100048384);  // no biases: Llama's count
+  absl::StatusOr<LlamaConfig> off = LlamaConfig::FromJson(absl::StrReplaceAll(
+      mistral, {{"\"use_cache\"", "\"sliding_window\": null, \"use_cache\""}}));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->LayerWindow(0), 0);
+  for (const LlamaConfig& m : {*c, *off}) {
+    absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(m.ToJson());
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(*back == m) << m.ToJson();
+  }
+  EXPECT_THAT(
+      LlamaConfig::FromJson(
+          absl::StrReplaceAll(
+              mistral, {{"\"use_cache\"", "\"sliding_window\": 0, \"use_cache\""}}))
+          .status()
+          .message(),
+      HasSubstr("sliding_window"));
+}
+
+TEST(ModelFamilyTest, LlamaBiasesCountAndRoundTrip) {
+  absl::StatusOr<LlamaConfig> c = ParseWith(
+      "\"attention_bias\": false", "\"attention_bias\": true, \"mlp_bias\": true");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qkv_bias());
+  EXPECT_TRUE(c->o_bias());
+  EXPECT_TRUE(c->mlp_bias);
+  // q 2048, k and v 256 each, o 2048, gate and up 5632, down 2048, per layer.
+  EXPECT_EQ(c->NumParameters(),
+            1100048384 + 22 * (2048 + 2 * 256 + 2048 + 2 * 5632 + 2048));
+  absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *c);
 }
 
 TEST(LlamaConfigTest, RejectsMissingAndMistypedFields) {
@@ -140,24 +282,24 @@ TEST(LlamaConfigTest, RejectsUnsupportedOptions) {
           .status()
           .message(),
       HasSubstr("rope_scaling"));
-  EXPECT_THAT(ParseWith("\"attention_bias\": false", "\"attention_bias\": true")
+  EXPECT_THAT(ParseWith("\"attention_bias\": false", "\"attention_dropout\": 0.1")
                   .status()
                   .message(),
-              HasSubstr("attention_bias"));
+              HasSubstr("attention_dropout"));
   EXPECT_THAT(ParseWith("\"silu\"", "\"gelu\"").status().message(),
               HasSubstr("hidden_act"));
   EXPECT_THAT(ParseWith("\"pretraining_tp\"", "\"head_dim\": 63, \"pretraining_tp\"")
                   .status()
                   .message(),
               HasSubstr("head_dim"));
-  absl::StatusOr<LlamaConfig> dynamic =
+  absl::StatusOr<LlamaConfig> longrope =
       ParseWith("\"rope_scaling\": null",
-                "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}");
-  EXPECT_EQ(dynamic.status().code(), absl::StatusCode::kInvalidArgument);
+                "\"rope_scaling\": {\"type\": \"longrope\", \"factor\": 2.0}");
+  EXPECT_EQ(longrope.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(
-      dynamic.status().message(),
-      HasSubstr("rope_scaling.rope_type\" is \"dynamic\"; supported: default, linear, "
-                "llama3, yarn"));
+      longrope.status().message(),
+      HasSubstr("rope_scaling.rope_type\" is \"longrope\"; supported: default, linear, "
+                "dynamic, llama3, yarn"));
   EXPECT_THAT(ParseWith("\"rope_scaling\": null",
                         "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}")
                   .status()
@@ -222,7 +364,12 @@ TEST(LlamaConfigTest, ReadsEveryRopeTypeFromBothFormsAndWritesRopeParameters) {
                 "\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}");
   ASSERT_TRUE(linear.ok()) << linear.status();
   EXPECT_EQ(linear->rope_scaling.rope_type, "linear");
-  for (const LlamaConfig& c : {*llama3, *yarn, *linear}) {
+  absl::StatusOr<LlamaConfig> dynamic =
+      ParseWith("\"rope_scaling\": null",
+                "\"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}");
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  EXPECT_EQ(dynamic->rope_scaling.factor, 2.0);
+  for (const LlamaConfig& c : {*llama3, *yarn, *linear, *dynamic}) {
     std::string text = c.ToJson();
     absl::StatusOr<Json> json = ParseJson(text);
     ASSERT_TRUE(json.ok());
@@ -263,9 +410,10 @@ TEST(LlamaConfigTest, ToJsonRoundTripsAndLooksLikeTransformers) {
 
     absl::StatusOr<Json> json = ParseJson(text);
     ASSERT_TRUE(json.ok()) << json.status();
-    EXPECT_EQ((*json)["model_type"], "llama");
+    EXPECT_EQ((*json)["model_type"], preset->model_type);
     EXPECT_EQ((*json)["hidden_act"], "silu");
-    EXPECT_EQ(DumpJson((*json)["architectures"]), "[\"LlamaForCausalLM\"]");
+    EXPECT_EQ(DumpJson((*json)["architectures"]),
+              absl::StrCat("[\"", preset->architecture, "\"]"));
     EXPECT_EQ((*json)["torch_dtype"], "float32");
   }
 }
@@ -299,9 +447,20 @@ TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
   EXPECT_EQ(llama1b->rope_scaling.factor, 32.0);
   EXPECT_EQ(llama1b->rope_scaling.original_max_position_embeddings, 8192);
   EXPECT_TRUE(*LlamaConfig::Preset("llama-1b") == *llama1b);
+  // Qwen2.5-0.5B and SmolLM2-135M, with the counts transformers reports.
+  absl::StatusOr<LlamaConfig> qwen = LlamaConfig::Preset("qwen2.5-0.5b");
+  ASSERT_TRUE(qwen.ok());
+  EXPECT_EQ(qwen->architecture, "Qwen2ForCausalLM");
+  EXPECT_EQ(qwen->NumParameters(), 494032768);
+  absl::StatusOr<LlamaConfig> smol = LlamaConfig::Preset("smollm2-135m");
+  ASSERT_TRUE(smol.ok());
+  EXPECT_EQ(smol->architecture, "LlamaForCausalLM");
+  EXPECT_EQ(smol->NumParameters(), 134515008);
   absl::StatusOr<LlamaConfig> none = LlamaConfig::Preset("huge");
   EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(none.status().message(), HasSubstr("tiny, small, llama-3.2-1b, llama-1b"));
+  EXPECT_THAT(
+      none.status().message(),
+      HasSubstr("tiny, small, llama-3.2-1b, llama-1b, qwen2.5-0.5b, smollm2-135m"));
 }
 
 }  // namespace

@@ -263,11 +263,118 @@ TEST(LlamaModelTest, MatchesPythonReferenceWithGroupedQueryAttention) {
   }
 }
 
+// SmallGqaConfig as Qwen2 (q/k/v biases) with a sliding window of 8 keys on
+// its second layer, and as Qwen3 (q/k norms, head_dim 32 instead of 16, all
+// four attention biases), and as Mistral (a window on every layer).
+LlamaConfig WindowedQwen2Config() {
+  LlamaConfig c = SmallGqaConfig();
+  c.architecture = "Qwen2ForCausalLM";
+  c.model_type = "qwen2";
+  c.sliding_window = 8;
+  c.max_window_layers = 1;
+  c.layer_types = {"full_attention", "sliding_attention"};
+  return c;
+}
+LlamaConfig Qwen3Config() {
+  LlamaConfig c = SmallGqaConfig();
+  c.architecture = "Qwen3ForCausalLM";
+  c.model_type = "qwen3";
+  c.explicit_head_dim = 32;
+  c.attention_bias = true;
+  c.layer_types.assign(2, "full_attention");
+  return c;
+}
+LlamaConfig MistralConfig(int64_t window) {
+  LlamaConfig c = SmallGqaConfig();
+  c.architecture = "MistralForCausalLM";
+  c.model_type = "mistral";
+  c.sliding_window = window;
+  return c;
+}
+
+TEST(LlamaModelTest, FamilyPartsAreNamedAndShapedAsInTransformers) {
+  LlamaConfig c = Qwen3Config();
+  c.num_hidden_layers = 1;
+  c.layer_types.resize(1);
+  std::unique_ptr<LlamaModel> m = MakeLlama(c, 1);
+  std::vector<std::string> names;
+  for (auto& [name, t] : m->NamedParameters()) names.push_back(name);
+  EXPECT_THAT(
+      names,
+      ::testing::ElementsAre(
+          "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+          "model.layers.0.self_attn.q_proj.bias",
+          "model.layers.0.self_attn.k_proj.weight",
+          "model.layers.0.self_attn.k_proj.bias",
+          "model.layers.0.self_attn.v_proj.weight",
+          "model.layers.0.self_attn.v_proj.bias",
+          "model.layers.0.self_attn.o_proj.weight",
+          "model.layers.0.self_attn.o_proj.bias",
+          "model.layers.0.self_attn.q_norm.weight",
+          "model.layers.0.self_attn.k_norm.weight", "model.layers.0.mlp.gate_proj.weight",
+          "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight",
+          "model.layers.0.input_layernorm.weight",
+          "model.layers.0.post_attention_layernorm.weight", "model.norm.weight",
+          "lm_head.weight"));
+  auto params = m->NamedParameters();
+  EXPECT_EQ(params[1].second.sizes(),
+            (std::vector<int64_t>{4 * 32, 64}));  // 4 heads x 32
+  EXPECT_EQ(params[2].second.sizes(), (std::vector<int64_t>{4 * 32}));
+  EXPECT_EQ(params[9].second.sizes(), (std::vector<int64_t>{32}));  // q_norm: head_dim
+  // transformers' init: biases zero, norms one.
+  EXPECT_TRUE(params[2].second.eq(0).all().item<bool>());
+  EXPECT_TRUE(params[9].second.eq(1).all().item<bool>());
+  EXPECT_EQ(m->NumParameters(), c.NumParameters());
+
+  LlamaConfig mlp = SmallGqaConfig();
+  mlp.num_hidden_layers = 1;
+  mlp.mlp_bias = true;
+  names.clear();
+  for (auto& [name, t] : MakeLlama(mlp, 1)->NamedParameters()) names.push_back(name);
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.mlp.gate_proj.bias"));
+  EXPECT_THAT(names, ::testing::Contains("model.layers.0.mlp.down_proj.bias"));
+  EXPECT_THAT(
+      names, ::testing::Not(::testing::Contains("model.layers.0.self_attn.q_proj.bias")));
+  // A model without the optional parts draws the same weights as before
+  // they existed: biases take nothing from the generator.
+  std::unique_ptr<LlamaModel> plain = MakeLlama(SmallGqaConfig(), 5);
+  std::unique_ptr<LlamaModel> qwen2 = MakeLlama(WindowedQwen2Config(), 5);
+  EXPECT_TRUE(torch::equal(plain->layer(1).down_proj, qwen2->layer(1).down_proj));
+}
+
+// A sliding window of W keys: in a one-layer model, the token at position 0
+// reaches the logits of positions 0..W-1 and no further, in both attention
+// implementations; without the window it reaches every position.
+TEST(LlamaModelTest, SlidingWindowHidesKeysOutsideIt) {
+  for (const int64_t window : {int64_t{4}, int64_t{0}}) {
+    LlamaConfig c = MistralConfig(window);
+    c.num_hidden_layers = 1;
+    std::unique_ptr<LlamaModel> m = MakeLlama(c, 3);
+    Randomize(*m, 4);
+    at::Tensor ids = torch::randint(1, 97, {1, 12}, torch::kInt64);
+    at::Tensor changed = ids.clone();
+    changed[0][0] = 0;
+    for (AttentionImplementation a :
+         {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
+      SCOPED_TRACE(absl::StrCat("window ", window, " ", AttentionImplementationName(a)));
+      m->set_attention_implementation(a);
+      torch::NoGradGuard no_grad;
+      at::Tensor diff = (m->Forward(ids) - m->Forward(changed)).abs().amax(-1)[0];
+      for (int64_t pos = 0; pos < 12; ++pos) {
+        const bool reached = window == 0 || pos < window;
+        EXPECT_EQ(diff[pos].item<double>() > 1e-6, reached) << "position " << pos;
+      }
+    }
+  }
+}
+
 // SDPA and the eager equations agree within float rounding, in the loss and
 // in every gradient, with grouped-query heads (the reference tests above
-// check the forward against Python; this checks backward too).
-TEST(LlamaModelTest, SdpaMatchesEagerInForwardAndGradients) {
-  std::unique_ptr<LlamaModel> m = MakeLlama(SmallGqaConfig(), 21);
+// check the forward against Python; this checks backward too), and in each
+// family's parts: biases, q/k norms, sliding windows.
+void ExpectSdpaMatchesEager(const LlamaConfig& config) {
+  SCOPED_TRACE(config.architecture);
+  std::unique_ptr<LlamaModel> m = MakeLlama(config, 21);
   Randomize(*m, 22);
   at::Tensor ids = torch::randint(0, 97, {2, 40}, torch::kInt64);
   auto loss_and_grads = [&](AttentionImplementation a) {
@@ -291,6 +398,13 @@ TEST(LlamaModelTest, SdpaMatchesEagerInForwardAndGradients) {
     EXPECT_LT((sdpa_grads[i] - eager_grads[i]).abs().max().item<double>(), 1e-4 * scale)
         << "parameter " << i;
   }
+}
+
+TEST(LlamaModelTest, SdpaMatchesEagerInForwardAndGradients) {
+  ExpectSdpaMatchesEager(SmallGqaConfig());
+  ExpectSdpaMatchesEager(WindowedQwen2Config());
+  ExpectSdpaMatchesEager(Qwen3Config());
+  ExpectSdpaMatchesEager(MistralConfig(8));
   EXPECT_EQ(AttentionImplementationName(AttentionImplementation::kSdpa), "sdpa");
   EXPECT_EQ(*ParseAttentionImplementation("eager"), AttentionImplementation::kEager);
   EXPECT_EQ(ParseAttentionImplementation("flash").status().code(),

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "core/model/config.h"
@@ -28,9 +29,10 @@ class OffloadLlamaTest : public ::testing::Test {
  protected:
   void SetUp() override { UseDevice(c10::Device(c10::kCPU)); }
 
-  // The same model and batch on `device`.
-  void UseDevice(c10::Device device) {
-    auto config = LlamaConfig::Preset("tiny");
+  // The same model and batch on `device`; `tiny` unless another config is given.
+  void UseDevice(c10::Device device, std::optional<LlamaConfig> family = std::nullopt) {
+    absl::StatusOr<LlamaConfig> config =
+        family.has_value() ? *family : LlamaConfig::Preset("tiny");
     ASSERT_TRUE(config.ok()) << config.status();
     auto model = LlamaModel::Create(*config, /*seed=*/1234, device);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -73,6 +75,25 @@ class OffloadLlamaTest : public ::testing::Test {
   at::Tensor ids_;
 };
 
+// `tiny` in the shape of another family: Qwen2 with its q/k/v biases and a
+// sliding window (16 keys of the batch's 64) on its upper half; Qwen3 with
+// q/k norms and all four attention biases.
+std::vector<LlamaConfig> OtherFamilies() {
+  LlamaConfig qwen2 = *LlamaConfig::Preset("tiny");
+  qwen2.architecture = "Qwen2ForCausalLM";
+  qwen2.model_type = "qwen2";
+  qwen2.sliding_window = 16;
+  qwen2.max_window_layers = 2;
+  qwen2.layer_types = {"full_attention", "full_attention", "sliding_attention",
+                       "sliding_attention"};
+  LlamaConfig qwen3 = *LlamaConfig::Preset("tiny");
+  qwen3.architecture = "Qwen3ForCausalLM";
+  qwen3.model_type = "qwen3";
+  qwen3.attention_bias = true;
+  qwen3.layer_types.assign(4, "full_attention");
+  return {qwen2, qwen3};
+}
+
 TEST_F(OffloadLlamaTest, GradientsAreBitIdenticalForBothTargets) {
   for (const bool checkpoint : {false, true}) {
     const LlamaRun reference = Run(nullptr, checkpoint);
@@ -95,6 +116,27 @@ TEST_F(OffloadLlamaTest, GradientsAreBitIdenticalForBothTargets) {
         EXPECT_EQ(run.stats.bytes_out, 0);
         EXPECT_GT(run.stats.skipped_of(SkipReason::kOnTarget), 0);
       }
+    }
+  }
+}
+
+TEST_F(OffloadLlamaTest, OtherFamiliesAreBitIdenticalWithAndWithoutCheckpointing) {
+  for (const LlamaConfig& family : OtherFamilies()) {
+    ASSERT_TRUE(family.Validate().ok()) << family.Validate();
+    UseDevice(c10::Device(c10::kCPU), family);
+    for (const bool checkpoint : {false, true}) {
+      SCOPED_TRACE(family.architecture + (checkpoint ? " with checkpointing" : ""));
+      const LlamaRun reference = Run(nullptr, checkpoint);
+      auto offloader = MakeOffloader(Target::kDisk, /*min_offload_bytes=*/1024);
+      const LlamaRun run = Run(offloader.get(), checkpoint);
+      ASSERT_EQ(run.grads.size(), reference.grads.size());
+      for (size_t i = 0; i < run.grads.size(); ++i) {
+        EXPECT_TRUE(torch::equal(run.grads[i], reference.grads[i])) << "parameter " << i;
+      }
+      EXPECT_GT(run.stats.tensors_offloaded, 0);
+      EXPECT_EQ(run.stats.bytes_in, run.stats.bytes_out);
+      // Parameters (the biases and q/k norms among them) are never copied.
+      EXPECT_GT(run.stats.skipped_of(SkipReason::kParameter), 0);
     }
   }
 }
