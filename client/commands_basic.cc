@@ -178,6 +178,39 @@ int LoadCommand(const Context& c, const Args& args) {
   return ExitForOperation(op);
 }
 
+namespace {
+
+// "qwen2, head_dim 64, rope default (theta 1e+06), q/k/v biases, sliding
+// window 64 in 4 of 24 layers": what sets this model apart in its family.
+std::string ArchitectureLine(const v1::ModelConfig& cfg) {
+  const v1::RopeParameters& rope = cfg.rope();
+  std::string line =
+      absl::StrCat(cfg.model_type(), ", head_dim ", cfg.head_dim(), ", rope ",
+                   rope.rope_type(), " (theta ", cfg.rope_theta());
+  if (rope.rope_type() != "default") absl::StrAppend(&line, ", factor ", rope.factor());
+  if (rope.original_max_position_embeddings() > 0) {
+    absl::StrAppend(&line, ", original context ",
+                    rope.original_max_position_embeddings());
+  }
+  if (rope.rope_type() == "llama3") {
+    absl::StrAppend(&line, ", low/high freq factor ", rope.low_freq_factor(), "/",
+                    rope.high_freq_factor());
+  }
+  absl::StrAppend(&line, ")");
+  if (cfg.qkv_bias()) absl::StrAppend(&line, ", q/k/v biases");
+  if (cfg.o_proj_bias()) absl::StrAppend(&line, ", o_proj bias");
+  if (cfg.mlp_bias()) absl::StrAppend(&line, ", MLP biases");
+  if (cfg.qk_norm()) absl::StrAppend(&line, ", q/k norms");
+  if (cfg.sliding_window() > 0) {
+    absl::StrAppend(&line, ", sliding window ", cfg.sliding_window(), " in ",
+                    cfg.sliding_window_layers_size(), " of ", cfg.num_hidden_layers(),
+                    " layers");
+  }
+  return line;
+}
+
+}  // namespace
+
 int ModelCommand(const Context& c, const Args&) {
   v1::ModelInfo info;
   auto ctx = c.client->NewContext(c.timeout);
@@ -196,6 +229,7 @@ int ModelCommand(const Context& c, const Args&) {
               static_cast<long long>(cfg.num_attention_heads()),
               static_cast<long long>(cfg.num_key_value_heads()),
               static_cast<long long>(cfg.vocab_size()));
+  std::printf("%s\n", ArchitectureLine(cfg).c_str());
   std::printf("%lld parameters (%s), %lld steps trained\n",
               static_cast<long long>(info.num_parameters()),
               HumanBytes(static_cast<double>(info.parameter_bytes())).c_str(),

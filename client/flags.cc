@@ -84,7 +84,9 @@ ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
           "from the vocabulary and hidden size; -1: off, the logits materialized [0]");
 
-ABSL_FLAG(std::string, preset, "", "load: a built-in model (tiny, small, llama-3.2-1b)");
+ABSL_FLAG(
+    std::string, preset, "",
+    "load: a built-in model (tiny, small, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b)");
 ABSL_FLAG(std::string, hf_dir, "",
           "load: a Hugging Face model directory on the daemon's host");
 ABSL_FLAG(

@@ -263,6 +263,24 @@ v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
   c->set_rope_theta(m.config.rope_theta);
   c->set_tie_word_embeddings(m.config.tie_word_embeddings);
   c->set_torch_dtype(m.config.torch_dtype);
+  c->set_model_type(m.config.model_type);
+  c->set_head_dim(m.config.head_dim());
+  v1::RopeParameters* rope = c->mutable_rope();
+  const RopeScaling& r = m.config.rope_scaling;
+  rope->set_rope_type(r.rope_type);
+  rope->set_factor(r.factor);
+  rope->set_original_max_position_embeddings(r.original_max_position_embeddings);
+  rope->set_low_freq_factor(r.low_freq_factor);
+  rope->set_high_freq_factor(r.high_freq_factor);
+  c->set_qkv_bias(m.config.qkv_bias());
+  c->set_o_proj_bias(m.config.o_bias());
+  c->set_mlp_bias(m.config.mlp_bias);
+  c->set_qk_norm(m.config.qk_norm());
+  for (int64_t i = 0; i < m.config.num_hidden_layers; ++i) {
+    if (m.config.LayerWindow(i) == 0) continue;
+    c->set_sliding_window(m.config.sliding_window);
+    c->add_sliding_window_layers(i);
+  }
   info.set_num_parameters(m.num_parameters);
   info.set_parameter_bytes(m.parameter_bytes);
   info.set_device(m.device);

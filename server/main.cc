@@ -37,7 +37,8 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS (with --tls_
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert)");
 ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu, cuda or cuda:N");
 ABSL_FLAG(std::string, model, "tiny",
-          "model loaded at start: a preset (tiny, small, llama-3.2-1b) or a Hugging Face "
+          "model loaded at start: a preset (tiny, small, smollm2-135m, qwen2.5-0.5b, "
+          "llama-3.2-1b) or a Hugging Face "
           "directory "
           "(config.json + safetensors); empty for none");
 ABSL_FLAG(uint64_t, model_seed, 0, "seed of the start model's initialisation");
