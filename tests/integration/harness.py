@@ -58,15 +58,19 @@ MICRO = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_a
 _micro_tmp = None
 
 
-def micro_model_dir():
-    """The micro model's directory (made once per test process)."""
+def micro_model_dir(name="micro", **overrides):
+    """The micro model's directory, config.json only (made once per test
+    process and name); `overrides` replace or add config fields, for the
+    micro model in another family's shape."""
     global _micro_tmp
     if _micro_tmp is None:
         _micro_tmp = tempfile.TemporaryDirectory(prefix="memprofd-micro-")
-        os.mkdir(os.path.join(_micro_tmp.name, "micro"))
-        with open(os.path.join(_micro_tmp.name, "micro", "config.json"), "w") as f:
-            json.dump(MICRO, f)
-    return os.path.join(_micro_tmp.name, "micro")
+    directory = os.path.join(_micro_tmp.name, name)
+    if not os.path.isdir(directory):
+        os.mkdir(directory)
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(dict(MICRO, **overrides), f)
+    return directory
 
 
 def free_port():

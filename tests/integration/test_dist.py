@@ -39,9 +39,14 @@ import harness  # noqa: E402
 from harness import Daemon, free_port, pb, wait_done  # noqa: E402
 
 MICRO_DIR = harness.micro_model_dir()
+# The micro model as Qwen2: q/k/v biases, and a window of 8 keys (of RUN's
+# 32-token sequences) on its second layer.
+QWEN2_DIR = harness.micro_model_dir(
+    "micro-qwen2", architectures=["Qwen2ForCausalLM"], model_type="qwen2",
+    use_sliding_window=True, sliding_window=8, max_window_layers=1)
 
 RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=0.0)
-def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None):
+def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None, model=MICRO_DIR):
     """`world` daemons joined as one run on a fresh store port. Rank 0 first;
     all are started before any is waited for (each blocks in its rendezvous
     until all have joined). Each rank gets --model_seed=rank unless told:
@@ -62,7 +67,7 @@ def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None):
                         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
             listen = ["--listen=%s:0" % address, "--metrics_listen=%s:0" % address]
         seed = rank if model_seed is None else model_seed
-        daemons.append(Daemon("--model=" + MICRO_DIR, "--model_seed=%d" % seed,
+        daemons.append(Daemon("--model=" + model, "--model_seed=%d" % seed,
                               "--collective_timeout_seconds=%d" % timeout, *listen, *flags,
                               env=env, wait=False, start_timeout=120, wrapper=wrapper))
     for d in daemons:
@@ -284,9 +289,15 @@ class EquivalenceTest(unittest.TestCase):
     STEPS = 6
 
     def test_two_ranks_match_one_process_with_twice_the_batch(self):
+        self.check_two_ranks_match_one_process(MICRO_DIR)
+
+    def test_two_ranks_match_one_process_for_qwen2_with_a_sliding_window(self):
+        self.check_two_ranks_match_one_process(QWEN2_DIR)
+
+    def check_two_ranks_match_one_process(self, model):
         root = tempfile.TemporaryDirectory(prefix="memprofd-dist-eq-")
-        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"))
-        single = Daemon("--model=" + MICRO_DIR, "--model_seed=0",
+        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"), model=model)
+        single = Daemon("--model=" + model, "--model_seed=0",
                         "--snapshot_root=" + os.path.join(root.name, "one"))
         try:
             start = weights(snapshot(single, "start").directory)
@@ -306,7 +317,8 @@ class EquivalenceTest(unittest.TestCase):
                      / one_losses[k] for k in sorted(one_losses)]
         difference = max_difference(two, one)
         moved = max_difference(one, start)
-        print("\n2 ranks x batch 2 vs 1 x batch 4, %d AdamW steps at lr 1e-2:" % self.STEPS)
+        print("\n%s: 2 ranks x batch 2 vs 1 x batch 4, %d AdamW steps at lr 1e-2:"
+              % (os.path.basename(model), self.STEPS))
         print("  step 1 loss (same weights): relative gap %.3g" % loss_gaps[0])
         print("  later steps' losses: largest relative gap %.3g" % max(loss_gaps))
         print("  weights: max |dw| %.3g, training moved them by %.3g (ratio %.2g)"

@@ -44,11 +44,20 @@ BASE = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_la
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
             rms_norm_eps=1e-5, hidden_act="silu", initializer_range=0.2)
 # name -> config kwargs beyond BASE; "model_class" (default LlamaForCausalLM)
-# is the transformers class, so that other families are one entry each
-# (e.g. "qwen2": dict(model_class=transformers.Qwen2ForCausalLM)).
+# is the transformers class.
 CASES = {
     "llama-tied": dict(tie_word_embeddings=True),
     "llama-untied": dict(tie_word_embeddings=False),
+    # The other families, with what sets each apart (windows shorter than
+    # SEQ_LEN): biases (not decayed: 1-D), q/k norms, sliding windows.
+    "llama-biases": dict(attention_bias=True, mlp_bias=True),
+    "mistral": dict(model_class=transformers.MistralForCausalLM, sliding_window=4),
+    # A window of 8: with 4 keys, the rotary angles barely change within it,
+    # so the k bias's gradient nearly cancels (softmax ignores a shift shared
+    # by all keys) and AdamW turns its rounding into lr-sized noise.
+    "qwen2": dict(model_class=transformers.Qwen2ForCausalLM, use_sliding_window=True,
+                  sliding_window=8, max_window_layers=1),
+    "qwen3": dict(model_class=transformers.Qwen3ForCausalLM, head_dim=32, attention_bias=True),
 }
 BATCH, SEQ_LEN, SEED = 2, 16, 11
 TOKENS = torch.randint(0, BASE["vocab_size"], (200,), generator=torch.Generator().manual_seed(5))
