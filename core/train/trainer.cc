@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -26,6 +27,12 @@
 
 namespace memprofd {
 namespace {
+
+// Thrown by the backward hooks that poll the step interrupt; the autograd
+// engine hands it back to loss.backward()'s caller.
+struct StepInterrupted : std::exception {
+  const char* what() const noexcept override { return "step interrupted"; }
+};
 
 using Clock = std::chrono::steady_clock;
 
@@ -168,15 +175,29 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         at::Tensor hidden;
         {
           std::shared_ptr<void> scope = Enter(hooks_.body_scope);
-          if (options.gradient_checkpointing) {
-            hidden = model_->Embed(inputs);
-            for (int64_t i = 0; i < model_->num_layers(); ++i) {
-              hidden = CheckpointedLayer(*model_, i, hidden);
+          // ForwardHidden, layer by layer, so that a long micro-batch can be
+          // interrupted between layers, in forward here and in backward
+          // through the hook on each layer's input.
+          hidden = model_->Embed(inputs);
+          for (int64_t i = 0; i < model_->num_layers(); ++i) {
+            if (i > 0 && interrupt_) {
+              if (interrupt_()) {
+                batch_status = absl::CancelledError(
+                    absl::StrCat("step interrupted in the forward of micro-batch ",
+                                 micro + 1, ", before layer ", i));
+                return;
+              }
+              if (hidden.requires_grad()) {
+                hidden.register_hook([this](const at::Tensor&) {
+                  if (interrupt_()) throw StepInterrupted();
+                });
+              }
             }
-            hidden = model_->FinalNorm(hidden);
-          } else {
-            hidden = model_->ForwardHidden(inputs);
+            hidden = options.gradient_checkpointing
+                         ? CheckpointedLayer(*model_, i, hidden)
+                         : model_->Layer(i, hidden);
           }
+          hidden = model_->FinalNorm(hidden);
         }
         std::shared_ptr<void> scope = Enter(hooks_.head_scope);
         loss = LanguageModelLoss(*model_, hidden, targets, options.loss_chunk_tokens,
@@ -192,7 +213,13 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         if (hooks_.before_backward) {
           hooks_.before_backward(micro + 1 == options.grad_accumulation_steps);
         }
-        loss.backward();
+        try {
+          loss.backward();
+        } catch (const StepInterrupted&) {
+          batch_status = absl::CancelledError(absl::StrCat(
+              "step interrupted in the backward of micro-batch ", micro + 1));
+          return;
+        }
         // Gradients AccumulateGrad made rather than adopted (a clone of a
         // non-stealable gradient) are gradients too, named by their parameter.
         for (const at::Tensor& p : model_->Parameters()) {

@@ -96,14 +96,17 @@ class Trainer {
   // Which part of each global batch this trainer takes (default: all of it).
   void set_data_shard(DataShard shard) { shard_ = shard; }
 
-  // Polled between the micro-batches of every step of a run; true abandons
-  // the step under way: no optimizer update (the weights stay as the last
-  // completed step left them), its gradients dropped, the run's generator
-  // put back where the step began (a continued run draws the same windows),
-  // and the run returns OK with result.cancelled and the steps completed.
-  // Single-process runs only: data-parallel ranks agree on stopping at step
-  // boundaries, since a rank leaving mid-step would leave the others in the
-  // gradient all-reduce. Empty (the default): never.
+  // Polled during every step of a run: before each micro-batch after the
+  // first, and within each micro-batch between its decoder layers, in
+  // forward (before layers 1..L-1) and in backward (as the gradient reaches
+  // the inputs of layers L-1..1), so that even one long micro-batch stops
+  // within a layer's work. True abandons the step under way: no optimizer update (the
+  // weights stay as the last completed step left them), its gradients dropped, the run's
+  // generator put back where the step began (a continued run draws the same windows), and
+  // the run returns OK with result.cancelled and the steps completed. Single-process runs
+  // only: data-parallel ranks agree on stopping at step boundaries, since a rank leaving
+  // mid-step would leave the others in the gradient all-reduce. Empty (the default):
+  // never.
   void set_step_interrupt(std::function<bool()> interrupted) {
     interrupt_ = std::move(interrupted);
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/phase.h"
 #include "core/train/checkpoint.h"
 #include "core/train/data.h"
@@ -318,10 +319,13 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
 
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
-  // Polled before micro-batches 2 and 3 of each step: the third poll is in
-  // the second step, after one of its micro-batches ran forward and backward.
+  // Polled before micro-batches 2 and 3 of each step and, in each
+  // micro-batch of this 2-layer model, once in forward and once in backward:
+  // 8 polls a step. Poll 11 is the one before the second step's second
+  // micro-batch, after its first ran forward and backward.
+  ASSERT_EQ(m->num_layers(), 2);
   int polls = 0;
-  trainer.set_step_interrupt([&] { return ++polls == 3; });
+  trainer.set_step_interrupt([&] { return ++polls == 11; });
   absl::StatusOr<TrainResult> r = trainer.Run(o);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
@@ -345,6 +349,44 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
                                [&](const StepReport& s) { resumed.push_back(s.loss); })
                   .ok());
   EXPECT_EQ(resumed, std::vector<double>(losses.begin() + 1, losses.end()));
+}
+
+// One long micro-batch stops between layers, in forward and in backward,
+// with nothing updated, no gradient kept and the generator put back.
+TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
+  for (const bool checkpointing : {false, true}) {
+    // Three layers: polls 1 and 2 in forward (before layers 1 and 2), 3 in
+    // backward (the gradient reaching layer 2's input).
+    for (const int at_poll : {1, 3}) {
+      SCOPED_TRACE(
+          absl::StrCat(checkpointing ? "checkpointing, " : "", "poll ", at_poll));
+      LlamaConfig c = SmallLlamaConfig();
+      c.num_hidden_layers = 3;
+      std::unique_ptr<LlamaModel> m = MakeLlama(c, 5);
+      std::vector<at::Tensor> before;
+      for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
+      Trainer trainer(m.get());
+      TrainOptions o = SmallOptions(1);
+      o.gradient_checkpointing = checkpointing;
+      int polls = 0;
+      trainer.set_step_interrupt([&] { return ++polls == at_poll; });
+      absl::StatusOr<TrainResult> r = trainer.Run(o);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->cancelled);
+      EXPECT_EQ(r->steps_completed, 0);
+      EXPECT_EQ(polls, at_poll);  // nothing polled after the stop
+      const std::vector<at::Tensor> now = m->Parameters();
+      for (size_t i = 0; i < now.size(); ++i) {
+        EXPECT_TRUE(torch::equal(now[i], before[i])) << i;
+        EXPECT_FALSE(now[i].grad().defined()) << i;
+      }
+      // The model trains on afterwards, from the same windows.
+      trainer.set_step_interrupt({});
+      absl::StatusOr<TrainResult> again = trainer.Run(o);
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(again->steps_completed, 1);
+    }
+  }
 }
 
 TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
