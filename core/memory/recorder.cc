@@ -264,6 +264,11 @@ std::vector<StepAttribution> MemoryRecorder::StepRecords() const {
   return std::vector<StepAttribution>(step_records_.begin(), step_records_.end());
 }
 
+void MemoryRecorder::ClearStepRecords() {
+  absl::MutexLock lock(&published_mu_);
+  step_records_.clear();
+}
+
 std::vector<OpBytes> MemoryRecorder::OpBytesTotal() const {
   absl::MutexLock lock(&published_mu_);
   return op_totals_;

@@ -122,6 +122,9 @@ class MemoryRecorder : public PhaseListener {
   // The last kStepRecords finished steps, oldest first.
   static constexpr int kStepRecords = 16;
   std::vector<StepAttribution> StepRecords() const;
+  // Forgets the step records (a new model starts its own step numbering, so
+  // an earlier model's step 3 must not be diffed against this one's).
+  void ClearStepRecords();
   // Bytes allocated per op over every finished step (non-zero only).
   std::vector<OpBytes> OpBytesTotal() const;
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -266,7 +267,11 @@ class Session {
   void ReleaseFollowers();
 
   // Owner thread only.
-  absl::Status LoadOnOwner(const LoadModelSpec& spec);
+  // `cancelled` (may be empty) is polled between the load's stages (weights
+  // read, model built, weights copied, checkpoint read): true stops it with
+  // CANCELLED, the model loaded before unchanged.
+  absl::Status LoadOnOwner(const LoadModelSpec& spec,
+                           const std::function<bool()>& cancelled = {});
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                    const offload::OffloadOptions& offload_options,
                    const TokenDataset& data, const TokenDataset* eval_data, bool resume);
@@ -355,6 +360,10 @@ class Session {
   // The snapshot directory disk-placed weights map (empty: none); it may not
   // be deleted while mapped.
   std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
+  // The directories (as the client named them) of LoadModel operations
+  // queued or running, by operation id: DeleteSnapshot refuses to delete
+  // what one of them is about to read.
+  std::map<std::string, std::string> loads_in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
   std::function<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -178,41 +179,68 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     }
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
-  RETURN_IF_ERROR(
-      Post([this, op, spec = LoadModelSpec(spec), command = LoadCommand(spec)]() mutable {
-        op->MarkRunning();
-        // Resolved here, off gRPC's threads, and loaded by its canonical path
-        // so that a link changed afterwards cannot redirect the load.
-        if (!spec.hf_directory.empty()) {
-          absl::StatusOr<std::string> dir =
-              model_roots_.Confine(spec.hf_directory, "hf_directory");
-          if (!dir.ok()) {
-            op->Finish(dir.status());
-            return;
-          }
-          spec.hf_directory = *std::move(dir);
-        }
-        // Data parallel: the followers load the same (and the next Train checks
-        // they did), in the order the owner runs things.
-        if (!command.empty()) {
-          if (absl::Status s = PublishCommand(command); !s.ok()) {
-            op->Finish(s);
-            FailRun(s);
-            return;
-          }
-        }
-        absl::Status status = LoadOnOwner(spec);
-        if (!status.ok()) {
-          op->Finish(status);
-          return;
-        }
-        op->Finish(absl::OkStatus(), *Model());
-      }));
+  if (!spec.hf_directory.empty()) {
+    absl::MutexLock lock(&mu_);
+    loads_in_flight_[op->id()] = spec.hf_directory;
+  }
+  auto forget = [this, id = op->id()] {
+    absl::MutexLock lock(&mu_);
+    loads_in_flight_.erase(id);
+  };
+  absl::Status posted = Post([this, op, forget, spec = LoadModelSpec(spec),
+                              command = LoadCommand(spec)]() mutable {
+    absl::Cleanup done = forget;
+    if (op->cancel_requested()) {
+      op->Finish(absl::CancelledError("cancelled before it started"));
+      return;
+    }
+    op->MarkRunning();
+    // Resolved here, off gRPC's threads, and loaded by its canonical path
+    // so that a link changed afterwards cannot redirect the load.
+    if (!spec.hf_directory.empty()) {
+      absl::StatusOr<std::string> dir =
+          model_roots_.Confine(spec.hf_directory, "hf_directory");
+      if (!dir.ok()) {
+        op->Finish(dir.status());
+        return;
+      }
+      spec.hf_directory = *std::move(dir);
+    }
+    // Data parallel: the followers load the same (and the next Train checks
+    // they did), in the order the owner runs things.
+    if (!command.empty()) {
+      if (absl::Status s = PublishCommand(command); !s.ok()) {
+        op->Finish(s);
+        FailRun(s);
+        return;
+      }
+    }
+    // Data parallel: once the followers were told to load, rank 0 loads
+    // too, so that every rank holds the same model.
+    std::function<bool()> cancelled;
+    if (command.empty()) cancelled = [&op] { return op->cancel_requested(); };
+    absl::Status status = LoadOnOwner(spec, cancelled);
+    if (!status.ok()) {
+      op->Finish(status);
+      return;
+    }
+    op->Finish(absl::OkStatus(), *Model());
+  });
+  if (!posted.ok()) {
+    forget();
+    return posted;
+  }
   return op;
 }
 
-absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
+absl::Status Session::LoadOnOwner(const LoadModelSpec& spec,
+                                  const std::function<bool()>& cancelled) {
   PhaseScope phase(Phase::kLoad);
+  auto stop_if_cancelled = [&](absl::string_view stage) -> absl::Status {
+    if (!cancelled || !cancelled()) return absl::OkStatus();
+    return absl::CancelledError(absl::StrCat("LoadModel cancelled ", stage,
+                                             "; the model loaded before is unchanged"));
+  };
   const c10::Device device(device_);
   std::unique_ptr<LlamaModel> model;
   std::string source;
@@ -235,9 +263,11 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
           "from freshly initialised weights"));
     }
     RETURN_IF_ERROR(CheckModelFits(config, device));
+    RETURN_IF_ERROR(stop_if_cancelled("after reading the directory"));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
     // init_weights: the config alone, whatever weights the directory holds.
     if (dir.weights && !spec.init_weights) {
+      RETURN_IF_ERROR(stop_if_cancelled("after building the model"));
       RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
       mapped = std::move(dir.weights);
     }
@@ -249,6 +279,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
                      PlaceModule(*model, module, placement, mapped ? &*mapped : nullptr));
     if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
   }
+  RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));
   auto trainer = std::make_unique<Trainer>(model.get());
   if (spec.resume) {
     // All of the checkpoint is read and checked against the new model before
@@ -261,6 +292,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
                                            snapshot::kTrainerStateFile)
                                               .string()));
     RETURN_IF_ERROR(trainer->Restore(state, checkpoint.optimizer_tensors));
+    RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));
   }
   // The old model (and the optimizer state that points at it) goes first.
   trainer_.reset();
@@ -272,6 +304,9 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec) {
     mapped_directory_ = mapped_directory;
   }
   trainer_ = std::move(trainer);
+  // Its steps are numbered afresh (or from its checkpoint): the kept step
+  // records of the model it replaces would diff against the wrong steps.
+  memory::MemoryRecorder::Global().ClearStepRecords();
   TagModelMemory();
   PublishModel();
   PublishCategories();

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <future>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -230,14 +231,24 @@ absl::Status Session::DeleteSnapshot(const std::string& name) {
   absl::StatusOr<snapshot::SnapshotManifest> m =
       snapshot::DescribeSnapshot(options_.snapshot_root, name);
   if (!m.ok()) return m.status();
+  std::error_code ec;
+  const std::string dir = std::filesystem::weakly_canonical(m->directory, ec).string();
+  std::map<std::string, std::string> loads;
   {
     absl::MutexLock lock(&mu_);
-    std::error_code ec;
-    const std::string dir = std::filesystem::weakly_canonical(m->directory, ec).string();
     if (!mapped_directory_.empty() && mapped_directory_ == dir) {
       return absl::FailedPreconditionError(
           absl::StrCat("the model's disk-placed modules are mapped from snapshot '", name,
                        "'; load another model before deleting it"));
+    }
+    loads = loads_in_flight_;
+  }
+  for (const auto& [id, named] : loads) {
+    std::error_code named_ec;
+    if (std::filesystem::weakly_canonical(named, named_ec).string() == dir && !named_ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LoadModel operation ", id, " (queued or running) reads snapshot '", name,
+          "'; wait for it or cancel it (CancelOperation) before deleting the snapshot"));
     }
   }
   return snapshot::DeleteSnapshot(options_.snapshot_root, name);

@@ -244,11 +244,41 @@ class ShutdownDeadlineTest(unittest.TestCase):
         finally:
             d.close()
 
-    def test_work_that_cannot_stop_is_abandoned_at_the_deadline_or_a_second_signal(self):
+    def test_one_long_micro_batch_stops_between_its_layers(self):
         # One micro-batch of 8 x 1024 tokens on the small preset takes tens of
-        # seconds on two cores: nothing polls for a cancel inside it.
+        # seconds on two cores; the step polls for a cancel between its 8 layers.
+        d = Daemon("--model=small")
+        try:
+            op = d.call("Train", pb.TrainRequest(steps=1, batch_size=8, seq_len=1024)).id
+            deadline = time.time() + 60
+            while d.call("GetOperation", pb.GetOperationRequest(id=op)).state != pb.OPERATION_STATE_RUNNING:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+            time.sleep(1.0)
+            start = time.time()
+            d.call("CancelOperation", pb.CancelOperationRequest(id=op))
+            done = wait_done(d, op)
+            seconds = time.time() - start
+            print("CancelOperation inside one 8 x 1024 micro-batch: %s after %.2f s"
+                  % (pb.OperationState.Name(done.state), seconds))
+            self.assertEqual(done.state, pb.OPERATION_STATE_CANCELLED, done.error.message)
+            self.assertLess(seconds, 15.0)
+            self.assertEqual(d.call("DescribeModel", pb.DescribeModelRequest()).steps_trained, 0)
+            code, _ = d.stop(signal.SIGTERM, timeout=30)
+            self.assertEqual(code, 0, d.output())
+        finally:
+            d.close()
+
+    def test_work_that_cannot_stop_is_abandoned_at_the_deadline_or_a_second_signal(self):
+        # A one-layer model 2048 wide: one micro-batch of 8 x 1024 tokens is
+        # one layer's work of tens of seconds on two cores, with no layer
+        # boundary to stop at.
+        wide = harness.micro_model_dir(
+            "wide-one-layer", hidden_size=2048, intermediate_size=8192, num_hidden_layers=1,
+            num_attention_heads=16, num_key_value_heads=16, head_dim=128,
+            max_position_embeddings=1024)
         for flags, second in ((("--drain_seconds=2",), False), (("--drain_seconds=120",), True)):
-            d = Daemon("--model=small", *flags)
+            d = Daemon("--model=" + wide, *flags)
             try:
                 self.start_long_step(d, batch_size=8, seq_len=1024)
                 start = time.time()
@@ -265,6 +295,20 @@ class ShutdownDeadlineTest(unittest.TestCase):
                 self.assertLess(seconds, 2.0 if second else 6.0)
             finally:
                 d.close()
+
+
+class CancelQueuedLoadTest(harness.DaemonTestCase):
+    def test_a_cancelled_load_leaves_the_model_as_it_was(self):
+        before = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        # A long evaluation holds the owner thread; the load waits behind it.
+        evaluation = self.d.call("Evaluate", pb.EvaluateRequest(batch_size=8, seq_len=256))
+        load = self.d.call("LoadModel", pb.LoadModelRequest(preset="small"))
+        self.d.call("CancelOperation", pb.CancelOperationRequest(id=load.id))
+        self.d.call("CancelOperation", pb.CancelOperationRequest(id=evaluation.id))
+        done = wait_done(self.d, load.id)
+        self.assertEqual(done.state, pb.OPERATION_STATE_CANCELLED, done.error.message)
+        after = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        self.assertEqual((after.source, after.num_parameters), (before.source, before.num_parameters))
 
 
 class BearerAnyCaseTest(harness.DaemonTestCase):

@@ -239,6 +239,22 @@ class AttributionTest(harness.DaemonTestCase):
 
 
 @unittest.skipUnless(shutil.which("prometheus") and shutil.which("promtool"), "prometheus not installed")
+class StepRecordsFollowTheModelTest(harness.DaemonTestCase):
+    def test_a_new_model_forgets_the_steps_of_the_one_it_replaced(self):
+        wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=3, batch_size=2, seq_len=32)).id)
+        d = self.d.call("DiffMemory", pb.DiffMemoryRequest(step_a=1, step_b=3))
+        self.assertEqual(list(d.steps_kept), [1, 2, 3])
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny", seed=5)).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=32)).id)
+        # The new model's step 1 only: the old model's 2 and 3 are not its steps.
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("DiffMemory", pb.DiffMemoryRequest(step_a=1, step_b=3))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertEqual(list(self.d.call("DiffMemory", pb.DiffMemoryRequest(step_a=1, step_b=1)).steps_kept),
+                         [1])
+
+
 class DashboardTest(unittest.TestCase):
     """Every PromQL expression of the Grafana dashboard returns data from a real
     Prometheus scraping a training daemon (read from the JSON, so they cannot drift);

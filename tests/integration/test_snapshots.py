@@ -234,6 +234,22 @@ class SnapshotTest(harness.DaemonTestCase):
         wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny")).id)
         self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-map"))
 
+    def test_a_snapshot_a_queued_load_will_read_cannot_be_deleted(self):
+        m = self.snapshot(name="to-load")
+        # A long evaluation holds the owner thread, so the load waits in line.
+        evaluation = self.d.call("Evaluate", pb.EvaluateRequest(batch_size=8, seq_len=256))
+        load = self.d.call("LoadModel", pb.LoadModelRequest(hf_directory=m.directory))
+        with self.assertRaises(grpc.RpcError) as e:
+            self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-load"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn(load.id, e.exception.details())
+        self.d.call("CancelOperation", pb.CancelOperationRequest(id=evaluation.id))
+        done = wait_done(self.d, load.id)
+        self.assertEqual(done.state, pb.OPERATION_STATE_SUCCEEDED, done.error.message)
+        # Once the load is done, the snapshot is the client's to delete.
+        self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-load"))
+        self.assertFalse(os.path.exists(m.directory))
+
     def test_memprofctl_snapshot_json_prints_the_manifest(self):
         r = self.d.ctl("snapshot", "cli-snap", "--json", "--dtype", "fp16")
         self.assertEqual(r.returncode, 0, r.stderr)
