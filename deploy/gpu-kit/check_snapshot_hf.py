@@ -9,7 +9,10 @@ read by transformers as any Hugging Face checkpoint.
 - its loss on the daemon's batch (the one window of the token file, batch_size
   times) is finite and equals the loss memprofd reported for the step after the
   snapshot (same weights, same batch), within a relative 1e-4 (the two sides
-  reduce in different orders).
+  reduce in different orders);
+- the daemon's evaluation of the snapshot on that window equals transformers'
+  in float32 (relative 1e-4) and under bf16 autocast (relative 2e-2: bf16
+  matmuls, different kernels on each side).
 Writes {"checks": [...], "loss": ..., "daemon_loss": ...} to OUT.json.
 """
 import glob
@@ -77,6 +80,25 @@ check("its loss equals the daemon's at global step %d" % (snap["global_step"] + 
       rel is not None and rel <= 1e-4,
       "transformers %.6f, memprofd %s (relative difference %s)" % (
           loss, daemon_loss, "%.1e" % rel if rel is not None else "n/a"))
+
+# The daemon's evaluations of the snapshot (drive_daemon.py): float32 as
+# above; bf16 autocast over float32 weights, as torch.autocast runs this model.
+bf16_loss = None
+for precision, tolerance in (("no", 1e-4), ("bf16", 2e-2)):
+    theirs = snap.get("eval_loss_" + precision)
+    if precision == "bf16":
+        with torch.no_grad(), torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+            logits = model(input_ids=inputs[:1]).logits
+        bf16_loss = mine = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                           targets[:1].reshape(-1)).item()
+    else:
+        mine = loss
+    gap = abs(mine - theirs) / max(abs(theirs), 1e-12) if theirs is not None else None
+    check("its %s evaluation equals transformers'" % ("bf16" if precision == "bf16" else "float32"),
+          gap is not None and gap <= tolerance,
+          "transformers %.6f, memprofd %s (relative difference %s, tolerance %g)" % (
+              mine, theirs, "%.1e" % gap if gap is not None else "n/a", tolerance))
 json.dump({"checks": checks, "loss": loss, "daemon_loss": daemon_loss, "relative_difference": rel,
+           "bf16_loss": bf16_loss, "daemon_bf16_loss": snap.get("eval_loss_bf16"),
            "load_seconds": load_seconds}, open(out_path, "w"), indent=1)
 sys.exit(0 if all(c["ok"] for c in checks) else 1)

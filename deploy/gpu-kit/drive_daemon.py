@@ -289,6 +289,18 @@ try:
     check("breakdown: parameters attributed on " + top["device"],
           bool(params) and params[0] > 0, params)
     memory = ctl("memory")[0]
+    # ---- the snapshot's weights evaluated in float32 and under bf16 autocast ----
+    # (check_snapshot_hf.py compares both with transformers on the same window.)
+    if snapshot is not None:
+        ctl("load", "--hf_dir", snapshot["directory"], timeout=600)
+        for precision in ("no", "bf16"):
+            ev = ctl("evaluate", "--token_data", tokens_path, "--bytes_per_token", "4",
+                     "--batch_size", "1", "--seq_len", str(args.seq_len),
+                     "--mixed_precision", precision, timeout=600)
+            loss = ev[0]["evaluate"]["loss"] if ev and "evaluate" in ev[0] else None
+            snapshot["eval_loss_" + precision] = loss
+            check("evaluate the snapshot (mixed_precision %s)" % precision,
+                  loss is not None and np.isfinite(loss), loss)
     if args.device.startswith("cuda"):
         cuda_oom(tokens_path, vocab)
 except Exception as e:  # a failed command: recorded, and the daemon still stopped

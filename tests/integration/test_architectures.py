@@ -192,6 +192,27 @@ class ArchitectureParityTest(harness.DaemonTestCase):
                 self.assertAlmostEqual(checkpointed, plain, delta=1e-6 * abs(plain), msg=name)
                 self.assertAlmostEqual(bf16, plain, delta=0.05 * abs(plain), msg=name)
 
+    def test_a_preset_saved_by_the_daemon_is_the_same_model_to_transformers(self):
+        # SmolLM2-135M's shape from random weights: the reverse direction.
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="smollm2-135m", seed=3)).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        self.assertEqual(info.num_parameters, 134515008)
+        g = torch.Generator().manual_seed(9)
+        ids = torch.randint(0, info.config.vocab_size, (65,), generator=g)
+        ev = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=ids.tolist())),
+            batch_size=1, seq_len=64)).id)
+        self.assertEqual(ev.state, pb.OPERATION_STATE_SUCCEEDED, ev.error.message)
+        snap = wait_done(self.d, self.d.call("Snapshot", pb.SnapshotRequest(name="smollm2")).id)
+        self.assertEqual(snap.state, pb.OPERATION_STATE_SUCCEEDED, snap.error.message)
+        back = transformers.AutoModelForCausalLM.from_pretrained(snap.snapshot.directory).eval()
+        self.assertIs(type(back), transformers.LlamaForCausalLM)
+        self.assertEqual(back.num_parameters(), 134515008)
+        expected = hf_loss(back, ids)
+        print("smollm2-135m preset: daemon %.7f transformers %.7f" % (ev.evaluate.loss, expected))
+        self.assertAlmostEqual(ev.evaluate.loss, expected, delta=1e-5 * expected)
+
     def test_the_older_rope_scaling_form_reads_the_same(self):
         # A transformers 4 config.json: "rope_scaling" with "type" and a
         # top-level rope_theta.

@@ -44,6 +44,14 @@ MICRO_DIR = harness.micro_model_dir()
 QWEN2_DIR = harness.micro_model_dir(
     "micro-qwen2", architectures=["Qwen2ForCausalLM"], model_type="qwen2",
     use_sliding_window=True, sliding_window=8, max_window_layers=1)
+# As Qwen3 (q/k norms) and as a Llama 3 (llama3 rotary scaling from 16
+# original positions, half the sequence).
+QWEN3_DIR = harness.micro_model_dir(
+    "micro-qwen3", architectures=["Qwen3ForCausalLM"], model_type="qwen3")
+LLAMA3_DIR = harness.micro_model_dir(
+    "micro-llama3", rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 16})
 
 RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=0.0)
 def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None, model=MICRO_DIR):
@@ -291,8 +299,10 @@ class EquivalenceTest(unittest.TestCase):
     def test_two_ranks_match_one_process_with_twice_the_batch(self):
         self.check_two_ranks_match_one_process(MICRO_DIR)
 
-    def test_two_ranks_match_one_process_for_qwen2_with_a_sliding_window(self):
-        self.check_two_ranks_match_one_process(QWEN2_DIR)
+    def test_two_ranks_match_one_process_for_qwen2_qwen3_and_a_llama3_scaled_llama(self):
+        for model in (QWEN2_DIR, QWEN3_DIR, LLAMA3_DIR):
+            with self.subTest(model):
+                self.check_two_ranks_match_one_process(model)
 
     def check_two_ranks_match_one_process(self, model):
         root = tempfile.TemporaryDirectory(prefix="memprofd-dist-eq-")

@@ -43,6 +43,16 @@ from harness import Daemon, pb, wait_done  # noqa: E402
 # second or two, and the test stays well under a minute even on busy cores.
 MICRO_DIR = harness.micro_model_dir()
 MICRO_FLAG = "--model=" + MICRO_DIR
+# The micro model as Qwen3 (q/k norms, attention biases, a window of 8 keys
+# on its second layer) and as a Llama 3 (llama3 rotary scaling from 16
+# original positions, half the sequence).
+QWEN3_FLAG = "--model=" + harness.micro_model_dir(
+    "micro-qwen3", architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=True,
+    use_sliding_window=True, sliding_window=8, max_window_layers=1)
+LLAMA3_FLAG = "--model=" + harness.micro_model_dir(
+    "micro-llama3", rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                     "original_max_position_embeddings": 16})
 
 RUN = dict(steps=40, batch_size=2, seq_len=32, seed=7, learning_rate=3e-3, weight_decay=0.1,
            max_grad_norm=1.0)
@@ -66,8 +76,8 @@ def losses_of(d, op_id, kill_at=None):
 
 class ExactResumeTest(unittest.TestCase):
 
-    def reference(self, flags, request):
-        d = Daemon(MICRO_FLAG, *flags)
+    def reference(self, flags, request, model):
+        d = Daemon(model, *flags)
         try:
             op = d.call("Train", pb.TrainRequest(**request))
             steps = losses_of(d, op.id)
@@ -77,13 +87,13 @@ class ExactResumeTest(unittest.TestCase):
         self.assertEqual(sorted(steps), list(range(1, 41)))
         return steps
 
-    def kill_and_resume(self, flags, request):
+    def kill_and_resume(self, flags, request, model):
         root = tempfile.mkdtemp(prefix="memprofd-resume-")
         self.addCleanup(shutil.rmtree, root, ignore_errors=True)
         # At most 32: the daemon would need 8 more steps and the step-40
         # checkpoint before the kill lands to leave nothing to resume.
         kill_at = random.randint(21, 32)
-        d = Daemon(MICRO_FLAG, "--snapshot_root=" + root,
+        d = Daemon(model, "--snapshot_root=" + root,
                    "--snapshot_every_steps=10", *flags)
         try:
             op = d.call("Train", pb.TrainRequest(**request))
@@ -126,9 +136,9 @@ class ExactResumeTest(unittest.TestCase):
         self.assertEqual(sorted(after), list(range(resumed_from + 1, 41)))
         return kill_at, resumed_from, before, after
 
-    def check(self, flags, request):
-        reference = self.reference(flags, request)
-        kill_at, resumed_from, before, after = self.kill_and_resume(flags, request)
+    def check(self, flags, request, model=MICRO_FLAG):
+        reference = self.reference(flags, request, model)
+        kill_at, resumed_from, before, after = self.kill_and_resume(flags, request, model)
         print("\n  SIGKILL on the report of step %d (the stream had seen %d), resumed from "
               "step %d, compared steps %d..40" % (kill_at, max(before), resumed_from,
                                                   resumed_from + 1), file=sys.stderr)
@@ -150,6 +160,12 @@ class ExactResumeTest(unittest.TestCase):
         # checkpointed run's gradient checkpointing: with it, only the layer
         # inputs are saved, far fewer tensors than without.
         self.assertTrue(all(r.offload.bytes_out > 0 for r in after.values()))
+
+    def test_qwen3_and_a_llama3_scaled_llama_resume_bit_for_bit_with_offloading(self):
+        for model in (QWEN3_FLAG, LLAMA3_FLAG):
+            with self.subTest(model):
+                after = self.check(("--offload",), RUN, model)
+                self.assertTrue(all(r.offload.bytes_out > 0 for r in after.values()))
 
 
 class AutoSnapshotKindTest(unittest.TestCase):
