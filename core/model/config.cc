@@ -228,6 +228,19 @@ absl::Status ReadWindow(const Json& root, int64_t absent, int64_t* out) {
   return Positive("sliding_window", *out);
 }
 
+// More decoder layers than any real model has by far; it bounds the
+// per-layer lists (layer_types) a config.json can make the daemon build.
+constexpr int64_t kMaxHiddenLayers = int64_t{1} << 20;
+
+absl::Status LayerCountWithinLimit(int64_t layers) {
+  if (layers > kMaxHiddenLayers) {
+    return FieldError(
+        "num_hidden_layers",
+        absl::StrCat("is ", layers, "; at most ", kMaxHiddenLayers, " are supported"));
+  }
+  return absl::OkStatus();
+}
+
 // The fields only some families read, as each transformers config class
 // reads them (a field another family would read is ignored, as transformers
 // ignores it).
@@ -270,6 +283,7 @@ absl::Status ReadFamilyFields(const Json& root, LlamaConfig* c) {
     }
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(LayerCountWithinLimit(c->num_hidden_layers));
   for (int64_t i = 0; i < c->num_hidden_layers; ++i) {
     c->layer_types.push_back(c->sliding_window > 0 && i >= c->max_window_layers
                                  ? "sliding_attention"
@@ -553,6 +567,7 @@ absl::Status LlamaConfig::Validate() const {
                                    ") and num_hidden_layers (", num_hidden_layers,
                                    ") gives more than 2^63 parameters; check the sizes"));
   }
+  RETURN_IF_ERROR(LayerCountWithinLimit(num_hidden_layers));
   return absl::OkStatus();
 }
 

@@ -160,13 +160,15 @@ struct LlamaConfig {
   std::string ToJson() const;
 
   // OK, or INVALID_ARGUMENT saying which field is wrong and how to fix it:
-  // unknown architecture, non-positive sizes or a negative sliding_window or
-  // epsilon/theta, sizes whose parameter count overflows int64, hidden_size %
-  // num_attention_heads != 0 (transformers' LlamaConfig refuses it even with an explicit
-  // head_dim; the other families when head_dim is not given), layer_types of the wrong
-  // length, odd head_dim (rotary embedding needs pairs), num_attention_heads %
-  // num_key_value_heads != 0, an unsupported torch_dtype, rope scaling fields out of
-  // range (factor < 1, llama3's high_freq_factor <= low_freq_factor, a non-positive
+  // an unknown architecture, non-positive sizes, epsilon or theta, a
+  // negative sliding_window, sizes whose parameter count overflows int64,
+  // more than 2^20 layers, hidden_size % num_attention_heads != 0
+  // (transformers' LlamaConfig refuses it even with an explicit head_dim;
+  // the other families when head_dim is not given), layer_types of the
+  // wrong length, an odd head_dim (rotary embedding needs pairs),
+  // num_attention_heads % num_key_value_heads != 0, an unsupported
+  // torch_dtype, rope scaling fields out of range (factor < 1, llama3's
+  // high_freq_factor <= low_freq_factor, a non-positive
   // original_max_position_embeddings).
   absl::Status Validate() const;
 

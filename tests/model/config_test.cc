@@ -153,6 +153,14 @@ TEST(ModelFamilyTest, ReadsQwen2WithItsBiasesAndAnInactiveWindow) {
       kQwen25Config,
       {{"\"use_mrope\": false", "\"layer_types\": [\"full_attention\"]"}}));
   EXPECT_THAT(short_types.status().message(), HasSubstr("layer_types"));
+  // Qwen's default layer_types is one entry per layer: the count is bounded
+  // before the list is built (a config.json must not make it allocate 2^40).
+  absl::StatusOr<LlamaConfig> deep = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kQwen25Config,
+      {{"\"num_hidden_layers\": 24", "\"num_hidden_layers\": 1099511627776"},
+       {"\"hidden_size\": 896", "\"hidden_size\": 14"},
+       {"\"intermediate_size\": 4864", "\"intermediate_size\": 1"}}));
+  EXPECT_THAT(deep.status().message(), HasSubstr("at most 1048576"));
   absl::StatusOr<LlamaConfig> odd_type = LlamaConfig::FromJson(absl::StrReplaceAll(
       kQwen25Config, {{"\"use_mrope\": false", "\"layer_types\": 7"}}));
   EXPECT_THAT(odd_type.status().message(), HasSubstr("layer_types"));
