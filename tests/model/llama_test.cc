@@ -35,14 +35,18 @@ LlamaConfig SmallGqaConfig() {
   return c;
 }
 
+std::vector<std::string> ParameterNames(const LlamaModel& m) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m.NamedParameters()) names.push_back(name);
+  return names;
+}
+
 TEST(LlamaModelTest, ParameterNamesMatchTransformers) {
   LlamaConfig c = SmallGqaConfig();
   c.num_hidden_layers = 1;
   std::unique_ptr<LlamaModel> m = MakeLlama(c, 1);
-  std::vector<std::string> names;
-  for (auto& [name, t] : m->NamedParameters()) names.push_back(name);
   EXPECT_THAT(
-      names,
+      ParameterNames(*m),
       ::testing::ElementsAre(
           "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
           "model.layers.0.self_attn.k_proj.weight",
@@ -297,10 +301,8 @@ TEST(LlamaModelTest, FamilyPartsAreNamedAndShapedAsInTransformers) {
   c.num_hidden_layers = 1;
   c.layer_types.resize(1);
   std::unique_ptr<LlamaModel> m = MakeLlama(c, 1);
-  std::vector<std::string> names;
-  for (auto& [name, t] : m->NamedParameters()) names.push_back(name);
   EXPECT_THAT(
-      names,
+      ParameterNames(*m),
       ::testing::ElementsAre(
           "model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
           "model.layers.0.self_attn.q_proj.bias",
@@ -329,8 +331,7 @@ TEST(LlamaModelTest, FamilyPartsAreNamedAndShapedAsInTransformers) {
   LlamaConfig mlp = SmallGqaConfig();
   mlp.num_hidden_layers = 1;
   mlp.mlp_bias = true;
-  names.clear();
-  for (auto& [name, t] : MakeLlama(mlp, 1)->NamedParameters()) names.push_back(name);
+  const std::vector<std::string> names = ParameterNames(*MakeLlama(mlp, 1));
   EXPECT_THAT(names, ::testing::Contains("model.layers.0.mlp.gate_proj.bias"));
   EXPECT_THAT(names, ::testing::Contains("model.layers.0.mlp.down_proj.bias"));
   EXPECT_THAT(
