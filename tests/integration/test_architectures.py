@@ -192,6 +192,29 @@ class ArchitectureParityTest(harness.DaemonTestCase):
                 self.assertAlmostEqual(checkpointed, plain, delta=1e-6 * abs(plain), msg=name)
                 self.assertAlmostEqual(bf16, plain, delta=0.05 * abs(plain), msg=name)
 
+    def test_placement_on_cpu_and_disk_keeps_each_familys_loss(self):
+        # Layer 0 on the CPU placement, layer 1 mapped from the directory's
+        # safetensors (frozen): the same evaluation loss as all on the device.
+        for name in ("biases", "qwen2", "qwen3-window"):
+            with self.subTest(name):
+                model, directory = self.make("placed-" + name, *CASES[name])
+                ids = tokens(6)
+                expected = hf_loss(model, ids)
+                op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+                    hf_directory=directory, placement=[
+                        pb.ModulePlacement(module="model.layers.0", placement=pb.PLACEMENT_CPU),
+                        pb.ModulePlacement(module="model.layers.1", placement=pb.PLACEMENT_DISK)])).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                placed = {p.name: p.placement for p in
+                          self.d.call("DescribeModel", pb.DescribeModelRequest()).parameters}
+                bias = "model.layers.1.self_attn.q_proj.bias"
+                self.assertEqual(placed[bias], pb.PLACEMENT_DISK, name)
+                self.assertAlmostEqual(self.daemon_loss(ids), expected, delta=1e-5 * expected, msg=name)
+                train = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+                    steps=1, batch_size=1, seq_len=SEQ_LEN,
+                    data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=ids.tolist())))).id)
+                self.assertEqual(train.state, pb.OPERATION_STATE_SUCCEEDED, train.error.message)
+
     def test_a_preset_saved_by_the_daemon_is_the_same_model_to_transformers(self):
         # SmolLM2-135M's shape from random weights: the reverse direction.
         op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="smollm2-135m", seed=3)).id)
