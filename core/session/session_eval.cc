@@ -73,8 +73,7 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
     read = *std::move(created);
   }
   const TokenDataset& data = *read;
-  const int64_t batches =
-      (EvalWindows(data, options) + options.batch_size - 1) / options.batch_size;
+  const int64_t batches = EvalBatches(data, options);
   op->SetProgress(0, batches, "batches", "evaluating");
   // The trainer sets the attention implementation of every step; restore
   // what it was so that an evaluation between two steps changes nothing.

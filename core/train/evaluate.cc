@@ -22,6 +22,10 @@ int64_t EvalWindows(const TokenDataset& data, const EvalOptions& o) {
   return o.max_batches > 0 ? std::min(windows, o.max_batches * o.batch_size) : windows;
 }
 
+int64_t EvalBatches(const TokenDataset& data, const EvalOptions& o) {
+  return o.batch_size > 0 ? (EvalWindows(data, o) + o.batch_size - 1) / o.batch_size : 0;
+}
+
 absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
                                          const EvalOptions& o,
                                          const std::function<bool()>& cancelled) {
@@ -65,9 +69,9 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
     }
   }));
   if (stopped) {
-    return absl::CancelledError(
-        absl::StrCat("evaluation cancelled after ", result.batches, " of ",
-                     (windows + o.batch_size - 1) / o.batch_size, " batches"));
+    return absl::CancelledError(absl::StrCat("evaluation cancelled after ",
+                                             result.batches, " of ", EvalBatches(data, o),
+                                             " batches"));
   }
   result.loss = loss_sum / static_cast<double>(result.tokens);
   result.perplexity = std::exp(result.loss);

@@ -21,6 +21,8 @@ class TokenDataset;
 // i * seq_len; at most max_batches * batch_size of them when max_batches >
 // 0).
 int64_t EvalWindows(const TokenDataset& data, const EvalOptions& options);
+// The batches those windows make (the last one may be short).
+int64_t EvalBatches(const TokenDataset& data, const EvalOptions& options);
 
 // Mean next-token cross-entropy (and its exp, the perplexity) of `model`
 // over EvalWindows(data, options) windows, batch_size a batch, with
