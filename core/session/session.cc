@@ -191,6 +191,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     RETURN_IF_ERROR(aligned.get_future().get());
     if (session->follower()) {
       session->follower_ = std::thread([s] { s->FollowerLoop(); });
+    } else {
+      session->rank_memory_reader_ = std::thread([s] { s->RankMemoryReaderLoop(); });
     }
     LogInfo(absl::StrCat("data parallel: ", DescribeWorld(options.world),
                          session->follower() ? "; following rank 0's commands"
@@ -267,6 +269,7 @@ void Session::Shutdown() {
     ReleaseFollowers();
   }
   if (follower_.joinable()) follower_.join();
+  if (rank_memory_reader_.joinable()) rank_memory_reader_.join();
 }
 
 void Session::OwnerLoop() {

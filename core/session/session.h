@@ -95,8 +95,10 @@ class Session {
   // Set once the run is broken (see SetFatalHandler).
   std::optional<absl::Status> fatal_status() const;
   // Every rank's memory (rank 0's now, the others' as they last published
-  // it, about once a second), with the spread across ranks. On a single
-  // process, that process alone. FAILED_PRECONDITION on a follower.
+  // it, about once a second, read from the store by rank 0's reader thread
+  // so that this never waits on the store), with the spread across ranks.
+  // On a single process, that process alone. FAILED_PRECONDITION on a
+  // follower.
   absl::StatusOr<MemoryAcrossRanks> MemoryOfAllRanks() const;
   // For tests that drive operations by hand (the server's stream tests).
   OperationRegistry& operations_for_testing() { return operations_; }
@@ -251,6 +253,9 @@ class Session {
   // The follower's thread: waits for rank 0's commands and queues them, and
   // publishes this rank's memory about once a second.
   void FollowerLoop();
+  // Rank 0's thread that reads what the followers published into
+  // follower_memory_, twice a second, until Shutdown.
+  void RankMemoryReaderLoop();
   absl::Status FollowCommand(const std::string& command);
   // Before each training step, every rank: one all-reduce tells all whether
   // to stop (a cancel on any rank) and whether rank 0 has boundary work
@@ -368,11 +373,16 @@ class Session {
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
   std::function<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
+  // What each follower (index rank - 1) last published, as the reader thread
+  // last read it: the text, nullopt before it has published, or why it
+  // could not be read.
+  std::vector<absl::StatusOr<std::optional<std::string>>> follower_memory_
+      ABSL_GUARDED_BY(mu_);
 
   // Data parallel. The group: its collectives and store calls are the owner
   // thread's (and Create's, before the owner runs anything). The command
   // channel: the follower's thread (followers), Shutdown (rank 0). The
-  // memory channel: MemoryOfAllRanks' readers (rank 0).
+  // memory channel: the rank-memory reader thread (rank 0).
   std::unique_ptr<ProcessGroup> group_;
   std::unique_ptr<StoreChannel> command_channel_;
   std::unique_ptr<StoreChannel> memory_channel_;
@@ -381,6 +391,7 @@ class Session {
   int64_t commands_ = 0;
   int64_t boundaries_ = 0;
   std::thread follower_;
+  std::thread rank_memory_reader_;
   std::thread owner_;
 };
 

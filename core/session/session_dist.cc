@@ -40,6 +40,8 @@
 namespace memprofd {
 namespace {
 
+// How often rank 0 reads what the followers published of their memory.
+constexpr absl::Duration kRankMemoryPoll = absl::Milliseconds(500);
 // How often an idle follower looks for rank 0's next command (one store
 // round trip), and how often it publishes its memory.
 constexpr absl::Duration kCommandPoll = absl::Milliseconds(100);
@@ -418,11 +420,18 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
   RETURN_IF_ERROR(CheckLeader("GetMemoryStats with all_ranks"));
   MemoryAcrossRanks all;
   all.ranks.push_back(OwnRankMemory());
-  for (int r = 1; r < options_.world.world_size && memory_channel_; ++r) {
+  std::vector<absl::StatusOr<std::optional<std::string>>> published;
+  {
+    absl::MutexLock lock(&mu_);
+    published = follower_memory_;
+  }
+  for (int r = 1; r < options_.world.world_size; ++r) {
     // Each follower publishes about once a second; one that never has (it
     // is still starting) is reported as such, not waited for.
-    absl::StatusOr<std::optional<std::string>> text =
-        memory_channel_->GetKeyIfSet(MemoryKey(r));
+    const absl::StatusOr<std::optional<std::string>> text =
+        static_cast<size_t>(r - 1) < published.size()
+            ? published[static_cast<size_t>(r - 1)]
+            : absl::StatusOr<std::optional<std::string>>(std::nullopt);
     if (text.ok() && text->has_value()) {
       all.ranks.push_back(RankMemoryFromJson(r, **text));
     } else {
@@ -453,6 +462,20 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
   all.step_peak_imbalance_bytes = peak_high - peak_low;
   all.current_imbalance_bytes = now_high - now_low;
   return all;
+}
+
+void Session::RankMemoryReaderLoop() {
+  NameAndLowerThisThread("mpd-rank-memory", 0);
+  for (;;) {
+    std::vector<absl::StatusOr<std::optional<std::string>>> read;
+    for (int r = 1; r < options_.world.world_size && memory_channel_; ++r) {
+      read.push_back(memory_channel_->GetKeyIfSet(MemoryKey(r)));
+    }
+    absl::MutexLock lock(&mu_);
+    follower_memory_ = std::move(read);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), kRankMemoryPoll);
+    if (stopping_) return;
+  }
 }
 
 void Session::ReleaseFollowers() {
