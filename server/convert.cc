@@ -277,10 +277,10 @@ v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
   c->set_mlp_bias(m.config.mlp_bias);
   c->set_qk_norm(m.config.qk_norm());
   for (int64_t i = 0; i < m.config.num_hidden_layers; ++i) {
-    if (m.config.LayerWindow(i) == 0) continue;
-    c->set_sliding_window(m.config.sliding_window);
-    c->add_sliding_window_layers(i);
+    if (m.config.LayerWindow(i) > 0) c->add_sliding_window_layers(i);
   }
+  // The window only where a layer uses it (0 and no layers otherwise).
+  if (c->sliding_window_layers_size() > 0) c->set_sliding_window(m.config.sliding_window);
   info.set_num_parameters(m.num_parameters);
   info.set_parameter_bytes(m.parameter_bytes);
   info.set_device(m.device);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/json.h"
@@ -56,9 +57,13 @@ absl::Status ReadBool(const Json& root, absl::string_view field, bool* out) {
   return absl::OkStatus();
 }
 
+// The rope types RotaryInverseFrequencies computes: the one list, for the
+// checks and for SupportedRopeTypes()'s message.
+constexpr absl::string_view kRopeTypes[] = {"default", "linear", "dynamic", "llama3",
+                                            "yarn"};
+
 bool IsSupportedRopeType(absl::string_view type) {
-  return type == "default" || type == "linear" || type == "dynamic" || type == "llama3" ||
-         type == "yarn";
+  return absl::c_linear_search(kRopeTypes, type);
 }
 
 absl::Status Positive(absl::string_view field, int64_t value) {
@@ -179,10 +184,12 @@ absl::StatusOr<const ModelFamily*> ReadFamily(const Json& root) {
     if (model_type->is_string())
       by_type = FamilyOfModelType(model_type->get<std::string>());
     if (by_type == nullptr) {
-      return FieldError("model_type", absl::StrCat("is ", DumpJson(*model_type),
-                                                   "; supported: llama, mistral, qwen2, "
-                                                   "qwen3 (",
-                                                   SupportedArchitectures(), ")"));
+      const std::string types = absl::StrJoin(
+          ModelFamilies(), ", ",
+          [](std::string* out, const ModelFamily& f) { out->append(f.model_type); });
+      return FieldError("model_type",
+                        absl::StrCat("is ", DumpJson(*model_type), "; supported: ", types,
+                                     " (", SupportedArchitectures(), ")"));
     }
   }
   const Json* archs = JsonFind(root, "architectures");
@@ -602,7 +609,10 @@ Json RopeJson(const LlamaConfig& c) {
 
 }  // namespace
 
-const char* SupportedRopeTypes() { return "default, linear, dynamic, llama3, yarn"; }
+const char* SupportedRopeTypes() {
+  static const std::string names = absl::StrJoin(kRopeTypes, ", ");
+  return names.c_str();
+}
 
 bool operator==(const RopeScaling& a, const RopeScaling& b) {
   return a.rope_type == b.rope_type && a.factor == b.factor &&
