@@ -244,6 +244,10 @@ absl::Status Session::DeleteSnapshot(const std::string& name) {
     loads = loads_in_flight_;
   }
   for (const auto& [id, named] : loads) {
+    // A load reports done before its entry is dropped: a done one reads
+    // nothing more.
+    absl::StatusOr<std::shared_ptr<Operation>> load = operations_.Get(id);
+    if (load.ok() && (*load)->View().done) continue;
     std::error_code named_ec;
     if (std::filesystem::weakly_canonical(named, named_ec).string() == dir && !named_ec) {
       return absl::FailedPreconditionError(absl::StrCat(
