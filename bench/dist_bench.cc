@@ -78,13 +78,13 @@ int RunRank(const std::map<std::string, std::string>& args) {
       return 2;
     }
     group = std::move(*connected);
-    absl::StatusOr<std::unique_ptr<DataParallel>> attached =
-        DataParallel::Attach(group.get(), &trainer);
-    if (!attached.ok()) {
-      std::fprintf(stderr, "%s\n", attached.status().ToString().c_str());
+    absl::StatusOr<std::unique_ptr<DataParallel>> created =
+        DataParallel::Create(group.get(), &trainer);
+    if (!created.ok()) {
+      std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
       return 2;
     }
-    dp = std::move(*attached);
+    dp = std::move(*created);
   }
   TrainOptions options;
   options.batch_size = IntArg(args, "batch");
@@ -92,13 +92,17 @@ int RunRank(const std::map<std::string, std::string>& args) {
   options.steps = IntArg(args, "warmup");
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(options.data, config->vocab_size);
-  if (!data.ok() || !trainer.Run(options, **data).ok()) return 2;
+  StepListeners listeners;
+  if (dp != nullptr) listeners.push_back(dp.get());
+  if (!data.ok() || !trainer.Run(options, **data, {}, {}, nullptr, listeners).ok())
+    return 2;
   const int64_t steps = IntArg(args, "steps");
   at::Generator generator = MakeDataGenerator(3);
   double seconds = 0, exposed = 0;
   for (int64_t s = 0; s < steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<StepReport> report = trainer.Step(options, **data, generator);
+    absl::StatusOr<StepReport> report =
+        trainer.Step(options, **data, generator, listeners);
     seconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (!report.ok()) {

@@ -58,6 +58,7 @@
 #include "core/model/config.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/offload/step_listener.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
@@ -173,28 +174,12 @@ absl::StatusOr<int64_t> SavedBytesCpp(LlamaModel* model, Trainer& trainer,
       offload::Offloader::Create(off, model->device());
   if (!created.ok()) return created.status();
   offload::Offloader* offloader = created->get();
-  int64_t peak = 0;
-  StepHooks hooks;
-  hooks.body_scope = [offloader] {
-    return std::static_pointer_cast<void>(
-        std::make_shared<offload::OffloadScope>(offloader));
-  };
-  hooks.head_scope = hooks.body_scope;
-  hooks.before_step = [model, offloader](int64_t) {
-    std::vector<at::Tensor> pinned = model->Parameters();
-    for (const at::Tensor& b : model->Buffers()) pinned.push_back(b);
-    offloader->BeginStep(pinned);
-  };
-  hooks.after_step = [offloader, &peak](StepReport&) {
-    peak = offloader->EndStep().peak_resident_saved_bytes;
-  };
-  trainer.set_hooks(hooks);
+  offload::OffloadStepListener listener(offloader, model);
   TrainOptions one = options;
   one.steps = 1;
-  absl::StatusOr<TrainResult> r = trainer.Run(one);
-  trainer.set_hooks(StepHooks());
+  absl::StatusOr<TrainResult> r = trainer.Run(one, {}, {}, {&listener});
   if (!r.ok()) return r.status();
-  return peak;
+  return listener.last_step().peak_resident_saved_bytes;
 }
 
 absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,

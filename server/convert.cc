@@ -333,6 +333,7 @@ v1::StepReport ToProto(const SessionStepReport& r) {
   p.set_step(r.step.step);
   p.set_global_step(r.step.global_step);
   p.set_loss(r.step.loss);
+  if (r.step.rank_loss) p.set_rank_loss(*r.step.rank_loss);
   p.set_tokens(r.step.tokens);
   p.set_tokens_per_second(r.step.tokens_per_second);
   p.set_step_seconds(r.step.step_seconds);

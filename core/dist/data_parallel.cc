@@ -1,20 +1,22 @@
 #include "core/dist/data_parallel.h"
 
+#include <ATen/ATen.h>
+
 #include <utility>
 
 #include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
 #include "core/dist/model_sync.h"
 
 namespace memprofd {
 
 DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer,
                            std::unique_ptr<GradientSync> sync)
-    : group_(group),
-      trainer_(trainer),
-      sync_(std::move(sync)),
-      wrapped_(trainer->hooks()) {}
+    : group_(group), trainer_(trainer), sync_(std::move(sync)) {}
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Attach(ProcessGroup* group,
+DataParallel::~DataParallel() = default;
+
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(ProcessGroup* group,
                                                                    Trainer* trainer,
                                                                    int64_t bucket_bytes) {
   LlamaModel* model = trainer->model();
@@ -22,25 +24,39 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Attach(ProcessGroup*
   RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
   ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync,
                    GradientSync::Create(group, model->Parameters(), bucket_bytes));
-  std::unique_ptr<DataParallel> dp(new DataParallel(group, trainer, std::move(sync)));
-  StepHooks hooks = dp->wrapped_;
-  GradientSync* raw = dp->sync_.get();
-  hooks.before_backward = [raw, inner = dp->wrapped_.before_backward](bool last) {
-    if (inner) inner(last);
-    if (last) raw->Arm();
-  };
-  hooks.after_backward = [raw, inner = dp->wrapped_.after_backward]() -> absl::Status {
-    RETURN_IF_ERROR(raw->Finish());
-    return inner ? inner() : absl::OkStatus();
-  };
-  trainer->set_hooks(std::move(hooks));
-  trainer->set_data_shard({group->rank(), group->world_size()});
-  return dp;
+  return std::unique_ptr<DataParallel>(new DataParallel(group, trainer, std::move(sync)));
 }
 
-DataParallel::~DataParallel() {
-  trainer_->set_hooks(wrapped_);
-  trainer_->set_data_shard({});
+std::optional<DataShard> DataParallel::data_shard() const {
+  return DataShard{group_->rank(), group_->world_size()};
+}
+
+void DataParallel::BeforeBackward(bool last) {
+  if (last) sync_->Arm();
+}
+
+absl::Status DataParallel::AfterBackward() { return sync_->Finish(); }
+
+absl::Status DataParallel::OnStepEnd(StepReport& report) {
+  // float64 on the model's device (NCCL reduces device tensors only): the
+  // same three sums, in the same order, on every rank, so every rank derives
+  // the same global loss.
+  at::Tensor sums;
+  RETURN_IF_ERROR(TorchBoundary("the global step report", [&] {
+    sums = at::tensor({report.loss * static_cast<double>(report.tokens),
+                       static_cast<double>(report.tokens), report.tokens_per_second},
+                      at::TensorOptions().dtype(at::kDouble))
+               .to(trainer_->model()->device());
+  }));
+  RETURN_IF_ERROR(group_->AllReduceSum(sums));
+  at::Tensor host;
+  RETURN_IF_ERROR(TorchBoundary("the global step report", [&] { host = sums.cpu(); }));
+  const double* s = host.const_data_ptr<double>();
+  report.rank_loss = report.loss;
+  report.loss = s[1] > 0 ? s[0] / s[1] : report.loss;
+  report.tokens = static_cast<int64_t>(s[1]);
+  report.tokens_per_second = s[2];
+  return absl::OkStatus();
 }
 
 absl::StatusOr<double> DataParallel::Drift() {

@@ -65,8 +65,10 @@ struct OffloadOptions {
   // for. At most this many storages are brought back ahead of need, so it
   // bounds the extra memory the read-ahead holds on the compute device.
   int prefetch_depth = kPrefetchAuto;
-  // false: the trainer runs the output head under NoOffloadScope (little
-  // compute, large activations that backward needs first).
+  // false: the output head (lm_head and loss) runs under a NoOffloadScope
+  // nested in the offload scope (OffloadStepListener::HeadScope): its saved
+  // tensors are counted and stay on the device (little compute, large
+  // activations that backward needs first).
   bool offload_head = false;
   // Disk target (or host spill-over): directory of the spill file. The file
   // is unlinked right after it is created, so nothing is left behind.

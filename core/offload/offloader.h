@@ -134,8 +134,8 @@ class OffloadScope {
 // accounted as resident by that scope's offloader; outside any, the default
 // constructor does nothing, while the Offloader* one reports them to
 // `offloader` the same way (for a head that runs after the body's scope
-// closed, as the trainer's head_scope does). Same threading rules as
-// OffloadScope.
+// closed). OffloadStepListener nests one inside an OffloadScope for the head.
+// Same threading rules as OffloadScope.
 class NoOffloadScope {
  public:
   NoOffloadScope();

@@ -271,6 +271,9 @@ class Session {
   // them to read it.
   void ReleaseFollowers();
 
+  // One training operation's step listener (session_train.cc).
+  class TrainingRun;
+
   // Owner thread only.
   // `cancelled` (may be empty) is polled between the load's stages (weights
   // read, model built, weights copied, checkpoint read): true stops it with

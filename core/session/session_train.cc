@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 
 #include <exception>
+#include <functional>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,9 +18,11 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/offload/step_listener.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
+#include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
@@ -187,6 +191,110 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   return op;
 }
 
+// One training operation's part in each step (step_listener.h): the
+// reports, counters and observers after each step, the boundary work between
+// steps (and, data parallel, the ranks' agreement on stopping there), and the
+// OOM report of a step that ran out of memory.
+class Session::TrainingRun : public StepListener {
+ public:
+  TrainingRun(Session* session, std::shared_ptr<Operation> op, int64_t steps,
+              const offload::OffloadStepListener* offload, DataParallel* data_parallel)
+      : session_(session),
+        op_(std::move(op)),
+        steps_(steps),
+        offload_(offload),
+        data_parallel_(data_parallel),
+        observers_(session->Observers()) {}
+
+  // The first failure of the data-parallel run's own collectives outside a
+  // step (drift checks); the run ends with it at the next boundary.
+  const absl::Status& failure() const { return failure_; }
+
+  absl::StatusOr<bool> AtBoundary() override {
+    if (data_parallel_ == nullptr) {
+      session_->RunBoundaryWork();
+      return false;  // the cancel is the run's cheap predicate
+    }
+    RETURN_IF_ERROR(failure_);
+    return session_->SyncStepBoundary(op_);
+  }
+
+  void OnStepFailed(const absl::Status& status, int64_t global_step) override {
+    if (!absl::IsResourceExhausted(status)) return;
+    // Memory may still be short: a report that cannot be built must not take
+    // the owner thread down with it.
+    try {
+      session_->RecordOutOfMemory(status, global_step);
+    } catch (const std::exception& e) {
+      LogWarning(
+          absl::StrCat("step ", global_step,
+                       " ran out of memory; no OOM report could be built: ", e.what()));
+    }
+  }
+
+  void OnStepReported(const StepReport& report) override;
+
+ private:
+  Session* const session_;
+  const std::shared_ptr<Operation> op_;
+  const int64_t steps_;
+  const offload::OffloadStepListener* const offload_;
+  DataParallel* const data_parallel_;  // null: a single process
+  const std::vector<std::shared_ptr<SessionObserver>> observers_;
+  absl::Status failure_;
+};
+
+void Session::TrainingRun::OnStepReported(const StepReport& report) {
+  Session& s = *session_;
+  SessionStepReport r;
+  r.step = report;
+  r.offload = offload_->last_step();
+  r.peak_allocated_bytes = StepPeakBytes(s.device_);
+  op_->AppendEvent(r);
+  for (const auto& observer : observers_) observer->OnStep(r);
+  std::optional<double> drift;
+  if (data_parallel_ != nullptr && failure_.ok() &&
+      (report.global_step % kDriftEverySteps == 0 || report.step == steps_)) {
+    absl::StatusOr<double> d = data_parallel_->Drift();
+    if (d.ok()) {
+      drift = *d;
+    } else {
+      failure_ = d.status();
+    }
+  }
+  op_->SetProgress(report.step, steps_, "steps",
+                   absl::StrFormat("step %d/%d, loss %.4f, %.0f tokens/s", report.step,
+                                   steps_, report.loss, report.tokens_per_second));
+  {
+    absl::MutexLock lock(&s.mu_);
+    s.counters_.steps_total += 1;
+    s.counters_.tokens_total += report.tokens;
+    s.counters_.last_loss = report.loss;
+    s.counters_.has_loss = true;
+    s.counters_.offload_totals.Add(r.offload);
+    s.counters_.last_step = r;
+    if (s.model_summary_) s.model_summary_->steps_trained = report.global_step;
+    if (data_parallel_ != nullptr) {
+      DataParallelCounters& dp = s.counters_.data_parallel;
+      const GradientSyncStats& sync = data_parallel_->last_step();
+      dp.allreduce_bytes = sync.bytes;
+      dp.buckets = sync.buckets;
+      dp.buckets_overlapped = sync.buckets_started_in_backward;
+      dp.allreduce_exposed_seconds = sync.exposed_seconds;
+      dp.allreduce_exposed_seconds_total += sync.exposed_seconds;
+      if (drift) {
+        dp.parameter_drift = drift;
+        dp.drift_checks_total += 1;
+      }
+    }
+  }
+  if (report.eval) s.CountEvaluation(*report.eval);
+  s.PublishCategories();
+  s.PublishRun();
+  s.RecordStepPeaks(r);
+  s.MaybeQueuePeriodicSnapshot(report.global_step);
+}
+
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                           const offload::OffloadOptions& offload_options,
                           const TokenDataset& data, const TokenDataset* eval_data,
@@ -217,155 +325,48 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     }
     offloader_ = *std::move(created);
   }
-  offload::Offloader* offloader = offloader_.get();
   // The model is on its device by now, so the CUDA allocator is set up and
   // takes the observer; an allocation failure before this run is stale.
   if (!c10::Device(device_).is_cpu()) memory::InstallCudaOomObserver();
   memory::TakeOomCapture();
 
-  offload::OffloadStats step_offload;
-  StepHooks hooks;
-  hooks.body_scope = [offloader] {
-    return std::static_pointer_cast<void>(
-        std::make_shared<offload::OffloadScope>(offloader));
-  };
-  // The head runs inside the offload scope too, so that its saved tensors are
-  // counted; unless offload_head, a nested NoOffloadScope keeps them on the
-  // device (little compute, large activations that backward needs first).
-  hooks.head_scope = [offloader, offload_head = offload_options.offload_head] {
-    struct HeadScope {
-      explicit HeadScope(offload::Offloader* o) : offload(o) {}
-      offload::OffloadScope offload;
-    };
-    struct ExemptHeadScope {
-      explicit ExemptHeadScope(offload::Offloader* o) : offload(o) {}
-      offload::OffloadScope offload;
-      offload::NoOffloadScope exempt;  // destroyed first
-    };
-    return offload_head
-               ? std::static_pointer_cast<void>(std::make_shared<HeadScope>(offloader))
-               : std::static_pointer_cast<void>(
-                     std::make_shared<ExemptHeadScope>(offloader));
-  };
-  hooks.after_forward = [offloader] { offloader->MarkForwardEnd(); };
-  hooks.before_step = [this, offloader](int64_t) {
-    std::vector<at::Tensor> pinned = model_->Parameters();
-    for (const auto& b : model_->Buffers()) pinned.push_back(b);
-    offloader->BeginStep(pinned);
-  };
-  hooks.after_step = [offloader, &step_offload](StepReport&) {
-    step_offload = offloader->EndStep();
-  };
-  hooks.on_failure = [this](const absl::Status& status, int64_t global_step) {
-    if (!absl::IsResourceExhausted(status)) return;
-    // Memory may still be short: a report that cannot be built must not take
-    // the owner thread down with it.
-    try {
-      RecordOutOfMemory(status, global_step);
-    } catch (const std::exception& e) {
-      LogWarning(
-          absl::StrCat("step ", global_step,
-                       " ran out of memory; no OOM report could be built: ", e.what()));
-    }
-  };
-  trainer_->set_hooks(hooks);
-
   // Data parallel: every rank takes rank 0's weights and optimizer state and
-  // averages gradients in buckets during backward (DataParallel); a failure
-  // of the run is recorded here and ends it at the next boundary.
+  // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;
-  absl::Status run_failure;
   if (group_ != nullptr) {
-    absl::StatusOr<std::unique_ptr<DataParallel>> attached =
-        DataParallel::Attach(group_.get(), trainer_.get());
-    if (!attached.ok()) {
-      trainer_->set_hooks(StepHooks());
-      finish(attached.status());
-      FailRun(attached.status());
+    absl::StatusOr<std::unique_ptr<DataParallel>> created =
+        DataParallel::Create(group_.get(), trainer_.get());
+    if (!created.ok()) {
+      finish(created.status());
+      FailRun(created.status());
       return;
     }
-    data_parallel = *std::move(attached);
+    data_parallel = *std::move(created);
     absl::MutexLock lock(&mu_);
     counters_.data_parallel.active = true;
   }
 
-  const int64_t steps = train.steps;
-  const std::vector<std::shared_ptr<SessionObserver>> observers = Observers();
-  auto on_step = [&](const StepReport& report) {
-    SessionStepReport r;
-    r.step = report;
-    r.offload = step_offload;
-    r.peak_allocated_bytes = StepPeakBytes(device_);
-    op->AppendEvent(r);
-    for (const auto& observer : observers) observer->OnStep(r);
-    std::optional<double> drift;
-    if (data_parallel != nullptr && run_failure.ok() &&
-        (report.global_step % kDriftEverySteps == 0 || report.step == steps)) {
-      absl::StatusOr<double> d = data_parallel->Drift();
-      if (d.ok()) {
-        drift = *d;
-      } else {
-        run_failure = d.status();
-      }
-    }
-    op->SetProgress(report.step, steps, "steps",
-                    absl::StrFormat("step %d/%d, loss %.4f, %.0f tokens/s", report.step,
-                                    steps, report.loss, report.tokens_per_second));
-    {
-      absl::MutexLock lock(&mu_);
-      counters_.steps_total += 1;
-      counters_.tokens_total += report.tokens;
-      counters_.last_loss = report.loss;
-      counters_.has_loss = true;
-      counters_.offload_totals.Add(step_offload);
-      counters_.last_step = r;
-      if (model_summary_) model_summary_->steps_trained = report.global_step;
-      if (data_parallel != nullptr) {
-        DataParallelCounters& dp = counters_.data_parallel;
-        const GradientSyncStats& sync = data_parallel->last_step();
-        dp.allreduce_bytes = sync.bytes;
-        dp.buckets = sync.buckets;
-        dp.buckets_overlapped = sync.buckets_started_in_backward;
-        dp.allreduce_exposed_seconds = sync.exposed_seconds;
-        dp.allreduce_exposed_seconds_total += sync.exposed_seconds;
-        if (drift) {
-          dp.parameter_drift = drift;
-          dp.drift_checks_total += 1;
-        }
-      }
-    }
-    if (report.eval) CountEvaluation(*report.eval);
-    PublishCategories();
-    PublishRun();
-    RecordStepPeaks(r);
-    MaybeQueuePeriodicSnapshot(report.global_step);
-  };
-  auto cancelled = [&] {
-    // Step boundary: snapshots and other boundary work run here.
-    if (data_parallel == nullptr) {
-      RunBoundaryWork();
-      return op->cancel_requested();
-    }
-    if (!run_failure.ok()) return true;
-    absl::StatusOr<bool> stop = SyncStepBoundary(op);
-    if (!stop.ok()) run_failure = stop.status();
-    return !stop.ok() || *stop;
-  };
+  // The step's listeners, in calling order: the offloader, the gradient
+  // synchronisation (whose OnStepEnd puts the global loss in the report),
+  // then this operation's reporting.
+  offload::OffloadStepListener offload(offloader_.get(), model_.get());
+  TrainingRun run(this, op, train.steps, &offload, data_parallel.get());
+  StepListeners listeners = {&offload};
+  if (data_parallel != nullptr) listeners.push_back(data_parallel.get());
+  listeners.push_back(&run);
+  // A cancel (or shutdown) stops a single-process run at a boundary or
+  // within a step; data-parallel ranks stop together at a boundary (through
+  // TrainingRun::AtBoundary), so they poll nothing.
+  std::function<bool()> cancelled;
+  if (data_parallel == nullptr) cancelled = [op] { return op->cancel_requested(); };
   // The op half of attribution for the training's lifetime (every thread's
   // ops, autograd's included; the module scopes come from the forward).
   memory::OpAttribution op_attribution;
-  // A cancel (or shutdown) stops a single-process step between micro-batches;
-  // data-parallel ranks stop together at the step boundary (SyncStepBoundary).
-  if (data_parallel == nullptr) {
-    trainer_->set_step_interrupt([op] { return op->cancel_requested(); });
-  }
   const int64_t nonfinite_before = trainer_->nonfinite_steps();
   absl::StatusOr<TrainResult> result =
-      resume ? trainer_->ContinueRun(train, data, on_step, cancelled, eval_data)
-             : trainer_->Run(train, data, on_step, cancelled, eval_data);
-  data_parallel.reset();  // puts the hooks and the data shard back
-  trainer_->set_hooks(StepHooks());
-  trainer_->set_step_interrupt({});
+      resume ? trainer_->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
+             : trainer_->Run(train, data, {}, cancelled, eval_data, listeners);
+  data_parallel.reset();  // removes the gradient hooks
   if (const int64_t n = trainer_->nonfinite_steps() - nonfinite_before; n > 0) {
     absl::MutexLock lock(&mu_);
     counters_.nonfinite_steps_total += n;
@@ -376,7 +377,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     // A step that failed on one rank leaves the others in a collective that
     // will not complete: the run cannot go on. (Bad options fail alike on
     // every rank before any collective, and do not break it.)
-    absl::Status failure = !run_failure.ok() ? run_failure : result.status();
+    absl::Status failure = !run.failure().ok() ? run.failure() : result.status();
     if (!failure.ok() && !absl::IsInvalidArgument(failure)) {
       finish(failure);
       FailRun(failure);
@@ -387,7 +388,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     finish(result.status());
   } else if (result->cancelled) {
     finish(absl::CancelledError(absl::StrCat("cancelled after ", result->steps_completed,
-                                             " of ", steps, " steps")),
+                                             " of ", train.steps, " steps")),
            *result);
   } else {
     finish(absl::OkStatus(), *result);

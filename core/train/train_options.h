@@ -105,9 +105,16 @@ struct TrainRequest {
 struct StepReport {
   int64_t step = 0;         // 1-based within this Run
   int64_t global_step = 0;  // 1-based over the trainer's life
-  double loss = 0.0;        // mean next-token cross-entropy over the step's tokens
-  int64_t tokens = 0;       // batch_size * seq_len * grad_accumulation_steps
+  // The mean next-token cross-entropy over the step's tokens, and their
+  // number (batch_size * seq_len * grad_accumulation_steps) and rate. In a
+  // data-parallel run, all three are the global batch's: the loss over every
+  // rank's tokens, the tokens and the rates summed over the ranks.
+  double loss = 0.0;
+  int64_t tokens = 0;
   double tokens_per_second = 0.0;
+  // This rank's own loss, in a data-parallel run (over its shard of the
+  // batch); unset otherwise.
+  std::optional<double> rank_loss;
   double step_seconds = 0.0;
   // Time spent in each phase, summed over micro-batches. The optimizer phase
   // includes the gradient norm and clipping; drawing batches counts in

@@ -54,9 +54,24 @@ class StepMarker {
   const int64_t global_step_;
 };
 
-std::shared_ptr<void> Enter(const std::function<std::shared_ptr<void>()>& scope) {
-  return scope ? scope() : nullptr;
+// The listeners' scopes, taken in listener order and released in reverse.
+template <typename Take>
+std::vector<std::shared_ptr<void>> EnterScopes(const StepListeners& listeners,
+                                               Take take) {
+  std::vector<std::shared_ptr<void>> scopes;
+  scopes.reserve(listeners.size());
+  for (StepListener* l : listeners) scopes.push_back(take(*l));
+  return scopes;
 }
+
+// Releases scopes last-taken first (a vector destroys its elements in
+// unspecified order).
+struct ScopeStack {
+  std::vector<std::shared_ptr<void>> scopes;
+  ~ScopeStack() {
+    while (!scopes.empty()) scopes.pop_back();
+  }
+};
 
 }  // namespace
 
@@ -115,18 +130,32 @@ void Trainer::ClearGradients() {
   }
 }
 
+DataShard Trainer::ShardOf(const StepListeners& listeners) {
+  for (const StepListener* l : listeners) {
+    if (std::optional<DataShard> shard = l->data_shard()) return *shard;
+  }
+  return DataShard();
+}
+
 absl::StatusOr<StepReport> Trainer::Step(const TrainOptions& options,
                                          const TokenDataset& data,
-                                         at::Generator& generator) {
+                                         at::Generator& generator,
+                                         const StepListeners& listeners) {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
-  return StepUnchecked(options, data, generator, 1, 0, options.steps);
+  const std::function<bool()> never;
+  return StepUnchecked(options, data, generator, 1, 0, options.steps,
+                       StepContext{listeners, never, ShardOf(listeners)});
 }
 
 absl::StatusOr<StepReport> Trainer::StepUnchecked(
     const TrainOptions& options, const TokenDataset& data, at::Generator& generator,
-    int64_t step_in_run, int64_t schedule_position, int64_t schedule_steps) {
+    int64_t step_in_run, int64_t schedule_position, int64_t schedule_steps,
+    const StepContext& context) {
+  const StepListeners& listeners = context.listeners;
+  const std::function<bool()>& interrupted = context.interrupted;
+  const DataShard shard = context.shard;
   const Clock::time_point start = Clock::now();
   model_->set_attention_implementation(options.attn_implementation);
   StepReport report;
@@ -137,29 +166,29 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
                                         schedule_position, schedule_steps);
 
   StepMarker marker(report.global_step);
-  if (hooks_.before_step) hooks_.before_step(report.global_step);
+  for (StepListener* l : listeners) l->OnStepBegin(report.global_step);
 
   const c10::Device device = model_->device();
   double loss_sum = 0.0;
-  // A data or after_backward error, carried out of the boundary.
+  // A data or AfterBackward error, carried out of the boundary.
   absl::Status batch_status;
   absl::Status status = TorchBoundary("training step", [&] {
     ConfigureOptimizer(options, report.learning_rate);
     ClearGradients();
     for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
-      if (micro > 0 && interrupt_ && interrupt_()) {
+      if (micro > 0 && interrupted && interrupted()) {
         batch_status = absl::CancelledError(
             absl::StrCat("step interrupted after ", micro, " of ",
                          options.grad_accumulation_steps, " micro-batches"));
         return;
       }
       absl::StatusOr<TokenBatch> batch =
-          data.NextBatch(options.batch_size * shard_.count, options.seq_len, generator);
+          data.NextBatch(options.batch_size * shard.count, options.seq_len, generator);
       if (!batch.ok()) {
         batch_status = batch.status();
         return;
       }
-      const int64_t first_row = options.batch_size * shard_.index;
+      const int64_t first_row = options.batch_size * shard.index;
       at::Tensor inputs =
           batch->inputs.narrow(0, first_row, options.batch_size).to(device);
       at::Tensor targets =
@@ -174,22 +203,23 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         AutocastScope autocast(options.mixed_precision, device.type());
         at::Tensor hidden;
         {
-          std::shared_ptr<void> scope = Enter(hooks_.body_scope);
+          ScopeStack scope{
+              EnterScopes(listeners, [](StepListener& l) { return l.BodyScope(); })};
           // ForwardHidden, layer by layer, so that a long micro-batch can be
           // interrupted between layers, in forward here and in backward
           // through the hook on each layer's input.
           hidden = model_->Embed(inputs);
           for (int64_t i = 0; i < model_->num_layers(); ++i) {
-            if (i > 0 && interrupt_) {
-              if (interrupt_()) {
+            if (i > 0 && interrupted) {
+              if (interrupted()) {
                 batch_status = absl::CancelledError(
                     absl::StrCat("step interrupted in the forward of micro-batch ",
                                  micro + 1, ", before layer ", i));
                 return;
               }
               if (hidden.requires_grad()) {
-                hidden.register_hook([this](const at::Tensor&) {
-                  if (interrupt_()) throw StepInterrupted();
+                hidden.register_hook([interrupted](const at::Tensor&) {
+                  if (interrupted()) throw StepInterrupted();
                 });
               }
             }
@@ -199,20 +229,20 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
           }
           hidden = model_->FinalNorm(hidden);
         }
-        std::shared_ptr<void> scope = Enter(hooks_.head_scope);
+        ScopeStack scope{
+            EnterScopes(listeners, [](StepListener& l) { return l.HeadScope(); })};
         loss = LanguageModelLoss(*model_, hidden, targets, options.loss_chunk_tokens,
                                  LossReduction::kMean);
         if (options.grad_accumulation_steps > 1)
           loss = loss / static_cast<double>(options.grad_accumulation_steps);
       }
-      if (hooks_.after_forward) hooks_.after_forward();
+      for (StepListener* l : listeners) l->OnForwardEnd();
       Clock::time_point t1 = Clock::now();
       report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
       {
         PhaseScope phase(Phase::kBackward);
-        if (hooks_.before_backward) {
-          hooks_.before_backward(micro + 1 == options.grad_accumulation_steps);
-        }
+        const bool last = micro + 1 == options.grad_accumulation_steps;
+        for (StepListener* l : listeners) l->BeforeBackward(last);
         try {
           loss.backward();
         } catch (const StepInterrupted&) {
@@ -227,11 +257,13 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
           const std::optional<Attribution> param = memory::StorageAttribution(p);
           if (param) memory::TagStorage(p.grad(), param->module, Category::kGradients);
         }
-        if (hooks_.after_backward && micro + 1 == options.grad_accumulation_steps) {
-          absl::Status synced = hooks_.after_backward();
-          if (!synced.ok()) {
-            batch_status = synced;
-            return;
+        if (last) {
+          for (StepListener* l : listeners) {
+            absl::Status synced = l->AfterBackward();
+            if (!synced.ok()) {
+              batch_status = synced;
+              return;
+            }
           }
         }
       }
@@ -270,7 +302,9 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     optimizer_->Step();
     report.optimizer_seconds = SecondsSince(t2);
   });
-  if (!status.ok() && hooks_.on_failure) hooks_.on_failure(status, report.global_step);
+  if (!status.ok()) {
+    for (StepListener* l : listeners) l->OnStepFailed(status, report.global_step);
+  }
   ClearGradients();
   RETURN_IF_ERROR(status);
   RETURN_IF_ERROR(batch_status);
@@ -281,13 +315,13 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
   report.tokens_per_second =
       report.step_seconds > 0 ? static_cast<double>(report.tokens) / report.step_seconds
                               : 0;
-  if (hooks_.after_step) hooks_.after_step(report);
+  for (StepListener* l : listeners) RETURN_IF_ERROR(l->OnStepEnd(report));
   return report;
 }
 
 absl::StatusOr<TrainResult> Trainer::Run(
     const TrainOptions& options, const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, const StepListeners& listeners) {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
@@ -297,13 +331,14 @@ absl::StatusOr<TrainResult> Trainer::Run(
     ASSIGN_OR_RETURN(
         eval_data, TokenDataset::Create(*options.eval_data, model_->config().vocab_size));
   }
-  return Run(options, *data, on_step, cancelled, eval_data.get());
+  return Run(options, *data, on_step, cancelled, eval_data.get(), listeners);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+    const StepListeners& listeners) {
   RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
   generator_ = MakeDataGenerator(options.seed);
   RunState run;
@@ -311,7 +346,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
   run.data_tokens = data.size();
   run.sampler.seed = options.seed;
   run_ = std::move(run);
-  return RunSteps(options, data, on_step, cancelled, eval_data);
+  return RunSteps(options, data, on_step, cancelled, eval_data, listeners);
 }
 
 absl::Status Trainer::CheckRunInputs(const TrainOptions& options,
@@ -333,7 +368,8 @@ absl::Status Trainer::CheckRunInputs(const TrainOptions& options,
 absl::StatusOr<TrainResult> Trainer::ContinueRun(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+    const StepListeners& listeners) {
   RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
@@ -343,25 +379,34 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
   run_->options = options;
   run_->options.steps = run_->steps_completed + options.steps;
   run_->data_tokens = data.size();
-  return RunSteps(options, data, on_step, cancelled, eval_data);
+  return RunSteps(options, data, on_step, cancelled, eval_data, listeners);
 }
 
 absl::StatusOr<TrainResult> Trainer::RunSteps(
     const TrainOptions& options, const TokenDataset& data,
     const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data) {
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+    const StepListeners& listeners) {
   TrainResult result;
+  const StepContext context{listeners, cancelled, ShardOf(listeners)};
   const Clock::time_point start = Clock::now();
   for (int64_t step = 1; step <= options.steps; ++step) {
-    if (cancelled && cancelled()) {
+    bool stop = false;
+    for (StepListener* l : listeners) {
+      ASSIGN_OR_RETURN(const bool listener_stops, l->AtBoundary());
+      stop = stop || listener_stops;
+      if (stop) break;
+    }
+    if (stop || (cancelled && cancelled())) {
       result.cancelled = true;
       break;
     }
     // Where the step's windows start, to put back if it is interrupted.
-    const at::Generator before = interrupt_ ? generator_.clone() : at::Generator();
-    absl::StatusOr<StepReport> stepped = StepUnchecked(
-        options, data, generator_, step, run_->steps_completed, run_->options.steps);
-    if (absl::IsCancelled(stepped.status()) && interrupt_) {
+    const at::Generator before = cancelled ? generator_.clone() : at::Generator();
+    absl::StatusOr<StepReport> stepped =
+        StepUnchecked(options, data, generator_, step, run_->steps_completed,
+                      run_->options.steps, context);
+    if (absl::IsCancelled(stepped.status()) && cancelled) {
       ClearGradients();
       generator_.set_state(before.get_state());
       result.cancelled = true;
@@ -385,6 +430,7 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
     result.last_loss = report.loss;
     result.steps_completed = step;
     result.tokens += report.tokens;
+    for (StepListener* l : listeners) l->OnStepReported(report);
     if (on_step) on_step(report);
   }
   result.seconds = SecondsSince(start);

@@ -4,7 +4,8 @@
 // Training steps over a LlamaModel: next-token cross-entropy, AdamW with a
 // learning-rate schedule, optional gradient clipping, accumulation, per-layer
 // checkpointing, bf16 autocast and periodic evaluation, with phase markers
-// and hooks for the memory recorder and the activation offloader.
+// for the memory recorder and the step listeners of each run (the activation
+// offloader, data parallel, the session: step_listener.h).
 
 #include <ATen/core/Generator.h>
 
@@ -22,54 +23,13 @@
 #include "absl/status/statusor.h"
 #include "core/model/llama.h"
 #include "core/train/data.h"
+#include "core/train/step_listener.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer_state.h"
 
 namespace memprofd {
 
 class FusedAdamW;
-
-// Callbacks a session installs around every step; all optional. They run on
-// the owner thread, inside the step.
-struct StepHooks {
-  // Held (the returned token kept alive) during the forward pass of the
-  // embedding, the decoder layers and the final norm: the offloader's
-  // saved-tensor scope.
-  std::function<std::shared_ptr<void>()> body_scope;
-  // Held during the lm_head forward and the loss (large, cheap to recompute
-  // activations that the offloader leaves alone).
-  std::function<std::shared_ptr<void>()> head_scope;
-  // After each micro-batch's forward (the loss computed, every scope above
-  // closed), before its backward.
-  std::function<void()> after_forward;
-  // After BeginStep(global_step), before the first micro-batch.
-  std::function<void(int64_t global_step)> before_step;
-  // After a successful step, before EndStep and before Run's on_step; may add
-  // to the report.
-  std::function<void(StepReport&)> after_step;
-  // After a step failed inside the boundary (`status`, not OK), before its
-  // gradients are cleared and before EndStep: the OOM report's moment.
-  std::function<void(const absl::Status& status, int64_t global_step)> on_failure;
-  // Before each micro-batch's backward; `last` for the step's final one,
-  // whose gradients are complete (data parallel starts its all-reduces from
-  // there).
-  std::function<void(bool last)> before_backward;
-  // After the last backward, before clipping and the optimizer update; may
-  // replace the gradients (data parallel averages them here). A failure fails
-  // the step with that status.
-  std::function<absl::Status()> after_backward;
-};
-
-// The part of every batch this process trains on, in a data-parallel run:
-// the global batch of batch_size x shards windows is drawn the same way on
-// every rank (same generator, same order), and shard `index` takes rows
-// [index * batch_size, (index + 1) * batch_size). So a run of N ranks sees the
-// windows one process with batch N x batch_size would, and every rank's
-// generator stays in step.
-struct DataShard {
-  int index = 0;
-  int count = 1;
-};
 
 // Trains one model. Holds the AdamW optimizer, whose state (moments, step
 // counts) persists across Step and Run calls; new options with another
@@ -91,45 +51,44 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  void set_hooks(StepHooks hooks) { hooks_ = std::move(hooks); }
-  const StepHooks& hooks() const { return hooks_; }
-  // Which part of each global batch this trainer takes (default: all of it).
-  void set_data_shard(DataShard shard) { shard_ = shard; }
-
-  // Polled during every step of a run: before each micro-batch after the
-  // first, and within each micro-batch between its decoder layers, in
-  // forward (before layers 1..L-1) and in backward (as the gradient reaches
-  // the inputs of layers L-1..1), so that even one long micro-batch stops
-  // within a layer's work. True abandons the step under way: no optimizer update (the
-  // weights stay as the last completed step left them), its gradients dropped, the run's
-  // generator put back where the step began (a continued run draws the same windows), and
-  // the run returns OK with result.cancelled and the steps completed. Single-process runs
-  // only: data-parallel ranks agree on stopping at step boundaries, since a rank leaving
-  // mid-step would leave the others in the gradient all-reduce. Empty (the default):
-  // never.
-  void set_step_interrupt(std::function<bool()> interrupted) {
-    interrupt_ = std::move(interrupted);
-  }
-
   // One optimizer step (grad_accumulation_steps micro-batches of batch_size windows drawn
   // from `data` by `generator`). INVALID_ARGUMENT for options that
   // ValidateTrainOptions or data.Validate(seq_len) reject; otherwise the
   // failure of the step as above. Marks BeginStep/EndStep(global_step) and
   // the forward, backward and optimizer phases.
+  // Every listener is called as step_listener.h describes (AtBoundary aside:
+  // Step is no run).
   absl::StatusOr<StepReport> Step(const TrainOptions& options, const TokenDataset& data,
-                                  at::Generator& generator);
+                                  at::Generator& generator,
+                                  const StepListeners& listeners = {});
 
   // options.steps steps on options.data, windows drawn by a generator seeded
-  // with options.seed. Calls `on_step` (optional) after each step and
-  // `cancelled` (optional) before each; when it returns true the run stops
-  // and returns OK with result.cancelled set and the steps done so far.
-  // Errors: the options' or data's INVALID_ARGUMENT, or the first failed
-  // step's status (the steps before it were reported through on_step).
-  // The run becomes the one ContinueRun continues and State() saves.
+  // with options.seed, with `listeners` taking part in every step
+  // (step_listener.h). Calls `on_step` (optional) after each step, after the
+  // listeners' OnStepReported.
+  //
+  // `cancelled` (optional; a cheap predicate) is polled at every boundary,
+  // after the listeners' AtBoundary, and within every step: before each
+  // micro-batch after the first, and within each micro-batch between its
+  // decoder layers, in forward (before layers 1..L-1) and in backward (as the
+  // gradient reaches the inputs of layers L-1..1), so that even one long
+  // micro-batch stops within a layer's work. True at a boundary stops the run
+  // there; true within a step abandons it: no optimizer update (the weights
+  // stay as the last completed step left them), its gradients dropped, the
+  // run's generator put back where the step began (a continued run draws the
+  // same windows). Either way the run returns OK with result.cancelled and
+  // the steps completed. A data-parallel run passes none (a rank leaving
+  // mid-step would leave the others in the gradient all-reduce): its ranks
+  // agree on stopping at boundaries, through a listener's AtBoundary.
+  //
+  // Errors: the options' or data's INVALID_ARGUMENT, a listener's AtBoundary
+  // error, or the first failed step's status (the steps before it were
+  // reported). The run becomes the one ContinueRun continues and State()
+  // saves.
   absl::StatusOr<TrainResult> Run(
       const TrainOptions& options,
       const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {});
+      const std::function<bool()>& cancelled = {}, const StepListeners& listeners = {});
 
   // The same over `data`, already checked by the caller (TokenDataset::Create
   // and Validate(options.seq_len)); options are still validated. With
@@ -142,7 +101,7 @@ class Trainer {
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr);
+      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
 
   // Continues the last run (started by Run, or restored by Restore) with
   // `options` for options.steps more steps: the run's generator draws on
@@ -154,7 +113,7 @@ class Trainer {
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr);
+      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
 
   // The optimizer's state tensors (AdamW moments; empty before the first
   // step), for memory accounting. Owner thread only.
@@ -198,13 +157,22 @@ class Trainer {
   void ResetOptimizer();
 
  private:
+  // What one step is given besides its options and data.
+  struct StepContext {
+    const StepListeners& listeners;
+    const std::function<bool()>& interrupted;  // empty: never
+    DataShard shard;
+  };
+  // The shard the listeners ask for (the whole batch when none does).
+  static DataShard ShardOf(const StepListeners& listeners);
   // One step; its learning rate is the schedule's at 0-based
   // schedule_position of schedule_steps.
   absl::StatusOr<StepReport> StepUnchecked(const TrainOptions& options,
                                            const TokenDataset& data,
                                            at::Generator& generator, int64_t step_in_run,
                                            int64_t schedule_position,
-                                           int64_t schedule_steps);
+                                           int64_t schedule_steps,
+                                           const StepContext& context);
   // The checks Run and ContinueRun make before a step: the options, the
   // data against seq_len, and evaluation data present exactly when due.
   absl::Status CheckRunInputs(const TrainOptions& options, const TokenDataset& data,
@@ -216,7 +184,8 @@ class Trainer {
   absl::StatusOr<TrainResult> RunSteps(
       const TrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step,
-      const std::function<bool()>& cancelled, const TokenDataset* eval_data);
+      const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+      const StepListeners& listeners);
   // Creates the optimizer on first use; updates its hyperparameters after
   // (the learning rate: this step's, from the schedule).
   void ConfigureOptimizer(const TrainOptions& options, double learning_rate);
@@ -224,10 +193,7 @@ class Trainer {
 
   LlamaModel* const model_;
   std::unique_ptr<FusedAdamW> optimizer_;
-  StepHooks hooks_;
-  std::function<bool()> interrupt_;  // see set_step_interrupt
   int64_t nonfinite_steps_ = 0;
-  DataShard shard_;
   int64_t global_step_ = 0;
   // The run ContinueRun continues (its sampler's generator_state is filled
   // only by State()), and its generator.

@@ -8,11 +8,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
+#include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -110,6 +114,23 @@ double MaxAbs(const std::vector<float>& a) {
   return worst;
 }
 
+// The "step N loss L [rank_loss R]" lines of a worker's output: {N: {L, R}}
+// (R is NaN when absent).
+std::map<int, std::pair<double, double>> StepLosses(const std::string& output) {
+  std::map<int, std::pair<double, double>> losses;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    int step = 0;
+    double loss = 0, rank_loss = std::nan("");
+    if (std::sscanf(line.c_str(), "step %d loss %lf rank_loss %lf", &step, &loss,
+                    &rank_loss) >= 2) {
+      losses[step] = {loss, rank_loss};
+    }
+  }
+  return losses;
+}
+
 // Two ranks x batch B against one process x batch 2B, on the same windows.
 // - The ranks end bit-identical to each other: the same averaged gradients
 //   and the same AdamW step on each.
@@ -157,6 +178,26 @@ void ExpectTwoRanksMatchOneProcess(const std::string& extra) {
             << MaxAbsDiff(r0, p1) << std::endl;
   EXPECT_LE(grad_error, 1e-6);
   EXPECT_LE(MaxAbsDiff(r0, p1), 2e-5);
+  // Every rank reports the global batch's loss, the same bit for bit on both,
+  // the mean of their own losses, and the one process's within float32
+  // summation order (step 1 runs both on the same weights; the later steps
+  // on weights that differ by the rounding above).
+  const auto one_losses = StepLosses(single[0].output);
+  const auto rank0 = StepLosses(ranks[0].output);
+  const auto rank1 = StepLosses(ranks[1].output);
+  ASSERT_EQ(one_losses.size(), 4u);
+  ASSERT_EQ(rank0.size(), 4u);
+  ASSERT_EQ(rank1.size(), 4u);
+  for (const auto& [step, one_loss] : one_losses) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    EXPECT_TRUE(std::isnan(one_loss.second));  // no rank_loss in one process
+    const auto& [loss0, own0] = rank0.at(step);
+    const auto& [loss1, own1] = rank1.at(step);
+    EXPECT_EQ(loss0, loss1);
+    EXPECT_NE(own0, own1);
+    EXPECT_NEAR((own0 + own1) / 2, loss0, 1e-12 * loss0);
+    EXPECT_NEAR(loss0, one_loss.first, 1e-6 * one_loss.first);
+  }
   testing::TempDir none;
   std::vector<RankRun> untrained = RunRanks(none.path(), 1, "--steps=0 --batch_size=4");
   ASSERT_EQ(untrained[0].exit_code, 0) << untrained[0].output;

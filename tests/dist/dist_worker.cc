@@ -24,11 +24,13 @@
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "core/dist/data_parallel.h"
 #include "core/dist/process_group.h"
 #include "core/dist/world.h"
 #include "core/model/llama.h"
+#include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 #include "tests/testing/llama.h"
 
@@ -126,36 +128,46 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
       LlamaModel::Create(config, 7 + world.rank);
   if (!model.ok()) return Fail(model.status());
   Trainer trainer(model->get());
-  StepHooks hooks;
-  hooks.before_step = [&](int64_t step) {
-    if (step == absl::GetFlag(FLAGS_die_at_step) &&
-        world.rank == absl::GetFlag(FLAGS_die_rank)) {
-      std::cout << "rank " << world.rank << " dies at step " << step << std::endl;
-      std::_Exit(3);
-    }
-  };
-  bool first_step = true;
-  hooks.after_backward = [&]() -> absl::Status {
-    if (first_step && !absl::GetFlag(FLAGS_grads_out).empty()) {
-      std::vector<at::Tensor> grads;
-      for (const at::Tensor& p : (*model)->Parameters()) grads.push_back(p.grad());
-      if (!WriteFloats(absl::GetFlag(FLAGS_grads_out), grads)) {
-        return absl::InternalError("cannot write --grads_out");
+  // The worker's own part in each step: dying on cue, and writing the first
+  // step's gradients. Listed after DataParallel, so the gradients
+  // --grads_out writes are the averaged ones.
+  class WorkerListener : public StepListener {
+   public:
+    WorkerListener(int rank, LlamaModel* model) : rank_(rank), model_(model) {}
+    void OnStepBegin(int64_t step) override {
+      if (step == absl::GetFlag(FLAGS_die_at_step) &&
+          rank_ == absl::GetFlag(FLAGS_die_rank)) {
+        std::cout << "rank " << rank_ << " dies at step " << step << std::endl;
+        std::_Exit(3);
       }
     }
-    first_step = false;
-    return absl::OkStatus();
-  };
-  trainer.set_hooks(std::move(hooks));
-  // Attached after the worker's own hooks, which it wraps: the gradients
-  // --grads_out writes are the averaged ones.
+    absl::Status AfterBackward() override {
+      if (first_step_ && !absl::GetFlag(FLAGS_grads_out).empty()) {
+        std::vector<at::Tensor> grads;
+        for (const at::Tensor& p : model_->Parameters()) grads.push_back(p.grad());
+        if (!WriteFloats(absl::GetFlag(FLAGS_grads_out), grads)) {
+          return absl::InternalError("cannot write --grads_out");
+        }
+      }
+      first_step_ = false;
+      return absl::OkStatus();
+    }
+
+   private:
+    const int rank_;
+    LlamaModel* const model_;
+    bool first_step_ = true;
+  } worker(world.rank, model->get());
   std::unique_ptr<DataParallel> data_parallel;
+  StepListeners listeners;
   if (group != nullptr) {
-    absl::StatusOr<std::unique_ptr<DataParallel>> attached =
-        DataParallel::Attach(group, &trainer, absl::GetFlag(FLAGS_bucket_bytes));
-    if (!attached.ok()) return Fail(attached.status());
-    data_parallel = std::move(*attached);
+    absl::StatusOr<std::unique_ptr<DataParallel>> created =
+        DataParallel::Create(group, &trainer, absl::GetFlag(FLAGS_bucket_bytes));
+    if (!created.ok()) return Fail(created.status());
+    data_parallel = std::move(*created);
+    listeners.push_back(data_parallel.get());
   }
+  listeners.push_back(&worker);
 
   TrainOptions options;
   options.steps = absl::GetFlag(FLAGS_steps);
@@ -166,11 +178,17 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   options.grad_accumulation_steps = absl::GetFlag(FLAGS_grad_accumulation_steps);
   options.gradient_checkpointing = absl::GetFlag(FLAGS_gradient_checkpointing);
   if (options.steps > 0) {
-    absl::StatusOr<TrainResult> result =
-        trainer.Run(options, [&](const StepReport& report) {
-          std::cout << "step " << report.global_step << " loss " << report.loss
-                    << std::endl;
-        });
+    absl::StatusOr<TrainResult> result = trainer.Run(
+        options,
+        [&](const StepReport& report) {
+          std::cout << absl::StrFormat("step %d loss %.17g", report.global_step,
+                                       report.loss);
+          if (report.rank_loss) {
+            std::cout << absl::StrFormat(" rank_loss %.17g", *report.rank_loss);
+          }
+          std::cout << std::endl;
+        },
+        {}, listeners);
     if (!result.ok()) return Fail(result.status());
   }
   if (data_parallel != nullptr) {

@@ -4,8 +4,10 @@ launcher starts them — with plain RANK / WORLD_SIZE / MASTER_ADDR /
 MASTER_PORT, and by torchrun itself — and driven through rank 0's gRPC API
 by this independent client.
 
-- 2 ranks x batch 2 train as 1 process x batch 4: every step's loss (the
-  mean of the ranks' halves) within 1e-6 relative, the weights within a
+- 2 ranks x batch 2 train as 1 process x batch 4: every step's report on
+  every rank carries the global batch's loss (the same on both ranks, the
+  mean of their own rank_loss, within 1e-6 relative of the one process's)
+  and tokens, the weights within a
   bound relative to how far training moved them (AdamW's 1/sqrt(v)
   amplifies the last-bit differences of sums taken in another order), and
   parameter drift 0 between the ranks.
@@ -255,13 +257,14 @@ class TwoRanksTest(unittest.TestCase):
                                               pb.GetMemoryStatsRequest()).ranks), 0)
 
 
-def step_losses(d, kind_filter=pb.OPERATION_KIND_TRAIN):
-    """{step: loss} of the newest training operation on `d` (its step stream)."""
+def step_reports(d, kind_filter=pb.OPERATION_KIND_TRAIN):
+    """{step: StepReport} of the newest training operation on `d` (its step stream)."""
     ops = d.call("ListOperations", pb.ListOperationsRequest(kind=kind_filter)).operations
     op = ops[0]  # newest first
     stream = d.stub.StreamStepReports(pb.StreamStepReportsRequest(operation_id=op.id),
                                       timeout=60)
-    return {r.step: r.loss for r in stream}
+    return {r.step: r for r in stream}
+
 
 
 class LoadModelTest(unittest.TestCase):
@@ -315,16 +318,30 @@ class EquivalenceTest(unittest.TestCase):
             wait_done(single, train(single, steps=self.STEPS, batch_size=4).id)
             two = weights(snapshot(ranks[0], "end").directory)
             one = weights(snapshot(single, "end").directory)
-            # Each rank's loss is its half of the batch's: their mean is the
-            # double batch's loss.
-            rank_losses = [step_losses(d) for d in ranks]
-            one_losses = step_losses(single)
+            rank_reports = [step_reports(d) for d in ranks]
+            one_reports = step_reports(single)
         finally:
             close_all(ranks + [single])
             root.cleanup()
-        self.assertEqual(sorted(one_losses), list(range(1, self.STEPS + 1)))
-        loss_gaps = [abs((rank_losses[0][k] + rank_losses[1][k]) / 2 - one_losses[k])
-                     / one_losses[k] for k in sorted(one_losses)]
+        steps = list(range(1, self.STEPS + 1))
+        self.assertEqual(sorted(one_reports), steps)
+        for reports in rank_reports:
+            self.assertEqual(sorted(reports), steps)
+        for k in steps:
+            two_ranks = [reports[k] for reports in rank_reports]
+            one_report = one_reports[k]
+            # Every rank reports the global batch: the same loss, bit for bit,
+            # and the tokens of the whole batch; its own half moves to rank_loss.
+            self.assertEqual(two_ranks[0].loss, two_ranks[1].loss)
+            self.assertEqual([r.tokens for r in two_ranks], [one_report.tokens] * 2)
+            self.assertFalse(one_report.HasField("rank_loss"))
+            self.assertTrue(all(r.HasField("rank_loss") for r in two_ranks))
+            self.assertNotEqual(two_ranks[0].rank_loss, two_ranks[1].rank_loss)
+            self.assertAlmostEqual(
+                (two_ranks[0].rank_loss + two_ranks[1].rank_loss) / 2, two_ranks[0].loss,
+                delta=1e-12 * two_ranks[0].loss)
+        loss_gaps = [abs(rank_reports[0][k].loss - one_reports[k].loss) / one_reports[k].loss
+                     for k in steps]
         difference = max_difference(two, one)
         moved = max_difference(one, start)
         print("\n%s: 2 ranks x batch 2 vs 1 x batch 4, %d AdamW steps at lr 1e-2:"

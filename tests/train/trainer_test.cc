@@ -244,42 +244,120 @@ class RecordingListener : public PhaseListener {
   std::vector<std::string> events;
 };
 
-TEST(TrainerTest, MarksPhasesAndCallsHooksInOrder) {
+// A step listener that logs every call into `events`, tagged with `name`.
+class LoggingStepListener : public StepListener {
+ public:
+  LoggingStepListener(std::string name, std::vector<std::string>* events)
+      : name_(std::move(name)), events_(events) {}
+  absl::StatusOr<bool> AtBoundary() override {
+    Log("boundary");
+    return false;
+  }
+  void OnStepBegin(int64_t step) override { Log("begin" + std::to_string(step)); }
+  std::shared_ptr<void> BodyScope() override { return Scope("body"); }
+  std::shared_ptr<void> HeadScope() override {
+    EXPECT_EQ(CurrentPhase(), Phase::kForward);
+    return Scope("head");
+  }
+  void OnForwardEnd() override { Log("forward-end"); }
+  void BeforeBackward(bool last) override { Log(last ? "backward-last" : "backward"); }
+  absl::Status AfterBackward() override {
+    Log("after-backward");
+    return after_backward;
+  }
+  absl::Status OnStepEnd(StepReport& r) override {
+    Log("end" + std::to_string(r.global_step));
+    r.grad_norm = -1;  // visible to those after it, and to on_step
+    return absl::OkStatus();
+  }
+  void OnStepFailed(const absl::Status& status, int64_t step) override {
+    Log("failed" + std::to_string(step));
+  }
+  void OnStepReported(const StepReport& r) override {
+    Log("reported" + std::to_string(r.global_step));
+  }
+  absl::Status after_backward;
+
+ private:
+  void Log(const std::string& what) { events_->push_back(name_ + ":" + what); }
+  std::shared_ptr<void> Scope(const std::string& what) {
+    Log(what + "+");
+    return std::shared_ptr<void>(nullptr, [this, what](void*) { Log(what + "-"); });
+  }
+  const std::string name_;
+  std::vector<std::string>* const events_;
+};
+
+TEST(TrainerTest, MarksPhasesAndCallsItsListenersInOrder) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
-  RecordingListener listener;
-  StepHooks hooks;
-  hooks.before_step = [&](int64_t step) {
-    listener.events.push_back("before" + std::to_string(step));
-  };
-  hooks.body_scope = [&]() -> std::shared_ptr<void> {
-    listener.events.push_back("body+");
-    return std::shared_ptr<void>(nullptr,
-                                 [&](void*) { listener.events.push_back("body-"); });
-  };
-  hooks.head_scope = [&]() -> std::shared_ptr<void> {
-    EXPECT_EQ(CurrentPhase(), Phase::kForward);
-    listener.events.push_back("head+");
-    return std::shared_ptr<void>(nullptr,
-                                 [&](void*) { listener.events.push_back("head-"); });
-  };
-  hooks.after_step = [&](StepReport& r) {
-    listener.events.push_back("after" + std::to_string(r.global_step));
-    r.grad_norm = -1;  // visible to on_step
-  };
-  trainer.set_hooks(hooks);
-  SetPhaseListener(&listener);
+  RecordingListener phases;
+  LoggingStepListener a("a", &phases.events), b("b", &phases.events);
+  SetPhaseListener(&phases);
   double seen_norm = 0;
   absl::StatusOr<TrainResult> r =
-      trainer.Run(SmallOptions(1), [&](const StepReport& s) { seen_norm = s.grad_norm; });
+      trainer.Run(SmallOptions(1), [&](const StepReport& s) { seen_norm = s.grad_norm; },
+                  {}, {&a, &b});
   SetPhaseListener(nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_THAT(listener.events,
-              ::testing::ElementsAre("begin1", "before1", "forward", "body+", "body-",
-                                     "head+", "head-", "idle", "backward", "idle",
-                                     "optimizer", "idle", "after1", "end1"));
+  EXPECT_THAT(phases.events,
+              ::testing::ElementsAre(
+                  "a:boundary", "b:boundary", "begin1", "a:begin1", "b:begin1", "forward",
+                  "a:body+", "b:body+", "b:body-", "a:body-", "a:head+", "b:head+",
+                  "b:head-", "a:head-", "idle", "a:forward-end", "b:forward-end",
+                  "backward", "a:backward-last", "b:backward-last", "a:after-backward",
+                  "b:after-backward", "idle", "optimizer", "idle", "a:end1", "b:end1",
+                  "end1", "a:reported1", "b:reported1"));
   EXPECT_EQ(seen_norm, -1);
   EXPECT_EQ(CurrentStep(), 1);
+}
+
+TEST(TrainerTest, AListenersFailuresEndTheRun) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  std::vector<std::string> events;
+  {
+    // An AfterBackward error fails the step: no update, OnStepFailed not
+    // called (the step's boundary did not throw), the run ends with it.
+    Trainer trainer(m.get());
+    LoggingStepListener failing("f", &events);
+    failing.after_backward = absl::UnavailableError("peer gone");
+    const std::vector<at::Tensor> before = [&] {
+      std::vector<at::Tensor> v;
+      for (const at::Tensor& p : m->Parameters()) v.push_back(p.detach().clone());
+      return v;
+    }();
+    absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(2), {}, {}, {&failing});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(trainer.global_step(), 0);
+    const std::vector<at::Tensor> now = m->Parameters();
+    for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(torch::equal(now[i], before[i]));
+  }
+  {
+    // A boundary that says stop stops the run as a cancel does.
+    class StopAtSecond : public StepListener {
+     public:
+      absl::StatusOr<bool> AtBoundary() override { return ++boundaries == 2; }
+      int boundaries = 0;
+    } stop;
+    Trainer trainer(m.get());
+    absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(3), {}, {}, {&stop});
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(r->cancelled);
+    EXPECT_EQ(r->steps_completed, 1);
+  }
+  {
+    // A boundary error ends the run with it.
+    class FailAtBoundary : public StepListener {
+     public:
+      absl::StatusOr<bool> AtBoundary() override {
+        return absl::DeadlineExceededError("agreement timed out");
+      }
+    } fail;
+    Trainer trainer(m.get());
+    EXPECT_EQ(trainer.Run(SmallOptions(1), {}, {}, {&fail}).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(trainer.global_step(), 0);
+  }
 }
 
 TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
@@ -319,14 +397,13 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
 
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
-  // Polled before micro-batches 2 and 3 of each step and, in each
-  // micro-batch of this 2-layer model, once in forward and once in backward:
-  // 8 polls a step. Poll 11 is the one before the second step's second
-  // micro-batch, after its first ran forward and backward.
+  // Polled at each step's boundary, before micro-batches 2 and 3 of each step
+  // and, in each micro-batch of this 2-layer model, once in forward and once
+  // in backward: 9 polls a step. Poll 13 is the one before the second step's
+  // second micro-batch, after its first ran forward and backward.
   ASSERT_EQ(m->num_layers(), 2);
   int polls = 0;
-  trainer.set_step_interrupt([&] { return ++polls == 11; });
-  absl::StatusOr<TrainResult> r = trainer.Run(o);
+  absl::StatusOr<TrainResult> r = trainer.Run(o, {}, [&] { return ++polls == 13; });
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
   EXPECT_EQ(r->steps_completed, 1);
@@ -338,7 +415,6 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
     EXPECT_FALSE(now[i].grad().defined()) << i;              // its gradients dropped
   }
   // The run goes on from the abandoned step's windows: the uninterrupted losses.
-  trainer.set_step_interrupt({});
   absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(o.data, 256);
   ASSERT_TRUE(data.ok());
   TrainOptions rest = o;
@@ -355,9 +431,9 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
 // with nothing updated, no gradient kept and the generator put back.
 TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
   for (const bool checkpointing : {false, true}) {
-    // Three layers: polls 1 and 2 in forward (before layers 1 and 2), 3 in
-    // backward (the gradient reaching layer 2's input).
-    for (const int at_poll : {1, 3}) {
+    // Three layers: poll 1 at the boundary, 2 and 3 in forward (before layers
+    // 1 and 2), 4 in backward (the gradient reaching layer 2's input).
+    for (const int at_poll : {2, 4}) {
       SCOPED_TRACE(
           absl::StrCat(checkpointing ? "checkpointing, " : "", "poll ", at_poll));
       LlamaConfig c = SmallLlamaConfig();
@@ -369,8 +445,8 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
       TrainOptions o = SmallOptions(1);
       o.gradient_checkpointing = checkpointing;
       int polls = 0;
-      trainer.set_step_interrupt([&] { return ++polls == at_poll; });
-      absl::StatusOr<TrainResult> r = trainer.Run(o);
+      absl::StatusOr<TrainResult> r =
+          trainer.Run(o, {}, [&] { return ++polls == at_poll; });
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_TRUE(r->cancelled);
       EXPECT_EQ(r->steps_completed, 0);
@@ -381,7 +457,6 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
         EXPECT_FALSE(now[i].grad().defined()) << i;
       }
       // The model trains on afterwards, from the same windows.
-      trainer.set_step_interrupt({});
       absl::StatusOr<TrainResult> again = trainer.Run(o);
       ASSERT_TRUE(again.ok()) << again.status();
       EXPECT_EQ(again->steps_completed, 1);

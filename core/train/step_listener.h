@@ -1,0 +1,107 @@
+#ifndef MEMPROFD_CORE_TRAIN_STEP_LISTENER_H_
+#define MEMPROFD_CORE_TRAIN_STEP_LISTENER_H_
+
+// What takes part in a training step besides the model and the optimizer:
+// the activation offloader, the data-parallel gradient synchronisation, the
+// session's reporting and boundary work. Each is a StepListener, handed to
+// Trainer::Run (or Step) for that run only; the trainer calls every listener
+// at each moment below, in the order given. Nothing is installed on the
+// trainer, so nothing has to be wrapped or restored afterwards.
+//
+// One step, as the trainer calls it:
+//
+//   AtBoundary()                      before each step of a run (not in Step)
+//   OnStepBegin(global_step)
+//   for each micro-batch:
+//     BodyScope() held   around the embedding, decoder layers and final norm
+//     HeadScope() held   around the lm_head and the loss
+//     OnForwardEnd()
+//     BeforeBackward(last)
+//     loss.backward()
+//     AfterBackward()                 after the last micro-batch's backward
+//   gradient norm, clipping, optimizer update
+//   OnStepEnd(report)                 the step succeeded
+//   OnStepFailed(status, global_step) or: the step failed inside its boundary
+//   OnStepReported(report)            the run has counted the step
+//
+// Thread-safety: every call is on the trainer's (owner) thread, inside the
+// step. Listeners are not owned; they must outlive the call they are given
+// to.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/train/train_options.h"
+
+namespace memprofd {
+
+// The part of every batch this process trains on, in a data-parallel run:
+// the global batch of batch_size x shards windows is drawn the same way on
+// every rank (same generator, same order), and shard `index` takes rows
+// [index * batch_size, (index + 1) * batch_size). So a run of N ranks sees the
+// windows one process with batch N x batch_size would, and every rank's
+// generator stays in step.
+struct DataShard {
+  int index = 0;
+  int count = 1;
+};
+
+class StepListener {
+ public:
+  virtual ~StepListener() = default;
+
+  // The shard of each global batch this listener's process takes; at most
+  // one listener of a run may return one (data parallel). Asked once per
+  // run, before its first step.
+  virtual std::optional<DataShard> data_shard() const { return std::nullopt; }
+
+  // At the boundary before each step of a run: the place for work that must
+  // not overlap a step (snapshots, the data-parallel agreement on stopping).
+  // true stops the run there as a cancellation does (result.cancelled); an
+  // error ends the run with that status.
+  virtual absl::StatusOr<bool> AtBoundary() { return false; }
+
+  // After the step's phase marker (BeginStep), before its first micro-batch.
+  virtual void OnStepBegin(int64_t /*global_step*/) {}
+
+  // Held (the returned token kept alive; null for none) during the forward of
+  // the embedding, the decoder layers and the final norm, and during the
+  // lm_head's forward and the loss. Both are taken in listener order and
+  // released in reverse.
+  virtual std::shared_ptr<void> BodyScope() { return nullptr; }
+  virtual std::shared_ptr<void> HeadScope() { return nullptr; }
+
+  // After each micro-batch's forward (the loss computed, every scope above
+  // released), before its backward.
+  virtual void OnForwardEnd() {}
+  // Before each micro-batch's backward; `last` for the step's final one,
+  // whose gradients are complete.
+  virtual void BeforeBackward(bool /*last*/) {}
+  // After the last micro-batch's backward, before the gradient norm,
+  // clipping and the update; may replace the gradients (data parallel
+  // averages them here). An error fails the step with that status.
+  virtual absl::Status AfterBackward() { return absl::OkStatus(); }
+
+  // After a successful update, before the step's EndStep; may amend the
+  // report (data parallel puts the global batch's loss there). An error fails
+  // the step with that status (the update stays done).
+  virtual absl::Status OnStepEnd(StepReport& /*report*/) { return absl::OkStatus(); }
+  // After a step failed inside its boundary (`status` is not OK), before its
+  // gradients are cleared and before EndStep: the OOM report's moment.
+  virtual void OnStepFailed(const absl::Status& /*status*/, int64_t /*global_step*/) {}
+
+  // After a run counted the step: its cursor moved, its evaluation (if due)
+  // in the report. Run's on_step callback comes after every listener's.
+  virtual void OnStepReported(const StepReport& /*report*/) {}
+};
+
+// The listeners of one run, in calling order (null entries are not allowed).
+using StepListeners = std::vector<StepListener*>;
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_TRAIN_STEP_LISTENER_H_
