@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/flags.h"
+#include "core/train/train_fields.h"
 
 namespace memprofd::cli {
 namespace {
@@ -133,8 +134,16 @@ int TrainCommand(const Context& c, const Args& args) {
   // default; steps has no default there, so memprofctl always sends its own.
   v1::TrainRequest req;
   req.set_resume(absl::GetFlag(FLAGS_resume));
-  // A resume without --steps runs the rest of the resumed run.
-  if (!req.resume() || GivenFlag(FLAGS_steps)) req.set_steps(absl::GetFlag(FLAGS_steps));
+  // Every field of train_fields.h's lists has a flag of its name.
+#define MEMPROFD_FIELD_FROM_FLAG_(name, ...) \
+  if (auto v = GivenFlag(FLAGS_##name)) req.set_##name(*v);
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
+#undef MEMPROFD_FIELD_FROM_FLAG_
+  // A resume without --steps runs the rest of the resumed run; otherwise
+  // steps goes even when not given, since the daemon has no default for it.
+  if (!req.resume() && !req.has_steps()) req.set_steps(absl::GetFlag(FLAGS_steps));
+  // Short spellings of three flags.
   std::optional<double> learning_rate;
   std::optional<bool> gradient_checkpointing;
   std::optional<int64_t> grad_accumulation_steps;
@@ -149,17 +158,8 @@ int TrainCommand(const Context& c, const Args& args) {
               &grad_accumulation_steps)) {
     return Usage("give --grad_accumulation_steps or --grad_accum, not both");
   }
-  if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
-  if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
   if (learning_rate) req.set_learning_rate(*learning_rate);
-  if (auto v = GivenFlag(FLAGS_seed)) req.set_seed(*v);
   if (gradient_checkpointing) req.set_gradient_checkpointing(*gradient_checkpointing);
-  if (auto v = GivenFlag(FLAGS_attn_implementation)) req.set_attn_implementation(*v);
-  if (auto v = GivenFlag(FLAGS_weight_decay)) req.set_weight_decay(*v);
-  if (auto v = GivenFlag(FLAGS_beta1)) req.set_beta1(*v);
-  if (auto v = GivenFlag(FLAGS_beta2)) req.set_beta2(*v);
-  if (auto v = GivenFlag(FLAGS_adam_eps)) req.set_adam_eps(*v);
-  if (auto v = GivenFlag(FLAGS_max_grad_norm)) req.set_max_grad_norm(*v);
   if (grad_accumulation_steps) req.set_grad_accumulation_steps(*grad_accumulation_steps);
   std::string error;
   if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
@@ -169,13 +169,6 @@ int TrainCommand(const Context& c, const Args& args) {
   if (!IndexedDataFromFlags(req.mutable_data(), &error)) {
     return Usage(absl::StrCat("--indexed_data: ", error));
   }
-  if (auto v = GivenFlag(FLAGS_lr_scheduler_type)) req.set_lr_scheduler_type(*v);
-  if (auto v = GivenFlag(FLAGS_warmup_steps)) req.set_warmup_steps(*v);
-  if (auto v = GivenFlag(FLAGS_min_lr_ratio)) req.set_min_lr_ratio(*v);
-  if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
-  if (auto v = GivenFlag(FLAGS_eval_every_steps)) req.set_eval_every_steps(*v);
-  if (auto v = GivenFlag(FLAGS_eval_max_batches)) req.set_eval_max_batches(*v);
-  if (auto v = GivenFlag(FLAGS_loss_chunk_tokens)) req.set_loss_chunk_tokens(*v);
   const std::string eval_data = absl::GetFlag(FLAGS_eval_data);
   const std::string eval_token_data = absl::GetFlag(FLAGS_eval_token_data);
   if (!eval_data.empty() || !eval_token_data.empty()) {

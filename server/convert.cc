@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/snapshot/shard_plan.h"
+#include "core/train/train_fields.h"
 
 namespace memprofd {
 
@@ -140,34 +141,16 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   // validates the result.
   TrainSpec spec;
   TrainRequest& t = spec.train;
-  if (r.has_steps()) t.steps = r.steps();
-  if (r.has_batch_size()) t.batch_size = r.batch_size();
-  if (r.has_seq_len()) t.seq_len = r.seq_len();
-  if (r.has_learning_rate()) t.learning_rate = r.learning_rate();
-  if (r.has_seed()) t.seed = r.seed();
-  if (r.has_gradient_checkpointing()) {
-    t.gradient_checkpointing = r.gradient_checkpointing();
-  }
-  if (r.has_attn_implementation()) t.attn_implementation = r.attn_implementation();
-  if (r.has_weight_decay()) t.weight_decay = r.weight_decay();
-  if (r.has_beta1()) t.beta1 = r.beta1();
-  if (r.has_beta2()) t.beta2 = r.beta2();
-  if (r.has_adam_eps()) t.adam_eps = r.adam_eps();
-  if (r.has_max_grad_norm()) t.max_grad_norm = r.max_grad_norm();
-  if (r.has_grad_accumulation_steps()) {
-    t.grad_accumulation_steps = r.grad_accumulation_steps();
-  }
+  // train_fields.h's fields: the same name in the proto and in TrainRequest.
+#define MEMPROFD_FIELD_FROM_PROTO_(name, ...) \
+  if (r.has_##name()) t.name = r.name();
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO_)
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO_)
+#undef MEMPROFD_FIELD_FROM_PROTO_
   if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET)
     t.data = FromProto(r.data());
-  spec.resume = r.resume();
-  if (r.has_lr_scheduler_type()) t.lr_scheduler_type = r.lr_scheduler_type();
-  if (r.has_warmup_steps()) t.warmup_steps = r.warmup_steps();
-  if (r.has_min_lr_ratio()) t.min_lr_ratio = r.min_lr_ratio();
-  if (r.has_mixed_precision()) t.mixed_precision = r.mixed_precision();
-  if (r.has_eval_every_steps()) t.eval_every_steps = r.eval_every_steps();
   if (r.has_eval_data()) t.eval_data = FromProto(r.eval_data());
-  if (r.has_eval_max_batches()) t.eval_max_batches = r.eval_max_batches();
-  if (r.has_loss_chunk_tokens()) t.loss_chunk_tokens = r.loss_chunk_tokens();
+  spec.resume = r.resume();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
     if (absl::Status s =

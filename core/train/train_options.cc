@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -91,48 +92,35 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
-                                               const TrainRequest& request,
-                                               int64_t max_position_embeddings) {
+absl::StatusOr<ValidTrainOptions> ValidTrainOptions::Check(
+    TrainOptions options, int64_t max_position_embeddings) {
+  RETURN_IF_ERROR(ValidateTrainOptions(options, max_position_embeddings));
+  return ValidTrainOptions(std::move(options), max_position_embeddings);
+}
+
+absl::StatusOr<ValidTrainOptions> MergeTrainRequest(const TrainOptions& defaults,
+                                                    const TrainRequest& request,
+                                                    int64_t max_position_embeddings) {
   if (!request.steps) {
     return absl::InvalidArgumentError(
         "steps: required (how many optimizer steps to run, at least 1)");
   }
   TrainOptions o = defaults;
-  o.steps = *request.steps;
-  o.batch_size = request.batch_size.value_or(o.batch_size);
-  o.seq_len = request.seq_len.value_or(o.seq_len);
-  o.learning_rate = request.learning_rate.value_or(o.learning_rate);
-  o.seed = request.seed.value_or(o.seed);
+#define MEMPROFD_MERGE_VALUE_(name, type, member) \
+  if (request.name) o.member = *request.name;
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_MERGE_VALUE_)
+#undef MEMPROFD_MERGE_VALUE_
+#define MEMPROFD_MERGE_CHOICE_(name, member, parse, name_of) \
+  if (request.name) {                                        \
+    auto parsed = parse(*request.name);                      \
+    if (!parsed.ok()) return parsed.status();                \
+    o.member = *parsed;                                      \
+  }
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_MERGE_CHOICE_)
+#undef MEMPROFD_MERGE_CHOICE_
   if (request.data) o.data = *request.data;
-  o.gradient_checkpointing =
-      request.gradient_checkpointing.value_or(o.gradient_checkpointing);
-  if (request.attn_implementation) {
-    ASSIGN_OR_RETURN(o.attn_implementation,
-                     ParseAttentionImplementation(*request.attn_implementation));
-  }
-  o.weight_decay = request.weight_decay.value_or(o.weight_decay);
-  o.beta1 = request.beta1.value_or(o.beta1);
-  o.beta2 = request.beta2.value_or(o.beta2);
-  o.adam_eps = request.adam_eps.value_or(o.adam_eps);
-  o.max_grad_norm = request.max_grad_norm.value_or(o.max_grad_norm);
-  o.grad_accumulation_steps =
-      request.grad_accumulation_steps.value_or(o.grad_accumulation_steps);
-  if (request.lr_scheduler_type) {
-    ASSIGN_OR_RETURN(o.lr_schedule.type,
-                     ParseLrSchedulerType(*request.lr_scheduler_type));
-  }
-  o.lr_schedule.warmup_steps = request.warmup_steps.value_or(o.lr_schedule.warmup_steps);
-  o.lr_schedule.min_lr_ratio = request.min_lr_ratio.value_or(o.lr_schedule.min_lr_ratio);
-  if (request.mixed_precision) {
-    ASSIGN_OR_RETURN(o.mixed_precision, ParseMixedPrecision(*request.mixed_precision));
-  }
-  o.eval_every_steps = request.eval_every_steps.value_or(o.eval_every_steps);
   if (request.eval_data) o.eval_data = request.eval_data;
-  o.eval_max_batches = request.eval_max_batches.value_or(o.eval_max_batches);
-  o.loss_chunk_tokens = request.loss_chunk_tokens.value_or(o.loss_chunk_tokens);
-  RETURN_IF_ERROR(ValidateTrainOptions(o, max_position_embeddings));
-  return o;
+  return ValidTrainOptions::Check(std::move(o), max_position_embeddings);
 }
 
 }  // namespace memprofd

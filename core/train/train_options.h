@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -14,6 +15,7 @@
 #include "core/model/config.h"
 #include "core/train/eval_options.h"
 #include "core/train/lr_schedule.h"
+#include "core/train/train_fields.h"
 
 namespace memprofd {
 
@@ -25,7 +27,9 @@ inline constexpr int64_t kMaxBatchSize = int64_t{1} << 20;
 inline constexpr int64_t kMaxGradAccumulationSteps = 4096;
 
 // What one training run does, every field given. Fields are validated by
-// ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's.
+// ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's; a field a
+// request can set is listed in train_fields.h, which says where it is kept
+// here.
 struct TrainOptions {
   int64_t steps = 100;  // optimizer steps
   int64_t batch_size = 8;
@@ -70,35 +74,20 @@ struct TrainOptions {
 
 // A training request as a client sends it: each field unset takes
 // TrainOptions' default; `steps` has none and must be given.
-// MergeTrainRequest fills the gaps and validates the result.
+// MergeTrainRequest fills the gaps and validates the result. The fields are
+// train_fields.h's lists (same names as memprofd.v1.TrainRequest's): a value
+// field as std::optional of its type, a named choice as the name the client
+// sent ("sdpa", "cosine", "bf16"), checked by the merge.
 struct TrainRequest {
-  std::optional<int64_t> steps;
-  std::optional<int64_t> batch_size;
-  std::optional<int64_t> seq_len;
-  std::optional<double> learning_rate;
-  std::optional<uint64_t> seed;
+#define MEMPROFD_VALUE_(name, type, member) std::optional<type> name;
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_VALUE_)
+#undef MEMPROFD_VALUE_
+#define MEMPROFD_CHOICE_(name, ...) std::optional<std::string> name;
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_CHOICE_)
+#undef MEMPROFD_CHOICE_
   // Unset: the defaults' data (the embedded corpus, or a resumed run's own).
   std::optional<DataSpec> data;
-  std::optional<bool> gradient_checkpointing;
-  // "sdpa" or "eager".
-  std::optional<std::string> attn_implementation;
-  std::optional<double> weight_decay;
-  std::optional<double> beta1;
-  std::optional<double> beta2;
-  std::optional<double> adam_eps;
-  std::optional<double> max_grad_norm;
-  std::optional<int64_t> grad_accumulation_steps;
-  // transformers' get_scheduler names (lr_schedule.h).
-  std::optional<std::string> lr_scheduler_type;
-  std::optional<int64_t> warmup_steps;
-  std::optional<double> min_lr_ratio;
-  // "no" or "bf16".
-  std::optional<std::string> mixed_precision;
-  std::optional<int64_t> eval_every_steps;
   std::optional<DataSpec> eval_data;
-  std::optional<int64_t> eval_max_batches;
-  // -1 off, 0 automatic, or tokens per chunk.
-  std::optional<int64_t> loss_chunk_tokens;
 };
 
 // One optimizer step.
@@ -155,11 +144,34 @@ struct TrainResult {
 absl::Status ValidateTrainOptions(const TrainOptions& options,
                                   int64_t max_position_embeddings);
 
+// TrainOptions that ValidateTrainOptions accepted for a model of the
+// max_position_embeddings given. Only Check and MergeTrainRequest make one,
+// so code that takes one (the session's training, Trainer::Run) checks the
+// options no further. Reads as the TrainOptions it holds.
+class ValidTrainOptions {
+ public:
+  static absl::StatusOr<ValidTrainOptions> Check(TrainOptions options,
+                                                 int64_t max_position_embeddings);
+
+  const TrainOptions& get() const { return options_; }
+  const TrainOptions* operator->() const { return &options_; }
+  operator const TrainOptions&() const { return options_; }  // NOLINT: reads as one
+  int64_t max_position_embeddings() const { return max_position_embeddings_; }
+
+ private:
+  ValidTrainOptions(TrainOptions options, int64_t max_position_embeddings)
+      : options_(std::move(options)), max_position_embeddings_(max_position_embeddings) {}
+
+  TrainOptions options_;
+  int64_t max_position_embeddings_ = 0;
+};
+
 // `request` over `defaults`, validated by ValidateTrainOptions; also
-// INVALID_ARGUMENT when `steps` is not given.
-absl::StatusOr<TrainOptions> MergeTrainRequest(const TrainOptions& defaults,
-                                               const TrainRequest& request,
-                                               int64_t max_position_embeddings);
+// INVALID_ARGUMENT when `steps` is not given. The one place a client's
+// request is checked.
+absl::StatusOr<ValidTrainOptions> MergeTrainRequest(const TrainOptions& defaults,
+                                                    const TrainRequest& request,
+                                                    int64_t max_position_embeddings);
 
 }  // namespace memprofd
 

@@ -322,8 +322,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
 absl::StatusOr<TrainResult> Trainer::Run(
     const TrainOptions& options, const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const StepListeners& listeners) {
-  RETURN_IF_ERROR(
-      ValidateTrainOptions(options, model_->config().max_position_embeddings));
+  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
                    TokenDataset::Create(options.data, model_->config().vocab_size));
   std::unique_ptr<TokenDataset> eval_data;
@@ -331,7 +330,7 @@ absl::StatusOr<TrainResult> Trainer::Run(
     ASSIGN_OR_RETURN(
         eval_data, TokenDataset::Create(*options.eval_data, model_->config().vocab_size));
   }
-  return Run(options, *data, on_step, cancelled, eval_data.get(), listeners);
+  return Run(valid, *data, on_step, cancelled, eval_data.get(), listeners);
 }
 
 absl::StatusOr<TrainResult> Trainer::Run(
@@ -339,7 +338,18 @@ absl::StatusOr<TrainResult> Trainer::Run(
     const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const TokenDataset* eval_data,
     const StepListeners& listeners) {
-  RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
+  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
+  return Run(valid, data, on_step, cancelled, eval_data, listeners);
+}
+
+absl::StatusOr<TrainResult> Trainer::Run(
+    const ValidTrainOptions& valid, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+    const StepListeners& listeners) {
+  ASSIGN_OR_RETURN(const ValidTrainOptions checked, CheckOptions(valid));
+  const TrainOptions& options = checked.get();
+  RETURN_IF_ERROR(CheckRunData(options, data, eval_data));
   generator_ = MakeDataGenerator(options.seed);
   RunState run;
   run.options = options;
@@ -349,11 +359,22 @@ absl::StatusOr<TrainResult> Trainer::Run(
   return RunSteps(options, data, on_step, cancelled, eval_data, listeners);
 }
 
-absl::Status Trainer::CheckRunInputs(const TrainOptions& options,
-                                     const TokenDataset& data,
-                                     const TokenDataset* eval_data) const {
-  RETURN_IF_ERROR(
-      ValidateTrainOptions(options, model_->config().max_position_embeddings));
+absl::StatusOr<ValidTrainOptions> Trainer::CheckOptions(
+    const TrainOptions& options) const {
+  return ValidTrainOptions::Check(options, model_->config().max_position_embeddings);
+}
+
+absl::StatusOr<ValidTrainOptions> Trainer::CheckOptions(
+    const ValidTrainOptions& options) const {
+  // Checked for a model of at most this one's positions: valid here too.
+  if (options.max_position_embeddings() <= model_->config().max_position_embeddings) {
+    return options;
+  }
+  return CheckOptions(options.get());
+}
+
+absl::Status Trainer::CheckRunData(const TrainOptions& options, const TokenDataset& data,
+                                   const TokenDataset* eval_data) const {
   RETURN_IF_ERROR(data.Validate(options.seq_len));
   if (options.eval_every_steps > 0) {
     if (eval_data == nullptr) {
@@ -370,7 +391,18 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
     const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const TokenDataset* eval_data,
     const StepListeners& listeners) {
-  RETURN_IF_ERROR(CheckRunInputs(options, data, eval_data));
+  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
+  return ContinueRun(valid, data, on_step, cancelled, eval_data, listeners);
+}
+
+absl::StatusOr<TrainResult> Trainer::ContinueRun(
+    const ValidTrainOptions& valid, const TokenDataset& data,
+    const std::function<void(const StepReport&)>& on_step,
+    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
+    const StepListeners& listeners) {
+  ASSIGN_OR_RETURN(const ValidTrainOptions checked, CheckOptions(valid));
+  const TrainOptions& options = checked.get();
+  RETURN_IF_ERROR(CheckRunData(options, data, eval_data));
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "

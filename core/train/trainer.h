@@ -102,6 +102,13 @@ class Trainer {
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {},
       const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
+  // The same with options already validated (MergeTrainRequest's): only the
+  // data is checked.
+  absl::StatusOr<TrainResult> Run(
+      const ValidTrainOptions& options, const TokenDataset& data,
+      const std::function<void(const StepReport&)>& on_step = {},
+      const std::function<bool()>& cancelled = {},
+      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
 
   // Continues the last run (started by Run, or restored by Restore) with
   // `options` for options.steps more steps: the run's generator draws on
@@ -111,6 +118,11 @@ class Trainer {
   // when there is no run to continue; otherwise Run's errors.
   absl::StatusOr<TrainResult> ContinueRun(
       const TrainOptions& options, const TokenDataset& data,
+      const std::function<void(const StepReport&)>& on_step = {},
+      const std::function<bool()>& cancelled = {},
+      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
+  absl::StatusOr<TrainResult> ContinueRun(
+      const ValidTrainOptions& options, const TokenDataset& data,
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {},
       const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
@@ -173,10 +185,14 @@ class Trainer {
                                            int64_t schedule_position,
                                            int64_t schedule_steps,
                                            const StepContext& context);
-  // The checks Run and ContinueRun make before a step: the options, the
-  // data against seq_len, and evaluation data present exactly when due.
-  absl::Status CheckRunInputs(const TrainOptions& options, const TokenDataset& data,
-                              const TokenDataset* eval_data) const;
+  // The options checked for this model (ValidTrainOptions::Check, or the
+  // options as they are when checked for a model of no longer positions).
+  absl::StatusOr<ValidTrainOptions> CheckOptions(const TrainOptions& options) const;
+  absl::StatusOr<ValidTrainOptions> CheckOptions(const ValidTrainOptions& options) const;
+  // The checks Run and ContinueRun make of the data before a step: the data
+  // against seq_len, and evaluation data present exactly when due.
+  absl::Status CheckRunData(const TrainOptions& options, const TokenDataset& data,
+                            const TokenDataset* eval_data) const;
   // The steps of Run and ContinueRun, on run_ and generator_. A step's
   // learning rate is the schedule's at its position in the whole run (the
   // steps of the run before it plus its own), so a resumed run gets the

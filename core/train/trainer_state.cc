@@ -37,34 +37,21 @@ Json DataToJson(const DataSpec& d) {
           {"windows", DataWindowsName(d.windows)}};
 }
 
+// The run's configuration: train_fields.h's fields by name, and the data
+// sources. The schedule's position is the run's steps_completed: only its
+// shape is kept.
 Json OptionsToJson(const TrainOptions& o) {
-  return {
-      {"steps", o.steps},
-      {"batch_size", o.batch_size},
-      {"seq_len", o.seq_len},
-      {"learning_rate", o.learning_rate},
-      {"seed", o.seed},
-      {"data", DataToJson(o.data)},
-      {"gradient_checkpointing", o.gradient_checkpointing},
-      {"attn_implementation",
-       std::string(AttentionImplementationName(o.attn_implementation))},
-      {"weight_decay", o.weight_decay},
-      {"beta1", o.beta1},
-      {"beta2", o.beta2},
-      {"adam_eps", o.adam_eps},
-      {"max_grad_norm", o.max_grad_norm},
-      {"grad_accumulation_steps", o.grad_accumulation_steps},
-      // The schedule's position is the run's steps_completed: only its
-      // shape is kept.
-      {"lr_scheduler_type", std::string(LrSchedulerTypeName(o.lr_schedule.type))},
-      {"warmup_steps", o.lr_schedule.warmup_steps},
-      {"min_lr_ratio", o.lr_schedule.min_lr_ratio},
-      {"mixed_precision", std::string(MixedPrecisionName(o.mixed_precision))},
-      {"eval_every_steps", o.eval_every_steps},
-      {"eval_data", o.eval_data ? DataToJson(*o.eval_data) : Json(nullptr)},
-      {"eval_max_batches", o.eval_max_batches},
-      {"loss_chunk_tokens", o.loss_chunk_tokens},
-  };
+  Json j = Json::object();
+#define MEMPROFD_VALUE_TO_JSON_(name, type, member) j[#name] = o.member;
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_VALUE_TO_JSON_)
+#undef MEMPROFD_VALUE_TO_JSON_
+#define MEMPROFD_CHOICE_TO_JSON_(name, member, parse, name_of) \
+  j[#name] = std::string(name_of(o.member));
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_CHOICE_TO_JSON_)
+#undef MEMPROFD_CHOICE_TO_JSON_
+  j["data"] = DataToJson(o.data);
+  j["eval_data"] = o.eval_data ? DataToJson(*o.eval_data) : Json(nullptr);
+  return j;
 }
 
 // Reads typed members of one JSON object; the first failure is kept and
@@ -122,6 +109,23 @@ class Reader {
       return {};
     }
     return v->get<std::string>();
+  }
+  // The typed getter for a field of train_fields.h's TYPE.
+  void Read(const char* key, int64_t* out) { *out = Int(key); }
+  void Read(const char* key, uint64_t* out) { *out = Uint(key); }
+  void Read(const char* key, double* out) { *out = Double(key); }
+  void Read(const char* key, bool* out) { *out = Bool(key); }
+  // A named choice: its name, parsed by `parse`.
+  template <typename Enum, typename Parse>
+  void ReadChoice(const char* key, Parse parse, Enum* out) {
+    const std::string name = String(key);
+    if (!error_->ok()) return;
+    absl::StatusOr<Enum> parsed = parse(name);
+    if (parsed.ok()) {
+      *out = *parsed;
+    } else {
+      Fail(key, parsed.status().message());
+    }
   }
   // A member that must be an object; nullptr (and the error set) otherwise.
   const Json* Object(const char* key) {
@@ -182,52 +186,23 @@ DataSpec DataFromJson(const Json& v, absl::Status* error) {
 }
 
 TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
-  Reader r(v, "run.config.", error);
+  // States written before the chunked loss have no loss_chunk_tokens: their
+  // runs materialized the logits, and are kept so, to resume bit for bit.
+  Json with_legacy = v;
+  if (JsonFind(v, "loss_chunk_tokens") == nullptr) {
+    with_legacy["loss_chunk_tokens"] = kLossChunkOff;
+  }
+  Reader r(with_legacy, "run.config.", error);
   TrainOptions o;
-  o.steps = r.Int("steps");
-  o.batch_size = r.Int("batch_size");
-  o.seq_len = r.Int("seq_len");
-  o.learning_rate = r.Double("learning_rate");
-  o.seed = r.Uint("seed");
+#define MEMPROFD_VALUE_FROM_JSON_(name, type, member) r.Read(#name, &o.member);
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_VALUE_FROM_JSON_)
+#undef MEMPROFD_VALUE_FROM_JSON_
+#define MEMPROFD_CHOICE_FROM_JSON_(name, member, parse, name_of) \
+  r.ReadChoice(#name, parse, &o.member);
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_CHOICE_FROM_JSON_)
+#undef MEMPROFD_CHOICE_FROM_JSON_
   if (const Json* data = r.Object("data"); data != nullptr)
     o.data = DataFromJson(*data, error);
-  o.gradient_checkpointing = r.Bool("gradient_checkpointing");
-  const std::string attn = r.String("attn_implementation");
-  if (error->ok()) {
-    absl::StatusOr<AttentionImplementation> parsed = ParseAttentionImplementation(attn);
-    if (parsed.ok()) {
-      o.attn_implementation = *parsed;
-    } else {
-      r.Fail("attn_implementation", parsed.status().message());
-    }
-  }
-  o.weight_decay = r.Double("weight_decay");
-  o.beta1 = r.Double("beta1");
-  o.beta2 = r.Double("beta2");
-  o.adam_eps = r.Double("adam_eps");
-  o.max_grad_norm = r.Double("max_grad_norm");
-  o.grad_accumulation_steps = r.Int("grad_accumulation_steps");
-  const std::string schedule = r.String("lr_scheduler_type");
-  if (error->ok()) {
-    absl::StatusOr<LrSchedulerType> parsed = ParseLrSchedulerType(schedule);
-    if (parsed.ok()) {
-      o.lr_schedule.type = *parsed;
-    } else {
-      r.Fail("lr_scheduler_type", parsed.status().message());
-    }
-  }
-  o.lr_schedule.warmup_steps = r.Int("warmup_steps");
-  o.lr_schedule.min_lr_ratio = r.Double("min_lr_ratio");
-  const std::string precision = r.String("mixed_precision");
-  if (error->ok()) {
-    absl::StatusOr<MixedPrecision> parsed = ParseMixedPrecision(precision);
-    if (parsed.ok()) {
-      o.mixed_precision = *parsed;
-    } else {
-      r.Fail("mixed_precision", parsed.status().message());
-    }
-  }
-  o.eval_every_steps = r.Int("eval_every_steps");
   if (const Json* eval = r.Get("eval_data"); eval != nullptr && !eval->is_null()) {
     if (eval->is_object()) {
       o.eval_data = DataFromJson(*eval, error);
@@ -235,12 +210,6 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
       r.Fail("eval_data", "is not an object or null");
     }
   }
-  o.eval_max_batches = r.Int("eval_max_batches");
-  // Absent from states written before the chunked loss, whose runs
-  // materialized the logits: kept so, so that they resume bit for bit.
-  o.loss_chunk_tokens = JsonFind(v, "loss_chunk_tokens") != nullptr
-                            ? r.Int("loss_chunk_tokens")
-                            : kLossChunkOff;
   return o;
 }
 

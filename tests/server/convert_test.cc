@@ -7,6 +7,8 @@
 
 #include <grpcpp/support/status.h>
 
+#include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -14,8 +16,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/json.h"
 #include "core/offload/offload_options.h"
 #include "core/snapshot/shard_plan.h"
+#include "core/train/train_fields.h"
+#include "core/train/trainer_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/convert_memory.h"
@@ -142,6 +147,113 @@ TEST(ConvertTest, TrainRequestOffloadCarriesOnlyTheFieldsSet) {
   // The unspecified target is "the daemon's".
   o->set_target(v1::OFFLOAD_TARGET_UNSPECIFIED);
   EXPECT_FALSE(FromProto(req)->offload.target.has_value());
+}
+
+// One table (core/train/train_fields.h) names the Train fields for every
+// place that handles them; the proto must agree with it.
+TEST(ConvertTest, EveryTrainRequestFieldIsInTheTableOrHandledApart) {
+  std::set<std::string> listed(std::begin(kTrainTableFieldNames),
+                               std::end(kTrainTableFieldNames));
+  const std::set<std::string> apart(std::begin(kTrainFieldsApart),
+                                    std::end(kTrainFieldsApart));
+  const google::protobuf::Descriptor* d = v1::TrainRequest::descriptor();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const std::string name(d->field(i)->name());
+    EXPECT_TRUE(listed.count(name) + apart.count(name) == 1)
+        << "v1::TrainRequest." << name
+        << " is neither in train_fields.h's lists nor among the fields handled apart "
+           "(or in both)";
+  }
+  for (const std::string& name : listed) {
+    EXPECT_NE(d->FindFieldByName(name), nullptr)
+        << name << " is in train_fields.h but not in v1::TrainRequest";
+  }
+  for (const std::string& name : apart) {
+    EXPECT_NE(d->FindFieldByName(name), nullptr) << name;
+  }
+}
+
+// Every field of the table, set in a proto to a valid value other than its
+// default, reaches the merged options, the run's JSON and back: a place that
+// dropped a field would leave it at its default.
+TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
+  // A valid, non-default value of each field, as text.
+  const std::map<std::string, std::string> values = {
+      {"steps", "7"},
+      {"batch_size", "3"},
+      {"seq_len", "16"},
+      {"learning_rate", "0.0125"},
+      {"seed", "9"},
+      {"gradient_checkpointing", "true"},
+      {"weight_decay", "0.01"},
+      {"beta1", "0.85"},
+      {"beta2", "0.95"},
+      {"adam_eps", "1e-06"},
+      {"max_grad_norm", "1.5"},
+      {"grad_accumulation_steps", "2"},
+      {"warmup_steps", "2"},
+      {"min_lr_ratio", "0.1"},
+      {"eval_every_steps", "3"},
+      {"eval_max_batches", "4"},
+      {"loss_chunk_tokens", "32"},
+      {"attn_implementation", "eager"},
+      {"lr_scheduler_type", "cosine_with_min_lr"},
+      {"mixed_precision", "bf16"},
+  };
+  v1::TrainRequest req;
+  const google::protobuf::Reflection* reflection = req.GetReflection();
+  for (const char* name : kTrainTableFieldNames) {
+    auto it = values.find(name);
+    ASSERT_NE(it, values.end()) << "give " << name << " a value in this test";
+    const google::protobuf::FieldDescriptor* f =
+        v1::TrainRequest::descriptor()->FindFieldByName(name);
+    ASSERT_NE(f, nullptr) << name;
+    const std::string& text = it->second;
+    switch (f->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+        reflection->SetInt64(&req, f, std::stoll(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+        reflection->SetUInt64(&req, f, std::stoull(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        reflection->SetDouble(&req, f, std::stod(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+        reflection->SetBool(&req, f, text == "true");
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
+        reflection->SetString(&req, f, text);
+        break;
+      default:
+        FAIL() << name << " has a type this test does not set";
+    }
+  }
+  req.mutable_eval_data()->set_embedded_corpus(true);
+  absl::StatusOr<TrainSpec> spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  absl::StatusOr<TrainOptions> merged =
+      MergeTrainRequest(TrainOptions(), spec->train, /*max_position_embeddings=*/64);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+
+  const std::string text = TrainOptionsToJson(*merged);
+  absl::StatusOr<Json> json = ParseJson(text);
+  absl::StatusOr<Json> defaults = ParseJson(TrainOptionsToJson(TrainOptions()));
+  ASSERT_TRUE(json.ok() && defaults.ok());
+  for (const char* name : kTrainTableFieldNames) {
+    const Json* got = JsonFind(*json, name);
+    const Json* by_default = JsonFind(*defaults, name);
+    ASSERT_TRUE(got != nullptr && by_default != nullptr)
+        << name << " is missing from the run's JSON";
+    EXPECT_NE(got->dump(), by_default->dump())
+        << name << " did not travel: it kept its default " << by_default->dump();
+    EXPECT_EQ(got->is_string() ? got->get<std::string>() : got->dump(),
+              values.at(name))
+        << name;
+  }
+  absl::StatusOr<TrainOptions> back = TrainOptionsFromJson(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(TrainOptionsToJson(*back), text);
 }
 
 TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {

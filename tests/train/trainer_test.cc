@@ -116,6 +116,34 @@ TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
   EXPECT_NEAR(first[0], std::log(256.0), 0.1);
 }
 
+// Options validated once (ValidTrainOptions) run as they are; options
+// validated for a model of longer sequences are checked again for this one.
+TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);  // 64 positions
+  Trainer trainer(m.get());
+  TrainRequest request;
+  request.steps = 2;
+  request.batch_size = 2;
+  request.seq_len = 32;
+  absl::StatusOr<ValidTrainOptions> valid = MergeTrainRequest(TrainOptions(), request, 64);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+      TokenDataset::Create(valid->get().data, 256);
+  ASSERT_TRUE(data.ok()) << data.status();
+  absl::StatusOr<TrainResult> r = trainer.Run(*valid, **data);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps_completed, 2);
+
+  request.seq_len = 128;  // fits a model of 4096 positions, not this one
+  valid = MergeTrainRequest(TrainOptions(), request, 4096);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  r = trainer.Run(*valid, **data);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("max_position_embeddings"));
+  EXPECT_EQ(MergeTrainRequest(TrainOptions(), request, 64).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(TrainerTest, CheckpointingTrainsIdentically) {
   std::vector<double> losses[2];
   for (int checkpointing : {0, 1}) {
