@@ -6,9 +6,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -17,34 +19,61 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "core/common/log.h"
 #include "core/common/threads.h"
 #include "core/dist/world.h"
 #include "server/options.h"
 #include "server/server.h"
 
+namespace {
+
+// Every flag's default is the field's default in SessionOptions (or
+// ServerOptions), so that the two cannot drift apart; these two spell
+// defaults that are not plain values as their flags write them.
+std::string DefaultOffloadTarget() {
+  const memprofd::SessionOptions defaults;
+  if (defaults.offload_target_auto) return "auto";
+  return std::string(memprofd::offload::TargetName(defaults.offload.target));
+}
+
+std::string DefaultPrefetchDepth() {
+  const int depth = memprofd::SessionOptions().offload.prefetch_depth;
+  return depth == memprofd::offload::kPrefetchAuto ? "auto" : absl::StrCat(depth);
+}
+
+}  // namespace
+
 ABSL_FLAG(std::string, listen, memprofd::ServerOptions().listen,
           "gRPC address host:port (port 0 picks a free one)");
 ABSL_FLAG(std::string, metrics_listen, memprofd::ServerOptions().metrics_listen,
           "Prometheus /metrics address host:port (port 0 picks a free one)");
-ABSL_FLAG(std::string, port_file, "",
+ABSL_FLAG(std::string, port_file, memprofd::ServerOptions().port_file,
           "write the bound ports as JSON {\"grpc_port\": N, \"metrics_port\": M} here");
-ABSL_FLAG(std::string, auth_token_file, "",
+ABSL_FLAG(std::string, auth_token_file, memprofd::ServerOptions().auth_token_file,
           "require 'authorization: Bearer <token>' on every RPC but health; the token is "
           "this file's first line");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain for TLS (with --tls_key)");
-ABSL_FLAG(std::string, tls_key, "", "PEM private key for TLS (with --tls_cert)");
-ABSL_FLAG(std::string, device, "auto", "compute device: auto, cpu, cuda or cuda:N");
-ABSL_FLAG(std::string, model, "tiny",
+ABSL_FLAG(std::string, tls_cert, memprofd::ServerOptions().tls_cert,
+          "PEM certificate chain for TLS (with --tls_key)");
+ABSL_FLAG(std::string, tls_key, memprofd::ServerOptions().tls_key,
+          "PEM private key for TLS (with --tls_cert)");
+ABSL_FLAG(std::string, device, memprofd::SessionOptions().device,
+          "compute device: auto, cpu, cuda or cuda:N");
+ABSL_FLAG(std::string, model, memprofd::SessionOptions().model,
           "model loaded at start: a preset (tiny, small, smollm2-135m, qwen2.5-0.5b, "
           "llama-3.2-1b) or a Hugging Face "
           "directory "
           "(config.json + safetensors); empty for none");
-ABSL_FLAG(uint64_t, model_seed, 0, "seed of the start model's initialisation");
-ABSL_FLAG(std::string, snapshot_root, "",
+ABSL_FLAG(uint64_t, model_seed, memprofd::SessionOptions().model_seed,
+          "seed of the start model's initialisation");
+ABSL_FLAG(std::string, snapshot_root, memprofd::SessionOptions().snapshot_root,
           "directory for snapshots; empty turns snapshots off");
-ABSL_FLAG(std::string, data_root, "",
+ABSL_FLAG(std::string, data_root,
+          absl::StrJoin(memprofd::SessionOptions().data_roots, ","),
           "a directory that paths named by clients (data files, LoadModel's "
           "hf_directory) must resolve into, after symbolic links; repeat the flag or "
           "separate with ',' for several. None: clients may name no file (only the "
@@ -52,47 +81,60 @@ ABSL_FLAG(std::string, data_root, "",
 ABSL_FLAG(int64_t, max_data_file_bytes, memprofd::SessionOptions().max_data_file_bytes,
           "the largest data file a client may name (it is mapped, not read into "
           "memory)");
-ABSL_FLAG(int64_t, keep_last, 0, "keep only the newest N snapshots (0 keeps all)");
-ABSL_FLAG(int64_t, snapshot_every_steps, 0, "snapshot every N training steps (0: never)");
-ABSL_FLAG(bool, snapshot_on_shutdown, false, "take a final snapshot on SIGTERM/SIGINT");
+ABSL_FLAG(int64_t, keep_last, memprofd::SessionOptions().keep_last,
+          "keep only the newest N snapshots (0 keeps all)");
+ABSL_FLAG(int64_t, snapshot_every_steps, memprofd::SessionOptions().snapshot_every_steps,
+          "snapshot every N training steps (0: never)");
+ABSL_FLAG(bool, snapshot_on_shutdown, memprofd::ServerOptions().snapshot_on_shutdown,
+          "take a final snapshot on SIGTERM/SIGINT");
 ABSL_FLAG(double, drain_seconds, 25.0,
           "after SIGTERM/SIGINT, the longest the daemon waits for running work (a step, "
           "an evaluation, the shutdown snapshot) before it exits anyway, with status 1; "
           "a second signal exits at once. Below Kubernetes' default 30 s grace period");
-ABSL_FLAG(std::string, auto_snapshot_kind, "checkpoint",
+ABSL_FLAG(std::string, auto_snapshot_kind,
+          std::string(memprofd::snapshot::SnapshotKindName(
+              memprofd::SessionOptions().auto_snapshot_kind)),
           "what the daemon's own snapshots (--snapshot_every_steps, "
           "--snapshot_on_shutdown) hold: checkpoint (weights, optimizer and training "
           "state, to resume from) or weights");
-ABSL_FLAG(std::string, resume, "",
+ABSL_FLAG(std::string, resume, memprofd::SessionOptions().resume,
           "at start, resume from a checkpoint under --snapshot_root instead of loading "
           "--model: latest (the newest checkpoint; --model when there is none yet) or a "
           "snapshot name; then Train with resume goes on at the next step");
-ABSL_FLAG(int64_t, snapshot_staging_bytes, int64_t{64} << 20,
+ABSL_FLAG(int64_t, snapshot_staging_bytes,
+          memprofd::SessionOptions().snapshot_staging_bytes,
           "the snapshot writer's staging buffer, in bytes");
-ABSL_FLAG(bool, offload, false, "offload saved activations by default in training");
+ABSL_FLAG(bool, offload, memprofd::SessionOptions().offload.enabled,
+          "offload saved activations by default in training");
 ABSL_FLAG(
-    std::string, offload_target, "auto",
+    std::string, offload_target, DefaultOffloadTarget(),
     "where offloaded activations go: auto (disk on CPU, host on CUDA), host or disk");
-ABSL_FLAG(int64_t, min_offload_bytes, 1024, "saved tensors moving fewer bytes stay put");
-ABSL_FLAG(int32_t, max_copies_in_flight, 5,
+ABSL_FLAG(int64_t, min_offload_bytes,
+          memprofd::SessionOptions().offload.min_offload_bytes,
+          "saved tensors moving fewer bytes stay put");
+ABSL_FLAG(int32_t, max_copies_in_flight,
+          memprofd::SessionOptions().offload.max_copies_in_flight,
           "offloader: copies off the device in flight at once during forward");
-ABSL_FLAG(std::string, offload_prefetch_depth, "auto",
+ABSL_FLAG(std::string, offload_prefetch_depth, DefaultPrefetchDepth(),
           "offloaded storages backward reads ahead of need: auto (2 on CUDA, 0 on "
           "CPU), 0 (off) or N");
-ABSL_FLAG(bool, offload_head, false, "also offload the LM head's activations");
-ABSL_FLAG(std::string, spill_dir, "/tmp", "directory of the offloader's spill file");
-ABSL_FLAG(int64_t, host_limit_bytes, 0,
+ABSL_FLAG(bool, offload_head, memprofd::SessionOptions().offload.offload_head,
+          "also offload the LM head's activations");
+ABSL_FLAG(std::string, spill_dir, memprofd::SessionOptions().offload.spill_dir,
+          "directory of the offloader's spill file");
+ABSL_FLAG(int64_t, host_limit_bytes, memprofd::SessionOptions().offload.host_limit_bytes,
           "host target: spill to disk beyond this many bytes held (0: no limit)");
 ABSL_FLAG(std::string, report_dir, memprofd::SessionOptions().report_dir,
           "where a training step that runs out of memory writes its OOM report "
           "(empty: kept in memory only, for GetLastOomReport)");
-ABSL_FLAG(std::string, peak_file, "",
+ABSL_FLAG(std::string, peak_file, memprofd::SessionOptions().peak_file,
           "write the last completed step's peaks there (JSON, replaced atomically "
           "every step; empty: off)");
-ABSL_FLAG(double, collective_timeout_seconds, 60,
+ABSL_FLAG(double, collective_timeout_seconds,
+          absl::ToDoubleSeconds(memprofd::SessionOptions().collective_timeout),
           "data parallel: the bound on the rendezvous and on every collective; a rank "
           "that died or hangs makes the others fail within it");
-ABSL_FLAG(int32_t, bulk_nice, 0,
+ABSL_FLAG(int32_t, bulk_nice, memprofd::SessionOptions().bulk_nice,
           "nice increment (0..19, over the process's) of the daemon's bulk work: the "
           "training's threads (the "
           "owner thread, its intra-op pool, the offloader's and snapshot writers' "
@@ -149,6 +191,26 @@ std::vector<std::string> DataRoots(int argc, char** argv) {
   return roots;
 }
 
+// ValidateSessionOptions' message starts with "<field>:", the field's name
+// in SessionOptions; this names the flag that sets it. A field not listed is
+// set by the flag of its own name, less "offload.".
+std::string FlagHint(absl::string_view message) {
+  static constexpr std::pair<absl::string_view, absl::string_view> kFlagOfField[] = {
+      {"collective_timeout", "collective_timeout_seconds"},
+      {"offload.enabled", "offload"},
+      {"offload.target", "offload_target"},
+      {"offload.prefetch_depth", "offload_prefetch_depth"},
+  };
+  const size_t colon = message.find(':');
+  if (colon == absl::string_view::npos) return " (see --help)";
+  const absl::string_view field = message.substr(0, colon);
+  absl::string_view flag = absl::StripPrefix(field, "offload.");
+  for (const auto& [renamed, its_flag] : kFlagOfField) {
+    if (field == renamed) flag = its_flag;
+  }
+  return absl::StrCat(" (", field, " is set by --", flag, "; see --help)");
+}
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "memprofd: %s\n", message.c_str());
   return 2;
@@ -203,8 +265,9 @@ int main(int argc, char** argv) {
   session.peak_file = per_rank(absl::GetFlag(FLAGS_peak_file));
   session.world = *world;
   const double collective_timeout = absl::GetFlag(FLAGS_collective_timeout_seconds);
-  if (!(collective_timeout > 0)) {
-    return Fail("--collective_timeout_seconds must be > 0");
+  // absl::Seconds would make NaN an infinite timeout.
+  if (std::isnan(collective_timeout)) {
+    return Fail("--collective_timeout_seconds is not a number: give seconds > 0");
   }
   session.collective_timeout = absl::Seconds(collective_timeout);
   session.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
@@ -216,12 +279,6 @@ int main(int argc, char** argv) {
   }
   session.auto_snapshot_kind = *auto_kind;
   session.resume = absl::GetFlag(FLAGS_resume);
-  if (session.keep_last < 0 || session.snapshot_every_steps < 0 ||
-      session.snapshot_staging_bytes < 4096) {
-    return Fail(
-        "--keep_last and --snapshot_every_steps must be >= 0, "
-        "--snapshot_staging_bytes >= 4096");
-  }
   memprofd::offload::OffloadOptions& offload = session.offload;
   offload.enabled = absl::GetFlag(FLAGS_offload);
   const std::string target = absl::GetFlag(FLAGS_offload_target);
@@ -244,9 +301,8 @@ int main(int argc, char** argv) {
   offload.offload_head = absl::GetFlag(FLAGS_offload_head);
   offload.spill_dir = per_rank(absl::GetFlag(FLAGS_spill_dir));
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
-  if (absl::Status s = memprofd::offload::ValidateOffloadOptions(offload, "--");
-      !s.ok()) {
-    return Fail(std::string(s.message()));
+  if (absl::Status s = memprofd::ValidateSessionOptions(session); !s.ok()) {
+    return Fail(absl::StrCat("bad flags: ", s.message(), FlagHint(s.message())));
   }
 
   const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);

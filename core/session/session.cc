@@ -60,6 +60,7 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options) {
+  RETURN_IF_ERROR(ValidateSessionOptions(options));
   absl::StatusOr<std::string> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
   // A CPU daemon on a GPU host records no CUDA history (which would create a
@@ -116,17 +117,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
                        "and it must not be a directory); give a file path there"));
     }
   }
-  if (absl::Status nice = ValidateNiceIncrement(options.bulk_nice); !nice.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--bulk_nice: ", nice.message()));
-  }
   SessionOptions resolved = options;
   if (resolved.offload_target_auto) {
     resolved.offload.target =
         *device == "cpu" ? offload::Target::kDisk : offload::Target::kHost;
-  }
-  if (!options.resume.empty() && options.snapshot_root.empty()) {
-    return absl::InvalidArgumentError(
-        "--resume needs --snapshot_root: the directory the checkpoints are in");
   }
   ASSIGN_OR_RETURN(PathRoots data_roots,
                    PathRoots::Create(options.data_roots, "--data_root"));
@@ -134,10 +128,6 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
   ASSIGN_OR_RETURN(PathRoots model_roots_checked,
                    PathRoots::Create(model_roots, "--data_root"));
-  if (options.max_data_file_bytes < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_data_file_bytes must be at least 1, got ", options.max_data_file_bytes));
-  }
   std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
   session->data_roots_ = std::move(data_roots);
   session->model_roots_ = std::move(model_roots_checked);

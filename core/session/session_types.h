@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/dist/world.h"
 #include "core/memory/category_bytes.h"
@@ -88,6 +89,19 @@ struct SessionOptions {
   // leaves every thread at the process's priority.
   int bulk_nice = 0;
 };
+
+// The one check of SessionOptions' values: Session::Create calls it first,
+// and the daemon calls it on the options its flags fill, to refuse them
+// before it starts anything. OK, or INVALID_ARGUMENT for the first field out
+// of range, its message starting with the field's name in SessionOptions and
+// ':' ("keep_last: must be >= 0 ..., got -1"; "offload." before
+// OffloadOptions' fields, as offload::ValidateOffloadOptions writes them):
+// keep_last or snapshot_every_steps < 0, snapshot_staging_bytes < 4096,
+// collective_timeout <= 0, bulk_nice outside 0..19, max_data_file_bytes < 1,
+// resume without snapshot_root, and the offload options. Values only: paths
+// (snapshot_root, data_roots, peak_file) are checked by Session::Create.
+// Pure and thread-safe.
+absl::Status ValidateSessionOptions(const SessionOptions& options);
 
 struct LoadModelSpec {
   // Exactly one of preset / hf_directory.

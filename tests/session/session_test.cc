@@ -1,8 +1,9 @@
-// The engine end to end, in-process: device resolution, a CPU session's
-// memory history and stats, training stopped at a step boundary by shutdown,
-// memory categories and phase peaks against the allocator, and a snapshot's
-// extra memory bounded by the staging buffer whatever the model size, and a
-// checkpoint resumed in a new session with the uninterrupted losses.
+// The engine end to end, in-process: the options' validation, device
+// resolution, a CPU session's memory history and stats, training stopped at a
+// step boundary by shutdown, memory categories and phase peaks against the
+// allocator, and a snapshot's extra memory bounded by the staging buffer
+// whatever the model size, and a checkpoint resumed in a new session with the
+// uninterrupted losses.
 
 #include "core/session/session.h"
 
@@ -11,9 +12,11 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
 #include "core/snapshot/loader.h"
@@ -38,6 +41,84 @@ TEST(ResolveDeviceTest, NamesAndErrors) {
 #endif
   EXPECT_EQ(ResolveDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveDevice("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateSessionOptionsTest, TheDefaultsPass) {
+  EXPECT_TRUE(ValidateSessionOptions(SessionOptions()).ok());
+}
+
+// One field of the defaults out of range, and the name the message gives it.
+struct SpoiledOption {
+  void (*spoil)(SessionOptions&);
+  const char* field;
+};
+
+std::vector<SpoiledOption> SpoiledOptions() {
+  return {
+      {[](SessionOptions& o) { o.keep_last = -1; }, "keep_last"},
+      {[](SessionOptions& o) { o.snapshot_every_steps = -1; }, "snapshot_every_steps"},
+      {[](SessionOptions& o) { o.snapshot_staging_bytes = 4095; },
+       "snapshot_staging_bytes"},
+      {[](SessionOptions& o) { o.collective_timeout = absl::ZeroDuration(); },
+       "collective_timeout"},
+      {[](SessionOptions& o) { o.collective_timeout = -absl::Seconds(1); },
+       "collective_timeout"},
+      {[](SessionOptions& o) { o.bulk_nice = -1; }, "bulk_nice"},
+      {[](SessionOptions& o) { o.bulk_nice = 20; }, "bulk_nice"},
+      {[](SessionOptions& o) { o.max_data_file_bytes = 0; }, "max_data_file_bytes"},
+      {[](SessionOptions& o) { o.resume = "latest"; }, "resume"},
+      {[](SessionOptions& o) { o.offload.min_offload_bytes = -1; },
+       "offload.min_offload_bytes"},
+      {[](SessionOptions& o) { o.offload.max_copies_in_flight = 0; },
+       "offload.max_copies_in_flight"},
+      {[](SessionOptions& o) { o.offload.prefetch_depth = -2; },
+       "offload.prefetch_depth"},
+      {[](SessionOptions& o) { o.offload.host_limit_bytes = -1; },
+       "offload.host_limit_bytes"},
+      {[](SessionOptions& o) { o.offload.spill_dir.clear(); }, "offload.spill_dir"},
+  };
+}
+
+// The message starts with the field's name in SessionOptions (the daemon
+// maps it to its flag) and names no flag or command line.
+TEST(ValidateSessionOptionsTest, EachFieldOutOfRangeIsNamedAsTheField) {
+  for (const SpoiledOption& c : SpoiledOptions()) {
+    SessionOptions options;
+    c.spoil(options);
+    const absl::Status status = ValidateSessionOptions(options);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_EQ(status.message().rfind(absl::StrCat(c.field, ":"), 0), 0u) << status;
+    EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("--"))) << status;
+  }
+}
+
+TEST(ValidateSessionOptionsTest, TheBoundsThemselvesPass) {
+  SessionOptions options;
+  options.keep_last = 0;
+  options.snapshot_every_steps = 0;
+  options.snapshot_staging_bytes = 4096;
+  options.collective_timeout = absl::Nanoseconds(1);
+  options.bulk_nice = 19;
+  options.max_data_file_bytes = 1;
+  options.resume = "latest";
+  options.snapshot_root = "/nonexistent/snapshots";  // values only: not opened
+  options.offload.min_offload_bytes = 0;
+  options.offload.max_copies_in_flight = 1;
+  options.offload.prefetch_depth = 0;
+  EXPECT_TRUE(ValidateSessionOptions(options).ok());
+}
+
+// Create checks the options first, with the same status, before it sets up
+// anything (the device, the memory accounting, the snapshot root).
+TEST(SessionTest, CreateRefusesOptionsOutOfRangeAsValidateSessionOptionsDoes) {
+  for (const SpoiledOption& c : SpoiledOptions()) {
+    SessionOptions options;
+    options.device = "tpu";  // would be refused next, as INVALID_ARGUMENT too
+    options.model = "";
+    c.spoil(options);
+    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options);
+    EXPECT_EQ(s.status(), ValidateSessionOptions(options)) << c.field;
+  }
 }
 
 TEST(SessionTest, UnknownStartModelIsAClearError) {

@@ -1,0 +1,58 @@
+// ValidateSessionOptions: the one check of SessionOptions' values. Free of
+// LibTorch, so that the daemon's flag parsing can call it cheaply.
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/common/threads.h"
+#include "core/common/utf8.h"
+#include "core/offload/offload_options.h"
+#include "core/session/session_types.h"
+
+namespace memprofd {
+
+namespace {
+
+// The snapshot writer streams every tensor through its staging buffer, in
+// pieces of at least this size.
+constexpr int64_t kMinSnapshotStagingBytes = 4096;
+
+}  // namespace
+
+absl::Status ValidateSessionOptions(const SessionOptions& options) {
+  // Messages read "<field>: <rule>, got <value>", as ValidateOffloadOptions'
+  // do, so that a caller can tell which field (session_types.h).
+  auto bad = [](absl::string_view field, absl::string_view rule, auto value) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", rule, ", got ", value));
+  };
+  if (options.keep_last < 0) {
+    return bad("keep_last", "must be >= 0 (0 keeps every snapshot)", options.keep_last);
+  }
+  if (options.snapshot_every_steps < 0) {
+    return bad("snapshot_every_steps", "must be >= 0 (0: no periodic snapshots)",
+               options.snapshot_every_steps);
+  }
+  if (options.snapshot_staging_bytes < kMinSnapshotStagingBytes) {
+    return bad("snapshot_staging_bytes",
+               absl::StrCat("must be >= ", kMinSnapshotStagingBytes),
+               options.snapshot_staging_bytes);
+  }
+  if (!(options.collective_timeout > absl::ZeroDuration())) {
+    return bad("collective_timeout", "must be > 0",
+               absl::FormatDuration(options.collective_timeout));
+  }
+  if (absl::Status nice = ValidateNiceIncrement(options.bulk_nice); !nice.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("bulk_nice: ", nice.message()));
+  }
+  if (options.max_data_file_bytes < 1) {
+    return bad("max_data_file_bytes", "must be >= 1", options.max_data_file_bytes);
+  }
+  if (!options.resume.empty() && options.snapshot_root.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("resume: ", Echo(options.resume),
+                     " needs snapshot_root, the directory the checkpoints are in"));
+  }
+  return offload::ValidateOffloadOptions(options.offload, "offload.");
+}
+
+}  // namespace memprofd
