@@ -14,7 +14,6 @@
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
-#include "core/dist/process_group.h"
 #ifdef MEMPROFD_WITH_CUDA
 #include "core/memory/cuda_stats.h"
 #endif
@@ -23,6 +22,7 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/session/rank_coordinator.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/train/trainer.h"
 
@@ -133,9 +133,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   session->model_roots_ = std::move(model_roots_checked);
   // Data parallel: join the run before loading, so that every rank resumes
   // from the checkpoint rank 0 chose.
-  ASSIGN_OR_RETURN(const std::string resume_dir, options.world.distributed()
-                                                     ? session->JoinRun()
-                                                     : session->ResumeDirectory());
+  ASSIGN_OR_RETURN(
+      const std::string resume_dir,
+      options.world.distributed()
+          ? session->ranks_->JoinRun([s = session.get()] { return s->ResumeDirectory(); })
+          : session->ResumeDirectory());
   if (!options.resume.empty() && resume_dir.empty()) {
     LogInfo(absl::StrCat("--resume=latest: no checkpoint under ", options.snapshot_root,
                          " yet; starting from --model"));
@@ -171,7 +173,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
                            session->Model()->steps_trained));
     }
   }
-  if (session->group_ != nullptr) {
+  if (session->ranks_->group() != nullptr) {
     // Every rank checks it holds the same model and takes rank 0's weights
     // and optimizer state, before anything is served.
     std::promise<absl::Status> aligned;
@@ -179,11 +181,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     RETURN_IF_ERROR(
         session->Post([s, &aligned] { aligned.set_value(s->AlignWithRankZero()); }));
     RETURN_IF_ERROR(aligned.get_future().get());
-    if (session->follower()) {
-      session->follower_ = std::thread([s] { s->FollowerLoop(); });
-    } else {
-      session->rank_memory_reader_ = std::thread([s] { s->RankMemoryReaderLoop(); });
-    }
+    session->ranks_->Start();
     LogInfo(absl::StrCat("data parallel: ", DescribeWorld(options.world),
                          session->follower() ? "; following rank 0's commands"
                                              : "; serving the run's API"));
@@ -211,6 +209,24 @@ absl::StatusOr<std::string> Session::ResumeDirectory() const {
 
 Session::Session(const SessionOptions& options, std::string device)
     : options_(options), device_(std::move(device)), start_time_(absl::Now()) {
+  RankCoordinator::Callbacks ranks;
+  ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
+  ranks.follow_train = [this](const TrainOptions& train,
+                              const offload::OffloadRequest& offload, bool resume) {
+    return FollowTrain(train, offload, resume);
+  };
+  ranks.has_boundary_work = [this] {
+    absl::MutexLock lock(&mu_);
+    return !boundary_.empty();
+  };
+  ranks.run_boundary_work = [this] { RunBoundaryWork(); };
+  ranks.memory_stats = [this] { return MemoryStats(); };
+  ranks.steps_total = [this] {
+    absl::MutexLock lock(&mu_);
+    return counters_.steps_total;
+  };
+  ranks_ = std::make_unique<RankCoordinator>(
+      options_.world, device_, options_.collective_timeout, std::move(ranks));
   owner_ = std::thread([this] { OwnerLoop(); });
 }
 
@@ -249,6 +265,7 @@ void Session::Shutdown() {
     if (stopping_ && !owner_.joinable()) return;
     stopping_ = true;
   }
+  ranks_->Stop();
   for (const auto& op : operations_.List(nullptr, /*active_only=*/true)) {
     op->RequestCancel();
   }
@@ -256,10 +273,9 @@ void Session::Shutdown() {
     owner_.join();
     // Training stopped at a step boundary on every rank (the cancel went to
     // all of them there); now the followers may go.
-    ReleaseFollowers();
+    ranks_->ReleaseFollowers();
   }
-  if (follower_.joinable()) follower_.join();
-  if (rank_memory_reader_.joinable()) rank_memory_reader_.join();
+  ranks_->Join();
 }
 
 void Session::OwnerLoop() {

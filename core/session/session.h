@@ -24,7 +24,6 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/common/files.h"
@@ -42,8 +41,7 @@ namespace memprofd {
 
 class DataParallel;
 class LlamaModel;
-class ProcessGroup;
-class StoreChannel;
+class RankCoordinator;
 class TokenDataset;
 class Trainer;
 namespace offload {
@@ -72,19 +70,17 @@ class Session {
   const std::string& device() const { return device_; }
   absl::Time start_time() const { return start_time_; }
 
-  // Data parallel (session_dist.cc). In a run of several ranks, rank 0
-  // serves the whole API and hands every Train and LoadModel to the other
-  // ranks, which follow it step by step; they serve only what reads
-  // (status, memory, operations, snapshots' listing): Train, LoadModel,
-  // Snapshot, DeleteSnapshot, Evaluate and CancelOperation there are
-  // FAILED_PRECONDITION naming rank 0. A world of one rank is a single
+  // Data parallel (RankCoordinator, rank_coordinator.h). In a run of
+  // several ranks, rank 0 serves the whole API and hands every Train and
+  // LoadModel to the other ranks, which follow it step by step; they serve
+  // only what reads (status, memory, operations, snapshots' listing): Train,
+  // LoadModel, Snapshot, DeleteSnapshot, Evaluate and CancelOperation there
+  // are FAILED_PRECONDITION naming rank 0. A world of one rank is a single
   // process, as before.
-  const WorldSpec& world() const { return options_.world; }
+  const WorldSpec& world() const;
   // SessionOptions::bulk_nice, for the server's own bulk work.
   int bulk_nice() const { return options_.bulk_nice; }
-  bool follower() const {
-    return options_.world.distributed() && options_.world.rank != 0;
-  }
+  bool follower() const;
   // Called once, from the thread that saw it, when the data-parallel run is
   // broken (a collective failed or timed out, a rank died or left): the
   // operation has failed with that status and the session will not train
@@ -228,48 +224,18 @@ class Session {
   explicit Session(const SessionOptions& options, std::string device);
   void OwnerLoop();
 
-  // Data parallel (session_dist.cc). Joins the run at Create (before the
-  // start model loads): the process group, the resume point rank 0 chose,
-  // and the follower's command thread.
-  // Returns the checkpoint directory to resume from (rank 0's choice; empty
-  // for none).
-  absl::StatusOr<std::string> JoinRun();
-  // After the start model loaded: every rank checks it holds rank 0's model
-  // and takes its weights and optimizer state (owner thread).
+  // Data parallel: the session's side (session_dist.cc); the rest is
+  // ranks_'s. After the start model loaded: every rank checks it holds rank
+  // 0's model and takes its weights and optimizer state (owner thread).
   absl::Status AlignWithRankZero();
-  // FAILED_PRECONDITION naming rank 0 on a follower, for `what` ("Train").
-  absl::Status CheckLeader(absl::string_view what) const;
-  // Rank 0, owner thread: hands a command (JSON) to the followers, in the
-  // order the owner runs them.
-  absl::Status PublishCommand(const std::string& command);
-  // The commands rank 0 publishes for a Train and a LoadModel; empty on a
-  // single process.
-  std::string TrainCommand(const TrainOptions& train,
-                           const offload::OffloadRequest& offload, bool resume) const;
-  std::string LoadCommand(const LoadModelSpec& spec) const;
-  // Parameter drift is checked every this many steps of a data-parallel run
-  // (and at its last step): one all-gather of a float64 checksum.
-  static constexpr int64_t kDriftEverySteps = 10;
-  // The follower's thread: waits for rank 0's commands and queues them, and
-  // publishes this rank's memory about once a second.
-  void FollowerLoop();
-  // Rank 0's thread that reads what the followers published into
-  // follower_memory_, twice a second, until Shutdown.
-  void RankMemoryReaderLoop();
-  absl::Status FollowCommand(const std::string& command);
-  // Before each training step, every rank: one all-reduce tells all whether
-  // to stop (a cancel on any rank) and whether rank 0 has boundary work
-  // (snapshots, evaluations), which the followers then wait for. True:
-  // stop.
-  absl::StatusOr<bool> SyncStepBoundary(const std::shared_ptr<Operation>& op);
-  bool HasBoundaryWork() const;
-  // The run is broken: records it and calls the fatal handler once.
-  void FailRun(const absl::Status& status);
-  // This rank's memory, as MemoryOfAllRanks reports it.
-  RankMemory OwnRankMemory() const;
-  // Rank 0 tells the followers to stop (Shutdown), and waits a little for
-  // them to read it.
-  void ReleaseFollowers();
+  // The follower's thread (RankCoordinator::Callbacks): queue rank 0's
+  // LoadModel or Train as an operation on the owner thread. FollowLoad:
+  // Post's UNAVAILABLE once Shutdown has begun. FollowTrain: CANCELLED once
+  // Shutdown has begun, the offload merge's and the data's errors (naming
+  // this rank), FAILED_PRECONDITION without a model.
+  absl::Status FollowLoad(const LoadModelSpec& spec);
+  absl::Status FollowTrain(const TrainOptions& train,
+                           const offload::OffloadRequest& offload_request, bool resume);
 
   // One training operation's step listener (session_train.cc).
   class TrainingRun;
@@ -374,27 +340,14 @@ class Session {
   std::map<std::string, std::string> loads_in_flight_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
-  std::function<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(mu_);
-  std::optional<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
-  // What each follower (index rank - 1) last published, as the reader thread
-  // last read it: the text, nullopt before it has published, or why it
-  // could not be read.
-  std::vector<absl::StatusOr<std::optional<std::string>>> follower_memory_
-      ABSL_GUARDED_BY(mu_);
 
-  // Data parallel. The group: its collectives and store calls are the owner
-  // thread's (and Create's, before the owner runs anything). The command
-  // channel: the follower's thread (followers), Shutdown (rank 0). The
-  // memory channel: the rank-memory reader thread (rank 0).
-  std::unique_ptr<ProcessGroup> group_;
-  std::unique_ptr<StoreChannel> command_channel_;
-  std::unique_ptr<StoreChannel> memory_channel_;
-  // Commands published (rank 0, owner thread) or followed (followers'
-  // thread), and step boundaries synchronised (owner thread).
-  int64_t commands_ = 0;
-  int64_t boundaries_ = 0;
-  std::thread follower_;
-  std::thread rank_memory_reader_;
+  // Data parallel: the process group, the follower's and rank-memory
+  // threads, the per-step agreement and the broken-run state. Always set
+  // (from the constructor), a world of one rank included: there it holds no
+  // group and no threads, and what the session asks of it (CheckLeader,
+  // fatal_status, MemoryOfAllRanks, the empty commands) needs no null checks
+  // at every call site. Made before the owner thread starts.
+  std::unique_ptr<RankCoordinator> ranks_;
   std::thread owner_;
 };
 

@@ -12,6 +12,7 @@
 #include "core/common/status_macros.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
+#include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 
 namespace memprofd {
@@ -51,7 +52,7 @@ absl::StatusOr<absl::Duration> Session::OperationWaitTimeout(
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::CancelOperation(
     const std::string& id) {
-  RETURN_IF_ERROR(CheckLeader("CancelOperation"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("CancelOperation"));
   absl::StatusOr<std::shared_ptr<Operation>> op = operations_.Get(id);
   if (!op.ok()) return op.status();
   if ((*op)->done()) {

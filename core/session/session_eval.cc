@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/model/llama.h"
+#include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
@@ -17,7 +18,7 @@ namespace memprofd {
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
     const EvaluateRequest& request) {
-  RETURN_IF_ERROR(CheckLeader("Evaluate"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("Evaluate"));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");

@@ -23,6 +23,7 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
@@ -139,7 +140,7 @@ absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpec& spec) {
-  RETURN_IF_ERROR(CheckLeader("LoadModel"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("LoadModel"));
   if (spec.preset.empty() == spec.hf_directory.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("give exactly one model source: a preset (",
@@ -188,7 +189,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     loads_in_flight_.erase(id);
   };
   absl::Status posted = Post([this, op, forget, spec = LoadModelSpec(spec),
-                              command = LoadCommand(spec)]() mutable {
+                              command = ranks_->LoadCommand(spec)]() mutable {
     absl::Cleanup done = forget;
     if (op->cancel_requested()) {
       op->Finish(absl::CancelledError("cancelled before it started"));
@@ -209,9 +210,9 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     // Data parallel: the followers load the same (and the next Train checks
     // they did), in the order the owner runs things.
     if (!command.empty()) {
-      if (absl::Status s = PublishCommand(command); !s.ok()) {
+      if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
         op->Finish(s);
-        FailRun(s);
+        ranks_->FailRun(s);
         return;
       }
     }

@@ -15,6 +15,7 @@
 #include "core/common/threads.h"
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
+#include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/snapshot_store.h"
@@ -34,7 +35,7 @@ absl::Status SnapshotsOff(absl::StatusCode code) {
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
     const SnapshotSpec& spec) {
-  RETURN_IF_ERROR(CheckLeader("Snapshot"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("Snapshot"));
   if (options_.snapshot_root.empty()) {
     return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
   }
@@ -224,7 +225,7 @@ absl::StatusOr<snapshot::SnapshotManifest> Session::DescribeSnapshot(
 }
 
 absl::Status Session::DeleteSnapshot(const std::string& name) {
-  RETURN_IF_ERROR(CheckLeader("DeleteSnapshot"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("DeleteSnapshot"));
   if (options_.snapshot_root.empty()) {
     return SnapshotsOff(absl::StatusCode::kNotFound);
   }

@@ -19,6 +19,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
+#include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
@@ -79,7 +80,7 @@ absl::StatusOr<TrainingData> ReadTrainingData(const TrainOptions& train,
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpec& spec) {
-  RETURN_IF_ERROR(CheckLeader("Train"));
+  RETURN_IF_ERROR(ranks_->CheckLeader("Train"));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
@@ -161,7 +162,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     // things.
     queue_.push_back([this, op, train, offload_options, vocab_size, resumed_tokens,
                       in_request, resume = spec.resume,
-                      command = TrainCommand(train, spec.offload, spec.resume)] {
+                      command = ranks_->TrainCommand(train, spec.offload, spec.resume)] {
       absl::StatusOr<TrainingData> read =
           in_request ? absl::StatusOr<TrainingData>(*in_request)
                      : ReadTrainingData(train, vocab_size, resumed_tokens,
@@ -175,13 +176,13 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
         return;
       }
       if (!command.empty()) {
-        if (absl::Status s = PublishCommand(command); !s.ok()) {
+        if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
           {
             absl::MutexLock lock(&mu_);
             training_active_ = false;
           }
           op->Finish(s);
-          FailRun(s);
+          ranks_->FailRun(s);
           return;
         }
       }
@@ -216,7 +217,7 @@ class Session::TrainingRun : public StepListener {
       return false;  // the cancel is the run's cheap predicate
     }
     RETURN_IF_ERROR(failure_);
-    return session_->SyncStepBoundary(op_);
+    return session_->ranks_->SyncStepBoundary(op_->cancel_requested());
   }
 
   void OnStepFailed(const absl::Status& status, int64_t global_step) override {
@@ -254,7 +255,8 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   for (const auto& observer : observers_) observer->OnStep(r);
   std::optional<double> drift;
   if (data_parallel_ != nullptr && failure_.ok() &&
-      (report.global_step % kDriftEverySteps == 0 || report.step == steps_)) {
+      (report.global_step % RankCoordinator::kDriftEverySteps == 0 ||
+       report.step == steps_)) {
     absl::StatusOr<double> d = data_parallel_->Drift();
     if (d.ok()) {
       drift = *d;
@@ -310,7 +312,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   };
   // Data parallel: every rank runs what rank 0 runs, so a cancel before the
   // start is left to the first step boundary, which all ranks see alike.
-  if (group_ == nullptr && op->cancel_requested()) {
+  if (ranks_->group() == nullptr && op->cancel_requested()) {
     finish(absl::CancelledError("cancelled before it started"), TrainResult{});
     return;
   }
@@ -333,12 +335,12 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // Data parallel: every rank takes rank 0's weights and optimizer state and
   // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;
-  if (group_ != nullptr) {
+  if (ranks_->group() != nullptr) {
     absl::StatusOr<std::unique_ptr<DataParallel>> created =
-        DataParallel::Create(group_.get(), trainer_.get());
+        DataParallel::Create(ranks_->group(), trainer_.get());
     if (!created.ok()) {
       finish(created.status());
-      FailRun(created.status());
+      ranks_->FailRun(created.status());
       return;
     }
     data_parallel = *std::move(created);
@@ -373,14 +375,14 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   }
   PublishCategories();
   PublishRun();
-  if (group_ != nullptr) {
+  if (ranks_->group() != nullptr) {
     // A step that failed on one rank leaves the others in a collective that
     // will not complete: the run cannot go on. (Bad options fail alike on
     // every rank before any collective, and do not break it.)
     absl::Status failure = !run.failure().ok() ? run.failure() : result.status();
     if (!failure.ok() && !absl::IsInvalidArgument(failure)) {
       finish(failure);
-      FailRun(failure);
+      ranks_->FailRun(failure);
       return;
     }
   }

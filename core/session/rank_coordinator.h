@@ -1,0 +1,216 @@
+#ifndef MEMPROFD_CORE_SESSION_RANK_COORDINATOR_H_
+#define MEMPROFD_CORE_SESSION_RANK_COORDINATOR_H_
+
+// The session's part in a data-parallel run: this rank's seat among the
+// ranks. It owns the process group and the store channels, hands rank 0's
+// Train and LoadModel commands to the other ranks (the followers) and has
+// them followed there, makes every rank agree at each step boundary, gathers
+// the ranks' memory on rank 0, and keeps the state of a broken run.
+//
+// Protocol (the run's store, this attempt's prefix; every rank runs the same
+// binary):
+//   "start/resume"      rank 0's choice of checkpoint directory (JoinRun)
+//   "cmd/<n>"           rank 0's n-th command, JSON: {"kind": "load"|"train"|
+//                       "shutdown", ...}, published in the order its owner
+//                       thread runs them
+//   "mem/<rank>"        a follower's memory, about once a second
+//   "boundary/<n>/done" rank 0 finished the boundary work of step boundary n
+//   "bye/<rank>"        a follower read "shutdown"
+//
+// A world of one rank (a single process) has a coordinator too, with no
+// group and no threads: CheckLeader passes, the commands are empty,
+// MemoryOfAllRanks reports this process alone, and the fatal state is never
+// set.
+//
+// Threads:
+// - Create's thread, before the session serves: JoinRun, then Start.
+// - The session's owner thread: PublishCommand, SyncStepBoundary (which
+//   calls has_boundary_work and run_boundary_work there), and the
+//   collectives of group().
+// - Its own threads, started by Start and joined by Join: on a follower the
+//   follower thread ("mpd-follower": polls for rank 0's commands and hands
+//   them to the session's callbacks, publishes this rank's memory); on rank
+//   0 the rank-memory reader ("mpd-rank-memory": reads what the followers
+//   published).
+// - The thread that shuts the session down: Stop, then ReleaseFollowers once
+//   the owner thread has joined, then Join.
+// - Any thread: world, follower, CheckLeader, TrainCommand, LoadCommand,
+//   SetFatalHandler, fatal_status, FailRun, MemoryOfAllRanks.
+//
+// Invariants:
+// - Commands are numbered without gaps: rank 0 publishes "cmd/<n>" with n
+//   counting up from 0, each follower follows them one by one in that order,
+//   so every rank issues the same collectives in the same order.
+// - Every rank calls SyncStepBoundary at every step boundary of a run, so
+//   boundary n is the same on all ranks; while rank 0 runs boundary work the
+//   followers wait at it.
+// - The run breaks at most once: the first FailRun sets fatal_status and
+//   calls the fatal handler once; later ones do nothing.
+// - The callbacks are called without the coordinator's lock held, so they
+//   may take the session's lock and call back into the coordinator.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/memory/memory_stats.h"
+#include "core/session/session_types.h"
+
+namespace memprofd {
+
+class ProcessGroup;
+class StoreChannel;
+
+class RankCoordinator {
+ public:
+  // What the coordinator needs of the session. Each is set (none may be
+  // empty in a run of several ranks).
+  struct Callbacks {
+    // The follower's thread: queue a load (or a training) that rank 0
+    // commanded on the session's owner thread, in the order called. An
+    // error breaks the run (FailRun with it), except CANCELLED: the session
+    // is shutting down, and the follower's thread just stops.
+    std::function<absl::Status(const LoadModelSpec& spec)> follow_load;
+    std::function<absl::Status(const TrainOptions& train,
+                               const offload::OffloadRequest& offload, bool resume)>
+        follow_train;
+    // Rank 0, owner thread: whether snapshots or evaluations wait for the
+    // next step boundary, and running them there.
+    std::function<bool()> has_boundary_work;
+    std::function<void()> run_boundary_work;
+    // Any thread: this process's memory, and its completed training steps.
+    std::function<memory::MemoryStatsView()> memory_stats;
+    std::function<int64_t()> steps_total;
+  };
+
+  // `device` is the session's compute device ("cpu", "cuda:N");
+  // `collective_timeout` bounds the rendezvous and waiting for rank 0's
+  // choice of checkpoint. Starts nothing.
+  RankCoordinator(const WorldSpec& world, std::string device,
+                  absl::Duration collective_timeout, Callbacks callbacks);
+  // Stop, then Join.
+  ~RankCoordinator();
+
+  RankCoordinator(const RankCoordinator&) = delete;
+  RankCoordinator& operator=(const RankCoordinator&) = delete;
+
+  // Parameter drift is checked every this many steps of a data-parallel run
+  // (and at its last step): one all-gather of a float64 checksum.
+  static constexpr int64_t kDriftEverySteps = 10;
+
+  const WorldSpec& world() const { return world_; }
+  bool follower() const { return world_.distributed() && world_.rank != 0; }
+  // The run's process group, for the owner thread's collectives; null on a
+  // single process and before JoinRun.
+  ProcessGroup* group() const { return group_.get(); }
+
+  // Create's thread, before the start model loads, in a run of several ranks:
+  // connects to the process group and the store, and agrees on the
+  // checkpoint to resume from. Returns rank 0's `resume_directory()` on
+  // every rank (empty: none). Errors: ProcessGroup::Connect's,
+  // resume_directory's on rank 0, and on a follower rank 0's not choosing
+  // within the collective timeout (the code of the wait, naming it).
+  absl::StatusOr<std::string> JoinRun(
+      const std::function<absl::StatusOr<std::string>()>& resume_directory);
+  // After JoinRun and the ranks' alignment: starts the follower's thread (a
+  // follower) or the rank-memory reader (rank 0).
+  void Start();
+  // Makes the threads stop at their next poll; idempotent.
+  void Stop();
+  // Rank 0, once its owner thread has stopped (the runs stopped at a step
+  // boundary on every rank): tells the followers to stop, and waits a little
+  // for them to read it. Does nothing on a follower, on a single process, or
+  // after the run broke (the followers fail on their own then).
+  void ReleaseFollowers();
+  // Joins the threads Start started; call after Stop.
+  void Join();
+
+  // OK on rank 0 and on a single process; FAILED_PRECONDITION naming rank 0
+  // on a follower, for `what` ("Train").
+  absl::Status CheckLeader(absl::string_view what) const;
+
+  // The commands rank 0 publishes for a Train and a LoadModel; empty on a
+  // single process.
+  std::string TrainCommand(const TrainOptions& train,
+                           const offload::OffloadRequest& offload, bool resume) const;
+  std::string LoadCommand(const LoadModelSpec& spec) const;
+  // Rank 0, owner thread: hands a command (TrainCommand, LoadCommand) to the
+  // followers, in the order the owner runs them. The store's error when it
+  // cannot be written (the caller breaks the run with it).
+  absl::Status PublishCommand(const std::string& command);
+
+  // Before each training step, every rank (owner thread): one all-reduce
+  // tells all whether to stop (`cancel_requested` on any rank) and whether
+  // rank 0 has boundary work (snapshots, evaluations), which rank 0 then
+  // runs and the followers wait for. True: stop. The collective's error, or
+  // the wait's, naming what was waited for.
+  absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested);
+
+  // Called once, from the thread that saw it, when the run is broken (see
+  // Session::SetFatalHandler); at once when it already is.
+  void SetFatalHandler(std::function<void(const absl::Status&)> handler);
+  // Set once the run is broken; OK when rank 0 ended it (a follower told to
+  // shut down).
+  std::optional<absl::Status> fatal_status() const;
+  // The run is broken (or, OK, ended by rank 0): records it and calls the
+  // fatal handler, the first time only.
+  void FailRun(const absl::Status& status);
+
+  // Every rank's memory (this rank's now, the followers' as the reader
+  // thread last read them), with the spread across ranks. On a single
+  // process, that process alone. FAILED_PRECONDITION on a follower.
+  absl::StatusOr<MemoryAcrossRanks> MemoryOfAllRanks() const;
+
+ private:
+  void FollowerLoop();
+  void RankMemoryReaderLoop();
+  // Parses one of rank 0's commands and hands it to the callbacks.
+  // CANCELLED for "shutdown".
+  absl::Status FollowCommand(const std::string& text);
+  // This rank's memory, as MemoryOfAllRanks reports it.
+  RankMemory OwnRankMemory() const;
+
+  const WorldSpec world_;
+  const std::string device_;
+  const absl::Duration collective_timeout_;
+  const Callbacks callbacks_;
+
+  // The group: its collectives and store calls are the owner thread's (and
+  // Create's, before the owner runs anything; and Shutdown's, after it
+  // stopped). The command channel: the follower's thread. The memory
+  // channel: the rank-memory reader thread (rank 0). Set in JoinRun.
+  std::unique_ptr<ProcessGroup> group_;
+  std::unique_ptr<StoreChannel> command_channel_;
+  std::unique_ptr<StoreChannel> memory_channel_;
+  // Commands published (rank 0, owner thread) or followed (followers'
+  // thread), and step boundaries synchronised (owner thread).
+  int64_t commands_ = 0;
+  int64_t boundaries_ = 0;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const absl::Status&)> fatal_handler_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> fatal_ ABSL_GUARDED_BY(mu_);
+  // What each follower (index rank - 1) last published, as the reader thread
+  // last read it: the text, nullopt before it has published, or why it
+  // could not be read.
+  std::vector<absl::StatusOr<std::optional<std::string>>> follower_memory_
+      ABSL_GUARDED_BY(mu_);
+
+  std::thread follower_;
+  std::thread rank_memory_reader_;
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SESSION_RANK_COORDINATOR_H_
