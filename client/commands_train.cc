@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/flags.h"
-#include "core/train/train_fields.h"
+#include "core/train/request_fields.h"
 
 namespace memprofd::cli {
 namespace {
@@ -37,6 +37,11 @@ bool Either(const absl::Flag<T>& flag, const absl::Flag<T>& alias,
   *value = a ? a : b;
   return true;
 }
+
+// A request field's flag, when given, into the request `req` (the flag is
+// named as the field).
+#define MEMPROFD_FIELD_FROM_FLAG_(name, ...) \
+  if (auto v = GivenFlag(FLAGS_##name)) req.set_##name(*v);
 
 }  // namespace
 
@@ -97,12 +102,9 @@ int EvaluateCommand(const Context& c, const Args& args) {
   if (!IndexedDataFromFlags(req.mutable_data(), &error)) {
     return Usage(absl::StrCat("--indexed_data: ", error));
   }
-  if (auto v = GivenFlag(FLAGS_batch_size)) req.set_batch_size(*v);
-  if (auto v = GivenFlag(FLAGS_seq_len)) req.set_seq_len(*v);
-  if (auto v = GivenFlag(FLAGS_max_batches)) req.set_max_batches(*v);
-  if (auto v = GivenFlag(FLAGS_attn_implementation)) req.set_attn_implementation(*v);
-  if (auto v = GivenFlag(FLAGS_mixed_precision)) req.set_mixed_precision(*v);
-  if (auto v = GivenFlag(FLAGS_loss_chunk_tokens)) req.set_loss_chunk_tokens(*v);
+  // Every field of request_fields.h's Evaluate lists has a flag of its name.
+  MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
+  MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);
   grpc::Status s = c.client->stub().Evaluate(ctx.get(), req, &op);
@@ -134,12 +136,9 @@ int TrainCommand(const Context& c, const Args& args) {
   // default; steps has no default there, so memprofctl always sends its own.
   v1::TrainRequest req;
   req.set_resume(absl::GetFlag(FLAGS_resume));
-  // Every field of train_fields.h's lists has a flag of its name.
-#define MEMPROFD_FIELD_FROM_FLAG_(name, ...) \
-  if (auto v = GivenFlag(FLAGS_##name)) req.set_##name(*v);
+  // Every field of request_fields.h's Train lists has a flag of its name.
   MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
   MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
-#undef MEMPROFD_FIELD_FROM_FLAG_
   // A resume without --steps runs the rest of the resumed run; otherwise
   // steps goes even when not given, since the daemon has no default for it.
   if (!req.resume() && !req.has_steps()) req.set_steps(absl::GetFlag(FLAGS_steps));

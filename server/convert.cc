@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/snapshot/shard_plan.h"
-#include "core/train/train_fields.h"
+#include "core/train/request_fields.h"
 
 namespace memprofd {
 
@@ -114,15 +114,13 @@ DataSpec FromProto(const v1::DataSource& d) {
 }
 
 EvaluateRequest FromProto(const v1::EvaluateRequest& r) {
-  EvaluateRequest e;
-  e.data = FromProto(r.data());
-  if (r.has_batch_size()) e.batch_size = r.batch_size();
-  if (r.has_seq_len()) e.seq_len = r.seq_len();
-  if (r.has_max_batches()) e.max_batches = r.max_batches();
-  if (r.has_attn_implementation()) e.attn_implementation = r.attn_implementation();
-  if (r.has_mixed_precision()) e.mixed_precision = r.mixed_precision();
-  if (r.has_loss_chunk_tokens()) e.loss_chunk_tokens = r.loss_chunk_tokens();
-  return e;
+  EvaluateRequest t;
+  t.data = FromProto(r.data());
+  // request_fields.h's fields: the same name in the proto and in
+  // EvaluateRequest.
+  MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
+  MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
+  return t;
 }
 
 v1::EvaluateResult ToProto(const EvalResult& r) {
@@ -141,12 +139,9 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   // validates the result.
   TrainSpec spec;
   TrainRequest& t = spec.train;
-  // train_fields.h's fields: the same name in the proto and in TrainRequest.
-#define MEMPROFD_FIELD_FROM_PROTO_(name, ...) \
-  if (r.has_##name()) t.name = r.name();
-  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO_)
-  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO_)
-#undef MEMPROFD_FIELD_FROM_PROTO_
+  // request_fields.h's fields: the same name in the proto and in TrainRequest.
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
   if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET)
     t.data = FromProto(r.data());
   if (r.has_eval_data()) t.eval_data = FromProto(r.eval_data());

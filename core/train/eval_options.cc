@@ -111,17 +111,8 @@ absl::StatusOr<EvalOptions> MergeEvaluateRequest(const EvaluateRequest& request,
                                                  int64_t max_position_embeddings) {
   EvalOptions o;
   o.data = request.data;
-  o.batch_size = request.batch_size.value_or(o.batch_size);
-  o.seq_len = request.seq_len.value_or(o.seq_len);
-  o.max_batches = request.max_batches.value_or(o.max_batches);
-  o.loss_chunk_tokens = request.loss_chunk_tokens.value_or(o.loss_chunk_tokens);
-  if (request.attn_implementation) {
-    ASSIGN_OR_RETURN(o.attn_implementation,
-                     ParseAttentionImplementation(*request.attn_implementation));
-  }
-  if (request.mixed_precision) {
-    ASSIGN_OR_RETURN(o.mixed_precision, ParseMixedPrecision(*request.mixed_precision));
-  }
+  MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_MERGE_VALUE_FIELD)
+  MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_MERGE_CHOICE_FIELD)
   RETURN_IF_ERROR(ValidateEvalOptions(o, max_position_embeddings));
   return o;
 }

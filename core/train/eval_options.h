@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/model/config.h"
+#include "core/train/request_fields.h"
 
 namespace memprofd {
 
@@ -102,15 +103,13 @@ struct EvalOptions {
 };
 
 // An evaluation as a client sends it: each field unset takes EvalOptions'
-// default; MergeEvaluateRequest fills the gaps and validates the result.
+// default; MergeEvaluateRequest fills the gaps and validates the result. The
+// fields are request_fields.h's Evaluate lists (a named choice as its name:
+// "sdpa", "bf16"), and the data, which must be given.
 struct EvaluateRequest {
   DataSpec data;
-  std::optional<int64_t> batch_size;
-  std::optional<int64_t> seq_len;
-  std::optional<int64_t> max_batches;
-  std::optional<std::string> attn_implementation;  // "sdpa" or "eager"
-  std::optional<std::string> mixed_precision;      // "no" or "bf16"
-  std::optional<int64_t> loss_chunk_tokens;
+  MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_OPTIONAL_VALUE_FIELD)
+  MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_OPTIONAL_CHOICE_FIELD)
 };
 
 struct EvalResult {

@@ -106,18 +106,8 @@ absl::StatusOr<ValidTrainOptions> MergeTrainRequest(const TrainOptions& defaults
         "steps: required (how many optimizer steps to run, at least 1)");
   }
   TrainOptions o = defaults;
-#define MEMPROFD_MERGE_VALUE_(name, type, member) \
-  if (request.name) o.member = *request.name;
-  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_MERGE_VALUE_)
-#undef MEMPROFD_MERGE_VALUE_
-#define MEMPROFD_MERGE_CHOICE_(name, member, parse, name_of) \
-  if (request.name) {                                        \
-    auto parsed = parse(*request.name);                      \
-    if (!parsed.ok()) return parsed.status();                \
-    o.member = *parsed;                                      \
-  }
-  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_MERGE_CHOICE_)
-#undef MEMPROFD_MERGE_CHOICE_
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_MERGE_VALUE_FIELD)
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_MERGE_CHOICE_FIELD)
   if (request.data) o.data = *request.data;
   if (request.eval_data) o.eval_data = request.eval_data;
   return ValidTrainOptions::Check(std::move(o), max_position_embeddings);

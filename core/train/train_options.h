@@ -15,7 +15,7 @@
 #include "core/model/config.h"
 #include "core/train/eval_options.h"
 #include "core/train/lr_schedule.h"
-#include "core/train/train_fields.h"
+#include "core/train/request_fields.h"
 
 namespace memprofd {
 
@@ -28,7 +28,7 @@ inline constexpr int64_t kMaxGradAccumulationSteps = 4096;
 
 // What one training run does, every field given. Fields are validated by
 // ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's; a field a
-// request can set is listed in train_fields.h, which says where it is kept
+// request can set is listed in request_fields.h, which says where it is kept
 // here.
 struct TrainOptions {
   int64_t steps = 100;  // optimizer steps
@@ -75,16 +75,12 @@ struct TrainOptions {
 // A training request as a client sends it: each field unset takes
 // TrainOptions' default; `steps` has none and must be given.
 // MergeTrainRequest fills the gaps and validates the result. The fields are
-// train_fields.h's lists (same names as memprofd.v1.TrainRequest's): a value
+// request_fields.h's lists (same names as memprofd.v1.TrainRequest's): a value
 // field as std::optional of its type, a named choice as the name the client
 // sent ("sdpa", "cosine", "bf16"), checked by the merge.
 struct TrainRequest {
-#define MEMPROFD_VALUE_(name, type, member) std::optional<type> name;
-  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_VALUE_)
-#undef MEMPROFD_VALUE_
-#define MEMPROFD_CHOICE_(name, ...) std::optional<std::string> name;
-  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_CHOICE_)
-#undef MEMPROFD_CHOICE_
+  MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_OPTIONAL_VALUE_FIELD)
+  MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_OPTIONAL_CHOICE_FIELD)
   // Unset: the defaults' data (the embedded corpus, or a resumed run's own).
   std::optional<DataSpec> data;
   std::optional<DataSpec> eval_data;

@@ -37,7 +37,7 @@ Json DataToJson(const DataSpec& d) {
           {"windows", DataWindowsName(d.windows)}};
 }
 
-// The run's configuration: train_fields.h's fields by name, and the data
+// The run's configuration: request_fields.h's fields by name, and the data
 // sources. The schedule's position is the run's steps_completed: only its
 // shape is kept.
 Json OptionsToJson(const TrainOptions& o) {
@@ -110,7 +110,7 @@ class Reader {
     }
     return v->get<std::string>();
   }
-  // The typed getter for a field of train_fields.h's TYPE.
+  // The typed getter for a field of request_fields.h's TYPE.
   void Read(const char* key, int64_t* out) { *out = Int(key); }
   void Read(const char* key, uint64_t* out) { *out = Uint(key); }
   void Read(const char* key, double* out) { *out = Double(key); }

@@ -19,7 +19,7 @@
 #include "core/common/json.h"
 #include "core/offload/offload_options.h"
 #include "core/snapshot/shard_plan.h"
-#include "core/train/train_fields.h"
+#include "core/train/request_fields.h"
 #include "core/train/trainer_state.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -149,27 +149,73 @@ TEST(ConvertTest, TrainRequestOffloadCarriesOnlyTheFieldsSet) {
   EXPECT_FALSE(FromProto(req)->offload.target.has_value());
 }
 
-// One table (core/train/train_fields.h) names the Train fields for every
-// place that handles them; the proto must agree with it.
-TEST(ConvertTest, EveryTrainRequestFieldIsInTheTableOrHandledApart) {
-  std::set<std::string> listed(std::begin(kTrainTableFieldNames),
-                               std::end(kTrainTableFieldNames));
-  const std::set<std::string> apart(std::begin(kTrainFieldsApart),
-                                    std::end(kTrainFieldsApart));
-  const google::protobuf::Descriptor* d = v1::TrainRequest::descriptor();
-  for (int i = 0; i < d->field_count(); ++i) {
-    const std::string name(d->field(i)->name());
+// One table (core/train/request_fields.h) names each request's fields for
+// every place that handles them; the proto must agree with it: each field of
+// `message` is either listed or handled apart, and each name is a field.
+template <size_t kListed, size_t kApart>
+void ExpectTableMatches(const google::protobuf::Descriptor* message,
+                        const char* const (&listed_names)[kListed],
+                        const char* const (&apart_names)[kApart]) {
+  const std::set<std::string> listed(std::begin(listed_names), std::end(listed_names));
+  const std::set<std::string> apart(std::begin(apart_names), std::end(apart_names));
+  for (int i = 0; i < message->field_count(); ++i) {
+    const std::string name(message->field(i)->name());
     EXPECT_TRUE(listed.count(name) + apart.count(name) == 1)
-        << "v1::TrainRequest." << name
-        << " is neither in train_fields.h's lists nor among the fields handled apart "
+        << message->full_name() << "." << name
+        << " is neither in request_fields.h's lists nor among the fields handled apart "
            "(or in both)";
   }
-  for (const std::string& name : listed) {
-    EXPECT_NE(d->FindFieldByName(name), nullptr)
-        << name << " is in train_fields.h but not in v1::TrainRequest";
+  for (const std::set<std::string>* names : {&listed, &apart}) {
+    for (const std::string& name : *names) {
+      EXPECT_NE(message->FindFieldByName(name), nullptr)
+          << name << " is in request_fields.h but not in " << message->full_name();
+    }
   }
-  for (const std::string& name : apart) {
-    EXPECT_NE(d->FindFieldByName(name), nullptr) << name;
+}
+
+TEST(ConvertTest, EveryTrainRequestFieldIsInTheTableOrHandledApart) {
+  ExpectTableMatches(v1::TrainRequest::descriptor(), kTrainTableFieldNames,
+                     kTrainFieldsApart);
+}
+
+TEST(ConvertTest, EveryEvaluateRequestFieldIsInTheTableOrHandledApart) {
+  ExpectTableMatches(v1::EvaluateRequest::descriptor(), kEvalTableFieldNames,
+                     kEvalFieldsApart);
+}
+
+// Sets each field named in `names` of `message` from its text in `values`
+// (a test failure when a listed field has no value there).
+template <size_t kNames>
+void SetListedFields(const char* const (&names)[kNames],
+                     const std::map<std::string, std::string>& values,
+                     google::protobuf::Message* message) {
+  const google::protobuf::Reflection* reflection = message->GetReflection();
+  for (const char* name : names) {
+    auto it = values.find(name);
+    ASSERT_NE(it, values.end()) << "give " << name << " a value in this test";
+    const google::protobuf::FieldDescriptor* f =
+        message->GetDescriptor()->FindFieldByName(name);
+    ASSERT_NE(f, nullptr) << name;
+    const std::string& text = it->second;
+    switch (f->cpp_type()) {
+      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
+        reflection->SetInt64(message, f, std::stoll(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
+        reflection->SetUInt64(message, f, std::stoull(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
+        reflection->SetDouble(message, f, std::stod(text));
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
+        reflection->SetBool(message, f, text == "true");
+        break;
+      case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
+        reflection->SetString(message, f, text);
+        break;
+      default:
+        FAIL() << name << " has a type this test does not set";
+    }
   }
 }
 
@@ -201,34 +247,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
       {"mixed_precision", "bf16"},
   };
   v1::TrainRequest req;
-  const google::protobuf::Reflection* reflection = req.GetReflection();
-  for (const char* name : kTrainTableFieldNames) {
-    auto it = values.find(name);
-    ASSERT_NE(it, values.end()) << "give " << name << " a value in this test";
-    const google::protobuf::FieldDescriptor* f =
-        v1::TrainRequest::descriptor()->FindFieldByName(name);
-    ASSERT_NE(f, nullptr) << name;
-    const std::string& text = it->second;
-    switch (f->cpp_type()) {
-      case google::protobuf::FieldDescriptor::CPPTYPE_INT64:
-        reflection->SetInt64(&req, f, std::stoll(text));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_UINT64:
-        reflection->SetUInt64(&req, f, std::stoull(text));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_DOUBLE:
-        reflection->SetDouble(&req, f, std::stod(text));
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_BOOL:
-        reflection->SetBool(&req, f, text == "true");
-        break;
-      case google::protobuf::FieldDescriptor::CPPTYPE_STRING:
-        reflection->SetString(&req, f, text);
-        break;
-      default:
-        FAIL() << name << " has a type this test does not set";
-    }
-  }
+  SetListedFields(kTrainTableFieldNames, values, &req);
   req.mutable_eval_data()->set_embedded_corpus(true);
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -254,6 +273,32 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
   absl::StatusOr<TrainOptions> back = TrainOptionsFromJson(text);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(TrainOptionsToJson(*back), text);
+}
+
+// Likewise every field of the Evaluate table reaches the merged options.
+TEST(ConvertTest, EveryEvaluateTableFieldTravelsFromTheProtoToTheOptions) {
+  const std::map<std::string, std::string> values = {
+      {"batch_size", "3"},         {"seq_len", "16"},
+      {"max_batches", "2"},        {"loss_chunk_tokens", "32"},
+      {"attn_implementation", "eager"}, {"mixed_precision", "bf16"},
+  };
+  v1::EvaluateRequest req;
+  SetListedFields(kEvalTableFieldNames, values, &req);
+  req.mutable_data()->set_embedded_corpus(true);
+  absl::StatusOr<EvalOptions> merged =
+      MergeEvaluateRequest(FromProto(req), /*max_position_embeddings=*/64);
+  ASSERT_TRUE(merged.ok()) << merged.status();
+  const EvalOptions defaults;
+#define EXPECT_VALUE_NOT_DEFAULT_(name, type, member) \
+  EXPECT_NE(merged->member, defaults.member) << #name " did not travel";
+#define EXPECT_CHOICE_NOT_DEFAULT_(name, member, ...) \
+  EXPECT_NE(merged->member, defaults.member) << #name " did not travel";
+  MEMPROFD_EVAL_VALUE_FIELDS(EXPECT_VALUE_NOT_DEFAULT_)
+  MEMPROFD_EVAL_CHOICE_FIELDS(EXPECT_CHOICE_NOT_DEFAULT_)
+#undef EXPECT_VALUE_NOT_DEFAULT_
+#undef EXPECT_CHOICE_NOT_DEFAULT_
+  EXPECT_EQ(merged->batch_size, 3);
+  EXPECT_EQ(merged->mixed_precision, MixedPrecision::kBf16);
 }
 
 TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {

@@ -1,7 +1,7 @@
-#ifndef MEMPROFD_CORE_TRAIN_TRAIN_FIELDS_H_
-#define MEMPROFD_CORE_TRAIN_TRAIN_FIELDS_H_
+#ifndef MEMPROFD_CORE_TRAIN_REQUEST_FIELDS_H_
+#define MEMPROFD_CORE_TRAIN_REQUEST_FIELDS_H_
 
-// The Train request's fields, listed once.
+// The fields of the Train and Evaluate requests, listed once.
 //
 // A field of memprofd.v1.TrainRequest travels through six places: the proto,
 // the server's conversion (server/convert.cc), core's TrainRequest (each field
@@ -61,16 +61,57 @@
 // what belongs to TrainSpec rather than TrainRequest (offload, resume).
 #define MEMPROFD_TRAIN_FIELDS_APART "data", "eval_data", "offload", "resume"
 
+// The Evaluate request's fields, likewise: memprofd.v1.EvaluateRequest, the
+// server's conversion, core's EvaluateRequest, MergeEvaluateRequest and
+// memprofctl's evaluate flags expand these, MEMBER being EvalOptions'.
+//   X(NAME, TYPE, MEMBER)
+#define MEMPROFD_EVAL_VALUE_FIELDS(X) \
+  X(batch_size, int64_t, batch_size)  \
+  X(seq_len, int64_t, seq_len)        \
+  X(max_batches, int64_t, max_batches) \
+  X(loss_chunk_tokens, int64_t, loss_chunk_tokens)
+//   X(NAME, MEMBER, PARSE, NAME_OF)
+#define MEMPROFD_EVAL_CHOICE_FIELDS(X)                                       \
+  X(attn_implementation, attn_implementation, ParseAttentionImplementation, \
+    AttentionImplementationName)                                             \
+  X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
+// memprofd.v1.EvaluateRequest's fields outside the lists: the data source.
+#define MEMPROFD_EVAL_FIELDS_APART "data"
+
+// Expanders the places share, each for both lists of a request.
+// A request's members: std::optional of a value's type, a choice's name.
+#define MEMPROFD_OPTIONAL_VALUE_FIELD(name, type, member) std::optional<type> name;
+#define MEMPROFD_OPTIONAL_CHOICE_FIELD(name, ...) std::optional<std::string> name;
+// The merge, with `request` (the request) and `o` (the options it fills) in
+// scope; a choice whose name does not parse returns the parser's
+// INVALID_ARGUMENT, which names the field.
+#define MEMPROFD_MERGE_VALUE_FIELD(name, type, member) \
+  if (request.name) o.member = *request.name;
+#define MEMPROFD_MERGE_CHOICE_FIELD(name, member, parse, name_of) \
+  if (request.name) {                                             \
+    auto parsed = parse(*request.name);                           \
+    if (!parsed.ok()) return parsed.status();                     \
+    o.member = *parsed;                                           \
+  }
+// From a proto `r` into a request `t`: what the client set, unchecked.
+#define MEMPROFD_FIELD_FROM_PROTO(name, ...) \
+  if (r.has_##name()) t.name = r.name();
+
 namespace memprofd {
 
-// The names of the two lists' fields, in order (for tests and messages).
-#define MEMPROFD_TRAIN_FIELD_NAME_(name, ...) #name,
+// The names of each request's listed fields, in order, and of those handled
+// apart (for tests and messages).
+#define MEMPROFD_FIELD_NAME_(name, ...) #name,
 inline constexpr const char* kTrainTableFieldNames[] = {
-    MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_TRAIN_FIELD_NAME_)
-        MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_TRAIN_FIELD_NAME_)};
-#undef MEMPROFD_TRAIN_FIELD_NAME_
+    MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_NAME_)
+        MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
 inline constexpr const char* kTrainFieldsApart[] = {MEMPROFD_TRAIN_FIELDS_APART};
+inline constexpr const char* kEvalTableFieldNames[] = {
+    MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_FIELD_NAME_)
+        MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
+inline constexpr const char* kEvalFieldsApart[] = {MEMPROFD_EVAL_FIELDS_APART};
+#undef MEMPROFD_FIELD_NAME_
 
 }  // namespace memprofd
 
-#endif  // MEMPROFD_CORE_TRAIN_TRAIN_FIELDS_H_
+#endif  // MEMPROFD_CORE_TRAIN_REQUEST_FIELDS_H_
