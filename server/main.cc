@@ -27,6 +27,7 @@
 #include "core/common/log.h"
 #include "core/common/threads.h"
 #include "core/dist/world.h"
+#include "core/session/runtime.h"
 #include "server/options.h"
 #include "server/server.h"
 
@@ -307,8 +308,14 @@ int main(int argc, char** argv) {
 
   const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
   if (!(drain_seconds > 0)) return Fail("--drain_seconds must be positive");
+  // The process's memory accounting and offload engine, installed once,
+  // before any tensor of the model exists.
+  absl::StatusOr<memprofd::Runtime*> runtime = memprofd::Runtime::Install();
+  if (!runtime.ok()) {
+    return Fail(absl::StrCat("cannot start: ", runtime.status().message()));
+  }
   InstallSignalHandlers();
-  memprofd::Server server(options);
+  memprofd::Server server(options, **runtime);
   if (absl::Status s = server.Start(); !s.ok()) {
     return Fail(absl::StrCat("cannot start: ", s.message()));
   }

@@ -35,7 +35,8 @@ bool IsLoopback(const std::string& address) {
 
 }  // namespace
 
-Server::Server(ServerOptions options) : options_(std::move(options)) {}
+Server::Server(ServerOptions options, Runtime& runtime)
+    : options_(std::move(options)), runtime_(runtime) {}
 
 Server::~Server() {
   // A shutdown the run's end started finishes first.
@@ -87,7 +88,7 @@ absl::Status Server::Start() {
   if (options_.snapshot_on_shutdown && options_.session.snapshot_root.empty()) {
     return absl::InvalidArgumentError("--snapshot_on_shutdown needs --snapshot_root");
   }
-  ASSIGN_OR_RETURN(session_, Session::Create(options_.session));
+  ASSIGN_OR_RETURN(session_, Session::Create(options_.session, runtime_));
 
   metrics_ = std::make_unique<ServerMetrics>(
       BuildLabels{MEMPROFD_VERSION, TORCH_VERSION, session_->device()},

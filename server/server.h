@@ -24,7 +24,9 @@ namespace memprofd {
 
 class Server {
  public:
-  explicit Server(ServerOptions options);
+  // `runtime`: the process's (Runtime::Install(), made once by main); it
+  // outlives the server.
+  Server(ServerOptions options, Runtime& runtime);
   ~Server();
 
   // Validates the options, creates the session, binds both ports and writes
@@ -58,6 +60,7 @@ class Server {
   void OnRunEnded(const absl::Status& status);
 
   const ServerOptions options_;
+  Runtime& runtime_;
   std::unique_ptr<Session> session_;
   std::unique_ptr<TokenAuth> auth_;
   std::unique_ptr<ServerMetrics> metrics_;

@@ -15,14 +15,13 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #ifdef MEMPROFD_WITH_CUDA
-#include "core/memory/cuda_stats.h"
 #endif
 #include "core/memory/history.h"
-#include "core/memory/install.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/rank_coordinator.h"
+#include "core/session/runtime.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/train/trainer.h"
 
@@ -59,26 +58,12 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
       absl::StrCat("bad device '", requested, "': write auto, cpu, cuda or cuda:N"));
 }
 
-absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options) {
+absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options,
+                                                          Runtime& runtime) {
   RETURN_IF_ERROR(ValidateSessionOptions(options));
   absl::StatusOr<std::string> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
-  // A CPU daemon on a GPU host records no CUDA history (which would create a
-  // CUDA context just for that).
-  memory::MemoryRecorder::Global().set_track_cuda(absl::StartsWith(*device, "cuda"));
-  // Before any model tensor exists: every allocation from here on is counted.
-  if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
-    LogWarning(absl::StrCat("memory accounting unavailable: ", s.message()));
-  }
-#ifdef MEMPROFD_WITH_CUDA
-  // The CUDA blocks' attribution, also before the model loads.
-  if (absl::StartsWith(*device, "cuda")) {
-    if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
-      LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
-    }
-  }
-#endif
-  if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
+  runtime.UseDevice(*device);
   if (!options.snapshot_root.empty()) {
     if (absl::Status s = snapshot::CheckSnapshotRoot(options.snapshot_root); !s.ok()) {
       return s;
@@ -128,7 +113,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
   ASSIGN_OR_RETURN(PathRoots model_roots_checked,
                    PathRoots::Create(model_roots, "--data_root"));
-  std::unique_ptr<Session> session(new Session(resolved, *std::move(device)));
+  std::unique_ptr<Session> session(new Session(resolved, runtime, *std::move(device)));
   session->data_roots_ = std::move(data_roots);
   session->model_roots_ = std::move(model_roots_checked);
   // Data parallel: join the run before loading, so that every rank resumes
@@ -207,8 +192,11 @@ absl::StatusOr<std::string> Session::ResumeDirectory() const {
   return m.directory;
 }
 
-Session::Session(const SessionOptions& options, std::string device)
-    : options_(options), device_(std::move(device)), start_time_(absl::Now()) {
+Session::Session(const SessionOptions& options, Runtime& runtime, std::string device)
+    : options_(options),
+      runtime_(runtime),
+      device_(std::move(device)),
+      start_time_(absl::Now()) {
   RankCoordinator::Callbacks ranks;
   ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
   ranks.follow_train = [this](const TrainOptions& train,

@@ -41,6 +41,7 @@ namespace memprofd {
 
 class DataParallel;
 class LlamaModel;
+class Runtime;
 class RankCoordinator;
 class TokenDataset;
 class Trainer;
@@ -54,12 +55,16 @@ struct LoadedWeights;
 
 class Session {
  public:
-  // Resolves the device, installs memory accounting and the offload engine,
-  // cleans leftover temporary snapshot directories, and loads the start model
-  // on the owner thread (blocking until it is loaded). Errors: the device's
-  // (see ResolveDevice), the model's (INVALID_ARGUMENT for an unknown
-  // preset, NOT_FOUND / DATA_LOSS for a directory).
-  static absl::StatusOr<std::unique_ptr<Session>> Create(const SessionOptions& options);
+  // Validates the options (ValidateSessionOptions), resolves the device and
+  // prepares `runtime` for it (the process's memory accounting and offload
+  // engine, made once by main: runtime.h), cleans leftover temporary
+  // snapshot directories, and loads the start model on the owner thread
+  // (blocking until it is loaded). `runtime` outlives the session. Errors:
+  // the options' INVALID_ARGUMENT, the device's (see ResolveDevice), the
+  // model's (INVALID_ARGUMENT for an unknown preset, NOT_FOUND / DATA_LOSS
+  // for a directory).
+  static absl::StatusOr<std::unique_ptr<Session>> Create(const SessionOptions& options,
+                                                         Runtime& runtime);
 
   // Shutdown(), then joins the owner and any async snapshot writer.
   ~Session();
@@ -221,7 +226,7 @@ class Session {
   absl::Status SnapshotNow(const std::string& name);
 
  private:
-  explicit Session(const SessionOptions& options, std::string device);
+  Session(const SessionOptions& options, Runtime& runtime, std::string device);
   void OwnerLoop();
 
   // Data parallel: the session's side (session_dist.cc); the rest is
@@ -300,6 +305,9 @@ class Session {
   void ApplyRetention();
 
   const SessionOptions options_;
+  // The process's memory accounting: every memory figure is read through
+  // runtime_.recorder().
+  Runtime& runtime_;
   const std::string device_;
   // Where client-named paths may lead (SessionOptions::data_roots): data
   // files, and model directories (which may also be snapshots). Set once

@@ -6,6 +6,7 @@
 #include "core/common/attribution.h"
 #include "core/common/status_macros.h"
 #include "core/memory/recorder.h"
+#include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/train/memory_tags.h"
 
@@ -22,7 +23,7 @@ void Session::TagModelMemory() {
 
 memory::CategoryBytes Session::CategoriesNow() const {
   const std::array<int64_t, kNumCategories> b =
-      memory::MemoryRecorder::Global().CategoryBytesOf(RecorderDevice());
+      runtime_.recorder().CategoryBytesOf(RecorderDevice());
   auto at = [&](Category c) { return b[static_cast<size_t>(c)]; };
   memory::CategoryBytes c;
   c.parameters = at(Category::kParameters);
@@ -44,7 +45,7 @@ absl::StatusOr<memory::MemoryBreakdown> Session::MemoryBreakdown(
   ASSIGN_OR_RETURN(const memory::BreakdownQuery query,
                    memory::ParseBreakdownQuery(request, RecorderDevice()));
   memory::MemoryBreakdown out =
-      memory::ComputeBreakdown(memory::MemoryRecorder::Global(), query);
+      memory::ComputeBreakdown(runtime_.recorder(), query);
   absl::MutexLock lock(&mu_);
   out.offloaded_host_bytes = counters_.categories.offloaded_host;
   out.offloaded_disk_bytes = counters_.categories.offloaded_disk;
@@ -53,12 +54,12 @@ absl::StatusOr<memory::MemoryBreakdown> Session::MemoryBreakdown(
 
 absl::StatusOr<memory::MemoryDiff> Session::DiffMemory(int64_t step_a, int64_t step_b,
                                                        std::optional<int64_t> top) const {
-  return memory::ComputeDiff(memory::MemoryRecorder::Global(), step_a, step_b, top,
+  return memory::ComputeDiff(runtime_.recorder(), step_a, step_b, top,
                              RecorderDevice());
 }
 
 memory::ModuleKindBytes Session::MemoryByModuleKind() const {
-  return memory::LiveBytesByModuleKind(memory::MemoryRecorder::Global(),
+  return memory::LiveBytesByModuleKind(runtime_.recorder(),
                                        RecorderDevice());
 }
 

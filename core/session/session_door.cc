@@ -13,6 +13,7 @@
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
 #include "core/session/rank_coordinator.h"
+#include "core/session/runtime.h"
 #include "core/session/session.h"
 
 namespace memprofd {
@@ -66,24 +67,24 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::CancelOperation(
 int64_t Session::ActiveOperationCount() const { return operations_.ActiveCount(); }
 
 memory::MemoryStatsView Session::MemoryStats() const {
-  return memory::MemoryRecorder::Global().Stats();
+  return runtime_.recorder().Stats();
 }
 
-void Session::ResetPeakMemory() { memory::MemoryRecorder::Global().ResetPeak(); }
+void Session::ResetPeakMemory() { runtime_.recorder().ResetPeak(); }
 
 absl::Status Session::StartMemoryRecording(std::optional<int64_t> max_entries) {
-  return memory::MemoryRecorder::Global().StartRecording(
+  return runtime_.recorder().StartRecording(
       max_entries.value_or(kDefaultHistoryEntries));
 }
 
 void Session::StopMemoryRecording(bool clear) {
-  memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
+  memory::MemoryRecorder& recorder = runtime_.recorder();
   recorder.StopRecording();
   if (clear) recorder.ClearHistory();
 }
 
 absl::StatusOr<std::string> Session::DumpMemoryHistory() const {
-  const memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+  const memory::MemoryStatsView stats = runtime_.recorder().Stats();
   if (!stats.recording && stats.history_entries == 0) {
     return absl::FailedPreconditionError(
         "nothing was recorded; StartMemoryRecording first (memprofctl memory record "

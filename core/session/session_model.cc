@@ -24,6 +24,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/rank_coordinator.h"
+#include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
@@ -307,7 +308,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec,
   trainer_ = std::move(trainer);
   // Its steps are numbered afresh (or from its checkpoint): the kept step
   // records of the model it replaces would diff against the wrong steps.
-  memory::MemoryRecorder::Global().ClearStepRecords();
+  runtime_.recorder().ClearStepRecords();
   TagModelMemory();
   PublishModel();
   PublishCategories();

@@ -20,6 +20,7 @@
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
 #include "core/session/rank_coordinator.h"
+#include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
@@ -29,8 +30,8 @@
 namespace memprofd {
 namespace {
 
-int64_t StepPeakBytes(const std::string& device) {
-  memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+int64_t StepPeakBytes(const memory::MemoryRecorder& recorder, const std::string& device) {
+  memory::MemoryStatsView stats = recorder.Stats();
   for (const auto& p : stats.last_step_peaks) {
     if (p.device == device) return p.peak_bytes;
   }
@@ -250,7 +251,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   SessionStepReport r;
   r.step = report;
   r.offload = offload_->last_step();
-  r.peak_allocated_bytes = StepPeakBytes(s.device_);
+  r.peak_allocated_bytes = StepPeakBytes(s.runtime_.recorder(), s.device_);
   op_->AppendEvent(r);
   for (const auto& observer : observers_) observer->OnStep(r);
   std::optional<double> drift;

@@ -19,6 +19,7 @@
 #include "server/grpc_status.h"
 #include "server/metrics.h"
 #include "tests/server/scrape.h"
+#include "tests/testing/session.h"
 #include "tests/testing/temp_dir.h"
 
 namespace memprofd {
@@ -112,7 +113,7 @@ class InProcessServerTest : public ::testing::Test {
     options.metrics_listen = "127.0.0.1:0";
     options.session.device = "cpu";
     options.shutdown_grace_seconds = kGraceSeconds;
-    server_ = std::make_unique<Server>(options);
+    server_ = std::make_unique<Server>(options, testing::ProcessRuntime());
     ASSERT_TRUE(server_->Start().ok());
     ClientOptions client_options;
     client_options.addr = absl::StrCat("127.0.0.1:", server_->grpc_port());

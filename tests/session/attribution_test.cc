@@ -24,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
 #include "tests/testing/operation.h"
+#include "tests/testing/session.h"
 #include "tests/testing/temp_dir.h"
 
 namespace memprofd {
@@ -69,7 +70,7 @@ class AttributionSessionTest : public ::testing::Test {
     SessionOptions options;
     options.device = "cpu";
     options.model = "tiny";
-    auto s = Session::Create(options);
+    auto s = Session::Create(options, testing::ProcessRuntime());
     ASSERT_TRUE(s.ok()) << s.status();
     session_ = *std::move(s);
   }

@@ -19,11 +19,13 @@
 #include "absl/time/time.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
+#include "core/session/runtime.h"
 #include "core/snapshot/loader.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
 #include "tests/testing/operation.h"
+#include "tests/testing/session.h"
 #include "tests/testing/temp_dir.h"
 
 namespace memprofd {
@@ -41,6 +43,30 @@ TEST(ResolveDeviceTest, NamesAndErrors) {
 #endif
   EXPECT_EQ(ResolveDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveDevice("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The process-wide state is made once: every Install returns the same
+// Runtime, whose recorder sees the CPU allocator's allocations and frees.
+TEST(RuntimeTest, InstallIsOnceAndItsRecorderCountsCpuAllocations) {
+  absl::StatusOr<Runtime*> first = Runtime::Install();
+  absl::StatusOr<Runtime*> second = Runtime::Install();
+  ASSERT_TRUE(first.ok() && second.ok()) << first.status();
+  EXPECT_EQ(*first, *second);
+  EXPECT_EQ(&testing::ProcessRuntime(), *first);
+  const memory::MemoryRecorder& recorder = (*first)->recorder();
+  auto cpu_bytes = [&recorder] {
+    const memory::MemoryStatsView stats = recorder.Stats();
+    return stats.devices.empty() ? int64_t{-1} : stats.devices[0].current_bytes;
+  };
+  const int64_t before = cpu_bytes();
+  int64_t during = 0;
+  {
+    at::Tensor t = at::empty({1 << 20}, at::kFloat);  // 4 MiB
+    during = cpu_bytes();
+  }
+  const int64_t after = cpu_bytes();
+  EXPECT_GE(during - before, int64_t{4} << 20);
+  EXPECT_LT(after, during);
 }
 
 TEST(ValidateSessionOptionsTest, TheDefaultsPass) {
@@ -116,7 +142,7 @@ TEST(SessionTest, CreateRefusesOptionsOutOfRangeAsValidateSessionOptionsDoes) {
     options.device = "tpu";  // would be refused next, as INVALID_ARGUMENT too
     options.model = "";
     c.spoil(options);
-    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options);
+    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options, testing::ProcessRuntime());
     EXPECT_EQ(s.status(), ValidateSessionOptions(options)) << c.field;
   }
 }
@@ -125,7 +151,7 @@ TEST(SessionTest, UnknownStartModelIsAClearError) {
   SessionOptions options;
   options.device = "cpu";
   options.model = "enormous";
-  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options);
+  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options, testing::ProcessRuntime());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("tiny"));
 }
@@ -153,7 +179,7 @@ TEST(SessionTest, ACpuSessionsMemoryHistoryAndStatsAreTheCpusAlone) {
   SessionOptions options;
   options.device = "cpu";
   options.model = "";
-  auto s = Session::Create(options);
+  auto s = Session::Create(options, testing::ProcessRuntime());
   ASSERT_TRUE(s.ok()) << s.status();
   Session& session = **s;
   EXPECT_EQ(session.device(), "cpu");
@@ -189,7 +215,7 @@ class TinySessionTest : public ::testing::Test {
     options.model = "tiny";
     options.snapshot_root = root_;
     options.snapshot_staging_bytes = int64_t{4} << 20;
-    auto s = Session::Create(options);
+    auto s = Session::Create(options, testing::ProcessRuntime());
     ASSERT_TRUE(s.ok()) << s.status();
     session_ = *std::move(s);
   }
@@ -350,7 +376,7 @@ TEST_F(TinySessionTest, ACheckpointResumesTheRunInAnotherSessionBitForBit) {
   options.model = "";
   options.snapshot_root = root_;
   options.resume = "ck";
-  auto resumed = Session::Create(options);
+  auto resumed = Session::Create(options, testing::ProcessRuntime());
   ASSERT_TRUE(resumed.ok()) << resumed.status();
   EXPECT_EQ((*resumed)->Model()->steps_trained, manifest.global_step);
   TrainSpec rest;

@@ -1,0 +1,43 @@
+#include "core/session/runtime.h"
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/log.h"
+#include "core/memory/install.h"
+#include "core/memory/recorder.h"
+#include "core/offload/offloader.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
+
+namespace memprofd {
+
+absl::StatusOr<Runtime*> Runtime::Install() {
+  // Made once, by the first caller; never destroyed (tensors may be freed
+  // during static destruction, and the allocator reports to the recorder).
+  static const absl::StatusOr<Runtime*> runtime = []() -> absl::StatusOr<Runtime*> {
+    // Before any model tensor exists: every allocation from here on is
+    // counted.
+    if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
+      LogWarning(absl::StrCat("memory accounting unavailable: ", s.message()));
+    }
+    if (absl::Status s = offload::InstallOffloadEngine(); !s.ok()) return s;
+    return new Runtime(memory::MemoryRecorder::Global());
+  }();
+  return runtime;
+}
+
+void Runtime::UseDevice(const std::string& device) {
+  const bool cuda = absl::StartsWith(device, "cuda");
+  recorder_.set_track_cuda(cuda);
+#ifdef MEMPROFD_WITH_CUDA
+  // The CUDA blocks' attribution, before the model loads.
+  if (cuda) {
+    if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
+      LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
+    }
+  }
+#endif
+}
+
+}  // namespace memprofd
