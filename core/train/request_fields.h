@@ -22,13 +22,23 @@
 // This header is a list only: it includes nothing, so that memprofctl can use
 // it without core's libraries.
 
+// What a forward pass over batches is, shared by both requests (and kept in
+// members of the same names by TrainOptions and EvalOptions).
+#define MEMPROFD_PASS_VALUE_FIELDS(X) \
+  X(batch_size, int64_t, batch_size)  \
+  X(seq_len, int64_t, seq_len)        \
+  X(loss_chunk_tokens, int64_t, loss_chunk_tokens)
+#define MEMPROFD_PASS_CHOICE_FIELDS(X)                                       \
+  X(attn_implementation, attn_implementation, ParseAttentionImplementation, \
+    AttentionImplementationName)                                             \
+  X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
+
 // Plain values: TrainRequest holds std::optional<TYPE> NAME, TrainOptions
 // TYPE MEMBER.
 //   X(NAME, TYPE, MEMBER)
 #define MEMPROFD_TRAIN_VALUE_FIELDS(X)                          \
+  MEMPROFD_PASS_VALUE_FIELDS(X)                                 \
   X(steps, int64_t, steps)                                      \
-  X(batch_size, int64_t, batch_size)                            \
-  X(seq_len, int64_t, seq_len)                                  \
   X(learning_rate, double, learning_rate)                       \
   X(seed, uint64_t, seed)                                       \
   X(gradient_checkpointing, bool, gradient_checkpointing)       \
@@ -41,19 +51,15 @@
   X(warmup_steps, int64_t, lr_schedule.warmup_steps)            \
   X(min_lr_ratio, double, lr_schedule.min_lr_ratio)             \
   X(eval_every_steps, int64_t, eval_every_steps)                \
-  X(eval_max_batches, int64_t, eval_max_batches)                \
-  X(loss_chunk_tokens, int64_t, loss_chunk_tokens)
+  X(eval_max_batches, int64_t, eval_max_batches)
 
 // Named choices: the request and the JSON carry the name (a string),
 // TrainOptions the enum. PARSE(name) -> absl::StatusOr<enum> (INVALID_ARGUMENT
 // listing the names it takes), NAME_OF(enum) -> absl::string_view.
 //   X(NAME, MEMBER, PARSE, NAME_OF)
-#define MEMPROFD_TRAIN_CHOICE_FIELDS(X)                                      \
-  X(attn_implementation, attn_implementation, ParseAttentionImplementation, \
-    AttentionImplementationName)                                             \
-  X(lr_scheduler_type, lr_schedule.type, ParseLrSchedulerType,               \
-    LrSchedulerTypeName)                                                     \
-  X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
+#define MEMPROFD_TRAIN_CHOICE_FIELDS(X) \
+  MEMPROFD_PASS_CHOICE_FIELDS(X)        \
+  X(lr_scheduler_type, lr_schedule.type, ParseLrSchedulerType, LrSchedulerTypeName)
 
 // The fields of memprofd.v1.TrainRequest outside the two lists, each handled
 // by hand where it is used: the data sources (messages of their own, with
@@ -64,17 +70,10 @@
 // The Evaluate request's fields, likewise: memprofd.v1.EvaluateRequest, the
 // server's conversion, core's EvaluateRequest, MergeEvaluateRequest and
 // memprofctl's evaluate flags expand these, MEMBER being EvalOptions'.
-//   X(NAME, TYPE, MEMBER)
 #define MEMPROFD_EVAL_VALUE_FIELDS(X) \
-  X(batch_size, int64_t, batch_size)  \
-  X(seq_len, int64_t, seq_len)        \
-  X(max_batches, int64_t, max_batches) \
-  X(loss_chunk_tokens, int64_t, loss_chunk_tokens)
-//   X(NAME, MEMBER, PARSE, NAME_OF)
-#define MEMPROFD_EVAL_CHOICE_FIELDS(X)                                       \
-  X(attn_implementation, attn_implementation, ParseAttentionImplementation, \
-    AttentionImplementationName)                                             \
-  X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
+  MEMPROFD_PASS_VALUE_FIELDS(X)       \
+  X(max_batches, int64_t, max_batches)
+#define MEMPROFD_EVAL_CHOICE_FIELDS(X) MEMPROFD_PASS_CHOICE_FIELDS(X)
 // memprofd.v1.EvaluateRequest's fields outside the lists: the data source.
 #define MEMPROFD_EVAL_FIELDS_APART "data"
 

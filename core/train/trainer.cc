@@ -347,9 +347,9 @@ absl::StatusOr<TrainResult> Trainer::Run(
     const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const TokenDataset* eval_data,
     const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions checked, CheckOptions(valid));
+  ASSIGN_OR_RETURN(const ValidTrainOptions checked,
+                   CheckRunInputs(valid, data, eval_data));
   const TrainOptions& options = checked.get();
-  RETURN_IF_ERROR(CheckRunData(options, data, eval_data));
   generator_ = MakeDataGenerator(options.seed);
   RunState run;
   run.options = options;
@@ -373,8 +373,11 @@ absl::StatusOr<ValidTrainOptions> Trainer::CheckOptions(
   return CheckOptions(options.get());
 }
 
-absl::Status Trainer::CheckRunData(const TrainOptions& options, const TokenDataset& data,
-                                   const TokenDataset* eval_data) const {
+absl::StatusOr<ValidTrainOptions> Trainer::CheckRunInputs(
+    const ValidTrainOptions& valid, const TokenDataset& data,
+    const TokenDataset* eval_data) const {
+  ASSIGN_OR_RETURN(ValidTrainOptions checked, CheckOptions(valid));
+  const TrainOptions& options = checked.get();
   RETURN_IF_ERROR(data.Validate(options.seq_len));
   if (options.eval_every_steps > 0) {
     if (eval_data == nullptr) {
@@ -383,7 +386,7 @@ absl::Status Trainer::CheckRunData(const TrainOptions& options, const TokenDatas
     }
     RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
   }
-  return absl::OkStatus();
+  return checked;
 }
 
 absl::StatusOr<TrainResult> Trainer::ContinueRun(
@@ -400,9 +403,9 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
     const std::function<void(const StepReport&)>& on_step,
     const std::function<bool()>& cancelled, const TokenDataset* eval_data,
     const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions checked, CheckOptions(valid));
+  ASSIGN_OR_RETURN(const ValidTrainOptions checked,
+                   CheckRunInputs(valid, data, eval_data));
   const TrainOptions& options = checked.get();
-  RETURN_IF_ERROR(CheckRunData(options, data, eval_data));
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "

@@ -189,10 +189,12 @@ class Trainer {
   // options as they are when checked for a model of no longer positions).
   absl::StatusOr<ValidTrainOptions> CheckOptions(const TrainOptions& options) const;
   absl::StatusOr<ValidTrainOptions> CheckOptions(const ValidTrainOptions& options) const;
-  // The checks Run and ContinueRun make of the data before a step: the data
-  // against seq_len, and evaluation data present exactly when due.
-  absl::Status CheckRunData(const TrainOptions& options, const TokenDataset& data,
-                            const TokenDataset* eval_data) const;
+  // The checks Run and ContinueRun make before a step: the options for this
+  // model (CheckOptions), the data against seq_len, and evaluation data
+  // present exactly when due.
+  absl::StatusOr<ValidTrainOptions> CheckRunInputs(const ValidTrainOptions& options,
+                                                   const TokenDataset& data,
+                                                   const TokenDataset* eval_data) const;
   // The steps of Run and ContinueRun, on run_ and generator_. A step's
   // learning rate is the schedule's at its position in the whole run (the
   // steps of the run before it plus its own), so a resumed run gets the
