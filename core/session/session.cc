@@ -20,6 +20,7 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/session/oom_reporter.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/snapshot/snapshot_store.h"
@@ -215,6 +216,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   };
   ranks_ = std::make_unique<RankCoordinator>(
       options_.world, device_, options_.collective_timeout, std::move(ranks));
+  oom_ = std::make_unique<OomReporter>(runtime_.recorder(), device_, options_.report_dir,
+                                       options_.peak_file);
   owner_ = std::thread([this] { OwnerLoop(); });
 }
 
@@ -320,7 +323,12 @@ SessionCounters Session::Counters() const {
   c.categories = CategoriesNow();
   c.categories.offloaded_host = host;
   c.categories.offloaded_disk = disk;
+  c.oom_reports_total = oom_->reports_total();
   return c;
+}
+
+absl::StatusOr<OomReportRecord> Session::LastOomReport() const {
+  return oom_->LastReport();
 }
 
 void Session::AddObserver(std::shared_ptr<SessionObserver> observer) {

@@ -41,6 +41,7 @@ namespace memprofd {
 
 class DataParallel;
 class LlamaModel;
+class OomReporter;
 class Runtime;
 class RankCoordinator;
 class TokenDataset;
@@ -295,13 +296,6 @@ class Session {
   memory::CategoryBytes CategoriesNow() const;
   // The recorder's number for the compute device.
   int RecorderDevice() const;
-  // After a step that ran out of memory, before its gradients are cleared:
-  // builds the OOM report from the allocator's capture, writes it under
-  // report_dir and publishes it (session_oom.cc).
-  void RecordOutOfMemory(const absl::Status& status, int64_t global_step);
-  // After each completed step (categories published): keeps its peaks for
-  // OOM reports and writes the peak file (session_oom.cc).
-  void RecordStepPeaks(const SessionStepReport& report);
   void ApplyRetention();
 
   const SessionOptions options_;
@@ -325,8 +319,6 @@ class Session {
   int64_t placement_files_ = 0;
   // Host bytes held by async snapshot copies not yet written.
   std::atomic<int64_t> async_staging_bytes_{0};
-  // The last steps' peaks, oldest first (at most OomReport::kRecentSteps).
-  std::deque<memory::StepPeaks> recent_peaks_;
 
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
@@ -338,7 +330,6 @@ class Session {
   // The trainer's run (Trainer::run()), published for resume merges.
   std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
-  std::optional<OomReportRecord> last_oom_ ABSL_GUARDED_BY(mu_);
   // The snapshot directory disk-placed weights map (empty: none); it may not
   // be deleted while mapped.
   std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
@@ -356,6 +347,10 @@ class Session {
   // fatal_status, MemoryOfAllRanks, the empty commands) needs no null checks
   // at every call site. Made before the owner thread starts.
   std::unique_ptr<RankCoordinator> ranks_;
+  // OOM reports, the steps' peaks behind them and the peak file: the
+  // training run's step listener records into it. Made before the owner
+  // thread starts.
+  std::unique_ptr<OomReporter> oom_;
   std::thread owner_;
 };
 

@@ -19,6 +19,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
+#include "core/session/oom_reporter.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
@@ -226,7 +227,10 @@ class Session::TrainingRun : public StepListener {
     // Memory may still be short: a report that cannot be built must not take
     // the owner thread down with it.
     try {
-      session_->RecordOutOfMemory(status, global_step);
+      Session& s = *session_;
+      s.oom_->RecordOutOfMemory(status, global_step,
+                                {s.model_.get(), s.trainer_.get(), s.offloader_.get(),
+                                 s.async_staging_bytes_.load()});
     } catch (const std::exception& e) {
       LogWarning(
           absl::StrCat("step ", global_step,
@@ -294,7 +298,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   if (report.eval) s.CountEvaluation(*report.eval);
   s.PublishCategories();
   s.PublishRun();
-  s.RecordStepPeaks(r);
+  s.oom_->RecordStepPeaks(r, s.Counters().categories);
   s.MaybeQueuePeriodicSnapshot(report.global_step);
 }
 

@@ -1,6 +1,4 @@
-// Session: OOM reports (built after a step ran out of memory, from the
-// allocator's capture) and the per-step peak record behind them and the
-// peak file.
+#include "core/session/oom_reporter.h"
 
 #include <ATen/ATen.h>
 
@@ -12,11 +10,9 @@
 #include "core/common/json.h"
 #include "core/common/log.h"
 #include "core/memory/history.h"
-#include "core/memory/oom_report.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
-#include "core/session/session.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
@@ -39,18 +35,36 @@ void AddAddress(const at::Tensor& t, int device, const char* category,
   out->emplace(reinterpret_cast<uint64_t>(t.storage().data()), category);
 }
 
+int RecorderDeviceOf(const std::string& device) {
+  const c10::Device d(device);
+  return d.is_cpu() ? memory::kCpuDevice : d.index();
+}
+
 }  // namespace
 
-absl::StatusOr<OomReportRecord> Session::LastOomReport() const {
+OomReporter::OomReporter(memory::MemoryRecorder& recorder, const std::string& device,
+                         std::string report_dir, std::string peak_file)
+    : recorder_(recorder),
+      recorder_device_(RecorderDeviceOf(device)),
+      report_dir_(std::move(report_dir)),
+      peak_file_(std::move(peak_file)) {}
+
+absl::StatusOr<OomReportRecord> OomReporter::LastReport() const {
   absl::MutexLock lock(&mu_);
-  if (!last_oom_) {
+  if (!last_) {
     return absl::NotFoundError(
         "no training step has run out of memory since memprofd started");
   }
-  return *last_oom_;
+  return *last_;
 }
 
-void Session::RecordOutOfMemory(const absl::Status& status, int64_t global_step) {
+int64_t OomReporter::reports_total() const {
+  absl::MutexLock lock(&mu_);
+  return reports_total_;
+}
+
+void OomReporter::RecordOutOfMemory(const absl::Status& status, int64_t global_step,
+                                    const Holders& holders) {
   std::optional<memory::OomCapture> capture = memory::TakeOomCapture();
   // A capture from another step (a failure LibTorch recovered from) is not
   // this one's.
@@ -58,29 +72,27 @@ void Session::RecordOutOfMemory(const absl::Status& status, int64_t global_step)
   memory::OomReportInputs in;
   in.error = std::string(status.message());
   in.global_step = global_step;
-  const c10::Device device(device_);
-  const int index =
-      capture ? capture->device : (device.is_cpu() ? memory::kCpuDevice : device.index());
+  const int index = capture ? capture->device : recorder_device_;
   // The gradients are still there (the trainer clears them after this).
-  if (model_) {
-    for (const auto& [name, p] : model_->NamedParameters()) {
+  if (holders.model != nullptr) {
+    for (const auto& [name, p] : holders.model->NamedParameters()) {
       AddAddress(p, index, "parameters", &in.category_of);
     }
-    for (const at::Tensor& p : model_->Parameters()) {
+    for (const at::Tensor& p : holders.model->Parameters()) {
       AddAddress(p.grad(), index, "gradients", &in.category_of);
     }
   }
-  if (trainer_) {
-    for (const at::Tensor& t : trainer_->OptimizerState()) {
+  if (holders.trainer != nullptr) {
+    for (const at::Tensor& t : holders.trainer->OptimizerState()) {
       AddAddress(t, index, "optimizer_state", &in.category_of);
     }
   }
-  if (offloader_) {
-    in.offloaded_host_bytes = offloader_->host_bytes_held();
-    in.offloaded_disk_bytes = offloader_->disk_bytes_held();
+  if (holders.offloader != nullptr) {
+    in.offloaded_host_bytes = holders.offloader->host_bytes_held();
+    in.offloaded_disk_bytes = holders.offloader->disk_bytes_held();
   }
-  in.snapshot_staging_bytes = async_staging_bytes_.load();
-  memory::HistorySnapshot history = memory::MemoryRecorder::Global().History();
+  in.snapshot_staging_bytes = holders.snapshot_staging_bytes;
+  memory::HistorySnapshot history = recorder_.History();
   in.history = std::move(history.entries);
   in.history_dropped = history.dropped;
   in.recent_steps.assign(recent_peaks_.begin(), recent_peaks_.end());
@@ -91,15 +103,15 @@ void Session::RecordOutOfMemory(const absl::Status& status, int64_t global_step)
   Json json = memory::OomReportToJson(record.report);
   json["written_at_unix_ms"] = record.written_at_unix_ms;
   record.json = DumpJson(json, 2);
-  if (!options_.report_dir.empty()) {
+  if (!report_dir_.empty()) {
     std::error_code ec;
-    std::filesystem::create_directories(options_.report_dir, ec);
-    const std::string path = absl::StrCat(options_.report_dir, "/oom-step", global_step,
-                                          "-", record.report.failed_at_unix_ms, ".json");
-    absl::Status written = ec ? absl::FailedPreconditionError(absl::StrCat(
-                                    "cannot create --report_dir='", options_.report_dir,
-                                    "': ", ec.message()))
-                              : memory::WriteFileAtomically(path, record.json + "\n");
+    std::filesystem::create_directories(report_dir_, ec);
+    const std::string path = absl::StrCat(report_dir_, "/oom-step", global_step, "-",
+                                          record.report.failed_at_unix_ms, ".json");
+    absl::Status written =
+        ec ? absl::FailedPreconditionError(absl::StrCat("cannot create --report_dir='",
+                                                        report_dir_, "': ", ec.message()))
+           : memory::WriteFileAtomically(path, record.json + "\n");
     if (written.ok()) {
       record.path = path;
       LogWarning(
@@ -112,22 +124,23 @@ void Session::RecordOutOfMemory(const absl::Status& status, int64_t global_step)
     }
   }
   absl::MutexLock lock(&mu_);
-  last_oom_ = std::move(record);
-  counters_.oom_reports_total += 1;
+  last_ = std::move(record);
+  reports_total_ += 1;
 }
 
-void Session::RecordStepPeaks(const SessionStepReport& report) {
-  const memory::MemoryStatsView stats = memory::MemoryRecorder::Global().Stats();
+void OomReporter::RecordStepPeaks(const SessionStepReport& report,
+                                  const memory::CategoryBytes& categories_at_end) {
+  const memory::MemoryStatsView stats = recorder_.Stats();
   memory::StepPeaks peaks;
   peaks.step = report.step.global_step;
   peaks.peaks = stats.last_step_peaks;
   peaks.phase_peaks = stats.last_step_phase_peaks;
-  peaks.categories_at_end = Counters().categories;
+  peaks.categories_at_end = categories_at_end;
   recent_peaks_.push_back(peaks);
   while (recent_peaks_.size() > static_cast<size_t>(memory::OomReport::kRecentSteps)) {
     recent_peaks_.pop_front();
   }
-  if (options_.peak_file.empty()) return;
+  if (peak_file_.empty()) return;
   Json json = memory::StepPeaksToJson(peaks);
   json["kind"] = "memprofd.peak_file";
   json["version"] = 1;
@@ -135,11 +148,10 @@ void Session::RecordStepPeaks(const SessionStepReport& report) {
   // Each category's own high-water mark in each phase of the step on the
   // compute device (attribution at allocation time): {phase: {category: bytes}}.
   Json category_peaks = Json::object();
-  for (const memory::StepAttribution& record :
-       memory::MemoryRecorder::Global().StepRecords()) {
+  for (const memory::StepAttribution& record : recorder_.StepRecords()) {
     if (record.step != report.step.global_step) continue;
     for (const memory::CellPhasePeak& p : record.category_phase_peaks) {
-      if (p.device != RecorderDevice()) continue;
+      if (p.device != recorder_device_) continue;
       category_peaks[std::string(PhaseName(p.phase))]
                     [std::string(CategoryName(p.category))] = p.peak_bytes;
     }
@@ -154,7 +166,7 @@ void Session::RecordStepPeaks(const SessionStepReport& report) {
   // No fsync: the page cache outlives the process (SIGKILL, the OOM killer);
   // only a host crash could lose the newest step, and a sync per step would
   // cost more than the step on small models.
-  if (absl::Status s = memory::WriteFileAtomically(options_.peak_file, DumpJson(json, 2));
+  if (absl::Status s = memory::WriteFileAtomically(peak_file_, DumpJson(json, 2));
       !s.ok()) {
     LogWarning(absl::StrCat("--peak_file: ", s.message()));
   }
