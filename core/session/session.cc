@@ -13,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
 #include "core/common/status_macros.h"
-#include "core/common/threads.h"
 #ifdef MEMPROFD_WITH_CUDA
 #endif
 #include "core/memory/history.h"
@@ -21,6 +20,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/oom_reporter.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/snapshot/snapshot_store.h"
@@ -218,7 +218,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
       options_.world, device_, options_.collective_timeout, std::move(ranks));
   oom_ = std::make_unique<OomReporter>(runtime_.recorder(), device_, options_.report_dir,
                                        options_.peak_file);
-  owner_ = std::thread([this] { OwnerLoop(); });
+  owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,
+                                         [this] { RunBoundaryWork(); });
 }
 
 Session::~Session() {
@@ -236,58 +237,24 @@ Session::~Session() {
 }
 
 absl::Status Session::Post(std::function<void()> work) {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    return absl::UnavailableError(
-        "memprofd is shutting down; retry against another instance");
-  }
-  queue_.push_back(std::move(work));
-  return absl::OkStatus();
+  return owner_->Post(std::move(work));
 }
 
-bool Session::draining() const {
-  absl::MutexLock lock(&mu_);
-  return stopping_;
-}
+bool Session::draining() const { return owner_->stopping(); }
 
 void Session::Shutdown() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_ && !owner_.joinable()) return;
-    stopping_ = true;
-  }
+  if (owner_->joined()) return;
+  owner_->Stop();
   ranks_->Stop();
   for (const auto& op : operations_.List(nullptr, /*active_only=*/true)) {
     op->RequestCancel();
   }
-  if (owner_.joinable()) {
-    owner_.join();
+  if (owner_->Join()) {
     // Training stopped at a step boundary on every rank (the cancel went to
     // all of them there); now the followers may go.
     ranks_->ReleaseFollowers();
   }
   ranks_->Join();
-}
-
-void Session::OwnerLoop() {
-  // Set first: what this thread starts later inherits both (threads.h).
-  NameAndLowerThisThread("mpd-owner", options_.bulk_nice);
-  for (;;) {
-    std::function<void()> work;
-    {
-      absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || !queue_.empty();
-      };
-      mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) break;  // stopping and nothing left
-      work = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    work();
-    RunBoundaryWork();
-  }
-  RunBoundaryWork();
 }
 
 void Session::RunBoundaryWork() {

@@ -42,6 +42,7 @@ namespace memprofd {
 class DataParallel;
 class LlamaModel;
 class OomReporter;
+class OwnerThread;
 class Runtime;
 class RankCoordinator;
 class TokenDataset;
@@ -228,7 +229,6 @@ class Session {
 
  private:
   Session(const SessionOptions& options, Runtime& runtime, std::string device);
-  void OwnerLoop();
 
   // Data parallel: the session's side (session_dist.cc); the rest is
   // ranks_'s. After the start model loaded: every rank checks it holds rank
@@ -321,10 +321,8 @@ class Session {
   std::atomic<int64_t> async_staging_bytes_{0};
 
   mutable absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   // Run at the next step boundary (or next owner-queue item when idle).
   std::deque<std::function<void()>> boundary_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
   // The trainer's run (Trainer::run()), published for resume merges.
@@ -351,7 +349,9 @@ class Session {
   // training run's step listener records into it. Made before the owner
   // thread starts.
   std::unique_ptr<OomReporter> oom_;
-  std::thread owner_;
+  // Runs the work posted (Post) and, after each item, the boundary work.
+  // Started last in the constructor; stopped and joined by Shutdown.
+  std::unique_ptr<OwnerThread> owner_;
 };
 
 // Resolves "auto", "cpu", "cuda", "cuda:N" against this build and machine:

@@ -12,6 +12,7 @@
 #include "core/dist/model_sync.h"
 #include "core/dist/process_group.h"
 #include "core/model/llama.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
@@ -93,12 +94,19 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
     ASSIGN_OR_RETURN(eval_data, read(*train.eval_data, "eval_data"));
   }
   absl::MutexLock lock(&mu_);
-  if (stopping_) return absl::CancelledError("shutting down");
+  if (owner_->stopping()) return absl::CancelledError("shutting down");
   training_active_ = true;
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kTrain);
-  queue_.push_back([this, op, train, offload_options, data, eval_data, resume] {
-    RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
-  });
+  absl::Status posted =
+      owner_->Post([this, op, train, offload_options, data, eval_data, resume] {
+        RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
+      });
+  if (!posted.ok()) {
+    // Shutdown began since the check above.
+    training_active_ = false;
+    op->Finish(absl::CancelledError("shutting down"));
+    return absl::CancelledError("shutting down");
+  }
   return absl::OkStatus();
 }
 

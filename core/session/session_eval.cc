@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/model/llama.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
@@ -35,14 +36,18 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kEvaluate);
   absl::MutexLock lock(&mu_);
-  if (stopping_) {
+  if (owner_->stopping()) {
     op->Finish(absl::UnavailableError("memprofd is shutting down"));
     return absl::UnavailableError(
         "memprofd is shutting down; retry against another instance");
   }
   boundary_.push_back([this, op, options, data] { RunEvaluation(op, options, data); });
   // Wakes the owner thread when no training runs (see QueueSnapshot).
-  queue_.push_back([] {});
+  if (absl::Status posted = owner_->Post([] {}); !posted.ok()) {
+    boundary_.pop_back();  // Shutdown began since the check above.
+    op->Finish(absl::UnavailableError("memprofd is shutting down"));
+    return posted;
+  }
   return op;
 }
 

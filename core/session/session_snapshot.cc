@@ -15,6 +15,7 @@
 #include "core/common/threads.h"
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/snapshot/checkpoint_files.h"
@@ -55,7 +56,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec s
   spec.options.staging_bytes = options_.snapshot_staging_bytes;
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kSnapshot);
   absl::MutexLock lock(&mu_);
-  if (stopping_) {
+  if (owner_->stopping()) {
     op->Finish(absl::UnavailableError("memprofd is shutting down"));
     return absl::UnavailableError(
         "memprofd is shutting down; retry against another instance");
@@ -63,7 +64,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec s
   boundary_.push_back([this, op, spec] { RunSnapshot(op, spec); });
   // When no training runs, this empty item wakes the owner thread, which
   // runs boundary work after every item.
-  queue_.push_back([] {});
+  if (absl::Status posted = owner_->Post([] {}); !posted.ok()) {
+    boundary_.pop_back();  // Shutdown began since the check above.
+    op->Finish(absl::UnavailableError("memprofd is shutting down"));
+    return posted;
+  }
   return op;
 }
 

@@ -20,6 +20,7 @@
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
 #include "core/session/oom_reporter.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
@@ -147,7 +148,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     absl::MutexLock lock(&mu_);
     // Draining comes first: the training that still runs is being stopped,
     // so "another is running" would send the caller to wait for nothing.
-    if (stopping_) {
+    if (owner_->stopping()) {
       return absl::UnavailableError(
           "memprofd is shutting down; retry against another instance");
     }
@@ -162,9 +163,10 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     // own offload fields (each merges them over its own flags), published
     // by the owner thread when it starts the run, in the order it runs
     // things.
-    queue_.push_back([this, op, train, offload_options, vocab_size, resumed_tokens,
-                      in_request, resume = spec.resume,
-                      command = ranks_->TrainCommand(train, spec.offload, spec.resume)] {
+    absl::Status posted = owner_->Post([this, op, train, offload_options, vocab_size,
+                                        resumed_tokens, in_request, resume = spec.resume,
+                                        command = ranks_->TrainCommand(
+                                            train, spec.offload, spec.resume)] {
       absl::StatusOr<TrainingData> read =
           in_request ? absl::StatusOr<TrainingData>(*in_request)
                      : ReadTrainingData(train, vocab_size, resumed_tokens,
@@ -190,6 +192,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
       }
       RunTraining(op, train, offload_options, *read->data, read->eval_data.get(), resume);
     });
+    // Shutdown began since the check above.
+    if (!posted.ok()) {
+      training_active_ = false;
+      op->Finish(posted);
+      return posted;
+    }
   }
   return op;
 }
