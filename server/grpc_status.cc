@@ -4,13 +4,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/utf8.h"
+#include "server/option_flags.h"
 
 namespace memprofd {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
+  // A status about one of the daemon's options says which flag sets it.
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      BoundedStatusMessage(status.message()));
+                      BoundedStatusMessage(MessageWithFlag(status)));
 }
 
 std::string BoundedStatusMessage(absl::string_view message) {

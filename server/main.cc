@@ -28,6 +28,7 @@
 #include "core/common/threads.h"
 #include "core/dist/world.h"
 #include "core/session/runtime.h"
+#include "server/option_flags.h"
 #include "server/options.h"
 #include "server/server.h"
 
@@ -192,26 +193,6 @@ std::vector<std::string> DataRoots(int argc, char** argv) {
   return roots;
 }
 
-// ValidateSessionOptions' message starts with "<field>:", the field's name
-// in SessionOptions; this names the flag that sets it. A field not listed is
-// set by the flag of its own name, less "offload.".
-std::string FlagHint(absl::string_view message) {
-  static constexpr std::pair<absl::string_view, absl::string_view> kFlagOfField[] = {
-      {"collective_timeout", "collective_timeout_seconds"},
-      {"offload.enabled", "offload"},
-      {"offload.target", "offload_target"},
-      {"offload.prefetch_depth", "offload_prefetch_depth"},
-  };
-  const size_t colon = message.find(':');
-  if (colon == absl::string_view::npos) return " (see --help)";
-  const absl::string_view field = message.substr(0, colon);
-  absl::string_view flag = absl::StripPrefix(field, "offload.");
-  for (const auto& [renamed, its_flag] : kFlagOfField) {
-    if (field == renamed) flag = its_flag;
-  }
-  return absl::StrCat(" (", field, " is set by --", flag, "; see --help)");
-}
-
 int Fail(const std::string& message) {
   std::fprintf(stderr, "memprofd: %s\n", message.c_str());
   return 2;
@@ -303,7 +284,7 @@ int main(int argc, char** argv) {
   offload.spill_dir = per_rank(absl::GetFlag(FLAGS_spill_dir));
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
   if (absl::Status s = memprofd::ValidateSessionOptions(session); !s.ok()) {
-    return Fail(absl::StrCat("bad flags: ", s.message(), FlagHint(s.message())));
+    return Fail(absl::StrCat("bad flags: ", memprofd::MessageWithFlag(s)));
   }
 
   const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);
@@ -317,7 +298,7 @@ int main(int argc, char** argv) {
   InstallSignalHandlers();
   memprofd::Server server(options, **runtime);
   if (absl::Status s = server.Start(); !s.ok()) {
-    return Fail(absl::StrCat("cannot start: ", s.message()));
+    return Fail(absl::StrCat("cannot start: ", memprofd::MessageWithFlag(s)));
   }
   std::thread signal_thread([&server, drain_seconds] {
     memprofd::NameThisThread("mpd-signals");

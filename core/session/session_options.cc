@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/common/option_status.h"
 #include "core/common/threads.h"
 #include "core/common/utf8.h"
 #include "core/offload/offload_options.h"
@@ -22,8 +23,10 @@ constexpr int64_t kMinSnapshotStagingBytes = 4096;
 absl::Status ValidateSessionOptions(const SessionOptions& options) {
   // Messages read "<field>: <rule>, got <value>", as ValidateOffloadOptions'
   // do, so that a caller can tell which field (session_types.h).
+  // Each status is marked as about its field (option_status.h).
   auto bad = [](absl::string_view field, absl::string_view rule, auto value) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", rule, ", got ", value));
+    return OptionError(absl::StatusCode::kInvalidArgument, field,
+                       absl::StrCat(field, ": ", rule, ", got ", value));
   };
   if (options.keep_last < 0) {
     return bad("keep_last", "must be >= 0 (0 keeps every snapshot)", options.keep_last);
@@ -42,17 +45,21 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
                absl::FormatDuration(options.collective_timeout));
   }
   if (absl::Status nice = ValidateNiceIncrement(options.bulk_nice); !nice.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("bulk_nice: ", nice.message()));
+    return OptionError(absl::StatusCode::kInvalidArgument, "bulk_nice",
+                       absl::StrCat("bulk_nice: ", nice.message()));
   }
   if (options.max_data_file_bytes < 1) {
     return bad("max_data_file_bytes", "must be >= 1", options.max_data_file_bytes);
   }
   if (!options.resume.empty() && options.snapshot_root.empty()) {
-    return absl::InvalidArgumentError(
+    return OptionError(
+        absl::StatusCode::kInvalidArgument, "resume",
         absl::StrCat("resume: ", Echo(options.resume),
                      " needs snapshot_root, the directory the checkpoints are in"));
   }
-  return offload::ValidateOffloadOptions(options.offload, "offload.");
+  // Its messages read "offload.<field>: ...".
+  absl::Status offload = offload::ValidateOffloadOptions(options.offload, "offload.");
+  return AboutOption(offload, offload.message().substr(0, offload.message().find(':')));
 }
 
 }  // namespace memprofd

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
+#include "core/common/option_status.h"
 #include "core/offload/offload_options.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/train/request_fields.h"
@@ -24,6 +25,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/convert_memory.h"
+#include "server/grpc_status.h"
+#include "server/option_flags.h"
 
 namespace memprofd {
 namespace {
@@ -811,6 +814,29 @@ TEST(ConvertTest, BreakdownRequestsSendOnlyWhatWasGivenAndRowsKeepTheirKind) {
   EXPECT_EQ(pd.rows(0).category(), "temporaries");
   EXPECT_EQ(pd.rows(0).peak_b() - pd.rows(0).peak_a(), 4);
   EXPECT_EQ(pd.steps_kept_size(), 2);
+}
+
+}  // namespace
+}  // namespace memprofd
+
+namespace memprofd {
+namespace {
+
+// A status about one of the daemon's options reaches the client with the flag
+// that sets it; any other status unchanged.
+TEST(OptionFlagsTest, StatusesAboutAnOptionNameItsFlag) {
+  EXPECT_EQ(FlagOfOption("snapshot_root"), "snapshot_root");
+  EXPECT_EQ(FlagOfOption("data_roots"), "data_root");
+  EXPECT_EQ(FlagOfOption("collective_timeout"), "collective_timeout_seconds");
+  EXPECT_EQ(FlagOfOption("offload.enabled"), "offload");
+  EXPECT_EQ(FlagOfOption("offload.min_offload_bytes"), "min_offload_bytes");
+  const grpc::Status marked = ToGrpcStatus(OptionError(
+      absl::StatusCode::kFailedPrecondition, "snapshot_root", "snapshots are off"));
+  EXPECT_EQ(marked.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(marked.error_message(),
+            "snapshots are off (snapshot_root is memprofd's --snapshot_root)");
+  EXPECT_EQ(ToGrpcStatus(absl::InvalidArgumentError("seq_len: too long")).error_message(),
+            "seq_len: too long");
 }
 
 }  // namespace
