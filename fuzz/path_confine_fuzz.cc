@@ -46,7 +46,7 @@ struct Tree {
     ::mkfifo((root + "/fifo").c_str(), 0600);
     fs::create_symlink("fifo", root + "/fifo-link", ec);
     absl::StatusOr<memprofd::PathRoots> made =
-        memprofd::PathRoots::Create({root}, "--data_root");
+        memprofd::PathRoots::Create({root}, "data_roots");
     FUZZ_CHECK(made.ok());
     roots = *std::move(made);
     root = roots.roots().front();  // canonical

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/train/request_fields.h"
+#include "server/option_flags.h"
 
 namespace memprofd {
 
@@ -58,7 +59,9 @@ v1::Operation ToProto(const OperationView& view) {
   op.set_end_time_us(UnixMicros(view.end_time));
   if (!view.error.ok()) {
     op.mutable_error()->set_code(static_cast<int>(view.error.code()));
-    op.mutable_error()->set_message(std::string(view.error.message()));
+    // A failure about one of the daemon's options names its flag, as a
+    // synchronous status does (ToGrpcStatus).
+    op.mutable_error()->set_message(MessageWithFlag(view.error));
   }
   if (const auto* r = std::get_if<TrainResult>(&view.result)) {
     *op.mutable_train() = ToProto(*r);

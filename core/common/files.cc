@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/option_status.h"
 #include "core/common/utf8.h"
 
 namespace memprofd {
@@ -108,19 +109,20 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
 }  // namespace
 
 absl::StatusOr<PathRoots> PathRoots::Create(const std::vector<std::string>& roots,
-                                            absl::string_view flag) {
+                                            absl::string_view option) {
   PathRoots out;
-  out.flag_ = std::string(flag);
+  out.option_ = std::string(option);
   for (const std::string& root : roots) {
     if (root.empty() || root[0] != '/') {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, "=", Echo(root), " must be an absolute path"));
+      return OptionError(absl::StatusCode::kInvalidArgument, option,
+                         absl::StrCat(option, ": ", Echo(root), " must be an absolute path"));
     }
     absl::StatusOr<std::string> real = RealPath(root);
     std::error_code ec;
     if (!real.ok() || !fs::is_directory(*real, ec)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(flag, "=", Echo(root), " is not an existing directory"));
+      return OptionError(
+          absl::StatusCode::kInvalidArgument, option,
+          absl::StrCat(option, ": ", Echo(root), " is not an existing directory"));
     }
     out.roots_.push_back(*std::move(real));
   }
@@ -135,7 +137,7 @@ bool PathRoots::Contains(absl::string_view canonical_path) const {
 }
 
 std::string PathRoots::Describe() const {
-  if (roots_.empty()) return absl::StrCat("none: no ", flag_, " is set");
+  if (roots_.empty()) return absl::StrCat("none: no ", option_, " is set");
   return absl::StrJoin(roots_, ", ");
 }
 
@@ -152,10 +154,11 @@ absl::StatusOr<std::string> PathRoots::Confine(absl::string_view path,
                      " is relative; give an absolute path on the daemon's host"));
   }
   auto denied = [&] {
-    return absl::PermissionDeniedError(
+    return OptionError(
+        absl::StatusCode::kPermissionDenied, option_,
         absl::StrCat(what, " ", Echo(path), " is outside the daemon's data roots (",
-                     Describe(), "); put the file under a root, or start memprofd with ",
-                     flag_, " naming its directory"));
+                     Describe(), "); put the file under a root, or add its directory to ",
+                     option_));
   };
   if (roots_.empty()) return denied();
   const std::string p(path);

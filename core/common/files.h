@@ -33,9 +33,11 @@ class PathRoots {
   PathRoots() = default;
 
   // Each root is made absolute and canonical (it must exist and be a
-  // directory). INVALID_ARGUMENT naming `flag` and the root otherwise.
+  // directory). INVALID_ARGUMENT naming `option` (the engine option that
+  // lists the roots, "data_roots") and the root otherwise. Statuses about
+  // the roots are marked as about `option` (option_status.h).
   static absl::StatusOr<PathRoots> Create(const std::vector<std::string>& roots,
-                                          absl::string_view flag);
+                                          absl::string_view option);
 
   // The canonical path of `path` when it resolves inside one of the roots.
   // INVALID_ARGUMENT for an empty path, a NUL byte, or a relative path;
@@ -50,12 +52,12 @@ class PathRoots {
   bool Contains(absl::string_view canonical_path) const;
 
   const std::vector<std::string>& roots() const { return roots_; }
-  // "/data, /srv/corpora" or "none (no --data_root is set)".
+  // "/data, /srv/corpora" or "none: no data_roots is set".
   std::string Describe() const;
 
  private:
   std::vector<std::string> roots_;  // canonical, absolute
-  std::string flag_ = "--data_root";
+  std::string option_ = "data_roots";
 };
 
 // A regular file mapped read-only. Open refuses anything else without

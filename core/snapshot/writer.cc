@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "core/common/attribution.h"
 #include "core/common/json.h"
+#include "core/common/option_status.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -82,9 +83,9 @@ absl::Status PrepareRoot(const std::string& root) {
   std::error_code ec;
   if (fs::exists(root, ec)) {
     if (!fs::is_directory(root, ec)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("snapshot root ", root,
-                       " is not a directory; pass a directory as --snapshot_root"));
+      return OptionError(absl::StatusCode::kFailedPrecondition, "snapshot_root",
+                         absl::StrCat("snapshot_root ", root,
+                                      " is not a directory; give a directory"));
     }
     return absl::OkStatus();
   }
@@ -92,9 +93,11 @@ absl::Status PrepareRoot(const std::string& root) {
   if (ec) {
     absl::Status s =
         ErrnoStatus(ec.value(), absl::StrCat("creating snapshot root ", root));
-    if (s.code() == absl::StatusCode::kPermissionDenied) return s;
-    return absl::FailedPreconditionError(
-        absl::StrCat(s.message(), "; pass a writable directory as --snapshot_root"));
+    if (s.code() == absl::StatusCode::kPermissionDenied) {
+      return AboutOption(s, "snapshot_root");
+    }
+    return OptionError(absl::StatusCode::kFailedPrecondition, "snapshot_root",
+                       absl::StrCat(s.message(), "; give a writable directory"));
   }
   return absl::OkStatus();
 }
@@ -242,11 +245,12 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
         err, absl::StrCat("creating a temporary directory in snapshot root ", root_));
     if (s.code() == absl::StatusCode::kPermissionDenied ||
         s.code() == absl::StatusCode::kResourceExhausted) {
-      return absl::Status(s.code(),
-                          absl::StrCat(s.message(), "; make --snapshot_root writable"));
+      return OptionError(s.code(), "snapshot_root",
+                         absl::StrCat(s.message(), "; make snapshot_root writable"));
     }
-    return absl::FailedPreconditionError(
-        absl::StrCat(s.message(), "; make --snapshot_root a writable directory"));
+    return OptionError(
+        absl::StatusCode::kFailedPrecondition, "snapshot_root",
+        absl::StrCat(s.message(), "; make snapshot_root a writable directory"));
   }
   bool published = false;
   absl::Cleanup remove_tmp = [&] {

@@ -409,7 +409,8 @@ absl::StatusOr<TrainResult> Trainer::ContinueRun(
   if (!run_ || !generator_.defined()) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "
-        "resume (LoadModel resume, memprofd --resume) or train without resume");
+        "resume (LoadModel with resume, or the daemon's resume option at start) or train "
+        "without resume");
   }
   run_->options = options;
   run_->options.steps = run_->steps_completed + options.steps;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/common/option_status.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
 #include "gmock/gmock.h"
@@ -75,6 +76,7 @@ TEST(SnapshotWriterTest, UnwritableRootIsAPreconditionOrPermissionError) {
   auto s = SnapshotWriter(tmp.Join("file")).Write("a", model, "", {});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   EXPECT_THAT(std::string(s.status().message()), HasSubstr("snapshot_root"));
+  EXPECT_EQ(OptionOf(s.status()), "snapshot_root");  // the daemon names its flag
   s = SnapshotWriter(tmp.Join("file/sub")).Write("a", model, "", {});
   EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition) << s.status();
   // A missing root is created.

@@ -129,7 +129,7 @@ TEST(TokenDatasetTest, ClientPathsStayInsideTheRootsAfterLinks) {
   const std::string inside = tmp.WriteFile("root/in.txt", "hello world");
   const std::string outside = tmp.WriteFile("secret.txt", "secret");
   std::filesystem::create_symlink(outside, root + "/link.txt");
-  absl::StatusOr<PathRoots> roots = PathRoots::Create({root}, "--data_root");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root}, "data_roots");
   ASSERT_TRUE(roots.ok()) << roots.status();
   DataAccess access;
   access.roots = &*roots;
@@ -158,7 +158,7 @@ TEST(TokenDatasetTest, ClientPathsStayInsideTheRootsAfterLinks) {
   access.roots = &none;
   d = TokenDataset::Create(File(DataSpec::Kind::kTextFile, inside), 256, access);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(d.status().message(), HasSubstr("no --data_root is set"));
+  EXPECT_THAT(d.status().message(), HasSubstr("no data_roots is set"));
 }
 
 TEST(TokenDatasetTest, AMappedFileDrawsTheBatchesTheSameTokensInMemoryWould) {

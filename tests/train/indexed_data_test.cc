@@ -255,7 +255,7 @@ TEST_F(IndexedDataTest, IdsOutsideTheVocabularyAndPathsOutsideTheRoots) {
   EXPECT_THAT(d.status().message(), HasSubstr("token id -3 at position 2"));
   // Outside the roots.
   const TempDir root;
-  absl::StatusOr<PathRoots> roots = PathRoots::Create({root.path()}, "--data_root");
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root.path()}, "data_roots");
   ASSERT_TRUE(roots.ok());
   DataAccess access;
   access.roots = &*roots;
