@@ -23,6 +23,7 @@
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
+#include "core/session/snapshot_scheduler.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/train/trainer.h"
 
@@ -204,11 +205,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
                               const offload::OffloadRequest& offload, bool resume) {
     return FollowTrain(train, offload, resume);
   };
-  ranks.has_boundary_work = [this] {
-    absl::MutexLock lock(&mu_);
-    return !boundary_.empty();
-  };
-  ranks.run_boundary_work = [this] { RunBoundaryWork(); };
+  ranks.has_boundary_work = [this] { return snapshots_->HasBoundaryWork(); };
+  ranks.run_boundary_work = [this] { snapshots_->RunBoundaryWork(); };
   ranks.memory_stats = [this] { return MemoryStats(); };
   ranks.steps_total = [this] {
     absl::MutexLock lock(&mu_);
@@ -216,20 +214,33 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   };
   ranks_ = std::make_unique<RankCoordinator>(
       options_.world, device_, options_.collective_timeout, std::move(ranks));
+  SnapshotScheduler::Callbacks snapshots;
+  snapshots.model = [this] { return model_.get(); };
+  snapshots.trainer = [this] { return trainer_.get(); };
+  snapshots.model_loaded = [this] { return Model().has_value(); };
+  snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
+  snapshots.observers = [this] { return Observers(); };
+  snapshots.count_snapshot =
+      [this](const absl::StatusOr<snapshot::SnapshotManifest>& manifest) {
+        absl::MutexLock lock(&mu_);
+        if (manifest.ok()) {
+          counters_.snapshots_succeeded += 1;
+          counters_.snapshot_bytes_total += manifest->bytes_written;
+        } else {
+          counters_.snapshots_failed += 1;
+        }
+      };
+  snapshots_ = std::make_unique<SnapshotScheduler>(options_, ranks_->follower(),
+                                                   operations_, std::move(snapshots));
   oom_ = std::make_unique<OomReporter>(runtime_.recorder(), device_, options_.report_dir,
                                        options_.peak_file);
   owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,
-                                         [this] { RunBoundaryWork(); });
+                                         [this] { snapshots_->RunBoundaryWork(); });
 }
 
 Session::~Session() {
   Shutdown();
-  std::vector<std::thread> writers;
-  {
-    absl::MutexLock lock(&mu_);
-    writers.swap(async_writers_);
-  }
-  for (auto& t : writers) t.join();
+  snapshots_->Join();
   // The model's tensors go before the trainer that points at it.
   trainer_.reset();
   offloader_.reset();
@@ -255,19 +266,6 @@ void Session::Shutdown() {
     ranks_->ReleaseFollowers();
   }
   ranks_->Join();
-}
-
-void Session::RunBoundaryWork() {
-  for (;;) {
-    std::function<void()> work;
-    {
-      absl::MutexLock lock(&mu_);
-      if (boundary_.empty()) return;
-      work = std::move(boundary_.front());
-      boundary_.pop_front();
-    }
-    work();
-  }
 }
 
 std::optional<ModelSummary> Session::Model() const {

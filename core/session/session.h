@@ -10,15 +10,11 @@
 // Thread-safety: every public method may be called from any thread. Work on
 // the model runs on the owner thread only.
 
-#include <atomic>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -33,10 +29,6 @@
 #include "core/session/session_types.h"
 #include "core/train/trainer_state.h"
 
-namespace at {
-class Tensor;
-}
-
 namespace memprofd {
 
 class DataParallel;
@@ -45,13 +37,13 @@ class OomReporter;
 class OwnerThread;
 class Runtime;
 class RankCoordinator;
+class SnapshotScheduler;
 class TokenDataset;
 class Trainer;
 namespace offload {
 class Offloader;
 }
 namespace snapshot {
-struct CheckpointPayload;
 struct LoadedWeights;
 }  // namespace snapshot
 
@@ -266,20 +258,6 @@ class Session {
                      std::shared_ptr<const TokenDataset> in_request);
   // Counts a finished evaluation for Counters().
   void CountEvaluation(const EvalResult& result);
-  void MaybeQueuePeriodicSnapshot(int64_t global_step);
-  void RunBoundaryWork();
-  // Queues a snapshot to run at the next step boundary, or when idle.
-  absl::StatusOr<std::shared_ptr<Operation>> QueueSnapshot(SnapshotSpec spec);
-  void RunSnapshot(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec);
-  void FinishSnapshot(const std::shared_ptr<Operation>& op,
-                      absl::StatusOr<snapshot::SnapshotManifest> manifest,
-                      SnapshotMode mode);
-  // `checkpoint`: null for a weights snapshot, else the payload with host
-  // copies of the optimizer tensors.
-  void RunAsyncWrite(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec,
-                     std::vector<std::pair<std::string, at::Tensor>> copies,
-                     std::shared_ptr<snapshot::CheckpointPayload> checkpoint,
-                     std::string config_json, int64_t staged_bytes);
   // Places one module of a model being loaded; true when its weights map
   // the loaded directory's files.
   absl::StatusOr<bool> PlaceModule(LlamaModel& model, const std::string& module,
@@ -296,7 +274,6 @@ class Session {
   memory::CategoryBytes CategoriesNow() const;
   // The recorder's number for the compute device.
   int RecorderDevice() const;
-  void ApplyRetention();
 
   const SessionOptions options_;
   // The process's memory accounting: every memory figure is read through
@@ -317,26 +294,21 @@ class Session {
   std::unique_ptr<offload::Offloader> offloader_;
   std::string model_source_;
   int64_t placement_files_ = 0;
-  // Host bytes held by async snapshot copies not yet written.
-  std::atomic<int64_t> async_staging_bytes_{0};
 
   mutable absl::Mutex mu_;
-  // Run at the next step boundary (or next owner-queue item when idle).
-  std::deque<std::function<void()>> boundary_ ABSL_GUARDED_BY(mu_);
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
   // The trainer's run (Trainer::run()), published for resume merges.
   std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
-  // The snapshot directory disk-placed weights map (empty: none); it may not
-  // be deleted while mapped.
-  std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
-  // The directories (as the client named them) of LoadModel operations
-  // queued or running, by operation id: DeleteSnapshot refuses to delete
-  // what one of them is about to read.
-  std::map<std::string, std::string> loads_in_flight_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
+
+  // Snapshots (SnapshotScheduler, snapshot_scheduler.h): the step-boundary
+  // queue (evaluations wait there too), snapshot writing and its async
+  // writers, retention, and what DeleteSnapshot must leave alone. Always
+  // set; made before the owner thread starts, its writers joined by the
+  // destructor.
+  std::unique_ptr<SnapshotScheduler> snapshots_;
 
   // Data parallel: the process group, the follower's and rank-memory
   // threads, the per-step agreement and the broken-run state. Always set

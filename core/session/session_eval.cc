@@ -7,9 +7,9 @@
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/model/llama.h"
-#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
+#include "core/session/snapshot_scheduler.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/evaluate.h"
@@ -35,18 +35,13 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
     RETURN_IF_ERROR(data->Validate(options.seq_len));
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kEvaluate);
-  absl::MutexLock lock(&mu_);
-  if (owner_->stopping()) {
+  // The boundary queue wakes the owner thread when no training runs.
+  absl::Status queued = snapshots_->QueueBoundaryWork(
+      [this, op, options, data] { RunEvaluation(op, options, data); });
+  if (!queued.ok()) {
     op->Finish(absl::UnavailableError("memprofd is shutting down"));
     return absl::UnavailableError(
         "memprofd is shutting down; retry against another instance");
-  }
-  boundary_.push_back([this, op, options, data] { RunEvaluation(op, options, data); });
-  // Wakes the owner thread when no training runs (see QueueSnapshot).
-  if (absl::Status posted = owner_->Post([] {}); !posted.ok()) {
-    boundary_.pop_back();  // Shutdown began since the check above.
-    op->Finish(absl::UnavailableError("memprofd is shutting down"));
-    return posted;
   }
   return op;
 }

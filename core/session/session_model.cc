@@ -26,6 +26,7 @@
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
+#include "core/session/snapshot_scheduler.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/safetensors.h"
@@ -181,14 +182,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     }
   }
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
-  if (!spec.hf_directory.empty()) {
-    absl::MutexLock lock(&mu_);
-    loads_in_flight_[op->id()] = spec.hf_directory;
-  }
-  auto forget = [this, id = op->id()] {
-    absl::MutexLock lock(&mu_);
-    loads_in_flight_.erase(id);
-  };
+  if (!spec.hf_directory.empty()) snapshots_->TrackLoad(op->id(), spec.hf_directory);
+  auto forget = [this, id = op->id()] { snapshots_->ForgetLoad(id); };
   absl::Status posted = Post([this, op, forget, spec = LoadModelSpec(spec),
                               command = ranks_->LoadCommand(spec)]() mutable {
     absl::Cleanup done = forget;
@@ -301,10 +296,7 @@ absl::Status Session::LoadOnOwner(const LoadModelSpec& spec,
   offloader_.reset();
   model_ = std::move(model);
   model_source_ = source;
-  {
-    absl::MutexLock lock(&mu_);
-    mapped_directory_ = mapped_directory;
-  }
+  snapshots_->SetMappedDirectory(mapped_directory);
   trainer_ = std::move(trainer);
   // Its steps are numbered afresh (or from its checkpoint): the kept step
   // records of the model it replaces would diff against the wrong steps.

@@ -1,267 +1,35 @@
-// Session: snapshots, taken at step boundaries so that each is a consistent
-// point-in-time copy, blocking or written in the background.
+// Session: the snapshot calls of the one door. The leader rule is the
+// session's; the rest is the snapshot scheduler's (snapshot_scheduler.h).
 
-#include <ATen/ATen.h>
-
-#include <filesystem>
-#include <future>
-#include <map>
-#include <utility>
-
-#include "absl/strings/str_cat.h"
-#include "core/common/log.h"
-#include "core/common/phase.h"
 #include "core/common/status_macros.h"
-#include "core/common/threads.h"
-#include "core/common/torch_boundary.h"
-#include "core/model/llama.h"
-#include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
-#include "core/snapshot/checkpoint_files.h"
-#include "core/snapshot/snapshot_store.h"
-#include "core/snapshot/writer.h"
-#include "core/train/trainer.h"
-#include "core/train/trainer_state.h"
+#include "core/session/snapshot_scheduler.h"
 
 namespace memprofd {
-namespace {
-
-// What every snapshot call says when the daemon has no snapshot root.
-absl::Status SnapshotsOff(absl::StatusCode code) {
-  return absl::Status(code, "snapshots are off: start memprofd with --snapshot_root=DIR");
-}
-
-}  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
     const SnapshotSpec& spec) {
   RETURN_IF_ERROR(ranks_->CheckLeader("Snapshot"));
-  if (options_.snapshot_root.empty()) {
-    return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
-  }
-  RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
-  RETURN_IF_ERROR(snapshot::CheckCheckpointDtype(spec.options));
-  if (!Model())
-    return absl::FailedPreconditionError("no model is loaded; LoadModel first");
-  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("a snapshot named '", spec.name,
-                     "' exists; pick another name or DeleteSnapshot it"));
-  }
-  return QueueSnapshot(spec);
-}
-
-absl::StatusOr<std::shared_ptr<Operation>> Session::QueueSnapshot(SnapshotSpec spec) {
-  spec.options.staging_bytes = options_.snapshot_staging_bytes;
-  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kSnapshot);
-  absl::MutexLock lock(&mu_);
-  if (owner_->stopping()) {
-    op->Finish(absl::UnavailableError("memprofd is shutting down"));
-    return absl::UnavailableError(
-        "memprofd is shutting down; retry against another instance");
-  }
-  boundary_.push_back([this, op, spec] { RunSnapshot(op, spec); });
-  // When no training runs, this empty item wakes the owner thread, which
-  // runs boundary work after every item.
-  if (absl::Status posted = owner_->Post([] {}); !posted.ok()) {
-    boundary_.pop_back();  // Shutdown began since the check above.
-    op->Finish(absl::UnavailableError("memprofd is shutting down"));
-    return posted;
-  }
-  return op;
-}
-
-void Session::MaybeQueuePeriodicSnapshot(int64_t global_step) {
-  // Data parallel: rank 0 writes the run's snapshots, the followers wait.
-  if (follower() || options_.snapshot_every_steps <= 0 ||
-      options_.snapshot_root.empty() ||
-      global_step % options_.snapshot_every_steps != 0) {
-    return;
-  }
-  SnapshotSpec spec;
-  spec.name = absl::StrCat("step-", global_step);
-  spec.options.kind = options_.auto_snapshot_kind;
-  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) return;
-  absl::StatusOr<std::shared_ptr<Operation>> op = QueueSnapshot(spec);
-  if (!op.ok())
-    LogWarning(absl::StrCat("periodic snapshot not queued: ", op.status().message()));
-}
-
-void Session::RunSnapshot(const std::shared_ptr<Operation>& op,
-                          const SnapshotSpec& spec) {
-  if (op->cancel_requested()) {
-    op->Finish(absl::CancelledError("cancelled before it started"));
-    return;
-  }
-  op->MarkRunning();
-  PhaseScope phase(Phase::kSnapshot);
-  SnapshotSpec s = spec;
-  s.options.tie_word_embeddings = model_->config().tie_word_embeddings;
-  s.options.global_step = trainer_ ? trainer_->global_step() : 0;
-  const std::string config_json = model_->config().ToJson();
-  // A checkpoint's training state, taken here at the step boundary with the
-  // weights: the optimizer tensors are the live ones (streamed, never copied
-  // whole, in blocking mode), the trainer state a copy.
-  std::shared_ptr<snapshot::CheckpointPayload> checkpoint;
-  if (s.options.kind == snapshot::SnapshotKind::kCheckpoint) {
-    checkpoint = std::make_shared<snapshot::CheckpointPayload>();
-    checkpoint->optimizer_tensors = trainer_->NamedOptimizerState();
-    checkpoint->optimizer_metadata = trainer_->OptimizerMetadata();
-    checkpoint->trainer_state_json = TrainerStateToJson(trainer_->State());
-  }
-  if (s.mode == SnapshotMode::kAsync) {
-    // Copy every tensor to host memory now (the consistent point), then
-    // write in the background while training goes on.
-    absl::StatusOr<snapshot::AsyncSnapshotSource> copy =
-        snapshot::CopyForAsyncSnapshot(model_->NamedParameters(), s.options);
-    if (!copy.ok()) {
-      FinishSnapshot(op, copy.status(), s.mode);
-      return;
-    }
-    int64_t held = copy->host_bytes;
-    if (checkpoint) {
-      snapshot::SnapshotOptions keep;  // the optimizer state in its own dtype
-      absl::StatusOr<snapshot::AsyncSnapshotSource> opt_copy =
-          snapshot::CopyForAsyncSnapshot(checkpoint->optimizer_tensors, keep);
-      if (!opt_copy.ok()) {
-        FinishSnapshot(op, opt_copy.status(), s.mode);
-        return;
-      }
-      checkpoint->optimizer_tensors = std::move(opt_copy->tensors);
-      held += opt_copy->host_bytes;
-    }
-    async_staging_bytes_ += held;
-    s.options.held_host_bytes = held;
-    s.options.enter_snapshot_phase = false;  // the phase belongs to the owner thread
-    absl::MutexLock lock(&mu_);
-    async_writers_.emplace_back(
-        [this, op, s, copy = *std::move(copy), checkpoint, config_json, held]() mutable {
-          NameThisThread("mpd-snapshot");
-          RunAsyncWrite(op, s, std::move(copy.tensors), std::move(checkpoint),
-                        config_json, held);
-        });
-    return;
-  }
-  snapshot::SnapshotWriter writer(options_.snapshot_root);
-  auto progress = [&op](int64_t written, int64_t total) {
-    op->SetProgress(written, total, "bytes", "");
-  };
-  auto cancel = [&op] { return op->cancel_requested(); };
-  absl::StatusOr<snapshot::SnapshotManifest> manifest =
-      checkpoint ? writer.WriteCheckpoint(s.name, model_->NamedParameters(), config_json,
-                                          *checkpoint, s.options, progress, cancel)
-                 : writer.Write(s.name, model_->NamedParameters(), config_json, s.options,
-                                progress, cancel);
-  FinishSnapshot(op, std::move(manifest), s.mode);
-}
-
-void Session::RunAsyncWrite(const std::shared_ptr<Operation>& op,
-                            const SnapshotSpec& spec,
-                            std::vector<std::pair<std::string, at::Tensor>> copies,
-                            std::shared_ptr<snapshot::CheckpointPayload> checkpoint,
-                            std::string config_json, int64_t staged_bytes) {
-  snapshot::SnapshotWriter writer(options_.snapshot_root);
-  auto progress = [&op](int64_t written, int64_t total) {
-    op->SetProgress(written, total, "bytes", "");
-  };
-  auto cancel = [&op] { return op->cancel_requested(); };
-  absl::StatusOr<snapshot::SnapshotManifest> manifest =
-      checkpoint
-          ? writer.WriteCheckpoint(spec.name, copies, config_json, *checkpoint,
-                                   spec.options, progress, cancel)
-          : writer.Write(spec.name, copies, config_json, spec.options, progress, cancel);
-  copies.clear();
-  checkpoint.reset();
-  async_staging_bytes_ -= staged_bytes;
-  FinishSnapshot(op, std::move(manifest), spec.mode);
-}
-
-void Session::FinishSnapshot(const std::shared_ptr<Operation>& op,
-                             absl::StatusOr<snapshot::SnapshotManifest> manifest,
-                             SnapshotMode mode) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (manifest.ok()) {
-      counters_.snapshots_succeeded += 1;
-      counters_.snapshot_bytes_total += manifest->bytes_written;
-    } else {
-      counters_.snapshots_failed += 1;
-    }
-  }
-  if (!manifest.ok()) {
-    op->Finish(manifest.status());
-    return;
-  }
-  for (const auto& observer : Observers()) observer->OnSnapshotPublished(*manifest);
-  SnapshotResult result{*std::move(manifest), mode};
-  if (options_.keep_last > 0) {
-    absl::StatusOr<std::vector<std::string>> removed =
-        snapshot::ApplyRetention(options_.snapshot_root, options_.keep_last);
-    if (!removed.ok()) {
-      LogWarning(absl::StrCat("retention (--keep_last): ", removed.status().message()));
-    }
-  }
-  op->Finish(absl::OkStatus(), std::move(result));
+  return snapshots_->StartSnapshot(spec);
 }
 
 absl::Status Session::SnapshotNow(const std::string& name) {
-  if (follower()) return absl::OkStatus();  // rank 0 writes the run's snapshot
-  SnapshotSpec spec;
-  spec.name = name;
-  spec.options.kind = options_.auto_snapshot_kind;
-  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, StartSnapshot(spec));
-  OperationView view = op->View();
-  while (!view.done) view = op->WaitForChange(view.version, absl::InfiniteFuture());
-  return view.error;
+  return snapshots_->SnapshotNow(name);
 }
 
 absl::StatusOr<std::vector<snapshot::SnapshotManifest>> Session::ListSnapshots() const {
-  if (options_.snapshot_root.empty()) return std::vector<snapshot::SnapshotManifest>{};
-  return snapshot::ListSnapshots(options_.snapshot_root);
+  return snapshots_->ListSnapshots();
 }
 
 absl::StatusOr<snapshot::SnapshotManifest> Session::DescribeSnapshot(
     const std::string& name) const {
-  if (options_.snapshot_root.empty()) {
-    return SnapshotsOff(absl::StatusCode::kNotFound);
-  }
-  return snapshot::DescribeSnapshot(options_.snapshot_root, name);
+  return snapshots_->DescribeSnapshot(name);
 }
 
 absl::Status Session::DeleteSnapshot(const std::string& name) {
   RETURN_IF_ERROR(ranks_->CheckLeader("DeleteSnapshot"));
-  if (options_.snapshot_root.empty()) {
-    return SnapshotsOff(absl::StatusCode::kNotFound);
-  }
-  absl::StatusOr<snapshot::SnapshotManifest> m =
-      snapshot::DescribeSnapshot(options_.snapshot_root, name);
-  if (!m.ok()) return m.status();
-  std::error_code ec;
-  const std::string dir = std::filesystem::weakly_canonical(m->directory, ec).string();
-  std::map<std::string, std::string> loads;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!mapped_directory_.empty() && mapped_directory_ == dir) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the model's disk-placed modules are mapped from snapshot '", name,
-                       "'; load another model before deleting it"));
-    }
-    loads = loads_in_flight_;
-  }
-  for (const auto& [id, named] : loads) {
-    // A load reports done before its entry is dropped: a done one reads
-    // nothing more.
-    absl::StatusOr<std::shared_ptr<Operation>> load = operations_.Get(id);
-    if (load.ok() && (*load)->View().done) continue;
-    std::error_code named_ec;
-    if (std::filesystem::weakly_canonical(named, named_ec).string() == dir && !named_ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "LoadModel operation ", id, " (queued or running) reads snapshot '", name,
-          "'; wait for it or cancel it (CancelOperation) before deleting the snapshot"));
-    }
-  }
-  return snapshot::DeleteSnapshot(options_.snapshot_root, name);
+  return snapshots_->DeleteSnapshot(name);
 }
 
 }  // namespace memprofd

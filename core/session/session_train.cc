@@ -24,6 +24,7 @@
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
+#include "core/session/snapshot_scheduler.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/step_listener.h"
@@ -223,7 +224,7 @@ class Session::TrainingRun : public StepListener {
 
   absl::StatusOr<bool> AtBoundary() override {
     if (data_parallel_ == nullptr) {
-      session_->RunBoundaryWork();
+      session_->snapshots_->RunBoundaryWork();
       return false;  // the cancel is the run's cheap predicate
     }
     RETURN_IF_ERROR(failure_);
@@ -238,7 +239,7 @@ class Session::TrainingRun : public StepListener {
       Session& s = *session_;
       s.oom_->RecordOutOfMemory(status, global_step,
                                 {s.model_.get(), s.trainer_.get(), s.offloader_.get(),
-                                 s.async_staging_bytes_.load()});
+                                 s.snapshots_->async_staging_bytes()});
     } catch (const std::exception& e) {
       LogWarning(
           absl::StrCat("step ", global_step,
@@ -307,7 +308,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   s.PublishCategories();
   s.PublishRun();
   s.oom_->RecordStepPeaks(r, s.Counters().categories);
-  s.MaybeQueuePeriodicSnapshot(report.global_step);
+  s.snapshots_->MaybeQueuePeriodicSnapshot(report.global_step);
 }
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,

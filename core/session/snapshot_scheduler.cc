@@ -1,0 +1,312 @@
+#include "core/session/snapshot_scheduler.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/common/log.h"
+#include "core/common/phase.h"
+#include "core/common/status_macros.h"
+#include "core/common/threads.h"
+#include "core/model/llama.h"
+#include "core/snapshot/checkpoint_files.h"
+#include "core/snapshot/snapshot_store.h"
+#include "core/snapshot/writer.h"
+#include "core/train/trainer.h"
+#include "core/train/trainer_state.h"
+
+namespace memprofd {
+namespace {
+
+// What every snapshot call says when the daemon has no snapshot root.
+absl::Status SnapshotsOff(absl::StatusCode code) {
+  return absl::Status(code, "snapshots are off: start memprofd with --snapshot_root=DIR");
+}
+
+}  // namespace
+
+SnapshotScheduler::SnapshotScheduler(const SessionOptions& options, bool follower,
+                                     OperationRegistry& operations, Callbacks callbacks)
+    : options_(options),
+      follower_(follower),
+      operations_(operations),
+      callbacks_(std::move(callbacks)) {}
+
+SnapshotScheduler::~SnapshotScheduler() { Join(); }
+
+void SnapshotScheduler::Join() {
+  std::vector<std::thread> writers;
+  {
+    absl::MutexLock lock(&mu_);
+    writers.swap(async_writers_);
+  }
+  for (auto& t : writers) t.join();
+}
+
+absl::Status SnapshotScheduler::QueueBoundaryWork(std::function<void()> work) {
+  absl::MutexLock lock(&mu_);
+  // When no training runs, this empty item wakes the owner thread, which
+  // runs boundary work after every item. Posted under the lock, before the
+  // work is queued: the owner's RunBoundaryWork after the empty item waits
+  // for the lock, so it finds the work.
+  RETURN_IF_ERROR(callbacks_.post([] {}));
+  boundary_.push_back(std::move(work));
+  return absl::OkStatus();
+}
+
+bool SnapshotScheduler::HasBoundaryWork() const {
+  absl::MutexLock lock(&mu_);
+  return !boundary_.empty();
+}
+
+void SnapshotScheduler::RunBoundaryWork() {
+  for (;;) {
+    std::function<void()> work;
+    {
+      absl::MutexLock lock(&mu_);
+      if (boundary_.empty()) return;
+      work = std::move(boundary_.front());
+      boundary_.pop_front();
+    }
+    work();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::StartSnapshot(
+    const SnapshotSpec& spec) {
+  if (options_.snapshot_root.empty()) {
+    return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
+  }
+  RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
+  RETURN_IF_ERROR(snapshot::CheckCheckpointDtype(spec.options));
+  if (!callbacks_.model_loaded())
+    return absl::FailedPreconditionError("no model is loaded; LoadModel first");
+  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("a snapshot named '", spec.name,
+                     "' exists; pick another name or DeleteSnapshot it"));
+  }
+  return QueueSnapshot(spec);
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::QueueSnapshot(
+    SnapshotSpec spec) {
+  spec.options.staging_bytes = options_.snapshot_staging_bytes;
+  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kSnapshot);
+  if (!QueueBoundaryWork([this, op, spec] { RunSnapshot(op, spec); }).ok()) {
+    op->Finish(absl::UnavailableError("memprofd is shutting down"));
+    return absl::UnavailableError(
+        "memprofd is shutting down; retry against another instance");
+  }
+  return op;
+}
+
+void SnapshotScheduler::MaybeQueuePeriodicSnapshot(int64_t global_step) {
+  // Data parallel: rank 0 writes the run's snapshots, the followers wait.
+  if (follower_ || options_.snapshot_every_steps <= 0 || options_.snapshot_root.empty() ||
+      global_step % options_.snapshot_every_steps != 0) {
+    return;
+  }
+  SnapshotSpec spec;
+  spec.name = absl::StrCat("step-", global_step);
+  spec.options.kind = options_.auto_snapshot_kind;
+  if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) return;
+  absl::StatusOr<std::shared_ptr<Operation>> op = QueueSnapshot(spec);
+  if (!op.ok())
+    LogWarning(absl::StrCat("periodic snapshot not queued: ", op.status().message()));
+}
+
+void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
+                                    const SnapshotSpec& spec) {
+  if (op->cancel_requested()) {
+    op->Finish(absl::CancelledError("cancelled before it started"));
+    return;
+  }
+  op->MarkRunning();
+  PhaseScope phase(Phase::kSnapshot);
+  LlamaModel& model = *callbacks_.model();
+  Trainer* const trainer = callbacks_.trainer();
+  SnapshotSpec s = spec;
+  s.options.tie_word_embeddings = model.config().tie_word_embeddings;
+  s.options.global_step = trainer ? trainer->global_step() : 0;
+  const std::string config_json = model.config().ToJson();
+  // A checkpoint's training state, taken here at the step boundary with the
+  // weights: the optimizer tensors are the live ones (streamed, never copied
+  // whole, in blocking mode), the trainer state a copy.
+  std::shared_ptr<snapshot::CheckpointPayload> checkpoint;
+  if (s.options.kind == snapshot::SnapshotKind::kCheckpoint) {
+    checkpoint = std::make_shared<snapshot::CheckpointPayload>();
+    checkpoint->optimizer_tensors = trainer->NamedOptimizerState();
+    checkpoint->optimizer_metadata = trainer->OptimizerMetadata();
+    checkpoint->trainer_state_json = TrainerStateToJson(trainer->State());
+  }
+  if (s.mode == SnapshotMode::kAsync) {
+    // Copy every tensor to host memory now (the consistent point), then
+    // write in the background while training goes on.
+    absl::StatusOr<snapshot::AsyncSnapshotSource> copy =
+        snapshot::CopyForAsyncSnapshot(model.NamedParameters(), s.options);
+    if (!copy.ok()) {
+      FinishSnapshot(op, copy.status(), s.mode);
+      return;
+    }
+    int64_t held = copy->host_bytes;
+    if (checkpoint) {
+      snapshot::SnapshotOptions keep;  // the optimizer state in its own dtype
+      absl::StatusOr<snapshot::AsyncSnapshotSource> opt_copy =
+          snapshot::CopyForAsyncSnapshot(checkpoint->optimizer_tensors, keep);
+      if (!opt_copy.ok()) {
+        FinishSnapshot(op, opt_copy.status(), s.mode);
+        return;
+      }
+      checkpoint->optimizer_tensors = std::move(opt_copy->tensors);
+      held += opt_copy->host_bytes;
+    }
+    async_staging_bytes_ += held;
+    s.options.held_host_bytes = held;
+    s.options.enter_snapshot_phase = false;  // the phase belongs to the owner thread
+    absl::MutexLock lock(&mu_);
+    async_writers_.emplace_back(
+        [this, op, s, copy = *std::move(copy), checkpoint, config_json, held]() mutable {
+          NameThisThread("mpd-snapshot");
+          RunAsyncWrite(op, s, std::move(copy.tensors), std::move(checkpoint),
+                        config_json, held);
+        });
+    return;
+  }
+  snapshot::SnapshotWriter writer(options_.snapshot_root);
+  auto progress = [&op](int64_t written, int64_t total) {
+    op->SetProgress(written, total, "bytes", "");
+  };
+  auto cancel = [&op] { return op->cancel_requested(); };
+  absl::StatusOr<snapshot::SnapshotManifest> manifest =
+      checkpoint ? writer.WriteCheckpoint(s.name, model.NamedParameters(), config_json,
+                                          *checkpoint, s.options, progress, cancel)
+                 : writer.Write(s.name, model.NamedParameters(), config_json, s.options,
+                                progress, cancel);
+  FinishSnapshot(op, std::move(manifest), s.mode);
+}
+
+void SnapshotScheduler::RunAsyncWrite(
+    const std::shared_ptr<Operation>& op, const SnapshotSpec& spec,
+    std::vector<std::pair<std::string, at::Tensor>> copies,
+    std::shared_ptr<snapshot::CheckpointPayload> checkpoint, std::string config_json,
+    int64_t staged_bytes) {
+  snapshot::SnapshotWriter writer(options_.snapshot_root);
+  auto progress = [&op](int64_t written, int64_t total) {
+    op->SetProgress(written, total, "bytes", "");
+  };
+  auto cancel = [&op] { return op->cancel_requested(); };
+  absl::StatusOr<snapshot::SnapshotManifest> manifest =
+      checkpoint
+          ? writer.WriteCheckpoint(spec.name, copies, config_json, *checkpoint,
+                                   spec.options, progress, cancel)
+          : writer.Write(spec.name, copies, config_json, spec.options, progress, cancel);
+  copies.clear();
+  checkpoint.reset();
+  async_staging_bytes_ -= staged_bytes;
+  FinishSnapshot(op, std::move(manifest), spec.mode);
+}
+
+void SnapshotScheduler::FinishSnapshot(
+    const std::shared_ptr<Operation>& op,
+    absl::StatusOr<snapshot::SnapshotManifest> manifest, SnapshotMode mode) {
+  callbacks_.count_snapshot(manifest);
+  if (!manifest.ok()) {
+    op->Finish(manifest.status());
+    return;
+  }
+  for (const auto& observer : callbacks_.observers()) {
+    observer->OnSnapshotPublished(*manifest);
+  }
+  SnapshotResult result{*std::move(manifest), mode};
+  ApplyRetention();
+  op->Finish(absl::OkStatus(), std::move(result));
+}
+
+void SnapshotScheduler::ApplyRetention() {
+  if (options_.keep_last <= 0) return;
+  absl::StatusOr<std::vector<std::string>> removed =
+      snapshot::ApplyRetention(options_.snapshot_root, options_.keep_last);
+  if (!removed.ok()) {
+    LogWarning(absl::StrCat("retention (--keep_last): ", removed.status().message()));
+  }
+}
+
+absl::Status SnapshotScheduler::SnapshotNow(const std::string& name) {
+  if (follower_) return absl::OkStatus();  // rank 0 writes the run's snapshot
+  SnapshotSpec spec;
+  spec.name = name;
+  spec.options.kind = options_.auto_snapshot_kind;
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, StartSnapshot(spec));
+  OperationView view = op->View();
+  while (!view.done) view = op->WaitForChange(view.version, absl::InfiniteFuture());
+  return view.error;
+}
+
+absl::StatusOr<std::vector<snapshot::SnapshotManifest>> SnapshotScheduler::ListSnapshots()
+    const {
+  if (options_.snapshot_root.empty()) return std::vector<snapshot::SnapshotManifest>{};
+  return snapshot::ListSnapshots(options_.snapshot_root);
+}
+
+absl::StatusOr<snapshot::SnapshotManifest> SnapshotScheduler::DescribeSnapshot(
+    const std::string& name) const {
+  if (options_.snapshot_root.empty()) {
+    return SnapshotsOff(absl::StatusCode::kNotFound);
+  }
+  return snapshot::DescribeSnapshot(options_.snapshot_root, name);
+}
+
+absl::Status SnapshotScheduler::DeleteSnapshot(const std::string& name) {
+  if (options_.snapshot_root.empty()) {
+    return SnapshotsOff(absl::StatusCode::kNotFound);
+  }
+  absl::StatusOr<snapshot::SnapshotManifest> m =
+      snapshot::DescribeSnapshot(options_.snapshot_root, name);
+  if (!m.ok()) return m.status();
+  std::error_code ec;
+  const std::string dir = std::filesystem::weakly_canonical(m->directory, ec).string();
+  std::map<std::string, std::string> loads;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!mapped_directory_.empty() && mapped_directory_ == dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the model's disk-placed modules are mapped from snapshot '", name,
+                       "'; load another model before deleting it"));
+    }
+    loads = loads_in_flight_;
+  }
+  for (const auto& [id, named] : loads) {
+    // A load reports done before its entry is dropped: a done one reads
+    // nothing more.
+    absl::StatusOr<std::shared_ptr<Operation>> load = operations_.Get(id);
+    if (load.ok() && (*load)->View().done) continue;
+    std::error_code named_ec;
+    if (std::filesystem::weakly_canonical(named, named_ec).string() == dir && !named_ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "LoadModel operation ", id, " (queued or running) reads snapshot '", name,
+          "'; wait for it or cancel it (CancelOperation) before deleting the snapshot"));
+    }
+  }
+  return snapshot::DeleteSnapshot(options_.snapshot_root, name);
+}
+
+void SnapshotScheduler::SetMappedDirectory(std::string directory) {
+  absl::MutexLock lock(&mu_);
+  mapped_directory_ = std::move(directory);
+}
+
+void SnapshotScheduler::TrackLoad(const std::string& id, const std::string& directory) {
+  absl::MutexLock lock(&mu_);
+  loads_in_flight_[id] = directory;
+}
+
+void SnapshotScheduler::ForgetLoad(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  loads_in_flight_.erase(id);
+}
+
+}  // namespace memprofd

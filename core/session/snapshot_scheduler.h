@@ -1,0 +1,193 @@
+#ifndef MEMPROFD_CORE_SESSION_SNAPSHOT_SCHEDULER_H_
+#define MEMPROFD_CORE_SESSION_SNAPSHOT_SCHEDULER_H_
+
+// The session's snapshots: when they run, how they are written, and what may
+// be deleted. A snapshot asked for (StartSnapshot, every
+// snapshot_every_steps, SnapshotNow at shutdown) waits in the step-boundary
+// queue and runs on the session's owner thread at the next step boundary
+// (between two training steps, or after the owner's current item when it is
+// idle), so that it is a consistent point-in-time copy. A blocking snapshot
+// streams the live tensors there; an async one copies them to host memory
+// there and is written by a thread of its own ("mpd-snapshot") while
+// training goes on. Each published snapshot is counted, told to the
+// observers, and followed by retention (keep_last).
+//
+// The step-boundary queue is the session's, not only the snapshots': the
+// session queues its evaluations there too (QueueBoundaryWork), and the rank
+// coordinator asks HasBoundaryWork at each boundary of a data-parallel run.
+//
+// Deleting guards what is in use: the snapshot directory the loaded model's
+// disk-placed modules map (SetMappedDirectory), and the directories LoadModel
+// operations queued or running will read (TrackLoad / ForgetLoad). They live
+// here, beside the deletion that consults them.
+//
+// Threads:
+// - The session's owner thread: RunBoundaryWork (so every snapshot and
+//   evaluation), MaybeQueuePeriodicSnapshot, SetMappedDirectory.
+// - The async writers, started by RunBoundaryWork's snapshots, joined by
+//   Join: the write and its finish (counters, observers, retention).
+// - Any thread: the rest. SnapshotNow blocks until the snapshot is written;
+//   call it before the owner thread stops.
+//
+// Invariants:
+// - Boundary work runs on the owner thread, in the order queued, each item
+//   once; an item is queued only while the owner thread accepts work (the
+//   wake-up post succeeded), so every queued item runs.
+// - A SNAPSHOT operation finishes exactly once: CANCELLED before it started,
+//   the writer's error, or OK with its SnapshotResult after the observers
+//   were told.
+// - async_staging_bytes() is the host bytes held by async copies not yet
+//   written: 0 when no async writer is running.
+// - Lock order: the scheduler's lock is held while `post` runs (so that an
+//   item is queued only once the owner was woken); no callback is called
+//   with it held otherwise, and the session never calls in with its own
+//   lock held.
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/session/operation.h"
+#include "core/session/session_types.h"
+
+namespace at {
+class Tensor;
+}
+
+namespace memprofd {
+
+class LlamaModel;
+class Trainer;
+namespace snapshot {
+struct CheckpointPayload;
+}
+
+class SnapshotScheduler {
+ public:
+  // What the scheduler needs of the session. Each is set.
+  struct Callbacks {
+    // Owner thread: the loaded model (set whenever a snapshot runs: one is
+    // queued only with a model loaded) and its trainer (null: none).
+    std::function<LlamaModel*()> model;
+    std::function<Trainer*()> trainer;
+    // Any thread: whether a model is loaded (the published summary).
+    std::function<bool()> model_loaded;
+    // Any thread: runs `work` on the owner thread after what was queued
+    // before it (Session::Post); UNAVAILABLE once the session is shutting
+    // down.
+    std::function<absl::Status(std::function<void()> work)> post;
+    // The thread that finishes a snapshot: the observers to tell of a
+    // published one, and counting it (written or failed).
+    std::function<std::vector<std::shared_ptr<SessionObserver>>()> observers;
+    std::function<void(const absl::StatusOr<snapshot::SnapshotManifest>& manifest)>
+        count_snapshot;
+  };
+
+  // `options` (snapshot_root, snapshot_staging_bytes, snapshot_every_steps,
+  // auto_snapshot_kind, keep_last) and `operations` outlive the scheduler.
+  // `follower`: this process is a follower rank of a data-parallel run,
+  // where rank 0 writes the run's snapshots. Starts nothing.
+  SnapshotScheduler(const SessionOptions& options, bool follower,
+                    OperationRegistry& operations, Callbacks callbacks);
+  // Join.
+  ~SnapshotScheduler();
+
+  SnapshotScheduler(const SnapshotScheduler&) = delete;
+  SnapshotScheduler& operator=(const SnapshotScheduler&) = delete;
+
+  // Any thread: queues `work` for the next step boundary and wakes the owner
+  // thread, so that it runs at once when no training runs. UNAVAILABLE
+  // (post's) once the session is shutting down; nothing is queued then.
+  absl::Status QueueBoundaryWork(std::function<void()> work);
+  // Any thread: whether work waits for the next step boundary.
+  bool HasBoundaryWork() const;
+  // Owner thread: runs the queued boundary work, and what that work queues,
+  // until none is left.
+  void RunBoundaryWork();
+
+  // Session::StartSnapshot after the leader check: FAILED_PRECONDITION
+  // without a snapshot root or a model, INVALID_ARGUMENT for a bad name or
+  // a converting checkpoint dtype, ALREADY_EXISTS when taken, UNAVAILABLE
+  // while shutting down (the operation is created and finished so).
+  absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec);
+  // Owner thread, after each completed step: on rank 0, every
+  // snapshot_every_steps steps, queues the checkpoint "step-<global_step>"
+  // unless it exists; a failure to queue is logged.
+  void MaybeQueuePeriodicSnapshot(int64_t global_step);
+  // Session::SnapshotNow: OK at once on a follower; else StartSnapshot's
+  // errors, or the snapshot's own once it was written.
+  absl::Status SnapshotNow(const std::string& name);
+
+  // Session's ListSnapshots (empty without a root), DescribeSnapshot and
+  // DeleteSnapshot (NOT_FOUND without a root; the store's errors).
+  // DeleteSnapshot after the leader check: FAILED_PRECONDITION for the
+  // directory the model maps, or one a LoadModel in flight will read.
+  absl::StatusOr<std::vector<snapshot::SnapshotManifest>> ListSnapshots() const;
+  absl::StatusOr<snapshot::SnapshotManifest> DescribeSnapshot(
+      const std::string& name) const;
+  absl::Status DeleteSnapshot(const std::string& name);
+
+  // Owner thread, as a model is swapped in: the canonical snapshot directory
+  // its disk-placed modules map (empty: none).
+  void SetMappedDirectory(std::string directory);
+  // Any thread: LoadModel operation `id` will read `directory` (as the
+  // client named it), until ForgetLoad(id).
+  void TrackLoad(const std::string& id, const std::string& directory);
+  void ForgetLoad(const std::string& id);
+
+  // Any thread: host bytes held by async snapshot copies not yet written.
+  int64_t async_staging_bytes() const { return async_staging_bytes_.load(); }
+
+  // Joins the async writers started so far; call once the owner thread has
+  // stopped (no more are started then). Idempotent.
+  void Join();
+
+ private:
+  // Queues a snapshot to run at the next step boundary, or when idle.
+  absl::StatusOr<std::shared_ptr<Operation>> QueueSnapshot(SnapshotSpec spec);
+  void RunSnapshot(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec);
+  void FinishSnapshot(const std::shared_ptr<Operation>& op,
+                      absl::StatusOr<snapshot::SnapshotManifest> manifest,
+                      SnapshotMode mode);
+  // `checkpoint`: null for a weights snapshot, else the payload with host
+  // copies of the optimizer tensors.
+  void RunAsyncWrite(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec,
+                     std::vector<std::pair<std::string, at::Tensor>> copies,
+                     std::shared_ptr<snapshot::CheckpointPayload> checkpoint,
+                     std::string config_json, int64_t staged_bytes);
+  // keep_last: removes the oldest snapshots beyond it; a failure is logged.
+  void ApplyRetention();
+
+  const SessionOptions& options_;
+  const bool follower_;
+  OperationRegistry& operations_;
+  const Callbacks callbacks_;
+  std::atomic<int64_t> async_staging_bytes_{0};
+
+  mutable absl::Mutex mu_;
+  // Run at the next step boundary (or after the owner's next item when idle).
+  std::deque<std::function<void()>> boundary_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
+  // The snapshot directory disk-placed weights map (empty: none); it may not
+  // be deleted while mapped.
+  std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
+  // The directories (as the client named them) of LoadModel operations
+  // queued or running, by operation id: DeleteSnapshot refuses to delete
+  // what one of them is about to read.
+  std::map<std::string, std::string> loads_in_flight_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_SESSION_SNAPSHOT_SCHEDULER_H_
