@@ -52,8 +52,9 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
     return bad("max_data_file_bytes", "must be >= 1", options.max_data_file_bytes);
   }
   if (!options.resume.empty() && options.snapshot_root.empty()) {
+    // About snapshot_root: that is what the operator must give.
     return OptionError(
-        absl::StatusCode::kInvalidArgument, "resume",
+        absl::StatusCode::kInvalidArgument, "snapshot_root",
         absl::StrCat("resume: ", Echo(options.resume),
                      " needs snapshot_root, the directory the checkpoints are in"));
   }
