@@ -116,11 +116,11 @@ DataSpec FromProto(const v1::DataSource& d) {
   return spec;
 }
 
-EvaluateRequest FromProto(const v1::EvaluateRequest& r) {
-  EvaluateRequest t;
+EvalSpec FromProto(const v1::EvaluateRequest& r) {
+  EvalSpec t;
   t.data = FromProto(r.data());
   // request_fields.h's fields: the same name in the proto and in
-  // EvaluateRequest.
+  // EvalSpec.
   MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
   MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
   return t;
@@ -141,8 +141,8 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   // Only what the request sets; the session merges it over the defaults and
   // validates the result.
   TrainSpec spec;
-  TrainRequest& t = spec.train;
-  // request_fields.h's fields: the same name in the proto and in TrainRequest.
+  TrainOverrides& t = spec.train;
+  // request_fields.h's fields: the same name in the proto and in TrainOverrides.
   MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
   MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_PROTO)
   if (r.data().source_case() != v1::DataSource::SOURCE_NOT_SET)
@@ -156,7 +156,7 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
         !s.ok()) {
       return s;
     }
-    offload::OffloadRequest& req = spec.offload;
+    offload::OffloadOverrides& req = spec.offload;
     if (o.has_enabled()) req.enabled = o.enabled();
     if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_HOST) {
       req.target = offload::Target::kHost;

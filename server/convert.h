@@ -30,7 +30,7 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& request);
 absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& request);
 absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& request);
 DataSpec FromProto(const v1::DataSource& source);
-EvaluateRequest FromProto(const v1::EvaluateRequest& request);
+EvalSpec FromProto(const v1::EvaluateRequest& request);
 v1::EvaluateResult ToProto(const EvalResult& result);
 
 v1::ModelInfo ToProto(const ModelSummary& model, bool with_parameters);

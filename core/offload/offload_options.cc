@@ -98,8 +98,8 @@ absl::Status ValidateOffloadOptions(const OffloadOptions& options,
   return absl::OkStatus();
 }
 
-absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& defaults,
-                                                   const OffloadRequest& request) {
+absl::StatusOr<OffloadOptions> MergeOffloadOverrides(const OffloadOptions& defaults,
+                                                   const OffloadOverrides& request) {
   OffloadOptions merged = defaults;
   merged.enabled = request.enabled.value_or(merged.enabled);
   merged.target = request.target.value_or(merged.target);

@@ -101,7 +101,7 @@ absl::Status ValidateOffloadOptions(const OffloadOptions& options,
 
 // The offload options a request may give: every field left unset means "the
 // daemon's" (its flags). Where it goes, paths and limits stay the daemon's.
-struct OffloadRequest {
+struct OffloadOverrides {
   std::optional<bool> enabled;
   std::optional<Target> target;
   std::optional<int64_t> min_offload_bytes;
@@ -112,8 +112,8 @@ struct OffloadRequest {
 
 // `defaults` with each field `request` gives in its place; then validated
 // (ValidateOffloadOptions): INVALID_ARGUMENT names the request's field.
-absl::StatusOr<OffloadOptions> MergeOffloadRequest(const OffloadOptions& defaults,
-                                                   const OffloadRequest& request);
+absl::StatusOr<OffloadOptions> MergeOffloadOverrides(const OffloadOptions& defaults,
+                                                   const OffloadOverrides& request);
 
 // Why the offloader left a saved tensor where it was. The one list of
 // reasons: step reports (the proto's skipped_<name> fields) and metrics (the

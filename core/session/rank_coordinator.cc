@@ -52,7 +52,7 @@ std::string CommandKey(int64_t n) { return absl::StrCat("cmd/", n); }
 std::string MemoryKey(int rank) { return absl::StrCat("mem/", rank); }
 std::string ByeKey(int rank) { return absl::StrCat("bye/", rank); }
 
-Json OffloadRequestToJson(const offload::OffloadRequest& r) {
+Json OffloadOverridesToJson(const offload::OffloadOverrides& r) {
   Json v = Json::object();
   if (r.enabled) v["enabled"] = *r.enabled;
   if (r.target) v["target"] = std::string(offload::TargetName(*r.target));
@@ -89,8 +89,8 @@ std::string StringField(const Json& v, absl::string_view key) {
   return f != nullptr && f->is_string() ? f->get<std::string>() : std::string();
 }
 
-absl::StatusOr<offload::OffloadRequest> OffloadRequestFromJson(const Json& v) {
-  offload::OffloadRequest r;
+absl::StatusOr<offload::OffloadOverrides> OffloadOverridesFromJson(const Json& v) {
+  offload::OffloadOverrides r;
   r.enabled = BoolField(v, "enabled");
   if (const std::string target = StringField(v, "target"); !target.empty()) {
     ASSIGN_OR_RETURN(r.target, offload::ParseTarget(target));
@@ -309,19 +309,19 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
   ASSIGN_OR_RETURN(const TrainOptions train,
                    TrainOptionsFromJson(StringField(command, "options")));
   const Json* offload_json = JsonFind(command, "offload");
-  ASSIGN_OR_RETURN(const offload::OffloadRequest offload_request,
-                   OffloadRequestFromJson(offload_json ? *offload_json : Json::object()));
+  ASSIGN_OR_RETURN(const offload::OffloadOverrides offload_request,
+                   OffloadOverridesFromJson(offload_json ? *offload_json : Json::object()));
   const bool resume = BoolField(command, "resume").value_or(false);
   return callbacks_.follow_train(train, offload_request, resume);
 }
 
 std::string RankCoordinator::TrainCommand(const TrainOptions& train,
-                                          const offload::OffloadRequest& offload,
+                                          const offload::OffloadOverrides& offload,
                                           bool resume) const {
   if (group_ == nullptr) return std::string();
   return DumpJson(Json{{"kind", "train"},
                        {"options", TrainOptionsToJson(train)},
-                       {"offload", OffloadRequestToJson(offload)},
+                       {"offload", OffloadOverridesToJson(offload)},
                        {"resume", resume}});
 }
 

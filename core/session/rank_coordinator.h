@@ -82,7 +82,7 @@ class RankCoordinator {
     // is shutting down, and the follower's thread just stops.
     std::function<absl::Status(const LoadModelSpec& spec)> follow_load;
     std::function<absl::Status(const TrainOptions& train,
-                               const offload::OffloadRequest& offload, bool resume)>
+                               const offload::OffloadOverrides& offload, bool resume)>
         follow_train;
     // Rank 0, owner thread: whether snapshots or evaluations wait for the
     // next step boundary, and running them there.
@@ -142,7 +142,7 @@ class RankCoordinator {
   // The commands rank 0 publishes for a Train and a LoadModel; empty on a
   // single process.
   std::string TrainCommand(const TrainOptions& train,
-                           const offload::OffloadRequest& offload, bool resume) const;
+                           const offload::OffloadOverrides& offload, bool resume) const;
   std::string LoadCommand(const LoadModelSpec& spec) const;
   // Rank 0, owner thread: hands a command (TrainCommand, LoadCommand) to the
   // followers, in the order the owner runs them. The store's error when it

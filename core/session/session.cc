@@ -202,7 +202,7 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   RankCoordinator::Callbacks ranks;
   ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
   ranks.follow_train = [this](const TrainOptions& train,
-                              const offload::OffloadRequest& offload, bool resume) {
+                              const offload::OffloadOverrides& offload, bool resume) {
     return FollowTrain(train, offload, resume);
   };
   ranks.has_boundary_work = [this] { return snapshots_->HasBoundaryWork(); };

@@ -125,7 +125,7 @@ class Session {
   // between two steps while training runs. INVALID_ARGUMENT for bad options
   // or data (read here), FAILED_PRECONDITION without a model.
   absl::StatusOr<std::shared_ptr<Operation>> StartEvaluation(
-      const EvaluateRequest& request);
+      const EvalSpec& request);
 
   // Queues a snapshot at the next step boundary (SNAPSHOT operation; result
   // SnapshotResult). INVALID_ARGUMENT for a bad name, a checkpoint with a
@@ -233,7 +233,7 @@ class Session {
   // this rank), FAILED_PRECONDITION without a model.
   absl::Status FollowLoad(const LoadModelSpec& spec);
   absl::Status FollowTrain(const TrainOptions& train,
-                           const offload::OffloadRequest& offload_request, bool resume);
+                           const offload::OffloadOverrides& offload_request, bool resume);
 
   // One training operation's step listener (session_train.cc).
   class TrainingRun;

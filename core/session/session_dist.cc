@@ -63,10 +63,10 @@ absl::Status Session::FollowLoad(const LoadModelSpec& spec) {
 }
 
 absl::Status Session::FollowTrain(const TrainOptions& train,
-                                  const offload::OffloadRequest& offload_request,
+                                  const offload::OffloadOverrides& offload_request,
                                   bool resume) {
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
-                   offload::MergeOffloadRequest(options_.offload, offload_request));
+                   offload::MergeOffloadOverrides(options_.offload, offload_request));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError(absl::StrCat(

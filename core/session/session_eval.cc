@@ -18,14 +18,14 @@
 namespace memprofd {
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
-    const EvaluateRequest& request) {
+    const EvalSpec& request) {
   RETURN_IF_ERROR(ranks_->CheckLeader("Evaluate"));
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   }
   ASSIGN_OR_RETURN(const EvalOptions options,
-                   MergeEvaluateRequest(request, model->config.max_position_embeddings));
+                   MergeEvalSpec(request, model->config.max_position_embeddings));
   // Data in the request is checked here; a file is read when the evaluation
   // runs, on the owner thread (as training data is), and bad data there
   // fails the operation.

@@ -90,7 +90,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   }
   TrainOptions defaults;
-  TrainRequest request = spec.train;
+  TrainOverrides request = spec.train;
   std::optional<RunState> run;
   if (spec.resume) {
     {
@@ -128,9 +128,9 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   }
   ASSIGN_OR_RETURN(
       const TrainOptions train,
-      MergeTrainRequest(defaults, request, model->config.max_position_embeddings));
+      MergeTrainOverrides(defaults, request, model->config.max_position_embeddings));
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
-                   offload::MergeOffloadRequest(options_.offload, spec.offload));
+                   offload::MergeOffloadOverrides(options_.offload, spec.offload));
   // Data in the request (inline tokens, the embedded corpus) is checked
   // here, so that its errors come back at once. Files are read in the
   // operation, on the owner thread: a large one takes seconds to check and

@@ -146,11 +146,11 @@ struct ModelSummary {
 
 struct TrainSpec {
   // Each field unset takes TrainOptions' default; StartTraining merges and
-  // validates them (MergeTrainRequest).
-  TrainRequest train;
+  // validates them (MergeTrainOverrides).
+  TrainOverrides train;
   // Each field unset takes the session's default (SessionOptions::offload,
   // the daemon's flags); StartTraining merges and validates them.
-  offload::OffloadRequest offload;
+  offload::OffloadOverrides offload;
   // Continue the model's last run (restored from a checkpoint, or the last
   // run in this process) at its next step on the same data stream. Fields of
   // `train` left unset take that run's values instead of TrainOptions'

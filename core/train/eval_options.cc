@@ -107,7 +107,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embe
   return ValidateDataSpec("data", o.data);
 }
 
-absl::StatusOr<EvalOptions> MergeEvaluateRequest(const EvaluateRequest& request,
+absl::StatusOr<EvalOptions> MergeEvalSpec(const EvalSpec& request,
                                                  int64_t max_position_embeddings) {
   EvalOptions o;
   o.data = request.data;

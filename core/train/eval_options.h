@@ -103,10 +103,10 @@ struct EvalOptions {
 };
 
 // An evaluation as a client sends it: each field unset takes EvalOptions'
-// default; MergeEvaluateRequest fills the gaps and validates the result. The
+// default; MergeEvalSpec fills the gaps and validates the result. The
 // fields are request_fields.h's Evaluate lists (a named choice as its name:
 // "sdpa", "bf16"), and the data, which must be given.
-struct EvaluateRequest {
+struct EvalSpec {
   DataSpec data;
   MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_OPTIONAL_VALUE_FIELD)
   MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_OPTIONAL_CHOICE_FIELD)
@@ -129,7 +129,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& options,
                                  int64_t max_position_embeddings);
 
 // `request` over EvalOptions' defaults, validated.
-absl::StatusOr<EvalOptions> MergeEvaluateRequest(const EvaluateRequest& request,
+absl::StatusOr<EvalOptions> MergeEvalSpec(const EvalSpec& request,
                                                  int64_t max_position_embeddings);
 
 }  // namespace memprofd

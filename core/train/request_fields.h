@@ -4,8 +4,8 @@
 // The fields of the Train and Evaluate requests, listed once.
 //
 // A field of memprofd.v1.TrainRequest travels through six places: the proto,
-// the server's conversion (server/convert.cc), core's TrainRequest (each field
-// optional), the merge over the defaults (MergeTrainRequest), the JSON that
+// the server's conversion (server/convert.cc), core's TrainOverrides (each field
+// optional), the merge over the defaults (MergeTrainOverrides), the JSON that
 // carries a run to the data-parallel followers and into trainer_state.json
 // (trainer_state.cc), and memprofctl's flags (client/commands_train.cc). Each
 // of them expands the lists below instead of naming the fields again, so a
@@ -16,7 +16,7 @@
 // here nor among kTrainFieldsApart.
 //
 // Each entry's NAME is the field's name everywhere: in the proto, in
-// TrainRequest, in the run's JSON and as memprofctl's flag. MEMBER is where
+// TrainOverrides, in the run's JSON and as memprofctl's flag. MEMBER is where
 // TrainOptions keeps the merged value (an expression on a TrainOptions).
 //
 // This header is a list only: it includes nothing, so that memprofctl can use
@@ -33,7 +33,7 @@
     AttentionImplementationName)                                             \
   X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
 
-// Plain values: TrainRequest holds std::optional<TYPE> NAME, TrainOptions
+// Plain values: TrainOverrides holds std::optional<TYPE> NAME, TrainOptions
 // TYPE MEMBER.
 //   X(NAME, TYPE, MEMBER)
 #define MEMPROFD_TRAIN_VALUE_FIELDS(X)                          \
@@ -64,11 +64,11 @@
 // The fields of memprofd.v1.TrainRequest outside the two lists, each handled
 // by hand where it is used: the data sources (messages of their own, with
 // their own conversions: FromProto(v1::DataSource), DataSpec's JSON), and
-// what belongs to TrainSpec rather than TrainRequest (offload, resume).
+// what belongs to TrainSpec rather than TrainOverrides (offload, resume).
 #define MEMPROFD_TRAIN_FIELDS_APART "data", "eval_data", "offload", "resume"
 
 // The Evaluate request's fields, likewise: memprofd.v1.EvaluateRequest, the
-// server's conversion, core's EvaluateRequest, MergeEvaluateRequest and
+// server's conversion, core's EvalSpec, MergeEvalSpec and
 // memprofctl's evaluate flags expand these, MEMBER being EvalOptions'.
 #define MEMPROFD_EVAL_VALUE_FIELDS(X) \
   MEMPROFD_PASS_VALUE_FIELDS(X)       \

@@ -98,8 +98,8 @@ absl::StatusOr<ValidTrainOptions> ValidTrainOptions::Check(
   return ValidTrainOptions(std::move(options), max_position_embeddings);
 }
 
-absl::StatusOr<ValidTrainOptions> MergeTrainRequest(const TrainOptions& defaults,
-                                                    const TrainRequest& request,
+absl::StatusOr<ValidTrainOptions> MergeTrainOverrides(const TrainOptions& defaults,
+                                                    const TrainOverrides& request,
                                                     int64_t max_position_embeddings) {
   if (!request.steps) {
     return absl::InvalidArgumentError(

@@ -74,11 +74,11 @@ struct TrainOptions {
 
 // A training request as a client sends it: each field unset takes
 // TrainOptions' default; `steps` has none and must be given.
-// MergeTrainRequest fills the gaps and validates the result. The fields are
+// MergeTrainOverrides fills the gaps and validates the result. The fields are
 // request_fields.h's lists (same names as memprofd.v1.TrainRequest's): a value
 // field as std::optional of its type, a named choice as the name the client
 // sent ("sdpa", "cosine", "bf16"), checked by the merge.
-struct TrainRequest {
+struct TrainOverrides {
   MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_OPTIONAL_VALUE_FIELD)
   MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_OPTIONAL_CHOICE_FIELD)
   // Unset: the defaults' data (the embedded corpus, or a resumed run's own).
@@ -141,7 +141,7 @@ absl::Status ValidateTrainOptions(const TrainOptions& options,
                                   int64_t max_position_embeddings);
 
 // TrainOptions that ValidateTrainOptions accepted for a model of the
-// max_position_embeddings given. Only Check and MergeTrainRequest make one,
+// max_position_embeddings given. Only Check and MergeTrainOverrides make one,
 // so code that takes one (the session's training, Trainer::Run) checks the
 // options no further. Reads as the TrainOptions it holds.
 class ValidTrainOptions {
@@ -165,8 +165,8 @@ class ValidTrainOptions {
 // `request` over `defaults`, validated by ValidateTrainOptions; also
 // INVALID_ARGUMENT when `steps` is not given. The one place a client's
 // request is checked.
-absl::StatusOr<ValidTrainOptions> MergeTrainRequest(const TrainOptions& defaults,
-                                                    const TrainRequest& request,
+absl::StatusOr<ValidTrainOptions> MergeTrainOverrides(const TrainOptions& defaults,
+                                                    const TrainOverrides& request,
                                                     int64_t max_position_embeddings);
 
 }  // namespace memprofd

@@ -102,7 +102,7 @@ class Trainer {
       const std::function<void(const StepReport&)>& on_step = {},
       const std::function<bool()>& cancelled = {},
       const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
-  // The same with options already validated (MergeTrainRequest's): only the
+  // The same with options already validated (MergeTrainOverrides's): only the
   // data is checked.
   absl::StatusOr<TrainResult> Run(
       const ValidTrainOptions& options, const TokenDataset& data,

@@ -23,9 +23,9 @@ TEST(OffloadOptionsTest, RequestReplacesOnlyTheFieldsItSets) {
   daemon.offload_head = true;  // --offload_head
   daemon.min_offload_bytes = 4096;
   daemon.spill_dir = "/var/tmp";
-  OffloadRequest request;
+  OffloadOverrides request;
   request.enabled = true;
-  absl::StatusOr<OffloadOptions> merged = MergeOffloadRequest(daemon, request);
+  absl::StatusOr<OffloadOptions> merged = MergeOffloadOverrides(daemon, request);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_TRUE(merged->enabled);
   EXPECT_TRUE(merged->offload_head);  // not given: the daemon's
@@ -38,7 +38,7 @@ TEST(OffloadOptionsTest, RequestReplacesOnlyTheFieldsItSets) {
   request.min_offload_bytes = 0;  // given as 0: every tensor, not "the default"
   request.max_copies_in_flight = 2;
   request.prefetch_depth = 3;
-  merged = MergeOffloadRequest(daemon, request);
+  merged = MergeOffloadOverrides(daemon, request);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_FALSE(merged->offload_head);
   EXPECT_EQ(merged->target, Target::kDisk);
@@ -71,9 +71,9 @@ TEST(OffloadOptionsTest, ValidationNamesTheFieldWithItsPrefix) {
     const absl::Status flag = ValidateOffloadOptions(bad, "--");
     EXPECT_EQ(flag.message().rfind(std::string("--") + c.field, 0), 0u) << flag;
   }
-  OffloadRequest request;
+  OffloadOverrides request;
   request.max_copies_in_flight = 0;
-  EXPECT_EQ(MergeOffloadRequest(good, request).status().code(),
+  EXPECT_EQ(MergeOffloadOverrides(good, request).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 

@@ -14,7 +14,7 @@ TEST(ConvertEvalTest, TrainRequestScheduleEvalAndPrecisionOnlyWhenSet) {
   v1::TrainRequest req;
   absl::StatusOr<TrainSpec> none = FromProto(req);
   ASSERT_TRUE(none.ok());
-  const TrainRequest& n = none->train;
+  const TrainOverrides& n = none->train;
   EXPECT_FALSE(n.lr_scheduler_type.has_value());
   EXPECT_FALSE(n.warmup_steps.has_value());
   EXPECT_FALSE(n.min_lr_ratio.has_value());
@@ -33,7 +33,7 @@ TEST(ConvertEvalTest, TrainRequestScheduleEvalAndPrecisionOnlyWhenSet) {
   req.set_eval_max_batches(3);
   absl::StatusOr<TrainSpec> all = FromProto(req);
   ASSERT_TRUE(all.ok());
-  const TrainRequest& t = all->train;
+  const TrainOverrides& t = all->train;
   EXPECT_EQ(t.lr_scheduler_type, std::optional<std::string>("cosine_with_min_lr"));
   EXPECT_EQ(t.warmup_steps, std::optional<int64_t>(0));
   EXPECT_EQ(t.min_lr_ratio, std::optional<double>(0.25));
@@ -50,7 +50,7 @@ TEST(ConvertEvalTest, TrainRequestScheduleEvalAndPrecisionOnlyWhenSet) {
 
 TEST(ConvertEvalTest, EvaluateRequestCarriesOnlyTheFieldsSet) {
   v1::EvaluateRequest req;
-  EvaluateRequest none = FromProto(req);
+  EvalSpec none = FromProto(req);
   EXPECT_EQ(none.data.kind, DataSpec::Kind::kEmbeddedCorpus);
   EXPECT_FALSE(none.batch_size.has_value());
   EXPECT_FALSE(none.seq_len.has_value());
@@ -64,7 +64,7 @@ TEST(ConvertEvalTest, EvaluateRequestCarriesOnlyTheFieldsSet) {
   req.set_max_batches(2);
   req.set_attn_implementation("eager");
   req.set_mixed_precision("no");
-  EvaluateRequest e = FromProto(req);
+  EvalSpec e = FromProto(req);
   EXPECT_EQ(e.data.kind, DataSpec::Kind::kInlineTokens);
   EXPECT_EQ(e.data.tokens, (std::vector<int64_t>{5, 9}));
   EXPECT_EQ(e.batch_size, std::optional<int64_t>(0));

@@ -255,7 +255,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<TrainOptions> merged =
-      MergeTrainRequest(TrainOptions(), spec->train, /*max_position_embeddings=*/64);
+      MergeTrainOverrides(TrainOptions(), spec->train, /*max_position_embeddings=*/64);
   ASSERT_TRUE(merged.ok()) << merged.status();
 
   const std::string text = TrainOptionsToJson(*merged);
@@ -289,7 +289,7 @@ TEST(ConvertTest, EveryEvaluateTableFieldTravelsFromTheProtoToTheOptions) {
   SetListedFields(kEvalTableFieldNames, values, &req);
   req.mutable_data()->set_embedded_corpus(true);
   absl::StatusOr<EvalOptions> merged =
-      MergeEvaluateRequest(FromProto(req), /*max_position_embeddings=*/64);
+      MergeEvalSpec(FromProto(req), /*max_position_embeddings=*/64);
   ASSERT_TRUE(merged.ok()) << merged.status();
   const EvalOptions defaults;
 #define EXPECT_VALUE_NOT_DEFAULT_(name, type, member) \
@@ -308,7 +308,7 @@ TEST(ConvertTest, TrainRequestCarriesOnlyTheFieldsSet) {
   v1::TrainRequest req;
   absl::StatusOr<TrainSpec> none = FromProto(req);
   ASSERT_TRUE(none.ok()) << none.status();
-  const TrainRequest& n = none->train;
+  const TrainOverrides& n = none->train;
   EXPECT_FALSE(n.steps.has_value());  // required, but the session says so
   EXPECT_FALSE(n.batch_size.has_value());
   EXPECT_FALSE(n.seq_len.has_value());
@@ -350,7 +350,7 @@ TEST(ConvertTest, TrainRequestFieldsSetToZeroAreZeroNotTheDefault) {
   req.set_loss_chunk_tokens(0);  // automatic, given as such
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const TrainRequest& t = spec->train;
+  const TrainOverrides& t = spec->train;
   EXPECT_EQ(t.steps, std::optional<int64_t>(0));
   EXPECT_EQ(t.batch_size, std::optional<int64_t>(0));
   EXPECT_EQ(t.seq_len, std::optional<int64_t>(0));
@@ -366,7 +366,7 @@ TEST(ConvertTest, TrainRequestFieldsSetToZeroAreZeroNotTheDefault) {
   EXPECT_EQ(t.loss_chunk_tokens, std::optional<int64_t>(0));
 }
 
-// Ranges are the session's to check, once (MergeTrainRequest): the
+// Ranges are the session's to check, once (MergeTrainOverrides): the
 // conversion passes even a value the session will refuse unchanged.
 TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
   v1::TrainRequest req;
@@ -385,7 +385,7 @@ TEST(ConvertTest, TrainRequestValuesReachTheSessionUnchecked) {
   req.set_loss_chunk_tokens(-7);
   absl::StatusOr<TrainSpec> spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
-  const TrainRequest& t = spec->train;
+  const TrainOverrides& t = spec->train;
   EXPECT_EQ(t.steps, std::optional<int64_t>(7));
   EXPECT_EQ(t.batch_size, std::optional<int64_t>(-3));
   EXPECT_EQ(t.learning_rate, std::optional<double>(3e-4));

@@ -20,15 +20,15 @@ using ::memprofd::testing::CpuSession;
 using ::memprofd::testing::WaitDone;
 using ::testing::HasSubstr;
 
-EvaluateRequest SmallEval() {
-  EvaluateRequest r;
+EvalSpec SmallEval() {
+  EvalSpec r;
   r.batch_size = 2;
   r.seq_len = 32;
   r.max_batches = 2;
   return r;
 }
 
-EvalResult Evaluated(Session& session, const EvaluateRequest& request) {
+EvalResult Evaluated(Session& session, const EvalSpec& request) {
   absl::StatusOr<std::shared_ptr<Operation>> op = session.StartEvaluation(request);
   EXPECT_TRUE(op.ok()) << op.status();
   if (!op.ok()) return {};
@@ -50,7 +50,7 @@ TEST(SessionEvalTest, WithoutAModelEvaluateSaysLoadFirst) {
 TEST(SessionEvalTest, BadRequestsAreInvalidArgumentAndQueueNothing) {
   std::unique_ptr<Session> session = CpuSession("tiny");
   ASSERT_NE(session, nullptr);
-  EvaluateRequest r = SmallEval();
+  EvalSpec r = SmallEval();
   r.seq_len = 0;
   EXPECT_THAT(session->StartEvaluation(r).status().message(), HasSubstr("seq_len"));
   r.seq_len = 100000;
@@ -76,7 +76,7 @@ TEST(SessionEvalTest, AFileIsReadInTheOperationAndBadOnesFailIt) {
   // at once, and the operation carries what is wrong with the file.
   std::unique_ptr<Session> session = CpuSession("tiny");
   ASSERT_NE(session, nullptr);
-  EvaluateRequest r = SmallEval();
+  EvalSpec r = SmallEval();
   // A file outside the data roots (CpuSession sets none).
   r.data.kind = DataSpec::Kind::kTextFile;
   r.data.path = "/etc/passwd";

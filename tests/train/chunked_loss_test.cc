@@ -342,11 +342,11 @@ TEST(ChunkedLossTest, BadChunkSizesAreInvalidArgumentSayingWhatTheValuesMean) {
     EvalOptions e;
     e.loss_chunk_tokens = bad;
     EXPECT_TRUE(absl::IsInvalidArgument(ValidateEvalOptions(e, 2048)));
-    TrainRequest r;
+    TrainOverrides r;
     r.steps = 1;
     r.loss_chunk_tokens = bad;
     EXPECT_TRUE(
-        absl::IsInvalidArgument(MergeTrainRequest(TrainOptions{}, r, 2048).status()));
+        absl::IsInvalidArgument(MergeTrainOverrides(TrainOptions{}, r, 2048).status()));
   }
   for (int64_t good :
        {kLossChunkOff, kLossChunkAutomatic, int64_t{1}, kMaxLossChunkTokens}) {

@@ -282,14 +282,14 @@ TEST(TrainOptionsTest, ValidationNamesTheField) {
 }
 
 TEST(TrainOptionsTest, MergeFillsOnlyWhatTheRequestLeavesUnset) {
-  TrainRequest request;
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), request, 512).status().message(),
+  TrainOverrides request;
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), request, 512).status().message(),
               HasSubstr("steps: required"));
   request.steps = 3;
   request.batch_size = 2;
   request.adam_eps = 1e-6;
   request.gradient_checkpointing = true;
-  absl::StatusOr<TrainOptions> merged = MergeTrainRequest(TrainOptions(), request, 512);
+  absl::StatusOr<TrainOptions> merged = MergeTrainOverrides(TrainOptions(), request, 512);
   ASSERT_TRUE(merged.ok()) << merged.status();
   EXPECT_EQ(merged->steps, 3);
   EXPECT_EQ(merged->batch_size, 2);
@@ -303,7 +303,7 @@ TEST(TrainOptionsTest, MergeFillsOnlyWhatTheRequestLeavesUnset) {
   EXPECT_EQ(merged->grad_accumulation_steps, defaults.grad_accumulation_steps);
   // A set zero is a value, validated as such.
   request.grad_accumulation_steps = 0;
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), request, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), request, 512).status().message(),
               HasSubstr("grad_accumulation_steps must be at least 1"));
 }
 

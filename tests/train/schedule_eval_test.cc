@@ -92,39 +92,39 @@ TEST(LrScheduleTest, NamesRoundTripAndBadOnesListTheValidNames) {
 }
 
 TEST(LrScheduleTest, MergeRejectsWarmupBeyondStepsAndMisplacedOptions) {
-  TrainRequest r;
+  TrainOverrides r;
   r.steps = 10;
   r.lr_scheduler_type = "linear";
   r.warmup_steps = 11;
-  absl::Status s = MergeTrainRequest(TrainOptions(), r, 512).status();
+  absl::Status s = MergeTrainOverrides(TrainOptions(), r, 512).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("warmup_steps must be in [0, steps] = [0, 10]"));
   r.warmup_steps = 10;
-  EXPECT_TRUE(MergeTrainRequest(TrainOptions(), r, 512).ok());
+  EXPECT_TRUE(MergeTrainOverrides(TrainOptions(), r, 512).ok());
   r.lr_scheduler_type = "warmup_stable_decay";
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("use one of constant,"));
   r.lr_scheduler_type.reset();  // constant: no warmup
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("constant_with_warmup"));
   r.warmup_steps.reset();
   r.min_lr_ratio = 0.1;
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("cosine_with_min_lr only"));
   r.lr_scheduler_type = "cosine_with_min_lr";
   r.min_lr_ratio = 1.5;
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("min_lr_ratio must be in [0, 1]"));
   r.min_lr_ratio = 0.1;
   r.mixed_precision = "fp16";
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("use no (float32) or bf16"));
   r.mixed_precision = "bf16";
   r.eval_every_steps = 2;
-  EXPECT_THAT(MergeTrainRequest(TrainOptions(), r, 512).status().message(),
+  EXPECT_THAT(MergeTrainOverrides(TrainOptions(), r, 512).status().message(),
               HasSubstr("eval_data is not"));
   r.eval_data = DataSpec();
-  absl::StatusOr<TrainOptions> o = MergeTrainRequest(TrainOptions(), r, 512);
+  absl::StatusOr<TrainOptions> o = MergeTrainOverrides(TrainOptions(), r, 512);
   ASSERT_TRUE(o.ok()) << o.status();
   EXPECT_EQ(o->lr_schedule.type, LrSchedulerType::kCosineWithMinLr);
   EXPECT_EQ(o->mixed_precision, MixedPrecision::kBf16);

@@ -121,11 +121,11 @@ TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
 TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);  // 64 positions
   Trainer trainer(m.get());
-  TrainRequest request;
+  TrainOverrides request;
   request.steps = 2;
   request.batch_size = 2;
   request.seq_len = 32;
-  absl::StatusOr<ValidTrainOptions> valid = MergeTrainRequest(TrainOptions(), request, 64);
+  absl::StatusOr<ValidTrainOptions> valid = MergeTrainOverrides(TrainOptions(), request, 64);
   ASSERT_TRUE(valid.ok()) << valid.status();
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(valid->get().data, 256);
@@ -135,12 +135,12 @@ TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences)
   EXPECT_EQ(r->steps_completed, 2);
 
   request.seq_len = 128;  // fits a model of 4096 positions, not this one
-  valid = MergeTrainRequest(TrainOptions(), request, 4096);
+  valid = MergeTrainOverrides(TrainOptions(), request, 4096);
   ASSERT_TRUE(valid.ok()) << valid.status();
   r = trainer.Run(*valid, **data);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("max_position_embeddings"));
-  EXPECT_EQ(MergeTrainRequest(TrainOptions(), request, 64).status().code(),
+  EXPECT_EQ(MergeTrainOverrides(TrainOptions(), request, 64).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
