@@ -9,6 +9,13 @@
 //   copy_out.cc            copies off the device and the spill-file writer
 //   prefetch.cc            the backward read-ahead
 // and the TRL-baseline accounting is its own class (trl_baseline.h).
+//
+// It stays one class of many members, on purpose: pack (forward thread),
+// unpack (autograd's threads), the spill-file writer and the read-ahead
+// reader all read and change the same storage records, copies in flight and
+// statistics, and one mutex over all of them is what keeps their invariants
+// (a storage moved at most once a step, every byte given back) simple to
+// check. Its code is split by purpose across files instead.
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
