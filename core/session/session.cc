@@ -17,17 +17,38 @@
 #endif
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
-#include "core/model/llama.h"
-#include "core/offload/offloader.h"
+#include "core/session/model_host.h"
 #include "core/session/oom_reporter.h"
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/snapshot_scheduler.h"
 #include "core/snapshot/snapshot_store.h"
-#include "core/train/trainer.h"
 
 namespace memprofd {
+namespace {
+
+// The checkpoint --resume names (SessionOptions::resume): its directory, or
+// empty for "latest" when the root holds no checkpoint yet.
+absl::StatusOr<std::string> ResumeDirectory(const SessionOptions& options) {
+  if (options.resume.empty()) return std::string();
+  if (options.resume == "latest") {
+    ASSIGN_OR_RETURN(std::vector<snapshot::SnapshotManifest> all,
+                     snapshot::ListSnapshots(options.snapshot_root));
+    // Oldest first: the newest checkpoint is the last one. Snapshots killed
+    // while being written were never published (and CleanLeftovers removed
+    // their temporary directories), so it is complete.
+    for (auto it = all.rbegin(); it != all.rend(); ++it) {
+      if (it->is_checkpoint()) return it->directory;
+    }
+    return std::string();
+  }
+  ASSIGN_OR_RETURN(snapshot::SnapshotManifest m,
+                   snapshot::DescribeSnapshot(options.snapshot_root, options.resume));
+  return m.directory;
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
   const bool cuda_available = torch::cuda::is_available();
@@ -115,16 +136,16 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
   ASSIGN_OR_RETURN(PathRoots model_roots_checked,
                    PathRoots::Create(model_roots, "--data_root"));
-  std::unique_ptr<Session> session(new Session(resolved, runtime, *std::move(device)));
-  session->data_roots_ = std::move(data_roots);
-  session->model_roots_ = std::move(model_roots_checked);
+  std::unique_ptr<Session> session(new Session(resolved, runtime, *std::move(device),
+                                               std::move(data_roots),
+                                               std::move(model_roots_checked)));
   // Data parallel: join the run before loading, so that every rank resumes
   // from the checkpoint rank 0 chose.
-  ASSIGN_OR_RETURN(
-      const std::string resume_dir,
-      options.world.distributed()
-          ? session->ranks_->JoinRun([s = session.get()] { return s->ResumeDirectory(); })
-          : session->ResumeDirectory());
+  ASSIGN_OR_RETURN(const std::string resume_dir,
+                   options.world.distributed()
+                       ? session->ranks_->JoinRun(
+                             [s = session.get()] { return ResumeDirectory(s->options_); })
+                       : ResumeDirectory(session->options_));
   if (!options.resume.empty() && resume_dir.empty()) {
     LogInfo(absl::StrCat("--resume=latest: no checkpoint under ", options.snapshot_root,
                          " yet; starting from --model"));
@@ -144,7 +165,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     std::promise<absl::Status> loaded;
     Session* s = session.get();
     if (absl::Status posted =
-            session->Post([s, spec, &loaded] { loaded.set_value(s->LoadOnOwner(spec)); });
+            session->Post([s, spec, &loaded] { loaded.set_value(s->host_->Load(spec)); });
         !posted.ok()) {
       return posted;
     }
@@ -176,29 +197,19 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   return session;
 }
 
-absl::StatusOr<std::string> Session::ResumeDirectory() const {
-  if (options_.resume.empty()) return std::string();
-  if (options_.resume == "latest") {
-    ASSIGN_OR_RETURN(std::vector<snapshot::SnapshotManifest> all,
-                     snapshot::ListSnapshots(options_.snapshot_root));
-    // Oldest first: the newest checkpoint is the last one. Snapshots killed
-    // while being written were never published (and CleanLeftovers removed
-    // their temporary directories), so it is complete.
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      if (it->is_checkpoint()) return it->directory;
-    }
-    return std::string();
-  }
-  ASSIGN_OR_RETURN(snapshot::SnapshotManifest m,
-                   snapshot::DescribeSnapshot(options_.snapshot_root, options_.resume));
-  return m.directory;
-}
-
-Session::Session(const SessionOptions& options, Runtime& runtime, std::string device)
+Session::Session(const SessionOptions& options, Runtime& runtime, std::string device,
+                 PathRoots data_roots, PathRoots model_roots)
     : options_(options),
       runtime_(runtime),
       device_(std::move(device)),
+      data_roots_(std::move(data_roots)),
       start_time_(absl::Now()) {
+  ModelHost::Callbacks host;
+  host.set_mapped_directory = [this](std::string directory) {
+    snapshots_->SetMappedDirectory(std::move(directory));
+  };
+  host_ = std::make_unique<ModelHost>(options_, device_, runtime_.recorder(),
+                                      std::move(model_roots), std::move(host));
   RankCoordinator::Callbacks ranks;
   ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
   ranks.follow_train = [this](const TrainOptions& train,
@@ -215,9 +226,9 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   ranks_ = std::make_unique<RankCoordinator>(
       options_.world, device_, options_.collective_timeout, std::move(ranks));
   SnapshotScheduler::Callbacks snapshots;
-  snapshots.model = [this] { return model_.get(); };
-  snapshots.trainer = [this] { return trainer_.get(); };
-  snapshots.model_loaded = [this] { return Model().has_value(); };
+  snapshots.model = [this] { return host_->model(); };
+  snapshots.trainer = [this] { return host_->trainer(); };
+  snapshots.model_loaded = [this] { return host_->Summary().has_value(); };
   snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   snapshots.observers = [this] { return Observers(); };
   snapshots.count_snapshot =
@@ -241,10 +252,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
 Session::~Session() {
   Shutdown();
   snapshots_->Join();
-  // The model's tensors go before the trainer that points at it.
-  trainer_.reset();
-  offloader_.reset();
-  model_.reset();
+  // The model, its trainer and offloader go once nothing can reach them.
+  host_.reset();
 }
 
 absl::Status Session::Post(std::function<void()> work) {
@@ -268,10 +277,7 @@ void Session::Shutdown() {
   ranks_->Join();
 }
 
-std::optional<ModelSummary> Session::Model() const {
-  absl::MutexLock lock(&mu_);
-  return model_summary_;
-}
+std::optional<ModelSummary> Session::Model() const { return host_->Summary(); }
 
 absl::StatusOr<ModelSummary> Session::DescribeModel() const {
   std::optional<ModelSummary> model = Model();
@@ -280,14 +286,13 @@ absl::StatusOr<ModelSummary> Session::DescribeModel() const {
 }
 
 SessionCounters Session::Counters() const {
-  absl::MutexLock lock(&mu_);
-  SessionCounters c = counters_;
+  SessionCounters c;
+  {
+    absl::MutexLock lock(&mu_);
+    c = counters_;
+  }
   // The allocator's categories as they are now, not at the last step.
-  const int64_t host = c.categories.offloaded_host;
-  const int64_t disk = c.categories.offloaded_disk;
-  c.categories = CategoriesNow();
-  c.categories.offloaded_host = host;
-  c.categories.offloaded_disk = disk;
+  c.categories = host_->Categories();
   c.oom_reports_total = oom_->reports_total();
   return c;
 }

@@ -7,8 +7,24 @@
 // block on it: they validate, enqueue work, get an Operation back, and read
 // published copies.
 //
+// The session is a thin door over parts with one purpose each, whose headers
+// say what they are for, which thread may call what, and their invariants:
+// OwnerThread (owner_thread.h) runs the model's work in order; ModelHost
+// (model_host.h) holds the model, its trainer and offloader, loads and
+// publishes its summary; SnapshotScheduler (snapshot_scheduler.h) runs the
+// step-boundary work, snapshots and retention; RankCoordinator
+// (rank_coordinator.h) is this rank's seat in a data-parallel run;
+// OomReporter (oom_reporter.h) keeps OOM reports and step peaks; operations
+// live in OperationRegistry (operation.h), and memory is read through the
+// process's Runtime (runtime.h). What is left here: the checks of each
+// request, training runs (TrainingRun, session_train.cc) and evaluations,
+// the counters and the observers.
+//
 // Thread-safety: every public method may be called from any thread. Work on
-// the model runs on the owner thread only.
+// the model runs on the owner thread only. The session's lock guards the
+// training flag, the counters and the observers; the model host's published
+// copies are under the host's own lock, and the session never calls the host
+// while holding its own, so the two never nest.
 
 #include <cstdint>
 #include <functional>
@@ -27,25 +43,17 @@
 #include "core/memory/memory_stats.h"
 #include "core/session/operation.h"
 #include "core/session/session_types.h"
-#include "core/train/trainer_state.h"
 
 namespace memprofd {
 
 class DataParallel;
-class LlamaModel;
+class ModelHost;
 class OomReporter;
 class OwnerThread;
 class Runtime;
 class RankCoordinator;
 class SnapshotScheduler;
 class TokenDataset;
-class Trainer;
-namespace offload {
-class Offloader;
-}
-namespace snapshot {
-struct LoadedWeights;
-}  // namespace snapshot
 
 class Session {
  public:
@@ -220,7 +228,8 @@ class Session {
   absl::Status SnapshotNow(const std::string& name);
 
  private:
-  Session(const SessionOptions& options, Runtime& runtime, std::string device);
+  Session(const SessionOptions& options, Runtime& runtime, std::string device,
+          PathRoots data_roots, PathRoots model_roots);
 
   // Data parallel: the session's side (session_dist.cc); the rest is
   // ranks_'s. After the start model loaded: every rank checks it holds rank
@@ -239,69 +248,38 @@ class Session {
   class TrainingRun;
 
   // Owner thread only.
-  // `cancelled` (may be empty) is polled between the load's stages (weights
-  // read, model built, weights copied, checkpoint read): true stops it with
-  // CANCELLED, the model loaded before unchanged.
-  absl::Status LoadOnOwner(const LoadModelSpec& spec,
-                           const std::function<bool()>& cancelled = {});
   void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
                    const offload::OffloadOptions& offload_options,
                    const TokenDataset& data, const TokenDataset* eval_data, bool resume);
-  // The checkpoint --resume names (SessionOptions::resume): its directory,
-  // or empty for "latest" when the root holds no checkpoint yet.
-  absl::StatusOr<std::string> ResumeDirectory() const;
-  // Publishes the trainer's run for StartTraining's resume merge.
-  void PublishRun();
   // Evaluates on `in_request` (the data the request carried, checked), or
   // reads options.data first (a file: bad data fails `op`).
   void RunEvaluation(const std::shared_ptr<Operation>& op, const EvalOptions& options,
                      std::shared_ptr<const TokenDataset> in_request);
   // Counts a finished evaluation for Counters().
   void CountEvaluation(const EvalResult& result);
-  // Places one module of a model being loaded; true when its weights map
-  // the loaded directory's files.
-  absl::StatusOr<bool> PlaceModule(LlamaModel& model, const std::string& module,
-                                   Placement placement,
-                                   const snapshot::LoadedWeights* mapped);
   // The observers, copied under the lock, to call without it.
   std::vector<std::shared_ptr<SessionObserver>> Observers() const;
-  void PublishModel();
-  void PublishCategories();
-  // Attributes the loaded model's parameters and buffers to their names and
-  // tags the gradients AccumulateGrad adopts (memory attribution).
-  void TagModelMemory();
-  // The compute device's bytes by category now (offloaded_* left 0).
-  memory::CategoryBytes CategoriesNow() const;
-  // The recorder's number for the compute device.
-  int RecorderDevice() const;
 
   const SessionOptions options_;
   // The process's memory accounting: every memory figure is read through
   // runtime_.recorder().
   Runtime& runtime_;
   const std::string device_;
-  // Where client-named paths may lead (SessionOptions::data_roots): data
-  // files, and model directories (which may also be snapshots). Set once
-  // in Create.
-  PathRoots data_roots_;
-  PathRoots model_roots_;
+  // Where client-named data files may lead (SessionOptions::data_roots).
+  const PathRoots data_roots_;
   const absl::Time start_time_;
   OperationRegistry operations_;
 
-  // Owned by the owner thread.
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Trainer> trainer_;
-  std::unique_ptr<offload::Offloader> offloader_;
-  std::string model_source_;
-  int64_t placement_files_ = 0;
-
   mutable absl::Mutex mu_;
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<ModelSummary> model_summary_ ABSL_GUARDED_BY(mu_);
-  // The trainer's run (Trainer::run()), published for resume merges.
-  std::optional<RunState> run_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
+
+  // The loaded model, its trainer and offloader, and their published
+  // summary (ModelHost, model_host.h). Always set; made before the owner
+  // thread starts, released by the destructor once the owner thread and the
+  // snapshot writers are joined.
+  std::unique_ptr<ModelHost> host_;
 
   // Snapshots (SnapshotScheduler, snapshot_scheduler.h): the step-boundary
   // queue (evaluations wait there too), snapshot writing and its async

@@ -12,6 +12,7 @@
 #include "core/dist/model_sync.h"
 #include "core/dist/process_group.h"
 #include "core/model/llama.h"
+#include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
@@ -40,11 +41,12 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
 absl::Status Session::AlignWithRankZero() {
   // Every rank was started with the same --model (or resumed from the same
   // checkpoint): the check fails naming the first rank that was not.
-  if (model_ == nullptr) return absl::OkStatus();
+  if (host_->model() == nullptr) return absl::OkStatus();
   ProcessGroup& group = *ranks_->group();
-  RETURN_IF_ERROR(TakeRankZeroParameters(group, model_->NamedParameters()));
-  RETURN_IF_ERROR(TakeRankZeroOptimizerState(group, trainer_->NamedOptimizerState()));
-  PublishModel();
+  RETURN_IF_ERROR(TakeRankZeroParameters(group, host_->model()->NamedParameters()));
+  RETURN_IF_ERROR(
+      TakeRankZeroOptimizerState(group, host_->trainer()->NamedOptimizerState()));
+  host_->PublishModel();
   return absl::OkStatus();
 }
 
@@ -52,7 +54,7 @@ absl::Status Session::FollowLoad(const LoadModelSpec& spec) {
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
   return Post([this, op, spec] {
     op->MarkRunning();
-    absl::Status status = LoadOnOwner(spec);
+    absl::Status status = host_->Load(spec);
     // A follower that could not load as rank 0 did holds another model:
     // the next Train's check names it.
     if (!status.ok()) {

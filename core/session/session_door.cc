@@ -1,6 +1,7 @@
-// Session: the operations and memory calls of the one door into core. The
-// rules the server used to hold (what may be cancelled, the default history
-// size, what a dump needs) live here.
+// Session: the operations and memory calls of the one door into core
+// (recording, dumps, breakdowns and step diffs). The rules the server used to
+// hold (what may be cancelled, the default history size, what a dump needs)
+// live here.
 
 #include <algorithm>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "core/common/status_macros.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
+#include "core/session/model_host.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
@@ -91,6 +93,27 @@ absl::StatusOr<std::string> Session::DumpMemoryHistory() const {
         "start)");
   }
   return memory::CaptureMemoryVizPickle();
+}
+
+absl::StatusOr<memory::MemoryBreakdown> Session::MemoryBreakdown(
+    const memory::BreakdownRequest& request) const {
+  ASSIGN_OR_RETURN(const memory::BreakdownQuery query,
+                   memory::ParseBreakdownQuery(request, host_->recorder_device()));
+  memory::MemoryBreakdown out = memory::ComputeBreakdown(runtime_.recorder(), query);
+  const memory::CategoryBytes published = host_->PublishedCategories();
+  out.offloaded_host_bytes = published.offloaded_host;
+  out.offloaded_disk_bytes = published.offloaded_disk;
+  return out;
+}
+
+absl::StatusOr<memory::MemoryDiff> Session::DiffMemory(int64_t step_a, int64_t step_b,
+                                                       std::optional<int64_t> top) const {
+  return memory::ComputeDiff(runtime_.recorder(), step_a, step_b, top,
+                             host_->recorder_device());
+}
+
+memory::ModuleKindBytes Session::MemoryByModuleKind() const {
+  return memory::LiveBytesByModuleKind(runtime_.recorder(), host_->recorder_device());
 }
 
 }  // namespace memprofd

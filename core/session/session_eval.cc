@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "core/common/status_macros.h"
 #include "core/model/llama.h"
+#include "core/session/model_host.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/snapshot_scheduler.h"
@@ -53,7 +54,8 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
     op->Finish(absl::CancelledError("cancelled before it started"));
     return;
   }
-  if (!model_) {
+  LlamaModel* const model = host_->model();
+  if (model == nullptr) {
     op->Finish(absl::FailedPreconditionError(
         "the model was unloaded before the evaluation ran; LoadModel first"));
     return;
@@ -63,7 +65,7 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   if (read == nullptr) {
     op->SetProgress(0, 0, "batches", "reading the data");
     absl::StatusOr<std::unique_ptr<TokenDataset>> created =
-        TokenDataset::Create(options.data, model_->config().vocab_size,
+        TokenDataset::Create(options.data, model->config().vocab_size,
                              ClientDataAccess(data_roots_, options_, op));
     absl::Status valid =
         created.ok() ? (*created)->Validate(options.seq_len) : created.status();
@@ -78,15 +80,16 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   op->SetProgress(0, batches, "batches", "evaluating");
   // The trainer sets the attention implementation of every step; restore
   // what it was so that an evaluation between two steps changes nothing.
-  const AttentionImplementation attention = model_->attention_implementation();
+  const AttentionImplementation attention = model->attention_implementation();
   absl::StatusOr<EvalResult> result =
-      EvaluateModel(*model_, data, options, [&op] { return op->cancel_requested(); });
-  model_->set_attention_implementation(attention);
+      EvaluateModel(*model, data, options, [&op] { return op->cancel_requested(); });
+  model->set_attention_implementation(attention);
   if (!result.ok()) {
     op->Finish(result.status());
     return;
   }
-  result->global_step = trainer_ ? trainer_->global_step() : 0;
+  const Trainer* const trainer = host_->trainer();
+  result->global_step = trainer ? trainer->global_step() : 0;
   op->SetProgress(
       batches, batches, "batches",
       absl::StrFormat("loss %.4f, perplexity %.2f", result->loss, result->perplexity));

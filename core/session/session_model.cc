@@ -1,37 +1,23 @@
-// Session: loading the model and publishing what it holds.
+// Session: the LoadModel call of the one door. Its checks of the request are
+// the session's; the load itself is the model host's (model_host.h).
 
-#include <ATen/ATen.h>
-#include <unistd.h>
-
-#include <filesystem>
-#include <optional>
+#include <functional>
+#include <memory>
 #include <set>
+#include <string>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/common/files.h"
-#include "core/common/phase.h"
 #include "core/common/status_macros.h"
-#include "core/common/torch_boundary.h"
 #include "core/common/utf8.h"
-#include "core/memory/history.h"
-#include "core/memory/oom_report.h"
-#include "core/memory/recorder.h"
-#include "core/model/llama.h"
-#include "core/offload/offloader.h"
+#include "core/model/config.h"
+#include "core/session/model_host.h"
 #include "core/session/rank_coordinator.h"
-#include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/session/snapshot_scheduler.h"
-#include "core/snapshot/checkpoint_files.h"
-#include "core/snapshot/loader.h"
-#include "core/snapshot/safetensors.h"
-#include "core/train/trainer.h"
-#include "core/train/trainer_state.h"
 
 namespace memprofd {
 namespace {
@@ -51,90 +37,6 @@ absl::Status CheckPlacement(const LoadModelSpec& spec) {
           "placement names unknown module ", Echo(module),
           ": use model.embed_tokens, model.layers.N, model.norm or lm_head"));
     }
-  }
-  return absl::OkStatus();
-}
-
-std::string CanonicalPath(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? path : p.string();
-}
-
-// A config.json is a few kB; anything near this is not one.
-constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
-
-struct HfDirectory {
-  std::string config_json;
-  std::optional<snapshot::LoadedWeights> weights;  // none: config.json only
-};
-
-absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
-    return absl::NotFoundError(
-        absl::StrCat("no model directory '", dir, "' on the daemon's host"));
-  }
-  const fs::path config_path = fs::path(dir) / "config.json";
-  // Opened without blocking and only as a regular file: a FIFO named
-  // config.json would otherwise hold the owner thread until a writer came.
-  absl::StatusOr<std::string> config =
-      ReadSmallRegularFile(config_path.string(), kMaxConfigBytes, "config.json");
-  if (!config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Echo(dir), " has no readable config.json (", config.status().message(),
-        "); a Hugging Face model directory needs one"));
-  }
-  HfDirectory out;
-  out.config_json = *std::move(config);
-  absl::StatusOr<snapshot::LoadedWeights> weights =
-      snapshot::LoadSafetensorsDirectory(dir);
-  if (weights.ok()) {
-    out.weights = *std::move(weights);
-  } else if (weights.status().code() != absl::StatusCode::kNotFound) {
-    return weights.status();  // corrupt or ambiguous weights are an error, never ignored
-  }
-  return out;
-}
-
-std::string Gib(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB (%d bytes)", static_cast<double>(bytes) / (1 << 30),
-                         bytes);
-}
-
-// The float32 parameters and rotary caches a config's model allocates,
-// checked against what the device can hold before the first allocation: a
-// million layers would otherwise be allocated layer by layer until the
-// allocator (or the kernel's OOM killer) stopped it. The old model is still
-// loaded while the new one is built (a failed load leaves it), so its
-// bytes are not counted as room.
-absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device) {
-  const int64_t params = config.NumParameters();  // Validate() refused -1
-  int64_t param_bytes = 0;
-  int64_t rope_bytes = 0;
-  int64_t bytes = 0;
-  if (params < 0 || __builtin_mul_overflow(params, int64_t{4}, &param_bytes) ||
-      __builtin_mul_overflow(config.max_position_embeddings, config.head_dim(),
-                             &rope_bytes) ||
-      __builtin_mul_overflow(rope_bytes, int64_t{2 * 4}, &rope_bytes) ||
-      __builtin_add_overflow(param_bytes, rope_bytes, &bytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the model's byte count overflows int64 (", params,
-                     " parameters, max_position_embeddings ",
-                     config.max_position_embeddings, " x head_dim ", config.head_dim(),
-                     " for the rotary caches): check num_hidden_layers, the sizes and "
-                     "max_position_embeddings"));
-  }
-  const memory::DeviceRoom room =
-      memory::QueryDeviceRoom(device.is_cpu() ? memory::kCpuDevice : device.index());
-  if (room.free_bytes >= 0 && bytes > room.free_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the model needs ", Gib(bytes), " for its ", params,
-        " float32 parameters and rotary caches, and the ", device.str(), " device has ",
-        Gib(room.free_bytes), " free",
-        room.total_bytes >= 0 ? absl::StrCat(" of ", Gib(room.total_bytes)) : "",
-        ": load a smaller model or free memory on the daemon's host"));
   }
   return absl::OkStatus();
 }
@@ -195,8 +97,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     // Resolved here, off gRPC's threads, and loaded by its canonical path
     // so that a link changed afterwards cannot redirect the load.
     if (!spec.hf_directory.empty()) {
-      absl::StatusOr<std::string> dir =
-          model_roots_.Confine(spec.hf_directory, "hf_directory");
+      absl::StatusOr<std::string> dir = host_->ConfineDirectory(spec.hf_directory);
       if (!dir.ok()) {
         op->Finish(dir.status());
         return;
@@ -216,7 +117,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     // too, so that every rank holds the same model.
     std::function<bool()> cancelled;
     if (command.empty()) cancelled = [&op] { return op->cancel_requested(); };
-    absl::Status status = LoadOnOwner(spec, cancelled);
+    absl::Status status = host_->Load(spec, cancelled);
     if (!status.ok()) {
       op->Finish(status);
       return;
@@ -228,177 +129,6 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
     return posted;
   }
   return op;
-}
-
-absl::Status Session::LoadOnOwner(const LoadModelSpec& spec,
-                                  const std::function<bool()>& cancelled) {
-  PhaseScope phase(Phase::kLoad);
-  auto stop_if_cancelled = [&](absl::string_view stage) -> absl::Status {
-    if (!cancelled || !cancelled()) return absl::OkStatus();
-    return absl::CancelledError(absl::StrCat("LoadModel cancelled ", stage,
-                                             "; the model loaded before is unchanged"));
-  };
-  const c10::Device device(device_);
-  std::unique_ptr<LlamaModel> model;
-  std::string source;
-  std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
-  if (!spec.preset.empty()) {
-    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
-    RETURN_IF_ERROR(CheckModelFits(config, device));
-    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
-    source = absl::StrCat("preset:", spec.preset);
-  } else {
-    ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory));
-    ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(dir.config_json));
-    // Fresh weights only when asked for: a directory whose weights went
-    // missing must not train from random ones as if nothing had happened.
-    if (!dir.weights && !spec.init_weights && !spec.init_if_no_weights) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          Echo(spec.hf_directory),
-          " holds a config.json but no weights (no model.safetensors, no "
-          "model.safetensors.index.json, no *.safetensors); set init_weights to start "
-          "from freshly initialised weights"));
-    }
-    RETURN_IF_ERROR(CheckModelFits(config, device));
-    RETURN_IF_ERROR(stop_if_cancelled("after reading the directory"));
-    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
-    // init_weights: the config alone, whatever weights the directory holds.
-    if (dir.weights && !spec.init_weights) {
-      RETURN_IF_ERROR(stop_if_cancelled("after building the model"));
-      RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
-      mapped = std::move(dir.weights);
-    }
-    source = spec.hf_directory;
-  }
-  std::string mapped_directory;
-  for (const auto& [module, placement] : spec.placement) {
-    ASSIGN_OR_RETURN(bool from_directory,
-                     PlaceModule(*model, module, placement, mapped ? &*mapped : nullptr));
-    if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
-  }
-  RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));
-  auto trainer = std::make_unique<Trainer>(model.get());
-  if (spec.resume) {
-    // All of the checkpoint is read and checked against the new model before
-    // the old one is replaced: any failure leaves the daemon as it was.
-    ASSIGN_OR_RETURN(snapshot::LoadedCheckpoint checkpoint,
-                     snapshot::LoadCheckpointFiles(spec.hf_directory));
-    ASSIGN_OR_RETURN(const TrainerState state,
-                     TrainerStateFromJson(checkpoint.trainer_state_json,
-                                          (std::filesystem::path(spec.hf_directory) /
-                                           snapshot::kTrainerStateFile)
-                                              .string()));
-    RETURN_IF_ERROR(trainer->Restore(state, checkpoint.optimizer_tensors));
-    RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));
-  }
-  // The old model (and the optimizer state that points at it) goes first.
-  trainer_.reset();
-  offloader_.reset();
-  model_ = std::move(model);
-  model_source_ = source;
-  snapshots_->SetMappedDirectory(mapped_directory);
-  trainer_ = std::move(trainer);
-  // Its steps are numbered afresh (or from its checkpoint): the kept step
-  // records of the model it replaces would diff against the wrong steps.
-  runtime_.recorder().ClearStepRecords();
-  TagModelMemory();
-  PublishModel();
-  PublishCategories();
-  PublishRun();
-  return absl::OkStatus();
-}
-
-void Session::PublishRun() {
-  std::optional<RunState> run;
-  if (trainer_) run = trainer_->run();
-  absl::MutexLock lock(&mu_);
-  run_ = std::move(run);
-}
-
-absl::StatusOr<bool> Session::PlaceModule(LlamaModel& model, const std::string& module,
-                                          Placement placement,
-                                          const snapshot::LoadedWeights* mapped) {
-  snapshot::TensorList weights;
-  for (const auto& [name, t] : model.NamedParameters()) {
-    if (ModuleOfParameter(name) == module) weights.emplace_back(name, t);
-  }
-  if (placement == Placement::kDevice) {
-    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
-    return false;
-  }
-  if (placement == Placement::kCpu) {
-    RETURN_IF_ERROR(TorchBoundary("moving weights to host memory", [&] {
-      for (auto& [name, t] : weights) t = t.detach().to(at::kCPU);
-    }));
-    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
-    return false;
-  }
-  // Disk: map the module's weights from the directory the model came from
-  // when it holds them in float32; else write them to a file of our own in
-  // the spill directory, map it and unlink it (the mapping keeps the data).
-  if (mapped != nullptr) {
-    snapshot::TensorList from_file;
-    for (const auto& [name, t] : weights) {
-      for (const auto& [mname, mt] : mapped->tensors) {
-        if (mname == name && mt.scalar_type() == at::kFloat)
-          from_file.emplace_back(name, mt);
-      }
-    }
-    if (from_file.size() == weights.size()) {
-      RETURN_IF_ERROR(model.PlaceModule(module, placement, from_file));
-      return true;
-    }
-  }
-  const std::string path =
-      absl::StrCat(options_.offload.spill_dir, "/memprofd-placement-", getpid(), "-",
-                   placement_files_++, ".safetensors");
-  snapshot::TensorList host;
-  RETURN_IF_ERROR(TorchBoundary("staging weights for disk placement", [&] {
-    for (const auto& [name, t] : weights) host.emplace_back(name, t.detach());
-  }));
-  RETURN_IF_ERROR(
-      snapshot::WriteSafetensorsFile(path, host, options_.snapshot_staging_bytes));
-  absl::StatusOr<std::unique_ptr<snapshot::SafetensorsFile>> file =
-      snapshot::SafetensorsFile::Open(path);
-  ::unlink(path.c_str());
-  if (!file.ok()) return file.status();
-  ASSIGN_OR_RETURN(snapshot::TensorList on_disk, (*file)->Tensors());
-  RETURN_IF_ERROR(model.PlaceModule(module, placement, on_disk));
-  return false;
-}
-
-void Session::PublishModel() {
-  ModelSummary summary;
-  summary.source = model_source_;
-  summary.config = model_->config();
-  summary.num_parameters = model_->NumParameters();
-  summary.device = device_;
-  summary.steps_trained = trainer_ ? trainer_->global_step() : 0;
-  std::set<const void*> storages;
-  for (const auto& [name, t] : model_->NamedParameters()) {
-    ParameterSummary p;
-    p.name = name;
-    p.shape = t.sizes().vec();
-    p.dtype = std::string(c10::toString(t.scalar_type()));
-    p.bytes = static_cast<int64_t>(t.nbytes());
-    p.placement = model_->PlacementOf(ModuleOfParameter(name));
-    if (storages.insert(t.storage().unsafeGetStorageImpl()).second) {
-      summary.parameter_bytes += static_cast<int64_t>(t.storage().nbytes());
-    }
-    summary.parameters.push_back(std::move(p));
-  }
-  absl::MutexLock lock(&mu_);
-  model_summary_ = std::move(summary);
-}
-
-void Session::PublishCategories() {
-  memory::CategoryBytes bytes = CategoriesNow();
-  if (offloader_) {
-    bytes.offloaded_host = offloader_->host_bytes_held();
-    bytes.offloaded_disk = offloader_->disk_bytes_held();
-  }
-  absl::MutexLock lock(&mu_);
-  counters_.categories = bytes;
 }
 
 }  // namespace memprofd

@@ -19,6 +19,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
+#include "core/session/model_host.h"
 #include "core/session/oom_reporter.h"
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
@@ -93,10 +94,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   TrainOverrides request = spec.train;
   std::optional<RunState> run;
   if (spec.resume) {
-    {
-      absl::MutexLock lock(&mu_);
-      run = run_;
-    }
+    run = host_->Run();
     if (!run) {
       return absl::FailedPreconditionError(
           "there is no training run to resume on this model: load a checkpoint with "
@@ -237,9 +235,10 @@ class Session::TrainingRun : public StepListener {
     // the owner thread down with it.
     try {
       Session& s = *session_;
-      s.oom_->RecordOutOfMemory(status, global_step,
-                                {s.model_.get(), s.trainer_.get(), s.offloader_.get(),
-                                 s.snapshots_->async_staging_bytes()});
+      s.oom_->RecordOutOfMemory(
+          status, global_step,
+          {s.host_->model(), s.host_->trainer(), s.host_->offloader(),
+           s.snapshots_->async_staging_bytes()});
     } catch (const std::exception& e) {
       LogWarning(
           absl::StrCat("step ", global_step,
@@ -289,7 +288,6 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
     s.counters_.has_loss = true;
     s.counters_.offload_totals.Add(r.offload);
     s.counters_.last_step = r;
-    if (s.model_summary_) s.model_summary_->steps_trained = report.global_step;
     if (data_parallel_ != nullptr) {
       DataParallelCounters& dp = s.counters_.data_parallel;
       const GradientSyncStats& sync = data_parallel_->last_step();
@@ -305,8 +303,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
     }
   }
   if (report.eval) s.CountEvaluation(*report.eval);
-  s.PublishCategories();
-  s.PublishRun();
+  s.host_->PublishStep(report.global_step);
   s.oom_->RecordStepPeaks(r, s.Counters().categories);
   s.snapshots_->MaybeQueuePeriodicSnapshot(report.global_step);
 }
@@ -331,16 +328,13 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     return;
   }
   op->MarkRunning();
-  if (!offloader_ || offloader_->options() != offload_options) {
-    offloader_.reset();
-    absl::StatusOr<std::unique_ptr<offload::Offloader>> created =
-        offload::Offloader::Create(offload_options, c10::Device(device_));
-    if (!created.ok()) {
-      finish(created.status());
-      return;
-    }
-    offloader_ = *std::move(created);
+  absl::StatusOr<offload::Offloader*> offloader = host_->OffloaderFor(offload_options);
+  if (!offloader.ok()) {
+    finish(offloader.status());
+    return;
   }
+  LlamaModel* const model = host_->model();
+  Trainer* const trainer = host_->trainer();
   // The model is on its device by now, so the CUDA allocator is set up and
   // takes the observer; an allocation failure before this run is stale.
   if (!c10::Device(device_).is_cpu()) memory::InstallCudaOomObserver();
@@ -351,7 +345,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   std::unique_ptr<DataParallel> data_parallel;
   if (ranks_->group() != nullptr) {
     absl::StatusOr<std::unique_ptr<DataParallel>> created =
-        DataParallel::Create(ranks_->group(), trainer_.get());
+        DataParallel::Create(ranks_->group(), trainer);
     if (!created.ok()) {
       finish(created.status());
       ranks_->FailRun(created.status());
@@ -365,7 +359,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // The step's listeners, in calling order: the offloader, the gradient
   // synchronisation (whose OnStepEnd puts the global loss in the report),
   // then this operation's reporting.
-  offload::OffloadStepListener offload(offloader_.get(), model_.get());
+  offload::OffloadStepListener offload(*offloader, model);
   TrainingRun run(this, op, train.steps, &offload, data_parallel.get());
   StepListeners listeners = {&offload};
   if (data_parallel != nullptr) listeners.push_back(data_parallel.get());
@@ -378,17 +372,17 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // The op half of attribution for the training's lifetime (every thread's
   // ops, autograd's included; the module scopes come from the forward).
   memory::OpAttribution op_attribution;
-  const int64_t nonfinite_before = trainer_->nonfinite_steps();
+  const int64_t nonfinite_before = trainer->nonfinite_steps();
   absl::StatusOr<TrainResult> result =
-      resume ? trainer_->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
-             : trainer_->Run(train, data, {}, cancelled, eval_data, listeners);
+      resume ? trainer->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
+             : trainer->Run(train, data, {}, cancelled, eval_data, listeners);
   data_parallel.reset();  // removes the gradient hooks
-  if (const int64_t n = trainer_->nonfinite_steps() - nonfinite_before; n > 0) {
+  if (const int64_t n = trainer->nonfinite_steps() - nonfinite_before; n > 0) {
     absl::MutexLock lock(&mu_);
     counters_.nonfinite_steps_total += n;
   }
-  PublishCategories();
-  PublishRun();
+  host_->PublishCategories();
+  host_->PublishRun();
   if (ranks_->group() != nullptr) {
     // A step that failed on one rank leaves the others in a collective that
     // will not complete: the run cannot go on. (Bad options fail alike on
