@@ -1,3 +1,4 @@
+#include "core/common/option_status.h"
 #include "core/session/oom_reporter.h"
 
 #include <ATen/ATen.h>
@@ -109,8 +110,9 @@ void OomReporter::RecordOutOfMemory(const absl::Status& status, int64_t global_s
     const std::string path = absl::StrCat(report_dir_, "/oom-step", global_step, "-",
                                           record.report.failed_at_unix_ms, ".json");
     absl::Status written =
-        ec ? absl::FailedPreconditionError(absl::StrCat("cannot create --report_dir='",
-                                                        report_dir_, "': ", ec.message()))
+        ec ? OptionError(absl::StatusCode::kFailedPrecondition, "report_dir",
+                         absl::StrCat("cannot create report_dir='", report_dir_,
+                                      "': ", ec.message()))
            : memory::WriteFileAtomically(path, record.json + "\n");
     if (written.ok()) {
       record.path = path;
@@ -168,7 +170,7 @@ void OomReporter::RecordStepPeaks(const SessionStepReport& report,
   // cost more than the step on small models.
   if (absl::Status s = memory::WriteFileAtomically(peak_file_, DumpJson(json, 2));
       !s.ok()) {
-    LogWarning(absl::StrCat("--peak_file: ", s.message()));
+    LogWarning(absl::StrCat("peak_file: ", s.message()));
   }
 }
 

@@ -17,6 +17,7 @@
 // and exit non-zero, so that torchrun or Kubernetes restarts every rank and
 // they resume from the last checkpoint.
 
+#include "core/common/option_status.h"
 #include "core/session/rank_coordinator.h"
 
 #include <ATen/ATen.h>
@@ -239,7 +240,7 @@ void RankCoordinator::FailRun(const absl::Status& status) {
     LogError(absl::StrCat(
         "rank ", world_.rank, ": the data-parallel run is broken (", status.ToString(),
         "); stopping so that the launcher restarts every rank, which resume from the "
-        "last checkpoint with --resume=latest"));
+        "last checkpoint with resume=latest"));
   }
   if (handler) handler(status);
 }

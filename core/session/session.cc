@@ -1,3 +1,4 @@
+#include "core/common/option_status.h"
 #include "core/session/session.h"
 
 #include <torch/cuda.h>
@@ -63,16 +64,18 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
                        "': write auto, cpu, cuda or cuda:N with N a number"));
     }
 #ifndef MEMPROFD_WITH_CUDA
-    return absl::UnimplementedError(absl::StrCat(
-        "device '", requested,
-        "' needs CUDA, and this memprofd was built against a LibTorch without CUDA; "
-        "use --device=cpu or rebuild against a CUDA LibTorch"));
+    return OptionError(
+        absl::StatusCode::kUnimplemented, "device",
+        absl::StrCat("device '", requested,
+                     "' needs CUDA, and this memprofd was built against a LibTorch "
+                     "without CUDA; use device cpu or rebuild against a CUDA LibTorch"));
 #else
     const int count = static_cast<int>(torch::cuda::device_count());
     if (index < 0 || index >= count) {
-      return absl::FailedPreconditionError(
+      return OptionError(
+          absl::StatusCode::kFailedPrecondition, "device",
           absl::StrCat("device '", requested, "' is not there: LibTorch sees ", count,
-                       " CUDA device(s); use --device=auto or cuda:0..", count - 1));
+                       " CUDA device(s); use device auto or cuda:0..", count - 1));
     }
     return absl::StrCat("cuda:", index);
 #endif
@@ -95,10 +98,12 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     std::error_code ec;
     std::filesystem::create_directories(options.snapshot_root, ec);
     if (ec || ::access(options.snapshot_root.c_str(), W_OK | X_OK) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--snapshot_root='", options.snapshot_root, "' cannot be created or written",
-          ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
-          "; give a writable directory"));
+      return OptionError(
+          absl::StatusCode::kFailedPrecondition, "snapshot_root",
+          absl::StrCat("snapshot_root='", options.snapshot_root,
+                       "' cannot be created or written",
+                       ec ? absl::StrCat(" (", ec.message(), ")") : std::string(),
+                       "; give a writable directory"));
     }
     // Rank 0 alone writes and cleans snapshots; a follower may share its
     // root (shared storage) and must not touch what rank 0 is writing.
@@ -119,8 +124,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     if (dir.empty()) dir = ".";
     if (std::filesystem::is_directory(options.peak_file) ||
         ::access(dir.c_str(), W_OK | X_OK) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--peak_file='", options.peak_file,
+      return OptionError(
+          absl::StatusCode::kFailedPrecondition, "peak_file",
+          absl::StrCat("peak_file='", options.peak_file,
                        "' cannot be written (its directory must exist and be writable, "
                        "and it must not be a directory); give a file path there"));
     }
@@ -131,11 +137,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
         *device == "cpu" ? offload::Target::kDisk : offload::Target::kHost;
   }
   ASSIGN_OR_RETURN(PathRoots data_roots,
-                   PathRoots::Create(options.data_roots, "--data_root"));
+                   PathRoots::Create(options.data_roots, "data_roots"));
   std::vector<std::string> model_roots = options.data_roots;
   if (!options.snapshot_root.empty()) model_roots.push_back(options.snapshot_root);
   ASSIGN_OR_RETURN(PathRoots model_roots_checked,
-                   PathRoots::Create(model_roots, "--data_root"));
+                   PathRoots::Create(model_roots, "data_roots"));
   std::unique_ptr<Session> session(new Session(resolved, runtime, *std::move(device),
                                                std::move(data_roots),
                                                std::move(model_roots_checked)));
@@ -147,8 +153,8 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
                              [s = session.get()] { return ResumeDirectory(s->options_); })
                        : ResumeDirectory(session->options_));
   if (!options.resume.empty() && resume_dir.empty()) {
-    LogInfo(absl::StrCat("--resume=latest: no checkpoint under ", options.snapshot_root,
-                         " yet; starting from --model"));
+    LogInfo(absl::StrCat("resume=latest: no checkpoint under ", options.snapshot_root,
+                         " yet; starting from the model option"));
   }
   if (!resume_dir.empty() || !options.model.empty()) {
     LoadModelSpec spec;
@@ -171,8 +177,9 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     }
     if (absl::Status status = loaded.get_future().get(); !status.ok()) {
       if (spec.resume) {
-        return absl::Status(status.code(), absl::StrCat("--resume from ", resume_dir,
-                                                        ": ", status.message()));
+        return AboutOption(absl::Status(status.code(), absl::StrCat("resume from ", resume_dir,
+                                                                    ": ", status.message())),
+                           "resume");
       }
       return status;
     }

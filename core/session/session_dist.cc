@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #include "core/dist/model_sync.h"
 #include "core/dist/process_group.h"
@@ -74,7 +75,7 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", options_.world.rank,
         " has no model to follow rank 0's Train with: start every rank with the same "
-        "--model"));
+        "model option"));
   }
   // This rank reads the data itself (the same file, or the same generated
   // tokens); a rank that cannot must not leave rank 0 waiting.

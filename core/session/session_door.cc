@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #include "core/memory/memory_viz.h"
 #include "core/memory/recorder.h"
@@ -89,8 +90,7 @@ absl::StatusOr<std::string> Session::DumpMemoryHistory() const {
   const memory::MemoryStatsView stats = runtime_.recorder().Stats();
   if (!stats.recording && stats.history_entries == 0) {
     return absl::FailedPreconditionError(
-        "nothing was recorded; StartMemoryRecording first (memprofctl memory record "
-        "start)");
+        "nothing was recorded; StartMemoryRecording first");
   }
   return memory::CaptureMemoryVizPickle();
 }

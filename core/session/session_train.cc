@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #include "core/dist/data_parallel.h"
 #include "core/memory/oom_report.h"
@@ -98,7 +99,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     if (!run) {
       return absl::FailedPreconditionError(
           "there is no training run to resume on this model: load a checkpoint with "
-          "resume (LoadModel resume, memprofd --resume) or train without resume");
+          "resume (LoadModel with resume, or the daemon's resume option at start) or train "
+          "without resume");
     }
     // The generator goes on from its saved state: another seed could not
     // take effect, so it is refused rather than ignored.

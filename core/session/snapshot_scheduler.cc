@@ -1,3 +1,4 @@
+#include "core/common/option_status.h"
 #include "core/session/snapshot_scheduler.h"
 
 #include <ATen/ATen.h>
@@ -23,7 +24,8 @@ namespace {
 
 // What every snapshot call says when the daemon has no snapshot root.
 absl::Status SnapshotsOff(absl::StatusCode code) {
-  return absl::Status(code, "snapshots are off: start memprofd with --snapshot_root=DIR");
+  return OptionError(code, "snapshot_root",
+                     "snapshots are off: the daemon has no snapshot_root; start it with one");
 }
 
 }  // namespace
@@ -231,7 +233,7 @@ void SnapshotScheduler::ApplyRetention() {
   absl::StatusOr<std::vector<std::string>> removed =
       snapshot::ApplyRetention(options_.snapshot_root, options_.keep_last);
   if (!removed.ok()) {
-    LogWarning(absl::StrCat("retention (--keep_last): ", removed.status().message()));
+    LogWarning(absl::StrCat("retention (keep_last): ", removed.status().message()));
   }
 }
 
