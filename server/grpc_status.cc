@@ -20,8 +20,8 @@ std::string BoundedStatusMessage(absl::string_view message) {
   // Cut at a character boundary: never inside a UTF-8 sequence.
   size_t cut = kMaxStatusMessageBytes;
   while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
-  return absl::StrCat(ToValidUtf8(message.substr(0, cut)), "... (",
-                      message.size() - cut, " more bytes cut)");
+  return absl::StrCat(ToValidUtf8(message.substr(0, cut)), "... (", message.size() - cut,
+                      " more bytes cut)");
 }
 
 std::string GrpcCodeName(grpc::StatusCode code) {

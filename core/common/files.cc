@@ -114,8 +114,9 @@ absl::StatusOr<PathRoots> PathRoots::Create(const std::vector<std::string>& root
   out.option_ = std::string(option);
   for (const std::string& root : roots) {
     if (root.empty() || root[0] != '/') {
-      return OptionError(absl::StatusCode::kInvalidArgument, option,
-                         absl::StrCat(option, ": ", Echo(root), " must be an absolute path"));
+      return OptionError(
+          absl::StatusCode::kInvalidArgument, option,
+          absl::StrCat(option, ": ", Echo(root), " must be an absolute path"));
     }
     absl::StatusOr<std::string> real = RealPath(root);
     std::error_code ec;

@@ -1,4 +1,3 @@
-#include "core/common/option_status.h"
 #include "core/session/oom_reporter.h"
 
 #include <ATen/ATen.h>
@@ -10,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/memory/history.h"
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"

@@ -17,7 +17,6 @@
 // and exit non-zero, so that torchrun or Kubernetes restarts every rank and
 // they resume from the last checkpoint.
 
-#include "core/common/option_status.h"
 #include "core/session/rank_coordinator.h"
 
 #include <ATen/ATen.h>
@@ -28,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/dist/process_group.h"
@@ -310,8 +310,9 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
   ASSIGN_OR_RETURN(const TrainOptions train,
                    TrainOptionsFromJson(StringField(command, "options")));
   const Json* offload_json = JsonFind(command, "offload");
-  ASSIGN_OR_RETURN(const offload::OffloadOverrides offload_request,
-                   OffloadOverridesFromJson(offload_json ? *offload_json : Json::object()));
+  ASSIGN_OR_RETURN(
+      const offload::OffloadOverrides offload_request,
+      OffloadOverridesFromJson(offload_json ? *offload_json : Json::object()));
   const bool resume = BoolField(command, "resume").value_or(false);
   return callbacks_.follow_train(train, offload_request, resume);
 }

@@ -1,4 +1,3 @@
-#include "core/common/option_status.h"
 #include "core/session/session.h"
 
 #include <torch/cuda.h>
@@ -13,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #ifdef MEMPROFD_WITH_CUDA
 #endif
@@ -85,7 +85,7 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
 }
 
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options,
-                                                          Runtime& runtime) {
+                                                         Runtime& runtime) {
   RETURN_IF_ERROR(ValidateSessionOptions(options));
   absl::StatusOr<std::string> device = ResolveDevice(options.device);
   if (!device.ok()) return device.status();
@@ -177,9 +177,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     }
     if (absl::Status status = loaded.get_future().get(); !status.ok()) {
       if (spec.resume) {
-        return AboutOption(absl::Status(status.code(), absl::StrCat("resume from ", resume_dir,
-                                                                    ": ", status.message())),
-                           "resume");
+        return AboutOption(
+            absl::Status(status.code(), absl::StrCat("resume from ", resume_dir, ": ",
+                                                     status.message())),
+            "resume");
       }
       return status;
     }

@@ -132,8 +132,7 @@ class Session {
   // boundary (EVALUATE operation; result EvalResult): at once when idle,
   // between two steps while training runs. INVALID_ARGUMENT for bad options
   // or data (read here), FAILED_PRECONDITION without a model.
-  absl::StatusOr<std::shared_ptr<Operation>> StartEvaluation(
-      const EvalSpec& request);
+  absl::StatusOr<std::shared_ptr<Operation>> StartEvaluation(const EvalSpec& request);
 
   // Queues a snapshot at the next step boundary (SNAPSHOT operation; result
   // SnapshotResult). INVALID_ARGUMENT for a bad name, a checkpoint with a

@@ -76,8 +76,7 @@ memory::MemoryStatsView Session::MemoryStats() const {
 void Session::ResetPeakMemory() { runtime_.recorder().ResetPeak(); }
 
 absl::Status Session::StartMemoryRecording(std::optional<int64_t> max_entries) {
-  return runtime_.recorder().StartRecording(
-      max_entries.value_or(kDefaultHistoryEntries));
+  return runtime_.recorder().StartRecording(max_entries.value_or(kDefaultHistoryEntries));
 }
 
 void Session::StopMemoryRecording(bool clear) {

@@ -99,7 +99,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     if (!run) {
       return absl::FailedPreconditionError(
           "there is no training run to resume on this model: load a checkpoint with "
-          "resume (LoadModel with resume, or the daemon's resume option at start) or train "
+          "resume (LoadModel with resume, or the daemon's resume option at start) or "
+          "train "
           "without resume");
     }
     // The generator goes on from its saved state: another seed could not
@@ -164,35 +165,36 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     // own offload fields (each merges them over its own flags), published
     // by the owner thread when it starts the run, in the order it runs
     // things.
-    absl::Status posted = owner_->Post([this, op, train, offload_options, vocab_size,
-                                        resumed_tokens, in_request, resume = spec.resume,
-                                        command = ranks_->TrainCommand(
-                                            train, spec.offload, spec.resume)] {
-      absl::StatusOr<TrainingData> read =
-          in_request ? absl::StatusOr<TrainingData>(*in_request)
-                     : ReadTrainingData(train, vocab_size, resumed_tokens,
-                                        ClientDataAccess(data_roots_, options_, op));
-      if (!read.ok()) {
-        {
-          absl::MutexLock lock(&mu_);
-          training_active_ = false;
-        }
-        op->Finish(read.status());
-        return;
-      }
-      if (!command.empty()) {
-        if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
-          {
-            absl::MutexLock lock(&mu_);
-            training_active_ = false;
+    absl::Status posted =
+        owner_->Post([this, op, train, offload_options, vocab_size, resumed_tokens,
+                      in_request, resume = spec.resume,
+                      command = ranks_->TrainCommand(train, spec.offload, spec.resume)] {
+          absl::StatusOr<TrainingData> read =
+              in_request ? absl::StatusOr<TrainingData>(*in_request)
+                         : ReadTrainingData(train, vocab_size, resumed_tokens,
+                                            ClientDataAccess(data_roots_, options_, op));
+          if (!read.ok()) {
+            {
+              absl::MutexLock lock(&mu_);
+              training_active_ = false;
+            }
+            op->Finish(read.status());
+            return;
           }
-          op->Finish(s);
-          ranks_->FailRun(s);
-          return;
-        }
-      }
-      RunTraining(op, train, offload_options, *read->data, read->eval_data.get(), resume);
-    });
+          if (!command.empty()) {
+            if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
+              {
+                absl::MutexLock lock(&mu_);
+                training_active_ = false;
+              }
+              op->Finish(s);
+              ranks_->FailRun(s);
+              return;
+            }
+          }
+          RunTraining(op, train, offload_options, *read->data, read->eval_data.get(),
+                      resume);
+        });
     // Shutdown began since the check above.
     if (!posted.ok()) {
       training_active_ = false;

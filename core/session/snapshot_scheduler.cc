@@ -1,4 +1,3 @@
-#include "core/common/option_status.h"
 #include "core/session/snapshot_scheduler.h"
 
 #include <ATen/ATen.h>
@@ -9,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/common/log.h"
+#include "core/common/option_status.h"
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
@@ -24,8 +24,9 @@ namespace {
 
 // What every snapshot call says when the daemon has no snapshot root.
 absl::Status SnapshotsOff(absl::StatusCode code) {
-  return OptionError(code, "snapshot_root",
-                     "snapshots are off: the daemon has no snapshot_root; start it with one");
+  return OptionError(
+      code, "snapshot_root",
+      "snapshots are off: the daemon has no snapshot_root; start it with one");
 }
 
 }  // namespace

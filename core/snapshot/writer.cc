@@ -83,9 +83,9 @@ absl::Status PrepareRoot(const std::string& root) {
   std::error_code ec;
   if (fs::exists(root, ec)) {
     if (!fs::is_directory(root, ec)) {
-      return OptionError(absl::StatusCode::kFailedPrecondition, "snapshot_root",
-                         absl::StrCat("snapshot_root ", root,
-                                      " is not a directory; give a directory"));
+      return OptionError(
+          absl::StatusCode::kFailedPrecondition, "snapshot_root",
+          absl::StrCat("snapshot_root ", root, " is not a directory; give a directory"));
     }
     return absl::OkStatus();
   }

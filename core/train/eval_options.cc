@@ -108,7 +108,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& o, int64_t max_position_embe
 }
 
 absl::StatusOr<EvalOptions> MergeEvalSpec(const EvalSpec& request,
-                                                 int64_t max_position_embeddings) {
+                                          int64_t max_position_embeddings) {
   EvalOptions o;
   o.data = request.data;
   MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_MERGE_VALUE_FIELD)

@@ -130,7 +130,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& options,
 
 // `request` over EvalOptions' defaults, validated.
 absl::StatusOr<EvalOptions> MergeEvalSpec(const EvalSpec& request,
-                                                 int64_t max_position_embeddings);
+                                          int64_t max_position_embeddings);
 
 }  // namespace memprofd
 

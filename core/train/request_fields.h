@@ -28,29 +28,29 @@
   X(batch_size, int64_t, batch_size)  \
   X(seq_len, int64_t, seq_len)        \
   X(loss_chunk_tokens, int64_t, loss_chunk_tokens)
-#define MEMPROFD_PASS_CHOICE_FIELDS(X)                                       \
+#define MEMPROFD_PASS_CHOICE_FIELDS(X)                                      \
   X(attn_implementation, attn_implementation, ParseAttentionImplementation, \
-    AttentionImplementationName)                                             \
+    AttentionImplementationName)                                            \
   X(mixed_precision, mixed_precision, ParseMixedPrecision, MixedPrecisionName)
 
 // Plain values: TrainOverrides holds std::optional<TYPE> NAME, TrainOptions
 // TYPE MEMBER.
 //   X(NAME, TYPE, MEMBER)
-#define MEMPROFD_TRAIN_VALUE_FIELDS(X)                          \
-  MEMPROFD_PASS_VALUE_FIELDS(X)                                 \
-  X(steps, int64_t, steps)                                      \
-  X(learning_rate, double, learning_rate)                       \
-  X(seed, uint64_t, seed)                                       \
-  X(gradient_checkpointing, bool, gradient_checkpointing)       \
-  X(weight_decay, double, weight_decay)                         \
-  X(beta1, double, beta1)                                       \
-  X(beta2, double, beta2)                                       \
-  X(adam_eps, double, adam_eps)                                 \
-  X(max_grad_norm, double, max_grad_norm)                       \
-  X(grad_accumulation_steps, int64_t, grad_accumulation_steps)  \
-  X(warmup_steps, int64_t, lr_schedule.warmup_steps)            \
-  X(min_lr_ratio, double, lr_schedule.min_lr_ratio)             \
-  X(eval_every_steps, int64_t, eval_every_steps)                \
+#define MEMPROFD_TRAIN_VALUE_FIELDS(X)                         \
+  MEMPROFD_PASS_VALUE_FIELDS(X)                                \
+  X(steps, int64_t, steps)                                     \
+  X(learning_rate, double, learning_rate)                      \
+  X(seed, uint64_t, seed)                                      \
+  X(gradient_checkpointing, bool, gradient_checkpointing)      \
+  X(weight_decay, double, weight_decay)                        \
+  X(beta1, double, beta1)                                      \
+  X(beta2, double, beta2)                                      \
+  X(adam_eps, double, adam_eps)                                \
+  X(max_grad_norm, double, max_grad_norm)                      \
+  X(grad_accumulation_steps, int64_t, grad_accumulation_steps) \
+  X(warmup_steps, int64_t, lr_schedule.warmup_steps)           \
+  X(min_lr_ratio, double, lr_schedule.min_lr_ratio)            \
+  X(eval_every_steps, int64_t, eval_every_steps)               \
   X(eval_max_batches, int64_t, eval_max_batches)
 
 // Named choices: the request and the JSON carry the name (a string),
@@ -101,13 +101,11 @@ namespace memprofd {
 // The names of each request's listed fields, in order, and of those handled
 // apart (for tests and messages).
 #define MEMPROFD_FIELD_NAME_(name, ...) #name,
-inline constexpr const char* kTrainTableFieldNames[] = {
-    MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_NAME_)
-        MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
+inline constexpr const char* kTrainTableFieldNames[] = {MEMPROFD_TRAIN_VALUE_FIELDS(
+    MEMPROFD_FIELD_NAME_) MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
 inline constexpr const char* kTrainFieldsApart[] = {MEMPROFD_TRAIN_FIELDS_APART};
-inline constexpr const char* kEvalTableFieldNames[] = {
-    MEMPROFD_EVAL_VALUE_FIELDS(MEMPROFD_FIELD_NAME_)
-        MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
+inline constexpr const char* kEvalTableFieldNames[] = {MEMPROFD_EVAL_VALUE_FIELDS(
+    MEMPROFD_FIELD_NAME_) MEMPROFD_EVAL_CHOICE_FIELDS(MEMPROFD_FIELD_NAME_)};
 inline constexpr const char* kEvalFieldsApart[] = {MEMPROFD_EVAL_FIELDS_APART};
 #undef MEMPROFD_FIELD_NAME_
 

@@ -99,8 +99,8 @@ absl::StatusOr<ValidTrainOptions> ValidTrainOptions::Check(
 }
 
 absl::StatusOr<ValidTrainOptions> MergeTrainOverrides(const TrainOptions& defaults,
-                                                    const TrainOverrides& request,
-                                                    int64_t max_position_embeddings) {
+                                                      const TrainOverrides& request,
+                                                      int64_t max_position_embeddings) {
   if (!request.steps) {
     return absl::InvalidArgumentError(
         "steps: required (how many optimizer steps to run, at least 1)");

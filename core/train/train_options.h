@@ -166,8 +166,8 @@ class ValidTrainOptions {
 // INVALID_ARGUMENT when `steps` is not given. The one place a client's
 // request is checked.
 absl::StatusOr<ValidTrainOptions> MergeTrainOverrides(const TrainOptions& defaults,
-                                                    const TrainOverrides& request,
-                                                    int64_t max_position_embeddings);
+                                                      const TrainOverrides& request,
+                                                      int64_t max_position_embeddings);
 
 }  // namespace memprofd
 

@@ -269,8 +269,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
         << name << " is missing from the run's JSON";
     EXPECT_NE(got->dump(), by_default->dump())
         << name << " did not travel: it kept its default " << by_default->dump();
-    EXPECT_EQ(got->is_string() ? got->get<std::string>() : got->dump(),
-              values.at(name))
+    EXPECT_EQ(got->is_string() ? got->get<std::string>() : got->dump(), values.at(name))
         << name;
   }
   absl::StatusOr<TrainOptions> back = TrainOptionsFromJson(text);
@@ -281,9 +280,12 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
 // Likewise every field of the Evaluate table reaches the merged options.
 TEST(ConvertTest, EveryEvaluateTableFieldTravelsFromTheProtoToTheOptions) {
   const std::map<std::string, std::string> values = {
-      {"batch_size", "3"},         {"seq_len", "16"},
-      {"max_batches", "2"},        {"loss_chunk_tokens", "32"},
-      {"attn_implementation", "eager"}, {"mixed_precision", "bf16"},
+      {"batch_size", "3"},
+      {"seq_len", "16"},
+      {"max_batches", "2"},
+      {"loss_chunk_tokens", "32"},
+      {"attn_implementation", "eager"},
+      {"mixed_precision", "bf16"},
   };
   v1::EvaluateRequest req;
   SetListedFields(kEvalTableFieldNames, values, &req);

@@ -142,7 +142,8 @@ TEST(SessionTest, CreateRefusesOptionsOutOfRangeAsValidateSessionOptionsDoes) {
     options.device = "tpu";  // would be refused next, as INVALID_ARGUMENT too
     options.model = "";
     c.spoil(options);
-    absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options, testing::ProcessRuntime());
+    absl::StatusOr<std::unique_ptr<Session>> s =
+        Session::Create(options, testing::ProcessRuntime());
     EXPECT_EQ(s.status(), ValidateSessionOptions(options)) << c.field;
   }
 }
@@ -151,7 +152,8 @@ TEST(SessionTest, UnknownStartModelIsAClearError) {
   SessionOptions options;
   options.device = "cpu";
   options.model = "enormous";
-  absl::StatusOr<std::unique_ptr<Session>> s = Session::Create(options, testing::ProcessRuntime());
+  absl::StatusOr<std::unique_ptr<Session>> s =
+      Session::Create(options, testing::ProcessRuntime());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("tiny"));
 }

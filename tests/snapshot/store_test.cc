@@ -28,13 +28,14 @@ TEST(SnapshotNameTest, RejectsUnsafeNames) {
            std::string("a..b"), std::string("a\nb"), std::string("a\0b", 3),
            std::string("a\x7f"), std::string("\xff\xfe"), std::string("-rf"),
            std::string("a b"), std::string("*"), std::string("~root"),
-           std::string("a\xe2\x80\xae" "b"), std::string("\xc3\xa9t\xc3\xa9")}) {
+           std::string("a\xe2\x80\xae"
+                       "b"),
+           std::string("\xc3\xa9t\xc3\xa9")}) {
     EXPECT_EQ(ValidateSnapshotName(bad).code(), absl::StatusCode::kInvalidArgument)
         << bad;
   }
-  for (const std::string& good :
-       std::vector<std::string>{"step-100", "run_1.final", std::string(200, 'x'),
-                                "_private", "v1.2-rc3"}) {
+  for (const std::string& good : std::vector<std::string>{
+           "step-100", "run_1.final", std::string(200, 'x'), "_private", "v1.2-rc3"}) {
     EXPECT_TRUE(ValidateSnapshotName(good).ok()) << good;
   }
 }

@@ -125,7 +125,8 @@ TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences)
   request.steps = 2;
   request.batch_size = 2;
   request.seq_len = 32;
-  absl::StatusOr<ValidTrainOptions> valid = MergeTrainOverrides(TrainOptions(), request, 64);
+  absl::StatusOr<ValidTrainOptions> valid =
+      MergeTrainOverrides(TrainOptions(), request, 64);
   ASSERT_TRUE(valid.ok()) << valid.status();
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(valid->get().data, 256);
