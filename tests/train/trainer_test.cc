@@ -299,7 +299,7 @@ class LoggingStepListener : public StepListener {
     r.grad_norm = -1;  // visible to those after it, and to on_step
     return absl::OkStatus();
   }
-  void OnStepFailed(const absl::Status& status, int64_t step) override {
+  void OnStepFailed(const absl::Status& /*status*/, int64_t step) override {
     Log("failed" + std::to_string(step));
   }
   void OnStepReported(const StepReport& r) override {
