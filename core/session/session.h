@@ -247,7 +247,7 @@ class Session {
   class TrainingRun;
 
   // Owner thread only.
-  void RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
+  void RunTraining(const std::shared_ptr<Operation>& op, const ValidTrainOptions& train,
                    const offload::OffloadOptions& offload_options,
                    const TokenDataset& data, const TokenDataset* eval_data, bool resume);
   // Evaluates on `in_request` (the data the request carried, checked), or

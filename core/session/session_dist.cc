@@ -77,6 +77,9 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
         " has no model to follow rank 0's Train with: start every rank with the same "
         "model option"));
   }
+  // Rank 0 checked them; this process checks what it received, once.
+  ASSIGN_OR_RETURN(const ValidTrainOptions valid,
+                   ValidTrainOptions::Check(train, model->config.max_position_embeddings));
   // This rank reads the data itself (the same file, or the same generated
   // tokens); a rank that cannot must not leave rank 0 waiting.
   auto read = [&](const DataSpec& spec,
@@ -101,8 +104,8 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
   training_active_ = true;
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kTrain);
   absl::Status posted =
-      owner_->Post([this, op, train, offload_options, data, eval_data, resume] {
-        RunTraining(op, train, offload_options, *data, eval_data.get(), resume);
+      owner_->Post([this, op, valid, offload_options, data, eval_data, resume] {
+        RunTraining(op, valid, offload_options, *data, eval_data.get(), resume);
       });
   if (!posted.ok()) {
     // Shutdown began since the check above.

@@ -127,9 +127,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
       request.steps = rest;
     }
   }
+  // The one check of the request: what runs is this ValidTrainOptions.
   ASSIGN_OR_RETURN(
-      const TrainOptions train,
+      const ValidTrainOptions valid,
       MergeTrainOverrides(defaults, request, model->config.max_position_embeddings));
+  const TrainOptions& train = valid.get();
   ASSIGN_OR_RETURN(const offload::OffloadOptions offload_options,
                    offload::MergeOffloadOverrides(options_.offload, spec.offload));
   // Data in the request (inline tokens, the embedded corpus) is checked
@@ -166,12 +168,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     // by the owner thread when it starts the run, in the order it runs
     // things.
     absl::Status posted =
-        owner_->Post([this, op, train, offload_options, vocab_size, resumed_tokens,
+        owner_->Post([this, op, valid, offload_options, vocab_size, resumed_tokens,
                       in_request, resume = spec.resume,
                       command = ranks_->TrainCommand(train, spec.offload, spec.resume)] {
           absl::StatusOr<TrainingData> read =
               in_request ? absl::StatusOr<TrainingData>(*in_request)
-                         : ReadTrainingData(train, vocab_size, resumed_tokens,
+                         : ReadTrainingData(valid, vocab_size, resumed_tokens,
                                             ClientDataAccess(data_roots_, options_, op));
           if (!read.ok()) {
             {
@@ -192,7 +194,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
               return;
             }
           }
-          RunTraining(op, train, offload_options, *read->data, read->eval_data.get(),
+          RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
                       resume);
         });
     // Shutdown began since the check above.
@@ -312,7 +314,8 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   s.snapshots_->MaybeQueuePeriodicSnapshot(report.global_step);
 }
 
-void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptions& train,
+void Session::RunTraining(const std::shared_ptr<Operation>& op,
+                          const ValidTrainOptions& train,
                           const offload::OffloadOptions& offload_options,
                           const TokenDataset& data, const TokenDataset* eval_data,
                           bool resume) {
@@ -364,7 +367,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
   // synchronisation (whose OnStepEnd puts the global loss in the report),
   // then this operation's reporting.
   offload::OffloadStepListener offload(*offloader, model);
-  TrainingRun run(this, op, train.steps, &offload, data_parallel.get());
+  TrainingRun run(this, op, train->steps, &offload, data_parallel.get());
   StepListeners listeners = {&offload};
   if (data_parallel != nullptr) listeners.push_back(data_parallel.get());
   listeners.push_back(&run);
@@ -402,7 +405,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op, const TrainOptio
     finish(result.status());
   } else if (result->cancelled) {
     finish(absl::CancelledError(absl::StrCat("cancelled after ", result->steps_completed,
-                                             " of ", train.steps, " steps")),
+                                             " of ", train->steps, " steps")),
            *result);
   } else {
     finish(absl::OkStatus(), *result);
