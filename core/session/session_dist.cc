@@ -78,8 +78,9 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
         "model option"));
   }
   // Rank 0 checked them; this process checks what it received, once.
-  ASSIGN_OR_RETURN(const ValidTrainOptions valid,
-                   ValidTrainOptions::Check(train, model->config.max_position_embeddings));
+  ASSIGN_OR_RETURN(
+      const ValidTrainOptions valid,
+      ValidTrainOptions::Check(train, model->config.max_position_embeddings));
   // This rank reads the data itself (the same file, or the same generated
   // tokens); a rank that cannot must not leave rank 0 waiting.
   auto read = [&](const DataSpec& spec,
