@@ -39,7 +39,7 @@ absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path) {
     return absl::DataLossError(absl::StrCat("damaged optimizer index ", path.string(),
                                             ": ", why, "; take the checkpoint again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot_internal::ReadSmallFile(path.string()));
+  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string()));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");
@@ -81,7 +81,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
   }
   LoadedCheckpoint out;
   ASSIGN_OR_RETURN(out.trainer_state_json,
-                   snapshot_internal::ReadSmallFile((root / kTrainerStateFile).string()));
+                   snapshot::internal::ReadSmallFile((root / kTrainerStateFile).string()));
   if (has_single) {
     RETURN_IF_ERROR(AppendOptimizerFile(root / kOptimizerSingleFileName, &out));
     return out;

@@ -35,7 +35,7 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& pat
     return absl::DataLossError(absl::StrCat("damaged safetensors index ", path.string(),
                                             ": ", why, "; restore it or save again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot_internal::ReadSmallFile(path.string()));
+  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string()));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");
@@ -66,7 +66,7 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
   out.directory = dir;
   const fs::path root(dir);
   absl::StatusOr<std::string> config =
-      snapshot_internal::ReadSmallFile((root / kConfigFileName).string());
+      snapshot::internal::ReadSmallFile((root / kConfigFileName).string());
   if (config.ok()) {
     out.config_json = *std::move(config);
   } else if (!absl::IsNotFound(config.status())) {

@@ -73,13 +73,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
       return absl::NotFoundError(
           absl::StrCat("safetensors file ", path, " does not exist"));
     }
-    return snapshot_internal::ErrnoStatus(errno, absl::StrCat("opening ", path));
+    return snapshot::internal::ErrnoStatus(errno, absl::StrCat("opening ", path));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
-    return snapshot_internal::ErrnoStatus(err, absl::StrCat("stat of ", path));
+    return snapshot::internal::ErrnoStatus(err, absl::StrCat("stat of ", path));
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      return snapshot_internal::ErrnoStatus(err, absl::StrCat("mapping ", path));
+      return snapshot::internal::ErrnoStatus(err, absl::StrCat("mapping ", path));
     }
     mapping->data = p;
   }
@@ -143,16 +143,16 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Tensor(absl::string_view name) const
 
 absl::Status WriteSafetensorsFile(const std::string& path, const TensorList& tensors,
                                   int64_t staging_bytes) {
-  std::vector<snapshot_internal::ShardTensor> shard;
+  std::vector<snapshot::internal::ShardTensor> shard;
   bool on_device = false;
   for (const auto& [name, t] : tensors) {
-    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, t));
+    RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(name, t));
     on_device = on_device || !t.device().is_cpu();
     shard.push_back({name, t, t.scalar_type()});
   }
   ASSIGN_OR_RETURN(auto staging,
-                   snapshot_internal::StagingBuffer::Create(staging_bytes, on_device));
-  absl::StatusOr<int64_t> size = snapshot_internal::WriteShard(
+                   snapshot::internal::StagingBuffer::Create(staging_bytes, on_device));
+  absl::StatusOr<int64_t> size = snapshot::internal::WriteShard(
       path, shard, *staging, [](int64_t) { return absl::OkStatus(); });
   if (!size.ok() && size.status().code() != absl::StatusCode::kAlreadyExists) {
     ::unlink(path.c_str());

@@ -95,13 +95,13 @@ absl::StatusOr<int> CleanLeftovers(const std::string& root) {
     std::error_code rm_ec;
     fs::remove_all(it->path(), rm_ec);
     if (rm_ec) {
-      return snapshot_internal::ErrnoStatus(
+      return snapshot::internal::ErrnoStatus(
           rm_ec.value(), absl::StrCat("removing leftover ", it->path().string()));
     }
     ++removed;
   }
   if (ec) {
-    return snapshot_internal::ErrnoStatus(ec.value(),
+    return snapshot::internal::ErrnoStatus(ec.value(),
                                           absl::StrCat("listing snapshot root ", root));
   }
   return removed;
@@ -118,7 +118,7 @@ absl::StatusOr<SnapshotManifest> DescribeSnapshot(const std::string& root,
                                             "; ListSnapshots shows them"));
   }
   const std::string path = (dir / kManifestFileName).string();
-  absl::StatusOr<std::string> text = snapshot_internal::ReadSmallFile(path);
+  absl::StatusOr<std::string> text = snapshot::internal::ReadSmallFile(path);
   if (absl::IsNotFound(text.status())) {
     return absl::FailedPreconditionError(absl::StrCat(
         dir.string(), " is not a memprofd snapshot (no ", kManifestFileName, ")"));
@@ -145,7 +145,7 @@ absl::StatusOr<std::vector<SnapshotManifest>> ListSnapshots(const std::string& r
     if (m.ok()) out.push_back(*std::move(m));
   }
   if (ec) {
-    return snapshot_internal::ErrnoStatus(ec.value(),
+    return snapshot::internal::ErrnoStatus(ec.value(),
                                           absl::StrCat("listing snapshot root ", root));
   }
   std::sort(out.begin(), out.end(),
@@ -167,20 +167,20 @@ absl::Status DeleteSnapshot(const std::string& root, absl::string_view name) {
   std::string tmpl =
       (fs::path(root) / absl::StrCat(kTempPrefix, "del-", name, "-XXXXXX")).string();
   if (::mkdtemp(tmpl.data()) == nullptr) {
-    return snapshot_internal::ErrnoStatus(
+    return snapshot::internal::ErrnoStatus(
         errno, absl::StrCat("deleting snapshot ", dir.string()));
   }
   // rename() replaces the empty directory mkdtemp made.
   if (::rename(dir.c_str(), tmpl.c_str()) != 0) {
     const int err = errno;
     ::rmdir(tmpl.c_str());
-    return snapshot_internal::ErrnoStatus(
+    return snapshot::internal::ErrnoStatus(
         err, absl::StrCat("deleting snapshot ", dir.string()));
   }
-  RETURN_IF_ERROR(snapshot_internal::SyncDirectory(root));
+  RETURN_IF_ERROR(snapshot::internal::SyncDirectory(root));
   fs::remove_all(tmpl, ec);
   if (ec) {
-    return snapshot_internal::ErrnoStatus(
+    return snapshot::internal::ErrnoStatus(
         ec.value(), absl::StrCat("removing ", tmpl, " (snapshot ", name,
                                  " is gone; CleanLeftovers removes the rest)"));
   }

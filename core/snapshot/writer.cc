@@ -33,7 +33,7 @@ namespace snapshot {
 namespace {
 
 namespace fs = std::filesystem;
-using snapshot_internal::ErrnoStatus;
+using snapshot::internal::ErrnoStatus;
 
 constexpr char kTiedHead[] = "lm_head.weight";
 
@@ -154,14 +154,14 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     return absl::InvalidArgumentError(
         absl::StrCat("max_shard_size must be positive, got ", options.max_shard_size));
   }
-  if (options.staging_bytes < snapshot_internal::StagingBuffer::kMinBytes) {
+  if (options.staging_bytes < snapshot::internal::StagingBuffer::kMinBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "staging_bytes must be at least ", snapshot_internal::StagingBuffer::kMinBytes,
+        "staging_bytes must be at least ", snapshot::internal::StagingBuffer::kMinBytes,
         ", got ", options.staging_bytes));
   }
 
   // What to write: every tensor but a tied head, in state-dict order.
-  std::vector<snapshot_internal::ShardTensor> items;
+  std::vector<snapshot::internal::ShardTensor> items;
   std::set<std::string> seen;
   bool dropped_head = false;
   bool on_device = false;
@@ -174,7 +174,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
       dropped_head = true;
       continue;
     }
-    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(tensor_name, tensor));
+    RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(tensor_name, tensor));
     on_device = on_device || !tensor.device().is_cpu();
     items.push_back(
         {tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype)});
@@ -182,7 +182,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   ASSIGN_OR_RETURN(const std::string config, ConfigText(config_json, options.dtype));
 
   // A checkpoint's optimizer tensors: always in their own dtype.
-  std::vector<snapshot_internal::ShardTensor> opt_items;
+  std::vector<snapshot::internal::ShardTensor> opt_items;
   if (checkpoint != nullptr) {
     for (const auto& item : items) {
       if (item.out_dtype != item.tensor.scalar_type()) {
@@ -199,14 +199,14 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
             absl::StrCat("optimizer tensor name ", tensor_name,
                          " appears twice or is a weight's name"));
       }
-      RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(tensor_name, tensor));
+      RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(tensor_name, tensor));
       on_device = on_device || !tensor.device().is_cpu();
       opt_items.push_back({tensor_name, tensor, tensor.scalar_type()});
     }
   }
 
   std::vector<ShardEntry> entries;
-  std::map<std::string, const snapshot_internal::ShardTensor*> by_name;
+  std::map<std::string, const snapshot::internal::ShardTensor*> by_name;
   for (size_t i = 0; i < items.size(); ++i) {
     entries.push_back({items[i].name,
                        items[i].tensor.numel() *
@@ -216,7 +216,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   }
   const ShardPlan plan = PlanShards(entries, options.max_shard_size);
   std::vector<ShardEntry> opt_entries;
-  std::map<std::string, const snapshot_internal::ShardTensor*> opt_by_name;
+  std::map<std::string, const snapshot::internal::ShardTensor*> opt_by_name;
   for (size_t i = 0; i < opt_items.size(); ++i) {
     opt_entries.push_back(
         {opt_items[i].name,
@@ -261,7 +261,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   };
 
   CategoryScope category(Category::kSnapshotStaging);
-  ASSIGN_OR_RETURN(auto staging, snapshot_internal::StagingBuffer::Create(
+  ASSIGN_OR_RETURN(auto staging, snapshot::internal::StagingBuffer::Create(
                                      options.staging_bytes, on_device));
   SnapshotManifest manifest;
   manifest.name = std::string(name);
@@ -292,13 +292,13 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   RETURN_IF_ERROR(check_cancel());
   auto write_shards =
       [&](const ShardPlan& shards,
-          const std::map<std::string, const snapshot_internal::ShardTensor*>& lookup,
+          const std::map<std::string, const snapshot::internal::ShardTensor*>& lookup,
           const std::map<std::string, std::string>& metadata) -> absl::Status {
     for (const Shard& shard : shards.shards) {
-      std::vector<snapshot_internal::ShardTensor> shard_items;
+      std::vector<snapshot::internal::ShardTensor> shard_items;
       for (const std::string& n : shard.names) shard_items.push_back(*lookup.at(n));
       const std::string path = (fs::path(tmp_dir) / shard.file_name).string();
-      ASSIGN_OR_RETURN(const int64_t size, snapshot_internal::WriteShard(
+      ASSIGN_OR_RETURN(const int64_t size, snapshot::internal::WriteShard(
                                                path, shard_items, *staging,
                                                [&](int64_t bytes) {
                                                  done += bytes;
@@ -314,7 +314,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   RETURN_IF_ERROR(write_shards(plan, by_name, {}));
   auto write_small = [&](const char* file, const std::string& text) -> absl::Status {
     RETURN_IF_ERROR(
-        snapshot_internal::WriteFileSynced((fs::path(tmp_dir) / file).string(), text));
+        snapshot::internal::WriteFileSynced((fs::path(tmp_dir) / file).string(), text));
     manifest.files.push_back({file, static_cast<int64_t>(text.size())});
     return absl::OkStatus();
   };
@@ -334,13 +334,13 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   manifest.throughput_bytes_per_second =
       manifest.duration_seconds > 0 ? manifest.bytes_written / manifest.duration_seconds
                                     : 0;
-  RETURN_IF_ERROR(snapshot_internal::WriteFileSynced(
+  RETURN_IF_ERROR(snapshot::internal::WriteFileSynced(
       (fs::path(tmp_dir) / kManifestFileName).string(), ManifestToJson(manifest)));
-  RETURN_IF_ERROR(snapshot_internal::SyncDirectory(tmp_dir));
+  RETURN_IF_ERROR(snapshot::internal::SyncDirectory(tmp_dir));
   RETURN_IF_ERROR(check_cancel());
   RETURN_IF_ERROR(RenameNoReplace(tmp_dir, final_dir));
   published = true;
-  if (absl::Status synced = snapshot_internal::SyncDirectory(root_); !synced.ok()) {
+  if (absl::Status synced = snapshot::internal::SyncDirectory(root_); !synced.ok()) {
     return absl::Status(synced.code(),
                         absl::StrCat("snapshot ", final_dir,
                                      " is complete and visible but its rename may not "
@@ -359,7 +359,7 @@ absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tenso
   AsyncSnapshotSource out;
   for (const auto& [name, source] : tensors) {
     if (options.tie_word_embeddings && name == kTiedHead) continue;
-    RETURN_IF_ERROR(snapshot_internal::CheckTensorWritable(name, source));
+    RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(name, source));
     // C++17 lambdas cannot capture a structured binding (clang refuses it).
     const at::Tensor& tensor = source;
     at::Tensor copy;

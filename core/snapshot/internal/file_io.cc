@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 
 absl::Status ErrnoStatus(int err, absl::string_view what) {
   const std::string message = absl::StrCat(what, ": ", std::strerror(err));
@@ -138,5 +138,5 @@ absl::Status SyncDirectory(const std::string& path) {
   return absl::OkStatus();
 }
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd

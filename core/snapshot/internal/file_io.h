@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 
 // `what` ("writing /x/y") and strerror(err) as a status whose code fits err:
 // ENOSPC, EDQUOT, EFBIG, ENOMEM -> RESOURCE_EXHAUSTED; EACCES, EPERM ->
@@ -56,7 +56,7 @@ absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
 // fsync of a directory, so that entries created or renamed in it persist.
 absl::Status SyncDirectory(const std::string& path);
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_SNAPSHOT_INTERNAL_FILE_IO_H_

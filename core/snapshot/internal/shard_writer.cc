@@ -8,7 +8,7 @@
 #include "core/snapshot/safetensors.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 
 absl::Status CheckTensorWritable(const std::string& name, const at::Tensor& tensor) {
   if (!tensor.defined()) {
@@ -65,5 +65,5 @@ absl::StatusOr<int64_t> WriteShard(const std::string& path,
   return size;
 }
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd

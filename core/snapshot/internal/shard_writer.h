@@ -16,7 +16,7 @@
 #include "core/snapshot/internal/staging.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 
 struct ShardTensor {
   std::string name;
@@ -40,7 +40,7 @@ absl::StatusOr<int64_t> WriteShard(
     StagingBuffer& staging, absl::FunctionRef<absl::Status(int64_t)> after_chunk,
     const std::map<std::string, std::string>& metadata = {});
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_SNAPSHOT_INTERNAL_SHARD_WRITER_H_

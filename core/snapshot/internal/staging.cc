@@ -11,7 +11,7 @@
 #include "core/common/torch_boundary.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 namespace {
 
 // Calls fn on pieces of `t` that, taken in order, cover its elements in
@@ -124,5 +124,5 @@ absl::Status StagingBuffer::StreamPiece(
   return sink(base + raw_bytes, static_cast<size_t>(out_bytes));
 }
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd

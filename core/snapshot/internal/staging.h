@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 
 namespace memprofd {
-namespace snapshot_internal {
+namespace snapshot::internal {
 
 class StagingBuffer {
  public:
@@ -64,7 +64,7 @@ class StagingBuffer {
   int64_t peak_device_temp_bytes_ = 0;
 };
 
-}  // namespace snapshot_internal
+}  // namespace snapshot::internal
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_SNAPSHOT_INTERNAL_STAGING_H_
