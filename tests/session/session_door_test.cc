@@ -1,6 +1,7 @@
-// The rules of the one door (core/session/session_door.cc and the merges of
-// StartTraining), tested on the Session itself: what the server used to
-// decide is decided here, so every client sees the same answers.
+// The rules of the one door (core/session/session_operations.cc and
+// session_memory.cc, and the merges of StartTraining), tested on the Session
+// itself: they are decided there, once, so every client sees the same
+// answers.
 
 #include <memory>
 #include <optional>
