@@ -99,7 +99,7 @@ absl::Status ValidateOffloadOptions(const OffloadOptions& options,
 }
 
 absl::StatusOr<OffloadOptions> MergeOffloadOverrides(const OffloadOptions& defaults,
-                                                   const OffloadOverrides& request) {
+                                                     const OffloadOverrides& request) {
   OffloadOptions merged = defaults;
   merged.enabled = request.enabled.value_or(merged.enabled);
   merged.target = request.target.value_or(merged.target);

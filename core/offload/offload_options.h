@@ -113,7 +113,7 @@ struct OffloadOverrides {
 // `defaults` with each field `request` gives in its place; then validated
 // (ValidateOffloadOptions): INVALID_ARGUMENT names the request's field.
 absl::StatusOr<OffloadOptions> MergeOffloadOverrides(const OffloadOptions& defaults,
-                                                   const OffloadOverrides& request);
+                                                     const OffloadOverrides& request);
 
 // Why the offloader left a saved tensor where it was. The one list of
 // reasons: step reports (the proto's skipped_<name> fields) and metrics (the

@@ -80,8 +80,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
         "without resume"));
   }
   LoadedCheckpoint out;
-  ASSIGN_OR_RETURN(out.trainer_state_json,
-                   snapshot::internal::ReadSmallFile((root / kTrainerStateFile).string()));
+  ASSIGN_OR_RETURN(out.trainer_state_json, snapshot::internal::ReadSmallFile(
+                                               (root / kTrainerStateFile).string()));
   if (has_single) {
     RETURN_IF_ERROR(AppendOptimizerFile(root / kOptimizerSingleFileName, &out));
     return out;

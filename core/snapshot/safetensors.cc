@@ -83,10 +83,10 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
   }
   if (!S_ISREG(st.st_mode)) {
     ::close(fd);
-    return absl::DataLossError(absl::StrCat(
-        "safetensors file ", path, " is not a regular file (",
-        S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, device or socket",
-        "); replace it with the weights file"));
+    return absl::DataLossError(
+        absl::StrCat("safetensors file ", path, " is not a regular file (",
+                     S_ISDIR(st.st_mode) ? "a directory" : "a FIFO, device or socket",
+                     "); replace it with the weights file"));
   }
   auto mapping = std::make_shared<Mapping>();
   mapping->size = static_cast<size_t>(st.st_size);

@@ -102,7 +102,7 @@ absl::StatusOr<int> CleanLeftovers(const std::string& root) {
   }
   if (ec) {
     return snapshot::internal::ErrnoStatus(ec.value(),
-                                          absl::StrCat("listing snapshot root ", root));
+                                           absl::StrCat("listing snapshot root ", root));
   }
   return removed;
 }
@@ -146,7 +146,7 @@ absl::StatusOr<std::vector<SnapshotManifest>> ListSnapshots(const std::string& r
   }
   if (ec) {
     return snapshot::internal::ErrnoStatus(ec.value(),
-                                          absl::StrCat("listing snapshot root ", root));
+                                           absl::StrCat("listing snapshot root ", root));
   }
   std::sort(out.begin(), out.end(),
             [](const SnapshotManifest& a, const SnapshotManifest& b) {
