@@ -58,11 +58,15 @@ Json OptionsToJson(const TrainOptions& o) {
 // named by its dotted path.
 class Reader {
  public:
-  Reader(const Json& object, std::string where, absl::Status* error)
-      : object_(object), where_(std::move(where)), error_(error) {}
+  // `absent` (optional): the values of members that states written by older
+  // versions lack, read when `object` has no such member.
+  Reader(const Json& object, std::string where, absl::Status* error,
+         const Json* absent = nullptr)
+      : object_(object), absent_(absent), where_(std::move(where)), error_(error) {}
 
   const Json* Get(const char* key) {
     const Json* v = JsonFind(object_, key);
+    if (v == nullptr && absent_ != nullptr) v = JsonFind(*absent_, key);
     if (v == nullptr) Fail(key, "is missing");
     return v;
   }
@@ -144,6 +148,7 @@ class Reader {
 
  private:
   const Json& object_;
+  const Json* const absent_;
   const std::string where_;
   absl::Status* error_;
 };
@@ -188,11 +193,8 @@ DataSpec DataFromJson(const Json& v, absl::Status* error) {
 TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
   // States written before the chunked loss have no loss_chunk_tokens: their
   // runs materialized the logits, and are kept so, to resume bit for bit.
-  Json with_legacy = v;
-  if (JsonFind(v, "loss_chunk_tokens") == nullptr) {
-    with_legacy["loss_chunk_tokens"] = kLossChunkOff;
-  }
-  Reader r(with_legacy, "run.config.", error);
+  static const Json* const kAbsent = new Json{{"loss_chunk_tokens", kLossChunkOff}};
+  Reader r(v, "run.config.", error, kAbsent);
   TrainOptions o;
 #define MEMPROFD_VALUE_FROM_JSON_(name, type, member) r.Read(#name, &o.member);
   MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_VALUE_FROM_JSON_)

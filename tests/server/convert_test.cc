@@ -277,6 +277,26 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
   EXPECT_EQ(TrainOptionsToJson(*back), text);
 }
 
+// A run's JSON written before the chunked loss has no loss_chunk_tokens: it
+// reads as off (those runs materialized the logits); any other field missing
+// is an error naming it.
+TEST(ConvertTest, RunJsonWithoutLossChunkTokensReadsAsOffAndOtherFieldsAreRequired) {
+  TrainOptions options;
+  options.loss_chunk_tokens = 64;
+  absl::StatusOr<Json> json = ParseJson(TrainOptionsToJson(options));
+  ASSERT_TRUE(json.ok());
+  Json legacy = *json;
+  legacy.erase("loss_chunk_tokens");
+  absl::StatusOr<TrainOptions> read = TrainOptionsFromJson(legacy.dump());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->loss_chunk_tokens, kLossChunkOff);
+  EXPECT_EQ(TrainOptionsFromJson(json->dump())->loss_chunk_tokens, 64);
+  Json missing = *json;
+  missing.erase("seq_len");
+  EXPECT_THAT(TrainOptionsFromJson(missing.dump()).status().message(),
+              HasSubstr("run.config.seq_len is missing"));
+}
+
 // Likewise every field of the Evaluate table reaches the merged options.
 TEST(ConvertTest, EveryEvaluateTableFieldTravelsFromTheProtoToTheOptions) {
   const std::map<std::string, std::string> values = {
