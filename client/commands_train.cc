@@ -266,7 +266,14 @@ int TrainCommand(const Context& c, const Args& args) {
   if (!s.ok()) return ReportRpcError("train (step stream)", s);
   s = WaitForOperation(c, op.id(), &op);
   if (!s.ok()) return ReportRpcError("train", s);
-  if (c.json) return ExitForOperation(op);
+  // A failed run's error goes to stderr in every mode: with --json, stdout
+  // holds the step reports alone.
+  if (c.json) {
+    if (op.has_error()) {
+      std::fprintf(stderr, "memprofctl: train: %s\n", op.error().message().c_str());
+    }
+    return ExitForOperation(op);
+  }
   if (op.has_train()) {
     const auto& t = op.train();
     std::printf(

@@ -208,7 +208,7 @@ def cuda_oom(tokens_path, vocab):
     batch = max(1, int(4 * 150e9 / (args.seq_len * vocab * 2)))
     r = train_one_step(tokens_path, batch)
     check("cuda oom: a %d x %d step fails out of memory" % (batch, args.seq_len),
-          r.returncode != 0 and "out of memory" in r.stderr, "exit %d %s" % (r.returncode, r.stderr.strip()[-300:]))
+          r.returncode == 4 and "out of memory" in r.stderr, "exit %d %s" % (r.returncode, r.stderr.strip()[-300:]))
     rep = ctl("memory", "oom")[0]
     largest = rep.get("largest_allocations", [])
     cats = {c["category"]: num(c.get("bytes", 0)) for c in rep.get("categories", [])}

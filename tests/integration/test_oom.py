@@ -139,6 +139,18 @@ class OomReportTest(unittest.TestCase):
         self.assertEqual(json.loads(as_json.stdout)["global_step"], "2")
         self.assertEqual(harness.metric(d.metrics_text(), "memprofd_oom_reports_total"), 1)
 
+    def test_3_memprofctl_json_train_that_fails_says_why_on_stderr(self):
+        # With --json, stdout carries only step reports; the failed run's
+        # error must still reach the user, on stderr, with the failure's exit.
+        r = self.d.ctl("--json", "--timeout_ms=600000", "train", "--steps", "1",
+                       "--batch_size", str(BIG["batch_size"]), "--seq_len", str(BIG["seq_len"]),
+                       timeout=600)
+        self.assertEqual(r.returncode, 4, r.stderr)
+        self.assertIn("memprofctl: train:", r.stderr)
+        self.assertIn("out of memory", r.stderr)
+        for line in r.stdout.splitlines():
+            json.loads(line)  # stdout stays machine-readable
+
 
 class PeakFileTest(unittest.TestCase):
     def test_peak_file_has_the_last_step_and_survives_sigkill(self):

@@ -60,6 +60,7 @@ def check(d):
     need(isinstance(segments, list), "segments not a list")
 
     live = {}  # device -> {addr: requested size}
+    pending_live = {}  # device -> {addr} of blocks whose free waits on a stream
     seg_ranges = {}  # device -> [(start, end)]
     for i, seg in enumerate(segments):
         w = "segment %d" % i
@@ -81,6 +82,8 @@ def check(d):
             check_frames(b.get("frames"), bw)
             if b["state"] == "active_allocated":
                 live.setdefault(seg["device"], {})[addr] = b["requested_size"]
+            elif b["state"] == "active_pending_free":
+                pending_live.setdefault(seg["device"], set()).add(addr)
             addr += b["size"]
         need(addr == seg["address"] + seg["total_size"], w + ": blocks do not sum to total_size")
         seg_ranges.setdefault(seg["device"], []).append(
@@ -98,6 +101,7 @@ def check(d):
             summary["reserved_bytes"].get(str(seg["device"]), 0) + seg["total_size"])
     for dev, trace in enumerate(traces):
         open_allocs = {}
+        pending_free = {}  # addr -> event index of a free_requested not yet completed
         freed = set()
         # The segment view replays the trace backwards from the segments:
         # every block event must fall in a segment that exists at that point.
@@ -145,16 +149,28 @@ def check(d):
                     summary["first_alloc_module"] = e["frames"][0]["filename"]
                     summary["first_alloc_op"] = e["frames"][0]["name"]
             elif a == "free_requested":
-                need(k + 1 < len(trace) and trace[k + 1]["action"] == "free_completed"
-                     and trace[k + 1]["addr"] == e["addr"],
-                     w + ": free_requested not followed by its free_completed")
+                # Completed at once, or later when the block was used on
+                # another stream (record_stream): the caching allocator waits
+                # for that stream's events first. Either way before the
+                # address is allocated again.
+                need(e["addr"] not in pending_free, w + ": free_requested twice")
+                pending_free[e["addr"]] = k
             elif a == "free_completed":
+                need(pending_free.pop(e["addr"], None) is not None
+                     or e["addr"] not in open_allocs,
+                     w + ": free_completed of a block with no free_requested")
                 summary["frees"] += 1
                 if e["addr"] in open_allocs:
                     need(open_allocs.pop(e["addr"]) == e["size"], w + ": free size != alloc size")
                 else:
                     summary["unmatched_frees"] += 1
                 freed.add(e["addr"])
+        # A free still pending when the trace ends is a block the segments
+        # show as active_pending_free (its stream's work not done yet).
+        for addr, k in pending_free.items():
+            need(addr in pending_live.get(dev, set()),
+                 "device %d event %d: free_requested never completed, and the block is not "
+                 "pending free in the segments" % (dev, k))
         dev_live = live.get(dev, {})
         for addr, size in open_allocs.items():
             need(dev_live.get(addr) == size,

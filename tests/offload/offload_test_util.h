@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/offload/offloader.h"
+#include "tests/testing/cuda.h"
 
 namespace memprofd::offload::testing {
 
@@ -28,19 +29,11 @@ inline std::unique_ptr<Offloader> MakeOffloader(
   return offloader.ok() ? std::move(offloader).value() : nullptr;
 }
 
-// Whether this build has the CUDA paths and this machine a CUDA device. The
-// CUDA tests skip (and say so) otherwise; a GPU host runs them.
-inline bool HasCuda() {
-#ifdef MEMPROFD_WITH_CUDA
-  return torch::cuda::is_available();
-#else
-  return false;
-#endif
-}
-#define MEMPROFD_SKIP_WITHOUT_CUDA()                                      \
-  if (!::memprofd::offload::testing::HasCuda())                           \
-  GTEST_SKIP() << "needs a CUDA device and a build with CUDA code paths " \
-                  "(MEMPROFD_WITH_CUDA)"
+// The CUDA tests skip (and say why) without a CUDA device; a GPU host runs
+// them (testing::HasCuda also initialises CUDA for them).
+#define MEMPROFD_SKIP_WITHOUT_CUDA()         \
+  if (!::memprofd::testing::HasCuda()) \
+  GTEST_SKIP() << ::memprofd::testing::kNeedsCuda
 
 // What backward got back for each saved tensor, in unpack order.
 inline std::vector<at::Tensor>& Unpacked() {

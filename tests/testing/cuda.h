@@ -11,7 +11,8 @@ namespace memprofd {
 namespace testing {
 
 // True when this build has the CUDA code paths (MEMPROFD_WITH_CUDA) and
-// LibTorch sees a CUDA device.
+// LibTorch sees a CUDA device; CUDA is then initialised (once per process),
+// so that the test's CUDA work, backward included, runs as in the daemon.
 bool HasCuda();
 
 inline constexpr char kNeedsCuda[] =
