@@ -11,20 +11,31 @@
 namespace memprofd {
 
 DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer,
-                           std::unique_ptr<GradientSync> sync)
-    : group_(group), trainer_(trainer), sync_(std::move(sync)) {}
+                           std::unique_ptr<GradientSync> sync,
+                           std::unique_ptr<OptimizerSharding> sharding)
+    : group_(group),
+      trainer_(trainer),
+      sync_(std::move(sync)),
+      sharding_(std::move(sharding)) {}
 
 DataParallel::~DataParallel() = default;
 
-absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(ProcessGroup* group,
-                                                                   Trainer* trainer,
-                                                                   int64_t bucket_bytes) {
+absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
+    ProcessGroup* group, Trainer* trainer, const DataParallelOptions& options) {
   LlamaModel* model = trainer->model();
   RETURN_IF_ERROR(TakeRankZeroParameters(*group, model->NamedParameters()));
-  RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
-  ASSIGN_OR_RETURN(std::unique_ptr<GradientSync> sync,
-                   GradientSync::Create(group, model->Parameters(), bucket_bytes));
-  return std::unique_ptr<DataParallel>(new DataParallel(group, trainer, std::move(sync)));
+  std::unique_ptr<OptimizerSharding> sharding;
+  if (options.sharding == Sharding::kOptimizer) {
+    ASSIGN_OR_RETURN(sharding, OptimizerSharding::Create(group, model->NamedParameters(),
+                                                         trainer->NamedOptimizerState()));
+  } else {
+    RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
+  }
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<GradientSync> sync,
+      GradientSync::Create(group, model->Parameters(), options.bucket_bytes));
+  return std::unique_ptr<DataParallel>(
+      new DataParallel(group, trainer, std::move(sync), std::move(sharding)));
 }
 
 std::optional<DataShard> DataParallel::data_shard() const {
@@ -36,6 +47,14 @@ void DataParallel::BeforeBackward(bool last) {
 }
 
 absl::Status DataParallel::AfterBackward() { return sync_->Finish(); }
+
+void DataParallel::BeforeUpdate() {
+  if (sharding_ != nullptr) sharding_->DropForeignGradients();
+}
+
+absl::Status DataParallel::AfterUpdate() {
+  return sharding_ != nullptr ? sharding_->ShareUpdatedParameters() : absl::OkStatus();
+}
 
 absl::Status DataParallel::OnStepEnd(StepReport& report) {
   // float64 on the model's device (NCCL reduces device tensors only): the

@@ -10,6 +10,21 @@
 // (the same update on every rank, so the replicas stay bit-identical), and
 // the step's report gets the global batch's loss and throughput (OnStepEnd).
 //
+// Sharding (DataParallelOptions::sharding) chooses how much of the training
+// state each rank keeps: kNone replicates everything; kOptimizer (ZeRO-1)
+// keeps AdamW's state only for the parameters this rank owns
+// (optimizer_sharding.h says which), drops the other gradients once the norm
+// and clipping have read them (BeforeUpdate), updates its own parameters and
+// broadcasts them to the other ranks (AfterUpdate), so the replicas stay
+// bit-identical to an unsharded run's while the optimizer state per rank
+// falls as 1/N. With kOptimizer the trainer's optimizer state (and so a
+// checkpoint rank 0 writes) holds this rank's shard only: such a checkpoint
+// cannot resume the run yet (Trainer::Restore refuses the missing state, or,
+// when rank 0 owns nothing, starts AdamW afresh), and an unsharded run's
+// state does not go on in a sharded one (Create refuses it). The daemon's
+// `--sharding` flag is the next step; kGradients (ZeRO-2) and kFull (ZeRO-3)
+// come after (issue 28).
+//
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
 // the group must outlive this.
 
@@ -18,21 +33,36 @@
 
 #include "absl/status/statusor.h"
 #include "core/dist/gradient_sync.h"
+#include "core/dist/optimizer_sharding.h"
 #include "core/dist/process_group.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
 
+// What each rank keeps of the training state, in increasing savings (and
+// communication). The same on every rank.
+enum class Sharding {
+  kNone,       // every rank holds everything (plain data parallel)
+  kOptimizer,  // ZeRO-1: AdamW's state sharded (optimizer_sharding.h)
+};
+
+struct DataParallelOptions {
+  Sharding sharding = Sharding::kNone;
+  // The gradient all-reduce's bucket cap (GradientSync).
+  int64_t bucket_bytes = GradientSync::kDefaultBucketBytes;
+};
+
 class DataParallel : public StepListener {
  public:
-  // Makes every rank's model and optimizer state rank 0's and installs the
-  // gradient hooks on the trainer's model. The status of
-  // TakeRankZeroParameters, TakeRankZeroOptimizerState or GradientSync::Create
-  // on failure.
+  // Makes every rank's model rank 0's, and with kNone its optimizer state
+  // too (with kOptimizer each rank keeps its own shard, checked by
+  // OptimizerSharding::Create), and installs the gradient hooks on the
+  // trainer's model. The status of TakeRankZeroParameters,
+  // TakeRankZeroOptimizerState, OptimizerSharding::Create or
+  // GradientSync::Create on failure.
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
-      ProcessGroup* group, Trainer* trainer,
-      int64_t bucket_bytes = GradientSync::kDefaultBucketBytes);
+      ProcessGroup* group, Trainer* trainer, const DataParallelOptions& options = {});
   ~DataParallel() override;
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
@@ -49,6 +79,12 @@ class DataParallel : public StepListener {
   // them and averages.
   void BeforeBackward(bool last) override;
   absl::Status AfterBackward() override;
+  // kOptimizer: drops the gradients of parameters other ranks own, so that
+  // the update is this rank's share alone. kNone: nothing.
+  void BeforeUpdate() override;
+  // kOptimizer: broadcasts each parameter from its owner (a collective per
+  // parameter; its status on failure). kNone: OK at once.
+  absl::Status AfterUpdate() override;
   // Replaces the report's loss, tokens and tokens/s by the global batch's
   // (one all-reduce of three numbers): the loss is the mean over every rank's
   // tokens, as one process training the whole global batch would report it,
@@ -57,11 +93,13 @@ class DataParallel : public StepListener {
   absl::Status OnStepEnd(StepReport& report) override;
 
  private:
-  DataParallel(ProcessGroup* group, Trainer* trainer, std::unique_ptr<GradientSync> sync);
+  DataParallel(ProcessGroup* group, Trainer* trainer, std::unique_ptr<GradientSync> sync,
+               std::unique_ptr<OptimizerSharding> sharding);
 
   ProcessGroup* const group_;
   Trainer* const trainer_;
   std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<OptimizerSharding> sharding_;  // null with kNone
 };
 
 }  // namespace memprofd

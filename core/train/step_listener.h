@@ -19,7 +19,10 @@
 //     BeforeBackward(last)
 //     loss.backward()
 //     AfterBackward()                 after the last micro-batch's backward
-//   gradient norm, clipping, optimizer update
+//   gradient norm, clipping
+//   BeforeUpdate()
+//   optimizer update
+//   AfterUpdate()
 //   OnStepEnd(report)                 the step succeeded
 //   OnStepFailed(status, global_step) or: the step failed inside its boundary
 //   OnStepReported(report)            the run has counted the step
@@ -85,6 +88,18 @@ class StepListener {
   // clipping and the update; may replace the gradients (data parallel
   // averages them here). An error fails the step with that status.
   virtual absl::Status AfterBackward() { return absl::OkStatus(); }
+
+  // After the gradient norm and clipping (which read every gradient), before
+  // the optimizer update, in the optimizer phase; not called when the step's
+  // loss or norm is not finite (no update). May drop gradients (set them to
+  // none): the update skips a parameter without a gradient, its value and
+  // state kept (sharded data parallel updates only its own parameters).
+  virtual void BeforeUpdate() {}
+  // After the optimizer update, in the optimizer phase, before the gradients
+  // are cleared; may change parameters (sharded data parallel takes each
+  // from the rank that updated it). An error fails the step with that
+  // status (the update stays done).
+  virtual absl::Status AfterUpdate() { return absl::OkStatus(); }
 
   // After a successful update, before the step's EndStep; may amend the
   // report (data parallel puts the global batch's loss there). An error fails

@@ -299,7 +299,15 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         if (p.grad().defined()) p.grad().mul_(coef);
       }
     }
+    for (StepListener* l : listeners) l->BeforeUpdate();
     optimizer_->Step();
+    for (StepListener* l : listeners) {
+      absl::Status shared = l->AfterUpdate();
+      if (!shared.ok()) {
+        batch_status = shared;
+        return;
+      }
+    }
     report.optimizer_seconds = SecondsSince(t2);
   });
   if (!status.ok()) {

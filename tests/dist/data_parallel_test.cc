@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
+#include "core/dist/optimizer_sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
@@ -210,6 +212,146 @@ TEST(DataParallelTest, TwoRanksMatchOneProcessWithTheDoubleBatch) {
 
 TEST(DataParallelTest, TwoRanksMatchWithAccumulationAndCheckpointing) {
   ExpectTwoRanksMatchOneProcess("--grad_accumulation_steps=2 --gradient_checkpointing");
+}
+
+TEST(DataParallelTest, BalancedOwnersAreContiguousRunsWithinAShareAndAParameter) {
+  // The small Llama's trainable parameters in model order: the (tied)
+  // embedding, two layers of nine, the final norm.
+  std::vector<int64_t> numels = {256 * 32};
+  for (int layer = 0; layer < 2; ++layer) {
+    for (int64_t n : {32, 1024, 512, 512, 1024, 32, 2048, 2048, 2048})
+      numels.push_back(n);
+  }
+  numels.push_back(32);
+  int64_t total = 0, largest = 0;
+  for (int64_t n : numels) {
+    total += n;
+    largest = std::max(largest, n);
+  }
+  for (int ranks : {1, 2, 3, 4, 7}) {
+    SCOPED_TRACE(absl::StrCat(ranks, " ranks"));
+    const std::vector<int> owners = BalancedOwners(numels, ranks);
+    ASSERT_EQ(owners.size(), numels.size());
+    std::vector<int64_t> load(ranks);
+    for (size_t k = 0; k < owners.size(); ++k) {
+      ASSERT_GE(owners[k], 0);
+      ASSERT_LT(owners[k], ranks);
+      if (k > 0) {
+        EXPECT_GE(owners[k], owners[k - 1]) << "parameter " << k;
+      }
+      load[owners[k]] += numels[k];
+    }
+    for (int r = 0; r < ranks; ++r) EXPECT_LE(load[r], total / ranks + largest) << r;
+  }
+  EXPECT_EQ(BalancedOwners({1, 1, 1, 1}, 2), (std::vector<int>{0, 0, 1, 1}));
+  // One parameter larger than a share: a rank may own nothing.
+  EXPECT_EQ(BalancedOwners({1, 100, 1}, 4), (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(BalancedOwners({}, 2), std::vector<int>{});
+}
+
+// The "optimizer_state_bytes B largest_parameter_numel N" line of a worker.
+std::pair<int64_t, int64_t> StateBytes(const std::string& output) {
+  const size_t at = output.find("optimizer_state_bytes ");
+  long long bytes = -1, largest = -1;
+  if (at != std::string::npos) {
+    std::sscanf(output.c_str() + at,
+                "optimizer_state_bytes %lld largest_parameter_numel %lld", &bytes,
+                &largest);
+  }
+  return {bytes, largest};
+}
+
+// 2 ranks with optimizer sharding (`sharded`) against 2 unsharded ranks
+// (`unsharded`) on the same data, seed and steps:
+// - the per-step global losses are equal (checked within 1e-6 relative;
+//   they come out equal bit for bit);
+// - the parameters are bit-identical (tolerance 0): the sharded ranks
+//   average the same gradients, clip by the same global norm and run the
+//   same fused AdamW kernel on each parameter (its arithmetic is elementwise,
+//   so which other tensors share the call does not matter), the owner alone,
+//   and a broadcast copies its bits exactly;
+// - each sharded rank's optimizer state is at most half an unsharded rank's
+//   plus the largest parameter's (two float32 moments and a step), and the
+//   two shards together are exactly the unsharded state.
+void ExpectShardedMatchesUnsharded(const std::string& unsharded,
+                                   const std::string& sharded) {
+  testing::TempDir plain_dir, sharded_dir;
+  std::vector<RankRun> plain = RunRanks(plain_dir.path(), 2, unsharded);
+  std::vector<RankRun> ranks = RunRanks(sharded_dir.path(), 2, sharded);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(plain[r].exit_code, 0) << "unsharded rank " << r << ":\n"
+                                     << plain[r].output;
+    ASSERT_EQ(ranks[r].exit_code, 0) << "sharded rank " << r << ":\n" << ranks[r].output;
+    EXPECT_THAT(ranks[r].output, HasSubstr("drift 0\n"));
+  }
+  const auto plain_losses = StepLosses(plain[0].output);
+  ASSERT_EQ(plain_losses.size(), 3u);
+  double loss_gap = 0;
+  for (int r = 0; r < 2; ++r) {
+    const auto losses = StepLosses(ranks[r].output);
+    ASSERT_EQ(losses.size(), plain_losses.size()) << ranks[r].output;
+    for (const auto& [step, loss] : plain_losses) {
+      const double sharded_loss = losses.at(step).first;
+      EXPECT_NEAR(sharded_loss, loss.first, 1e-6 * loss.first) << "step " << step;
+      loss_gap = std::max(loss_gap, std::fabs(sharded_loss - loss.first) / loss.first);
+    }
+  }
+  const std::vector<float> p = Floats(plain_dir.path() + "/params0.bin");
+  const std::vector<float> s0 = Floats(sharded_dir.path() + "/params0.bin");
+  ASSERT_FALSE(p.empty());
+  ASSERT_EQ(s0.size(), p.size());
+  EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
+            ReadFile(sharded_dir.path() + "/params1.bin"));
+  EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
+            ReadFile(plain_dir.path() + "/params0.bin"))
+      << "max |sharded - unsharded| = " << MaxAbsDiff(s0, p);
+
+  const auto [full, largest] = StateBytes(plain[0].output);
+  const auto [shard0, largest0] = StateBytes(ranks[0].output);
+  const auto [shard1, largest1] = StateBytes(ranks[1].output);
+  ASSERT_GT(full, 0) << plain[0].output;
+  EXPECT_EQ(StateBytes(plain[1].output).first, full);
+  const int64_t largest_state = 2 * largest * static_cast<int64_t>(sizeof(float)) + 4;
+  const int64_t bound = full / 2 + largest_state;
+  std::cout << "optimizer state bytes per rank: unsharded " << full << ", " << full
+            << "; sharded " << shard0 << ", " << shard1 << " (bound " << bound
+            << " = half + the largest parameter's " << largest_state
+            << "); per-step losses: max |sharded - unsharded| / loss = " << loss_gap
+            << "; parameters: max |sharded - unsharded| = " << MaxAbsDiff(s0, p)
+            << std::endl;
+  EXPECT_GT(shard0, 0);
+  EXPECT_GT(shard1, 0);
+  EXPECT_LE(shard0, bound);
+  EXPECT_LE(shard1, bound);
+  EXPECT_EQ(shard0 + shard1, full);
+}
+
+TEST(DataParallelTest, OptimizerShardingMatchesUnshardedWithHalfTheState) {
+  ExpectShardedMatchesUnsharded("--steps=3 --bucket_bytes=16384",
+                                "--steps=3 --bucket_bytes=16384 --sharding=optimizer");
+}
+
+// With clipping (by the global norm, which must see every gradient before
+// the foreign ones are dropped), weight decay (both parameter groups), and
+// the last step in a second run with a new DataParallel, as the daemon's
+// next Train makes: each rank must go on with its own shard of the state.
+TEST(DataParallelTest, OptimizerShardingClipsByTheGlobalNormAndGoesOnInANewRun) {
+  const std::string options = "--max_grad_norm=0.05 --weight_decay=0.1 ";
+  ExpectShardedMatchesUnsharded(
+      options + "--steps=3",
+      options + "--steps=2 --continue_steps=1 --sharding=optimizer");
+}
+
+TEST(DataParallelTest, OptimizerShardingRefusesAnUnshardedRunsState) {
+  testing::TempDir dir;
+  std::vector<RankRun> ranks = RunRanks(
+      dir.path(), 2, "--steps=1 --continue_steps=1 --continue_sharding=optimizer");
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(ranks[r].exit_code, 2) << ranks[r].output;
+    EXPECT_THAT(ranks[r].output,
+                HasSubstr("FAILED FAILED_PRECONDITION: rank 0 holds AdamW state for"));
+    EXPECT_THAT(ranks[r].output, HasSubstr("start the sharded run without resume"));
+  }
 }
 
 TEST(DataParallelTest, RanksStartFromRankZerosParameters) {

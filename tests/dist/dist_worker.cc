@@ -4,14 +4,19 @@
 //                           the values and prints "collectives ok".
 //   --scenario=train        trains the small test Llama for --steps steps with
 //                           GradientSync (when WORLD_SIZE > 1), prints
-//                           "step N loss L" per step and the sync's figures,
-//                           and writes the final parameters, float32 in
-//                           state-dict order, to --out.
+//                           "step N loss L" per step, the sync's figures and
+//                           the bytes of optimizer state this rank holds
+//                           ("optimizer_state_bytes B"), and writes the final
+//                           parameters, float32 in state-dict order, to
+//                           --out. --sharding=optimizer shards AdamW's state;
+//                           --continue_steps=N then trains N more steps with
+//                           a new DataParallel, as the daemon's next Train.
 // Exit status: 0 done; 2 a step or collective failed (its status printed);
 // 3 the rank killed itself on purpose (--die_at_step).
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -30,6 +35,7 @@
 #include "core/dist/process_group.h"
 #include "core/dist/world.h"
 #include "core/model/llama.h"
+#include "core/train/data.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 #include "tests/testing/llama.h"
@@ -41,6 +47,13 @@ ABSL_FLAG(int64_t, grad_accumulation_steps, 1, "micro-batches per step");
 ABSL_FLAG(bool, gradient_checkpointing, false, "recompute layers in backward");
 ABSL_FLAG(int64_t, bucket_bytes, memprofd::GradientSync::kDefaultBucketBytes,
           "gradient bucket cap");
+ABSL_FLAG(std::string, sharding, "none", "none or optimizer");
+ABSL_FLAG(int64_t, continue_steps, 0,
+          "then this many more steps in a second run with a new DataParallel");
+ABSL_FLAG(std::string, continue_sharding, "",
+          "the second run's sharding (empty: --sharding's)");
+ABSL_FLAG(double, max_grad_norm, 0, "gradient clipping (0: none)");
+ABSL_FLAG(double, weight_decay, 0, "AdamW's weight decay");
 ABSL_FLAG(int64_t, hidden_size, 0, "override the model's hidden size (a mismatch test)");
 ABSL_FLAG(int64_t, die_at_step, 0, "this rank exits at the start of step N (0: never)");
 ABSL_FLAG(int, die_rank, -1, "the rank --die_at_step applies to");
@@ -158,16 +171,30 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     LlamaModel* const model_;
     bool first_step_ = true;
   } worker(world.rank, model->get());
+  // One DataParallel per run, as the daemon makes one per Train.
   std::unique_ptr<DataParallel> data_parallel;
   StepListeners listeners;
-  if (group != nullptr) {
-    absl::StatusOr<std::unique_ptr<DataParallel>> created =
-        DataParallel::Create(group, &trainer, absl::GetFlag(FLAGS_bucket_bytes));
-    if (!created.ok()) return Fail(created.status());
-    data_parallel = std::move(*created);
-    listeners.push_back(data_parallel.get());
-  }
-  listeners.push_back(&worker);
+  auto join_run = [&](const std::string& sharding) -> absl::Status {
+    data_parallel.reset();
+    listeners.clear();
+    DataParallelOptions dp_options;
+    dp_options.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
+    if (sharding == "optimizer") {
+      dp_options.sharding = Sharding::kOptimizer;
+    } else if (sharding != "none") {
+      return absl::InvalidArgumentError("--sharding is none or optimizer");
+    }
+    if (group != nullptr) {
+      absl::StatusOr<std::unique_ptr<DataParallel>> created =
+          DataParallel::Create(group, &trainer, dp_options);
+      if (!created.ok()) return created.status();
+      data_parallel = std::move(*created);
+      listeners.push_back(data_parallel.get());
+    }
+    listeners.push_back(&worker);
+    return absl::OkStatus();
+  };
+  if (absl::Status s = join_run(absl::GetFlag(FLAGS_sharding)); !s.ok()) return Fail(s);
 
   TrainOptions options;
   options.steps = absl::GetFlag(FLAGS_steps);
@@ -177,20 +204,42 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   options.seed = 11;
   options.grad_accumulation_steps = absl::GetFlag(FLAGS_grad_accumulation_steps);
   options.gradient_checkpointing = absl::GetFlag(FLAGS_gradient_checkpointing);
+  options.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+      TokenDataset::Create(options.data, config.vocab_size);
+  if (!data.ok()) return Fail(data.status());
+  auto print_step = [](const StepReport& report) {
+    std::cout << absl::StrFormat("step %d loss %.17g", report.global_step, report.loss);
+    if (report.rank_loss) {
+      std::cout << absl::StrFormat(" rank_loss %.17g", *report.rank_loss);
+    }
+    std::cout << std::endl;
+  };
   if (options.steps > 0) {
-    absl::StatusOr<TrainResult> result = trainer.Run(
-        options,
-        [&](const StepReport& report) {
-          std::cout << absl::StrFormat("step %d loss %.17g", report.global_step,
-                                       report.loss);
-          if (report.rank_loss) {
-            std::cout << absl::StrFormat(" rank_loss %.17g", *report.rank_loss);
-          }
-          std::cout << std::endl;
-        },
-        {}, listeners);
+    absl::StatusOr<TrainResult> result =
+        trainer.Run(options, **data, print_step, {}, nullptr, listeners);
     if (!result.ok()) return Fail(result.status());
   }
+  if (absl::GetFlag(FLAGS_continue_steps) > 0) {
+    const std::string sharding = absl::GetFlag(FLAGS_continue_sharding);
+    if (absl::Status s =
+            join_run(sharding.empty() ? absl::GetFlag(FLAGS_sharding) : sharding);
+        !s.ok()) {
+      return Fail(s);
+    }
+    options.steps = absl::GetFlag(FLAGS_continue_steps);
+    absl::StatusOr<TrainResult> result =
+        trainer.ContinueRun(options, **data, print_step, {}, nullptr, listeners);
+    if (!result.ok()) return Fail(result.status());
+  }
+  int64_t state_bytes = 0;
+  for (const auto& [name, t] : trainer.NamedOptimizerState()) state_bytes += t.nbytes();
+  int64_t largest = 0;
+  for (const at::Tensor& p : (*model)->Parameters())
+    largest = std::max(largest, p.numel());
+  std::cout << "optimizer_state_bytes " << state_bytes << " largest_parameter_numel "
+            << largest << std::endl;
   if (data_parallel != nullptr) {
     const GradientSyncStats& stats = data_parallel->last_step();
     std::cout << "buckets " << stats.buckets << " started_in_backward "
