@@ -36,6 +36,7 @@ class PhaseListener {
 };
 
 // The current phase and step; readable from any thread (relaxed atomics).
+// On a thread inside a PhaseDomainScope: the domain's.
 Phase CurrentPhase();
 int64_t CurrentStep();
 
@@ -47,8 +48,36 @@ void SetPhaseListener(PhaseListener* listener);
 void BeginStep(int64_t global_step);
 void EndStep(int64_t global_step);
 
+// A phase and step of their own for the threads that enter it, so that a dry
+// run (core/plan: a training step planned on the meta device) can mark its
+// steps and phases beside a real training whose markers stay process-wide.
+// While a PhaseDomainScope is alive on a thread, that thread's CurrentPhase,
+// CurrentStep, BeginStep, EndStep and PhaseScope read and tell the domain
+// and its listener, never the process's (and other threads never see the
+// domain's). Not thread-safe: one thread uses a domain at a time.
+struct PhaseDomain {
+  // Told of the domain's boundaries and phases (null: nobody); not owned,
+  // must outlive the domain's use.
+  PhaseListener* listener = nullptr;
+  Phase phase = Phase::kIdle;
+  int64_t step = 0;
+};
+
+// Enters `domain` on this thread for its lifetime (nests; restores the
+// previous one after). Create and destroy on one thread.
+class PhaseDomainScope {
+ public:
+  explicit PhaseDomainScope(PhaseDomain* domain);
+  ~PhaseDomainScope();
+  PhaseDomainScope(const PhaseDomainScope&) = delete;
+  PhaseDomainScope& operator=(const PhaseDomainScope&) = delete;
+
+ private:
+  PhaseDomain* const previous_;
+};
+
 // Enters `phase` for its lifetime and restores the previous phase after.
-// Owner thread only.
+// Owner thread only (or a thread inside a PhaseDomainScope).
 class PhaseScope {
  public:
   explicit PhaseScope(Phase phase);

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/memory/cpu_allocator.h"
+#include "core/memory/meta_accounting.h"
 #ifdef MEMPROFD_WITH_CUDA
 #include "core/memory/cuda_stats.h"
 #endif
@@ -22,8 +23,10 @@ const c10::DataPtr* DataPtrOf(const at::Tensor& t) {
 }
 
 // The block's attribution from whichever allocator made it: the counting
-// CPU allocator's header, or the CUDA caching allocator's tracked blocks.
+// CPU allocator's header, the CUDA caching allocator's tracked blocks, or a
+// dry run's meta block (meta_accounting.h).
 std::optional<Attribution> BlockAttribution(const c10::DataPtr& p) {
+  if (p.device().is_meta()) return MetaBlockAttribution(p);
 #ifdef MEMPROFD_WITH_CUDA
   if (p.device().is_cuda()) {
     return CudaBlockAttribution(p.device().index(), reinterpret_cast<uint64_t>(p.get()));
@@ -33,6 +36,7 @@ std::optional<Attribution> BlockAttribution(const c10::DataPtr& p) {
 }
 
 bool RetagBlock(const c10::DataPtr& p, ModuleId module, Category category) {
+  if (p.device().is_meta()) return RetagMetaBlock(p, module, category);
 #ifdef MEMPROFD_WITH_CUDA
   if (p.device().is_cuda()) {
     return RetagCudaBlock(p.device().index(), reinterpret_cast<uint64_t>(p.get()), module,

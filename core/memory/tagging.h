@@ -6,7 +6,8 @@
 // hook sees every one), a gradient that AccumulateGrad adopts, parameters
 // created before they had a name. O(1) per call; no effect (false) on
 // storages neither the counting CPU allocator nor, once attached, the CUDA
-// accounting (cuda_stats.h) saw allocated (mmap-ed or from_blob storages,
+// accounting (cuda_stats.h) nor a dry run's meta accounting
+// (meta_accounting.h) saw allocated (mmap-ed or from_blob storages,
 // CUDA blocks from before the attach).
 
 #include <ATen/core/Tensor.h>

@@ -149,9 +149,12 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
     // which SDPA's causal flag cannot express.
     std::optional<at::Tensor> mask;
     if (windowed) mask = SlidingWindowMask(t, window, h.device());
-    at::Tensor out = at::scaled_dot_product_attention(
-        q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!windowed,
-        /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
+    at::Tensor out = q.is_meta() && meta_sdpa_kernel_ == MetaSdpaKernel::kCpuFlash
+                         ? std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+                               q, k, v, /*dropout_p=*/0.0, /*is_causal=*/!windowed, mask))
+                         : at::scaled_dot_product_attention(
+                               q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!windowed,
+                               /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
     at::Tensor merged = out.transpose(1, 2).reshape({b, t, heads * d});
     ModuleScope proj(m.o_proj);
     return torch::linear(merged, w.o_proj, w.o_bias);

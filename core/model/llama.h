@@ -170,6 +170,15 @@ class LlamaModel {
     attention_ = attention;
   }
 
+  // What SDPA runs when the model is on the meta device (a dry run,
+  // core/plan). LibTorch picks SDPA's kernel per device type and has no
+  // choice for meta, so it takes the math path there, which allocates what
+  // no CPU or GPU kernel does; a dry run planning a CPU step asks for the
+  // CPU's flash kernel (its Meta kernel is core/plan's) when the CPU would
+  // pick it for this model. No effect off the meta device.
+  enum class MetaSdpaKernel { kMath, kCpuFlash };
+  void set_meta_sdpa_kernel(MetaSdpaKernel kernel) { meta_sdpa_kernel_ = kernel; }
+
   // Rebinds `module`'s weights to the tensors of `weights` (by parameter
   // name; not copied) and records its placement:
   // - kCpu: float32 CPU tensors, trainable (made leaves that require grad);
@@ -226,6 +235,7 @@ class LlamaModel {
   const c10::Device device_;
   const std::vector<LayerParameter> layer_parameters_;
   AttentionImplementation attention_ = AttentionImplementation::kSdpa;
+  MetaSdpaKernel meta_sdpa_kernel_ = MetaSdpaKernel::kMath;
   at::Tensor embed_tokens_;  // [vocab, hidden]
   std::vector<LlamaLayerWeights> layers_;
   at::Tensor norm_;     // [hidden]

@@ -23,16 +23,17 @@ absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
           "offload: compute device is CUDA but memprofd was built without CUDA code "
           "paths; rebuild against a CUDA LibTorch");
     }
-  } else if (!compute.is_cpu()) {
+  } else if (!compute.is_cpu() && !compute.is_meta()) {
     return absl::InvalidArgumentError(absl::StrCat("offload: unsupported compute device ",
                                                    compute.str(), "; use cpu or cuda"));
   }
   RETURN_IF_ERROR(InstallOffloadEngine());
   std::unique_ptr<internal::SpillFile> spill;
-  const bool needs_spill =
-      options.enabled && (options.target == Target::kDisk ||
-                          (options.target == Target::kHost && compute.is_cuda() &&
-                           options.host_limit_bytes > 0));
+  // A dry run on the meta device (core/plan) moves nothing: no spill file.
+  const bool needs_spill = options.enabled && !compute.is_meta() &&
+                           (options.target == Target::kDisk ||
+                            (options.target == Target::kHost && compute.is_cuda() &&
+                             options.host_limit_bytes > 0));
   if (needs_spill) {
     ASSIGN_OR_RETURN(spill, internal::SpillFile::Open(options.spill_dir));
   }

@@ -44,6 +44,13 @@ class SavedTensorStore;
 // first.
 absl::Status InstallOffloadEngine();
 
+// On the meta device (a dry run, core/plan: tensors with shapes and no data)
+// the offloader decides and accounts as on a real device, but its copies are
+// counted, not made: a copy out completes at once, releasing the device
+// storage as a finished copy does, and a reload allocates the buffer without
+// reading anything; no spill file, no read-ahead (prefetch_depth is 0 there:
+// a read-ahead thread's allocations would escape the dry run's accounting).
+//
 // One offloader per training session. Thread-safety: Create, BeginStep,
 // EndStep and the destructor belong to the owner thread (the one running
 // forward); Totals and the *_held accessors may be called from any thread;

@@ -23,8 +23,13 @@ AutocastScope::~AutocastScope() {
   at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
 }
 
+bool AutocastOn(c10::DeviceType device_type) {
+  return at::autocast::is_autocast_available(device_type) &&
+         at::autocast::is_autocast_enabled(device_type);
+}
+
 MixedPrecision CurrentMixedPrecision(c10::DeviceType device_type) {
-  return at::autocast::is_autocast_enabled(device_type) &&
+  return AutocastOn(device_type) &&
                  at::autocast::get_autocast_dtype(device_type) == at::kBFloat16
              ? MixedPrecision::kBf16
              : MixedPrecision::kNo;

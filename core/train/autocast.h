@@ -36,6 +36,11 @@ class AutocastScope {
   c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
 };
 
+// Whether the thread's autocast is on for `device_type`; false for a device
+// type autocast has no dispatch key for (meta: a dry run, core/plan), where
+// asking LibTorch would throw.
+bool AutocastOn(c10::DeviceType device_type);
+
 // The thread's autocast state on `device_type`, as a MixedPrecision: kBf16
 // when autocast is on with bfloat16 (what a checkpointed layer saves to
 // replay its forward), else kNo.

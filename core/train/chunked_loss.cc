@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "core/model/llama.h"
+#include "core/train/autocast.h"
 #include "core/train/eval_options.h"
 
 namespace memprofd {
@@ -25,8 +26,7 @@ constexpr int64_t kIgnoreIndex = -100;
 // unchunked linear's), else the weight's.
 at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weight) {
   const c10::DeviceType device = hidden.device().type();
-  if (at::autocast::is_autocast_enabled(device) &&
-      at::autocast::is_autocast_eligible(hidden, device) &&
+  if (AutocastOn(device) && at::autocast::is_autocast_eligible(hidden, device) &&
       at::autocast::is_autocast_eligible(weight, device)) {
     return at::autocast::get_autocast_dtype(device);
   }

@@ -28,6 +28,13 @@
 namespace memprofd {
 namespace {
 
+// A scalar tensor's value. A dry run on the meta device (core/plan) has
+// shapes and no values: its loss and gradient norm read as 0, which keeps
+// the step on its normal path (finite, no clipping).
+double ValueOf(const at::Tensor& scalar) {
+  return scalar.is_meta() ? 0.0 : scalar.item<double>();
+}
+
 // Thrown by the backward hooks that poll the step interrupt; the autograd
 // engine hands it back to loss.backward()'s caller.
 struct StepInterrupted : std::exception {
@@ -268,7 +275,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         }
       }
       report.backward_seconds += SecondsSince(t1);
-      loss_sum += loss.item<double>();
+      loss_sum += ValueOf(loss);
     }
 
     Clock::time_point t2 = Clock::now();
@@ -277,7 +284,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     for (const at::Tensor& p : model_->Parameters()) {
       if (p.grad().defined()) norms.push_back(p.grad().norm());
     }
-    double total = norms.empty() ? 0.0 : torch::stack(norms).norm().item<double>();
+    double total = norms.empty() ? 0.0 : ValueOf(torch::stack(norms).norm());
     report.grad_norm = total;
     // A NaN or infinite loss or gradient would make every weight NaN: the
     // update is skipped, so the model stays as it was, and the run fails.

@@ -31,9 +31,8 @@ inline std::unique_ptr<Offloader> MakeOffloader(
 
 // The CUDA tests skip (and say why) without a CUDA device; a GPU host runs
 // them (testing::HasCuda also initialises CUDA for them).
-#define MEMPROFD_SKIP_WITHOUT_CUDA()         \
-  if (!::memprofd::testing::HasCuda()) \
-  GTEST_SKIP() << ::memprofd::testing::kNeedsCuda
+#define MEMPROFD_SKIP_WITHOUT_CUDA() \
+  if (!::memprofd::testing::HasCuda()) GTEST_SKIP() << ::memprofd::testing::kNeedsCuda
 
 // What backward got back for each saved tensor, in unpack order.
 inline std::vector<at::Tensor>& Unpacked() {

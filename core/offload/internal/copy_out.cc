@@ -18,6 +18,13 @@ void SavedTensorStore::StartCopy(const std::shared_ptr<StorageRecord>& record,
   // Everything that can throw (allocations, CUDA calls) runs before the
   // record counts the copy as pending, so a failed pack leaves it consistent.
   const ByteSpan span = record->segments_[index].span;
+  if (record->device_.is_meta()) {
+    // A dry run: the copy is counted and done at once; the record no longer
+    // holds the storage, as after a finished copy.
+    if (record->pending_++ == 0) AddResident(record->storage_nbytes_);
+    FinishCopy(record.get(), index, "");
+    return;
+  }
   at::Tensor source;  // kByte view of the span, for device copies
   if (!record->device_.is_cpu()) {
     source = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(record->device_));

@@ -52,8 +52,11 @@ std::optional<SkipReason> SavedTensorStore::Classify(const at::Tensor& t, bool e
   if (t.unsafeGetTensorImpl()->is_wrapped_number()) return SkipReason::kWrappedNumber;
   // Never trust data_ptr() != nullptr: the layout and flags decide whether a
   // plain strided storage can be copied and restored with set_().
+  // A meta tensor has a storage to account but no data: only a dry run's
+  // store (compute device meta) handles it.
   if (t.is_nested() || t.layout() != c10::kStrided || !t.has_storage() ||
-      t.is_quantized() || t.is_meta() || t.is_conj() || t.is_neg()) {
+      t.is_quantized() || (t.is_meta() && !compute_.is_meta()) || t.is_conj() ||
+      t.is_neg()) {
     return SkipReason::kNoStorage;
   }
   if (params_.contains(t.storage().unsafeGetStorageImpl()) ||

@@ -16,9 +16,10 @@ SavedTensorStore::SavedTensorStore(const OffloadOptions& options, c10::Device co
                                    std::unique_ptr<SpillFile> spill)
     : options_(options),
       compute_(compute),
-      prefetch_depth_(options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
-                      : compute.is_cuda()                     ? kCudaPrefetchDepth
-                                                              : 0),
+      prefetch_depth_(compute.is_meta()                         ? 0
+                      : options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
+                      : compute.is_cuda()                       ? kCudaPrefetchDepth
+                                                                : 0),
       spill_(std::move(spill)) {
   if (spill_ != nullptr) {
     writer_running_ = true;

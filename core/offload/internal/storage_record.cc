@@ -74,7 +74,9 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
   int64_t moved = 0;
   for (const Segment& s : segments) {
     at::Tensor dst = out.narrow(0, s.span.begin - start, s.span.size());
-    if (s.host.defined()) {
+    if (device_.is_meta()) {
+      // A dry run: nothing to read (meta tensors have no data).
+    } else if (s.host.defined()) {
       copies.push_back({s.host, dst});
     } else {
       at::Tensor into = device_.is_cpu() ? dst : EmptyPinned(s.span.size());
