@@ -2,7 +2,7 @@
 # Packs the GPU run kit into .gpu-kit/ (git-ignored; the device tool's `carry`
 # takes it to the GPU machine, where deploy/gpu-run.sh runs it):
 #   kit/bin/         memprofd, memprofctl, offload_test, memory_test,
-#                    snapshot_test (tests/) and offload_bench (bench/) from
+#                    snapshot_test (tests/), offload_bench and plan_bench (bench/) from
 #                    the build dir, stripped.
 #                    They were built against the venv's torch 2.11.0+cu130 (the
 #                    PyPI wheel), the build the GPU host runs, so they use the
@@ -22,7 +22,7 @@
 #
 # Usage: deploy/gpu-kit-pack.sh        (BUILD=build, PYTHON=the venv's python)
 # Needs the binaries built (cmake --build build --target memprofd memprofctl
-# offload_test memory_test snapshot_test offload_bench) and pip's network
+# offload_test memory_test snapshot_test offload_bench plan_bench) and pip's network
 # access for the one wheel (or a trl-*.whl already in .gpu-kit/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,12 +42,13 @@ echo "== binaries from $BUILD"
 # (gpu-kit-work/), and one configured before the benchmarks moved to bench/ a
 # stale tests/offload/offload_bench.
 for rel in server/memprofd client/memprofctl tests/offload/offload_test \
-           tests/memory/memory_test tests/snapshot/snapshot_test bench/offload_bench; do
+           tests/memory/memory_test tests/snapshot/snapshot_test bench/offload_bench \
+           bench/plan_bench; do
   b=$(basename "$rel")
   f=$BUILD/$rel
   if [ ! -x "$f" ]; then
     echo "gpu-kit-pack: no $b under $BUILD; build it first:" >&2
-    echo "  cmake --build $BUILD --target memprofd memprofctl offload_test memory_test snapshot_test offload_bench" >&2
+    echo "  cmake --build $BUILD --target memprofd memprofctl offload_test memory_test snapshot_test offload_bench plan_bench" >&2
     exit 1
   fi
   cp "$f" "$k/bin/$b"

@@ -5,6 +5,8 @@
 # that deploy/gpu-kit-pack.sh packed into .gpu-kit/ (carried with the tree):
 #   tests    offload_test, memory_test, snapshot_test: their CUDA cases on the GPU
 #   bench    offload_bench on the GPU
+#   plan     plan_bench: the memory planner's predicted peak beside the measured
+#            peak of the same steps on the GPU (tiny, small, llama-1b)
 #   daemon   the real memprofd --device=cuda:0 --model=llama-1b driven by the real
 #            memprofctl: training with checkpointing and offloading off / host /
 #            disk, a snapshot taken during training, a CUDA memory-history dump,
@@ -20,7 +22,7 @@
 # Without a CUDA device, or with GPU_KIT_DRY_RUN=1, it is a dry run on the CPU:
 # the tiny preset, --device=cpu, offloading to disk (host is a no-op on a CPU),
 # CUDA test cases skipping by themselves.
-# Knobs: GPU_KIT_PARTS (default tests,bench,daemon,hf,viz,trl; hf, viz and trl
+# Knobs: GPU_KIT_PARTS (default tests,bench,plan,daemon,hf,viz,trl; hf, viz and trl
 # need daemon), GPU_KIT_PRESET, GPU_KIT_BATCH, GPU_KIT_SEQ, GPU_KIT_STEPS,
 # GPU_KIT_BUDGET_S (default 480: parts that would start past it are not run),
 # GPU_KIT_CARRIED_GLIBC=1 (start the binaries through the kit's glibc even where
@@ -69,12 +71,14 @@ if [ "${GPU_KIT_DRY_RUN:-0}" = 1 ] || [ "$cuda_count" = 0 ]; then
   dry=1 device=cpu preset=${GPU_KIT_PRESET:-tiny} batch=${GPU_KIT_BATCH:-4} seq=${GPU_KIT_SEQ:-64}
   steps=${GPU_KIT_STEPS:-4} runs=ckpt-off,ckpt-disk,nockpt-off,nockpt-disk record_run=ckpt-disk
   bench_args=(1 2 64 cpu)
+  plan_args=(cpu tiny 0 quick)
 else
   dry=0 device=cuda:0 preset=${GPU_KIT_PRESET:-llama-1b} batch=${GPU_KIT_BATCH:-4} seq=${GPU_KIT_SEQ:-512}
   steps=${GPU_KIT_STEPS:-5} runs=ckpt-off,ckpt-host,ckpt-disk,nockpt-off,nockpt-host record_run=ckpt-host
   bench_args=(3 4 128 cuda)
+  plan_args=(cuda:0 tiny,small,llama-1b 0)
 fi
-parts=",${GPU_KIT_PARTS:-tests,bench,daemon,hf,viz,trl},"
+parts=",${GPU_KIT_PARTS:-tests,bench,plan,daemon,hf,viz,trl},"
 if [ "$dry" = 1 ] && [ "${GPU_KIT_DRY_RUN:-0}" != 1 ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu-run: nvidia-smi lists a GPU but $py's torch sees no CUDA device; not a dry run by mistake:"
   nvidia-smi -L
@@ -191,6 +195,9 @@ fi
 if [[ $parts == *,bench,* ]]; then
   # (on a loaded 2-core CPU host its two presets take minutes)
   part offload_bench "$([ "$dry" = 1 ] && echo 150 || echo 90)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/offload_bench" "${bench_args[@]}"
+fi
+if [[ $parts == *,plan,* ]]; then
+  part plan_bench "$([ "$dry" = 1 ] && echo 150 || echo 120)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_args[@]}"
 fi
 if [[ $parts == *,daemon,* ]]; then
   part daemon 300 "$py" deploy/gpu-kit/drive_daemon.py --memprofd "$work/memprofd" \

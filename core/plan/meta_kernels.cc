@@ -3,17 +3,23 @@
 // (torch/_meta_registrations.py, which a C++ process never loads;
 // `torch._C._dispatch_dump(op)` shows "Meta: registered at
 // .../_meta_registrations.py" and no C++ Meta or CompositeExplicitAutograd
-// kernel). Found by running LlamaModel's forward, cross-entropy and backward
-// (sdpa and eager attention) and at::_fused_adamw_ on meta
-// (tests/plan/meta_kernels_test.cc) until nothing threw "no fake impl or Meta
-// kernel registered":
+// kernel). Found by running memprofd's training step on meta
+// (tests/plan/planner_test.cc) until nothing threw "no fake impl or Meta
+// kernel registered", and cross-checked in Python with _meta_registrations'
+// library destroyed (a transformers Llama step on meta then fails on exactly
+// the ops below but the CPU flash attention, which meta dispatch never picks):
 // - aten::index_select: torch::embedding's lookup;
 // - aten::embedding_dense_backward: the embedding's gradient;
 // - aten::where.self_out and aten::where.self: SDPA on meta takes the math
 //   path (the Meta kernel of _fused_sdp_choice picks it, so the CPU flash
 //   kernels are never reached), whose _safe_softmax writes with where.out
 //   and whose backward calls where;
-// - aten::_fused_adamw_: FusedAdamW's step, in place.
+// - aten::_fused_adamw_: FusedAdamW's step, in place;
+// - aten::logical_not.out: the chunked loss's mask of ignored targets;
+// - aten::abs.out: Tensor::norm() (the gradient norm) through norm.Scalar;
+// - aten::_scaled_dot_product_flash_attention_for_cpu and its backward: the
+//   CPU's SDPA kernel, which a dry run planning a CPU step asks for
+//   explicitly (LlamaModel::set_meta_sdpa_kernel).
 // Each kernel only checks its arguments and allocates its outputs with the
 // CPU kernel's shapes and dtypes; none reads data (meta tensors have none).
 
@@ -75,6 +81,48 @@ at::Tensor& WhereSelfOutMeta(const at::Tensor& condition, const at::Tensor& self
   return out;
 }
 
+// Elementwise ops into `out`: out takes self's shape (its dtype is the
+// caller's, as the CPU kernels check it).
+at::Tensor& UnaryOutMeta(const at::Tensor& self, at::Tensor& out) {
+  at::native::resize_output(out, self.sizes());
+  return out;
+}
+
+// The CPU's flash attention (what SDPA runs on the CPU for every shape memprofd
+// trains; a dry run planning a CPU step calls it, LlamaModel::
+// set_meta_sdpa_kernel): the output in [B, T, H, D] memory seen as
+// [B, H, T, D], the log-sum-exp [B, T, H] in the accumulation type seen as
+// [B, H, T], and in backward zeroed gradients of the inputs' transposed
+// shapes, transposed back. Key and value may have fewer heads (GQA).
+std::tuple<at::Tensor, at::Tensor> FlashAttentionForCpuMeta(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    double /*dropout_p*/, bool /*is_causal*/,
+    const std::optional<at::Tensor>& /*attn_mask*/, std::optional<double> /*scale*/) {
+  TORCH_CHECK(
+      query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+      "_scaled_dot_product_flash_attention_for_cpu: expected 4-D query, key, value");
+  const int64_t b = query.size(0), h = query.size(1), t = query.size(2),
+                d = query.size(3);
+  const at::ScalarType accumulate =
+      at::isReducedFloatingType(query.scalar_type()) ? at::kFloat : query.scalar_type();
+  at::Tensor output = at::empty({b, t, h, d}, query.options()).transpose(1, 2);
+  at::Tensor logsumexp =
+      at::empty({b, t, h}, query.options().dtype(accumulate)).transpose(1, 2);
+  return {std::move(output), std::move(logsumexp)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForCpuBackwardMeta(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& /*out*/, const at::Tensor& /*logsumexp*/,
+    double /*dropout_p*/, bool /*is_causal*/,
+    const std::optional<at::Tensor>& /*attn_mask*/, std::optional<double> /*scale*/) {
+  if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  auto zeros_transposed = [](const at::Tensor& x) {
+    return at::empty(x.transpose(1, 2).sizes(), x.options()).transpose(1, 2);
+  };
+  return {zeros_transposed(query), zeros_transposed(key), zeros_transposed(value)};
+}
+
 void FusedAdamWMeta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                     at::TensorList state_steps, double /*lr*/, double /*beta1*/,
@@ -102,9 +150,15 @@ void FusedAdamWMeta(at::TensorList params, at::TensorList grads, at::TensorList 
 
 // The ops above, by schema name, for RegisterMetaKernels' check.
 constexpr const char* kOps[][2] = {
-    {"aten::index_select", ""},  {"aten::embedding_dense_backward", ""},
-    {"aten::where", "self"},     {"aten::where", "self_out"},
+    {"aten::index_select", ""},
+    {"aten::embedding_dense_backward", ""},
+    {"aten::where", "self"},
+    {"aten::where", "self_out"},
     {"aten::_fused_adamw_", ""},
+    {"aten::logical_not", "out"},
+    {"aten::abs", "out"},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu", ""},
+    {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", ""},
 };
 
 }  // namespace
@@ -115,6 +169,12 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("where.self", TORCH_FN(WhereSelfMeta));
   m.impl("where.self_out", TORCH_FN(WhereSelfOutMeta));
   m.impl("_fused_adamw_", TORCH_FN(FusedAdamWMeta));
+  m.impl("logical_not.out", TORCH_FN(UnaryOutMeta));
+  m.impl("abs.out", TORCH_FN(UnaryOutMeta));
+  m.impl("_scaled_dot_product_flash_attention_for_cpu",
+         TORCH_FN(FlashAttentionForCpuMeta));
+  m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",
+         TORCH_FN(FlashAttentionForCpuBackwardMeta));
 }
 
 absl::Status RegisterMetaKernels() {

@@ -1,0 +1,232 @@
+// plan_bench: the memory planner against the steps it plans.
+//
+// Accuracy: for the tiny and small presets, batch {1, 8}, sequence {128, 512},
+// gradient checkpointing off/on, attention sdpa/eager and offloading off/on
+// (to disk on the CPU, to host on a GPU), the plan's peak
+// (a dry run on the meta device) beside the measured peak of the same two
+// training steps run for real on the device (calibration.h), every cell and
+// the worst. On the CPU the allocator has no cache, so both count the same
+// bytes; what a kernel allocates inside itself and frees before returning is
+// what the plan cannot see. On CUDA, SDPA is planned as the math path (the
+// CUDA kernel choice is not modelled yet), so sdpa cells there show that gap.
+//
+// Speed: Llama-3-8B's and Llama-3-70B's shapes at 1 x 2048 planned on meta:
+// seconds and the process's RSS growth.
+//
+// Usage: plan_bench [device=cpu|cuda] [presets=tiny,small] [shapes=1] [quick]
+//   quick: batch 1 and sequence 128 only (the GPU kit's dry run).
+//   On CUDA (the GPU check) the plan targets CUDA (blocks rounded as the
+//   caching allocator rounds them) and is compared with
+//   torch.cuda.max_memory_allocated's count, read by the recorder.
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "core/memory/install.h"
+#include "core/model/config.h"
+#include "core/plan/calibration.h"
+#include "core/plan/planner.h"
+#ifdef MEMPROFD_WITH_CUDA
+#include "core/memory/cuda_stats.h"
+#endif
+
+namespace memprofd::plan {
+namespace {
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
+
+// This process's resident set (VmRSS), in bytes.
+int64_t RssBytes() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  while (status >> key) {
+    if (key == "VmRSS:") {
+      int64_t kib = 0;
+      status >> kib;
+      return kib * 1024;
+    }
+    status.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+// A Llama-3 shape: vocab 128256, 8 key-value heads, head_dim 128.
+LlamaConfig Llama3Shape(int64_t hidden, int64_t intermediate, int64_t layers,
+                        int64_t heads) {
+  LlamaConfig c;
+  c.vocab_size = 128256;
+  c.hidden_size = hidden;
+  c.intermediate_size = intermediate;
+  c.num_hidden_layers = layers;
+  c.num_attention_heads = heads;
+  c.num_key_value_heads = 8;
+  c.max_position_embeddings = 8192;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  return c;
+}
+
+// One cell of the accuracy grid.
+struct Cell {
+  std::string label;
+  PlanSpec spec;
+  bool eager = false;
+};
+
+std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
+                       c10::Device device, bool quick) {
+  const std::vector<int64_t> batches =
+      quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
+  const std::vector<int64_t> seqs =
+      quick ? std::vector<int64_t>{128} : std::vector<int64_t>{128, 512};
+  std::vector<Cell> cells;
+  for (int64_t batch : batches) {
+    for (int64_t seq : seqs) {
+      for (bool ckpt : {false, true}) {
+        for (AttentionImplementation attention :
+             {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
+          for (bool offloaded : {false, true}) {
+            Cell cell;
+            cell.spec.model = config;
+            cell.spec.train.batch_size = batch;
+            cell.spec.train.seq_len = seq;
+            cell.spec.train.gradient_checkpointing = ckpt;
+            cell.spec.train.attn_implementation = attention;
+            cell.spec.target =
+                device.is_cuda() ? PlanSpec::Target::kCuda : PlanSpec::Target::kCpu;
+            // Offloading to host on a GPU, to disk on the CPU (where host
+            // moves nothing).
+            cell.spec.offload.enabled = offloaded;
+            cell.spec.offload.target =
+                device.is_cuda() ? offload::Target::kHost : offload::Target::kDisk;
+            cell.eager = attention == AttentionImplementation::kEager;
+            char label[96];
+            std::snprintf(label, sizeof(label), "%-8s %5lld %5lld %5s %-6s %-7s",
+                          name.c_str(), static_cast<long long>(batch),
+                          static_cast<long long>(seq), ckpt ? "on" : "off",
+                          std::string(AttentionImplementationName(attention)).c_str(),
+                          !offloaded         ? "off"
+                          : device.is_cuda() ? "host"
+                                             : "disk");
+            cell.label = label;
+            cells.push_back(std::move(cell));
+          }
+        }
+      }
+    }
+  }
+  return cells;
+}
+
+int Accuracy(const std::vector<std::string>& presets, c10::Device device, bool quick) {
+  std::printf("%-8s %5s %5s %5s %-6s %-7s %14s %14s %9s %8s\n", "preset", "batch", "seq",
+              "ckpt", "attn", "offload", "planned MiB", "measured MiB", "error",
+              "plan s");
+  double worst = 0;
+  double worst_eager = 0;
+  std::string worst_cell;
+  for (const std::string& name : presets) {
+    absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(name);
+    if (!config.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n",
+                   std::string(config.status().message()).c_str());
+      return 2;
+    }
+    for (const Cell& cell : Grid(*config, name, device, quick)) {
+      absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
+      absl::StatusOr<std::vector<MeasuredStep>> measured =
+          MeasureTrainingSteps(cell.spec, device);
+      if (!plan.ok() || !measured.ok()) {
+        std::fprintf(
+            stderr, "plan_bench: %s: %s\n", cell.label.c_str(),
+            std::string((plan.ok() ? measured.status() : plan.status()).message())
+                .c_str());
+        return 1;
+      }
+      int64_t real = 0;
+      for (const MeasuredStep& s : *measured)
+        real = std::max(real, s.peak_allocated_bytes);
+      const double error = static_cast<double>(plan->peak_allocated_bytes - real) /
+                           static_cast<double>(real);
+      std::printf("%s %14.2f %14.2f %8.3f%% %8.3f\n", cell.label.c_str(),
+                  MiB(plan->peak_allocated_bytes), MiB(real), error * 100, plan->seconds);
+      std::fflush(stdout);
+      if (std::abs(error) > std::abs(worst)) {
+        worst = error;
+        worst_cell = cell.label;
+      }
+      if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
+    }
+  }
+  std::printf("worst: %+.3f%% (%s); worst with eager attention: %+.3f%%\n", worst * 100,
+              worst_cell.c_str(), worst_eager * 100);
+  return 0;
+}
+
+int Speed() {
+  struct Shape {
+    const char* name;
+    LlamaConfig config;
+  };
+  const std::vector<Shape> shapes = {
+      {"llama-3-8b", Llama3Shape(4096, 14336, 32, 32)},
+      {"llama-3-70b", Llama3Shape(8192, 28672, 80, 64)},
+  };
+  std::printf("\n%-12s %8s %12s %14s %14s %16s\n", "shape", "1 x T", "plan s", "peak GiB",
+              "state GiB", "RSS growth MiB");
+  for (const Shape& shape : shapes) {
+    PlanSpec spec;
+    spec.model = shape.config;
+    spec.train.batch_size = 1;
+    spec.train.seq_len = 2048;
+    spec.train.gradient_checkpointing = true;
+    spec.train.attn_implementation = AttentionImplementation::kEager;
+    spec.target = PlanSpec::Target::kCuda;
+    const int64_t rss_before = RssBytes();
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+    const int64_t rss_after = RssBytes();
+    if (!plan.ok()) {
+      std::fprintf(stderr, "plan_bench: %s: %s\n", shape.name,
+                   std::string(plan.status().message()).c_str());
+      return 1;
+    }
+    std::printf("%-12s %8d %12.2f %14.2f %14.2f %16.1f\n", shape.name, 2048,
+                plan->seconds,
+                static_cast<double>(plan->peak_allocated_bytes) / (1 << 30),
+                static_cast<double>(plan->model_state_bytes) / (1 << 30),
+                MiB(rss_after - rss_before));
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace memprofd::plan
+
+int main(int argc, char** argv) {
+  using namespace memprofd;
+  const std::string device_name = argc > 1 ? argv[1] : "cpu";
+  const std::vector<std::string> presets =
+      absl::StrSplit(argc > 2 ? argv[2] : "tiny,small", ',', absl::SkipEmpty());
+  const bool shapes = argc > 3 ? std::string(argv[3]) != "0" : true;
+  const bool quick = argc > 4 && std::string(argv[4]) == "quick";
+  if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
+    std::fprintf(stderr, "plan_bench: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+  const c10::Device device(device_name);
+#ifdef MEMPROFD_WITH_CUDA
+  if (device.is_cuda()) (void)memory::AttachCudaAccounting();
+#endif
+  std::printf("plan_bench on %s, LibTorch %s, %d threads\n", device.str().c_str(),
+              TORCH_VERSION, at::get_num_threads());
+  if (int rc = plan::Accuracy(presets, device, quick); rc != 0) return rc;
+  return shapes ? plan::Speed() : 0;
+}

@@ -1,0 +1,38 @@
+#ifndef MEMPROFD_CORE_PLAN_CALIBRATION_H_
+#define MEMPROFD_CORE_PLAN_CALIBRATION_H_
+
+// The measurement a plan is judged against: the same two training steps the
+// planner dry-runs (planner.h), run for real on a device, their peaks read
+// from the process's recorder. For benchmarks, tests and the GPU check; the
+// daemon's own steps are measured by its session.
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/plan/planner.h"
+
+namespace memprofd::plan {
+
+struct MeasuredStep {
+  int64_t step = 0;
+  // The most bytes the device's allocator held during the step, above what
+  // it held before the model was made (the process's own bytes, the token
+  // window).
+  int64_t peak_allocated_bytes = 0;
+};
+
+// Makes spec.model on `device` (CPU, or CUDA with the CUDA accounting
+// attached) with weights from seed 0, and runs the two steps the planner
+// plans, with the offloader's accounting as the planner has it. Needs the
+// process's memory accounting installed (memory::InstallMemoryAccounting;
+// FAILED_PRECONDITION otherwise) and no other training in the process (the
+// recorder's peaks are reset at each step). The planner's refusals apply.
+absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& spec,
+                                                               c10::Device device);
+
+}  // namespace memprofd::plan
+
+#endif  // MEMPROFD_CORE_PLAN_CALIBRATION_H_

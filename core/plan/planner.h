@@ -1,0 +1,123 @@
+#ifndef MEMPROFD_CORE_PLAN_PLANNER_H_
+#define MEMPROFD_CORE_PLAN_PLANNER_H_
+
+// Where every byte of a training step will go, before it runs: the step is
+// run for real — the same model code, module scopes, autograd, gradient
+// checkpointing, chunked loss, the activation offloader and fused AdamW —
+// on the meta device, where tensors have shapes and no data. Every storage
+// the step allocates is counted with the attribution a real step's would get
+// (meta_accounting.h), so the plan is the real step's allocator trace
+// without the arithmetic: no weights are read or allocated, and a 70B shape
+// plans on a laptop.
+//
+// Two optimizer steps run: the first creates AdamW's state, the second is a
+// step as every later one is. The plan is the step whose peak is higher.
+//
+// What a meta run cannot see, and so the plan does not count: what a kernel
+// allocates inside itself and frees before it returns (CPU flash attention's
+// per-thread buffers, BLAS workspaces), memory outside the allocator
+// (the CUDA context, cuBLAS workspaces), and a caching allocator's rounding
+// (the plan is allocated bytes, not reserved).
+//
+// Thread-safety: PlanTrainingStep may run on any thread, beside a training
+// on another: its phases and steps are its own (PhaseDomain), its meta
+// storages reach only its own ledger, never the process's recorder. Its few
+// CPU bytes (the synthetic token window) are real and counted as such.
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/common/attribution.h"
+#include "core/common/phase.h"
+#include "core/model/config.h"
+#include "core/offload/offload_options.h"
+#include "core/train/train_options.h"
+
+namespace memprofd::plan {
+
+// What to plan: a model shape and the training fields of a Train.
+struct PlanSpec {
+  LlamaConfig model;
+  // batch_size, seq_len, grad_accumulation_steps, gradient_checkpointing,
+  // attn_implementation, loss_chunk_tokens, max_grad_norm and the optimizer
+  // fields are planned; data, steps and evaluation are ignored (the plan
+  // draws from a synthetic window). mixed_precision bf16 is refused
+  // (UNIMPLEMENTED: autocast has no meta dispatch key, so a meta run would
+  // plan float32 silently).
+  TrainOptions train;
+  // The activation offloader's options (off by default). The dry run's
+  // offloader decides what it would move exactly as a real one, and its
+  // copies complete at once (offloader.h): the plan counts no copy in flight
+  // and no read-ahead. The host target moves nothing on a CPU.
+  offload::OffloadOptions offload;
+  // The device the step would run on. On CUDA each allocation counts as the
+  // caching allocator hands it out (rounded up to 512 bytes), as
+  // torch.cuda.max_memory_allocated counts it; reserved bytes (segments) are
+  // not modelled yet.
+  enum class Target { kCpu, kCuda };
+  Target target = Target::kCpu;
+  // The device's capacity in bytes, for the verdict (0: no verdict).
+  int64_t capacity_bytes = 0;
+};
+
+// "cpu", "cuda".
+absl::string_view TargetName(PlanSpec::Target target);
+// The inverse; INVALID_ARGUMENT naming the valid values otherwise.
+absl::StatusOr<PlanSpec::Target> ParseTarget(absl::string_view name);
+
+struct PhaseCategoryPeak {
+  Phase phase = Phase::kIdle;
+  Category category = Category::kUnknown;
+  int64_t bytes = 0;
+};
+
+struct NamedBytes {
+  std::string name;
+  int64_t bytes = 0;
+};
+
+struct MemoryPlan {
+  // The most bytes live at once during the planned step, and when.
+  int64_t peak_allocated_bytes = 0;
+  Phase peak_phase = Phase::kIdle;
+  int64_t peak_step = 0;  // 1 or 2: which of the two steps peaked higher
+  // The live bytes by category at that moment (index = Category); they sum
+  // to peak_allocated_bytes.
+  std::array<int64_t, kNumCategories> categories_at_peak{};
+  // Parameters + gradients + optimizer state at the peak, and the rest
+  // (saved activations and temporaries).
+  int64_t model_state_bytes = 0;
+  int64_t activation_bytes = 0;
+  // Model state after the step (parameters + optimizer state): what stays
+  // between steps.
+  int64_t resident_between_steps_bytes = 0;
+  // Each category's own high-water mark in each phase of the peak step (the
+  // marks need not coincide in time). Non-zero entries only.
+  std::vector<PhaseCategoryPeak> phase_category_peaks;
+  // The largest holders at the peak, largest first (at most 10 each).
+  std::vector<NamedBytes> top_modules_at_peak;
+  std::vector<NamedBytes> top_ops_at_peak;
+  // The verdict, when capacity_bytes was given.
+  int64_t capacity_bytes = 0;
+  bool fits = true;
+  int64_t headroom_bytes = 0;  // capacity - peak (negative: short by that much)
+  // Storages the dry run allocated, and its wall time.
+  int64_t allocations = 0;
+  double seconds = 0;
+};
+
+// Plans one training step of spec.model with spec.train. INVALID_ARGUMENT
+// for training fields a Train would refuse (ValidTrainOptions::Check) or a
+// model config LlamaModel::Create refuses, or offload options
+// ValidateOffloadOptions refuses; UNIMPLEMENTED for bf16 (above); INTERNAL naming the op
+// when a kernel has no Meta implementation (the planner's meta_kernels.cc lacks one for
+// this LibTorch).
+absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec);
+
+}  // namespace memprofd::plan
+
+#endif  // MEMPROFD_CORE_PLAN_PLANNER_H_

@@ -1,0 +1,99 @@
+#include "core/plan/step_runner.h"
+
+#include <ATen/core/Generator.h>
+
+#include <algorithm>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
+#include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/offload/step_listener.h"
+#include "core/train/data.h"
+#include "core/train/memory_tags.h"
+#include "core/train/trainer.h"
+
+namespace memprofd::plan::internal {
+namespace {
+
+// spec.train over one synthetic window of seq_len + 1 tokens (token 0), for
+// kPlannedSteps steps, without evaluation.
+TrainOptions PlannedOptions(const PlanSpec& spec) {
+  TrainOptions options = spec.train;
+  options.steps = kPlannedSteps;
+  options.data = DataSpec();
+  options.data.kind = DataSpec::Kind::kInlineTokens;
+  options.data.tokens.assign(
+      static_cast<size_t>(std::max<int64_t>(options.seq_len, 0) + 1), 0);
+  options.eval_every_steps = 0;
+  options.eval_data.reset();
+  return options;
+}
+
+// The offloader's options for the planned device: on a CPU the host target
+// is where the activations already are (nothing moves), which a meta run
+// cannot tell by itself.
+offload::OffloadOptions OffloadOptionsFor(const PlanSpec& spec) {
+  offload::OffloadOptions options = spec.offload;
+  if (spec.target == PlanSpec::Target::kCpu && options.target == offload::Target::kHost) {
+    options.enabled = false;
+  }
+  return options;
+}
+
+}  // namespace
+
+absl::Status CheckPlannable(const PlanSpec& spec) {
+  if (spec.train.mixed_precision != MixedPrecision::kNo) {
+    return absl::UnimplementedError(
+        "plan: mixed_precision bf16 cannot be planned yet (autocast has no dispatch key "
+        "on the meta device, so the dry run would plan float32); plan with "
+        "mixed_precision no");
+  }
+  RETURN_IF_ERROR(offload::ValidateOffloadOptions(spec.offload));
+  if (spec.capacity_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "plan: capacity_bytes must be >= 0 (0: no verdict)");
+  }
+  return ValidTrainOptions::Check(PlannedOptions(spec),
+                                  spec.model.max_position_embeddings)
+      .status();
+}
+
+absl::Status RunPlannedSteps(const PlanSpec& spec, c10::Device device,
+                             const std::function<void(LlamaModel&)>& prepare_model,
+                             const std::function<void(int64_t)>& before_step,
+                             const std::function<void(int64_t)>& after_step) {
+  RETURN_IF_ERROR(CheckPlannable(spec));
+  const TrainOptions options = PlannedOptions(spec);
+  ASSIGN_OR_RETURN(const ValidTrainOptions valid,
+                   ValidTrainOptions::Check(options, spec.model.max_position_embeddings));
+  ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
+                   TokenDataset::Create(options.data, spec.model.vocab_size));
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                   LlamaModel::Create(spec.model, /*seed=*/0, device));
+  TagModelMemory(*model);
+  if (prepare_model) prepare_model(*model);
+  Trainer trainer(model.get());
+  ASSIGN_OR_RETURN(std::unique_ptr<offload::Offloader> offloader,
+                   offload::Offloader::Create(OffloadOptionsFor(spec), device));
+  offload::OffloadStepListener listener(offloader.get(), model.get());
+  at::Generator generator = MakeDataGenerator(options.seed);
+  for (int64_t step = 1; step <= kPlannedSteps; ++step) {
+    if (before_step) before_step(step);
+    absl::StatusOr<StepReport> report =
+        trainer.Step(valid, *data, generator, {&listener});
+    if (!report.ok()) {
+      return absl::Status(
+          report.status().code(),
+          absl::StrCat("plan: step ", step, " of the run on ", device.str(),
+                       " failed: ", report.status().message()));
+    }
+    if (after_step) after_step(step);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memprofd::plan::internal

@@ -1,0 +1,40 @@
+#ifndef MEMPROFD_CORE_PLAN_STEP_RUNNER_H_
+#define MEMPROFD_CORE_PLAN_STEP_RUNNER_H_
+
+// The steps a plan is made of, run on any device: the planner runs them on
+// meta, calibration (calibration.h) on a real device, so that both run the
+// very same thing.
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
+#include "core/model/llama.h"
+#include "core/plan/planner.h"
+
+namespace memprofd::plan::internal {
+
+// The two optimizer steps every plan is made of.
+inline constexpr int kPlannedSteps = 2;
+
+// OK when `spec` can be planned; UNIMPLEMENTED / INVALID_ARGUMENT as
+// PlanTrainingStep documents.
+absl::Status CheckPlannable(const PlanSpec& spec);
+
+// Makes spec.model on `device` (seed 0; parameters tagged as a loaded
+// model's are), a trainer and an offloader with spec.offload, and runs
+// kPlannedSteps steps of spec.train over a synthetic window of seq_len + 1
+// tokens, calling before_step(k) and after_step(k) (k = 1, 2; either may be
+// empty) around step k. Everything it made is freed before it returns. A
+// step's failure as its status, prefixed with the step.
+// `prepare_model` (may be empty) sees the model before the first step.
+absl::Status RunPlannedSteps(const PlanSpec& spec, c10::Device device,
+                             const std::function<void(LlamaModel&)>& prepare_model,
+                             const std::function<void(int64_t)>& before_step,
+                             const std::function<void(int64_t)>& after_step);
+
+}  // namespace memprofd::plan::internal
+
+#endif  // MEMPROFD_CORE_PLAN_STEP_RUNNER_H_

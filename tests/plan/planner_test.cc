@@ -1,0 +1,215 @@
+// The planner against the step it plans: the same two steps run for real on
+// the CPU (calibration.h), where LibTorch's allocator has no cache, so plan
+// and measurement count the same bytes; and the planner's own guarantees
+// (attribution, refusals, a plan beside a training's phases). Small shapes:
+// plan_bench prints the full grid.
+
+#include "core/plan/planner.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <set>
+#include <string>
+
+#include "core/common/phase.h"
+#include "core/memory/install.h"
+#include "core/memory/recorder.h"
+#include "core/model/config.h"
+#include "core/plan/calibration.h"
+#include "tests/testing/llama.h"
+
+namespace memprofd::plan {
+namespace {
+
+class PlannerTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(memory::InstallMemoryAccounting().ok()); }
+};
+
+PlanSpec Spec(const LlamaConfig& config, int64_t batch, int64_t seq, bool checkpointing,
+              AttentionImplementation attention) {
+  PlanSpec spec;
+  spec.model = config;
+  spec.train.batch_size = batch;
+  spec.train.seq_len = seq;
+  spec.train.gradient_checkpointing = checkpointing;
+  spec.train.attn_implementation = attention;
+  return spec;
+}
+
+// The plan's peak against the measured peak of the same two steps on the
+// CPU: within `tolerance` (relative) for the higher step.
+void ExpectPlanMatchesCpu(const PlanSpec& spec, double tolerance) {
+  absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<std::vector<MeasuredStep>> measured =
+      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  ASSERT_EQ(measured->size(), 2u);
+  int64_t real = 0;
+  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  const double error =
+      static_cast<double>(plan->peak_allocated_bytes - real) / static_cast<double>(real);
+  std::cout << "B=" << spec.train.batch_size << " T=" << spec.train.seq_len
+            << " ckpt=" << spec.train.gradient_checkpointing << " attention="
+            << AttentionImplementationName(spec.train.attn_implementation) << ": planned "
+            << plan->peak_allocated_bytes << " B (step " << plan->peak_step << ", "
+            << PhaseName(plan->peak_phase) << "), measured " << real << " B, error "
+            << error * 100 << "%, planned in " << plan->seconds << " s\n";
+  EXPECT_LE(std::abs(error), tolerance);
+}
+
+TEST_F(PlannerTest, EagerPlanMatchesTheCpuStep) {
+  ExpectPlanMatchesCpu(
+      Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kEager),
+      0.01);
+}
+
+TEST_F(PlannerTest, CheckpointedPlanMatchesTheCpuStep) {
+  ExpectPlanMatchesCpu(
+      Spec(testing::PresetConfig("tiny"), 2, 64, true, AttentionImplementation::kEager),
+      0.01);
+}
+
+TEST_F(PlannerTest, SdpaPlanMatchesTheCpuStepsFlashKernel) {
+  ExpectPlanMatchesCpu(
+      Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kSdpa),
+      0.01);
+}
+
+PlanSpec DiskOffloaded(PlanSpec spec) {
+  spec.offload.enabled = true;
+  spec.offload.target = offload::Target::kDisk;
+  spec.offload.spill_dir = ::testing::TempDir();
+  return spec;
+}
+
+TEST_F(PlannerTest, DiskOffloadedPlanMatchesTheCpuStep) {
+  ExpectPlanMatchesCpu(DiskOffloaded(Spec(testing::PresetConfig("tiny"), 2, 64, false,
+                                          AttentionImplementation::kEager)),
+                       0.01);
+}
+
+TEST_F(PlannerTest, OffloadingLowersThePlannedPeakAndHostOnACpuMovesNothing) {
+  const PlanSpec plain =
+      Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kEager);
+  absl::StatusOr<MemoryPlan> kept = PlanTrainingStep(plain);
+  absl::StatusOr<MemoryPlan> disk = PlanTrainingStep(DiskOffloaded(plain));
+  PlanSpec host = plain;
+  host.offload.enabled = true;
+  host.offload.target = offload::Target::kHost;
+  absl::StatusOr<MemoryPlan> host_on_cpu = PlanTrainingStep(host);
+  ASSERT_TRUE(kept.ok() && disk.ok() && host_on_cpu.ok());
+  EXPECT_LT(disk->peak_allocated_bytes, kept->peak_allocated_bytes);
+  EXPECT_EQ(host_on_cpu->peak_allocated_bytes, kept->peak_allocated_bytes);
+}
+
+TEST_F(PlannerTest, PeakIsAttributedAndSumsToItsCategories) {
+  absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(
+      Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t sum = 0;
+  for (int64_t c : plan->categories_at_peak) sum += c;
+  EXPECT_EQ(sum, plan->peak_allocated_bytes);
+  EXPECT_EQ(plan->model_state_bytes + plan->activation_bytes, plan->peak_allocated_bytes);
+  const auto at = [&](Category c) {
+    return plan->categories_at_peak[static_cast<int>(c)];
+  };
+  // The small config: 2 layers of hidden 32, vocab 256 (tied): float32.
+  // Each storage once (the head is tied to the embedding).
+  int64_t parameters = 0;
+  int64_t tensors = 0;
+  {
+    std::unique_ptr<LlamaModel> model =
+        testing::MakeLlama(testing::SmallLlamaConfig(), 0);
+    std::set<const void*> seen;
+    for (const auto& [name, p] : model->NamedParameters()) {
+      if (!seen.insert(p.storage().unsafeGetStorageImpl()).second) continue;
+      parameters += p.nbytes();
+      ++tensors;
+    }
+  }
+  EXPECT_EQ(at(Category::kParameters), parameters);
+  // Between steps: the parameters, AdamW's two moments of each and its
+  // float32 step count per tensor.
+  EXPECT_EQ(plan->resident_between_steps_bytes, parameters * 3 + tensors * 4);
+  std::cout << "small at 2 x 16: peak " << plan->peak_allocated_bytes << " B in "
+            << PhaseName(plan->peak_phase) << "; largest module "
+            << plan->top_modules_at_peak[0].name << " "
+            << plan->top_modules_at_peak[0].bytes << " B\n";
+  EXPECT_GT(at(Category::kSavedActivations) + at(Category::kTemporaries), 0);
+  ASSERT_FALSE(plan->top_modules_at_peak.empty());
+  EXPECT_FALSE(plan->phase_category_peaks.empty());
+  EXPECT_EQ(plan->peak_step, 2);  // the optimizer state is there from the start
+}
+
+TEST_F(PlannerTest, VerdictAgainstACapacity) {
+  PlanSpec spec =
+      Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager);
+  spec.capacity_bytes = 1;
+  absl::StatusOr<MemoryPlan> small = PlanTrainingStep(spec);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_FALSE(small->fits);
+  EXPECT_EQ(small->headroom_bytes, 1 - small->peak_allocated_bytes);
+  spec.capacity_bytes = int64_t{1} << 40;
+  absl::StatusOr<MemoryPlan> big = PlanTrainingStep(spec);
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_TRUE(big->fits);
+  EXPECT_EQ(big->peak_allocated_bytes, small->peak_allocated_bytes);  // deterministic
+}
+
+TEST_F(PlannerTest, CudaTargetRoundsEachBlockAsTheCachingAllocator) {
+  PlanSpec spec =
+      Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager);
+  absl::StatusOr<MemoryPlan> cpu = PlanTrainingStep(spec);
+  spec.target = PlanSpec::Target::kCuda;
+  absl::StatusOr<MemoryPlan> cuda = PlanTrainingStep(spec);
+  ASSERT_TRUE(cpu.ok() && cuda.ok());
+  EXPECT_EQ(cuda->peak_allocated_bytes % 512, 0);
+  EXPECT_GT(cuda->peak_allocated_bytes, cpu->peak_allocated_bytes);
+}
+
+TEST_F(PlannerTest, RefusesWhatItCannotPlanAndBadFields) {
+  PlanSpec spec =
+      Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager);
+  spec.train.mixed_precision = MixedPrecision::kBf16;
+  EXPECT_EQ(PlanTrainingStep(spec).status().code(), absl::StatusCode::kUnimplemented);
+  spec.train.mixed_precision = MixedPrecision::kNo;
+  spec.offload.enabled = true;
+  spec.offload.min_offload_bytes = -1;
+  EXPECT_EQ(PlanTrainingStep(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.offload = offload::OffloadOptions();
+  spec.train.seq_len = 100000;  // beyond max_position_embeddings
+  EXPECT_EQ(PlanTrainingStep(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.train.seq_len = 16;
+  spec.train.batch_size = 0;
+  EXPECT_EQ(PlanTrainingStep(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseTarget("tpu").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A plan made while the process is in a training step's phase leaves that
+// phase and step alone, and its allocations never reach the process's
+// recorder.
+TEST_F(PlannerTest, PlanBesideATrainingLeavesItsPhaseAndRecorderAlone) {
+  const int64_t cpu_before =
+      memory::MemoryRecorder::Global().CurrentBytes(memory::kCpuDevice);
+  BeginStep(41);
+  {
+    PhaseScope forward(Phase::kForward);
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(
+        Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(CurrentPhase(), Phase::kForward);
+    EXPECT_EQ(CurrentStep(), 41);
+  }
+  EndStep(41);
+  // Its only CPU bytes (the token window) are gone with it.
+  EXPECT_EQ(memory::MemoryRecorder::Global().CurrentBytes(memory::kCpuDevice),
+            cpu_before);
+}
+
+}  // namespace
+}  // namespace memprofd::plan
