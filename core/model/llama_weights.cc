@@ -182,7 +182,11 @@ void LlamaModel::Initialize(uint64_t seed) {
   const LlamaConfig& c = config_;
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+  // On the meta device (a dry run, core/plan) there is nothing to draw: a
+  // 70B shape's weights are never made on the CPU.
   auto normal = [&](std::vector<int64_t> shape) {
+    if (device_.is_meta())
+      return at::empty(shape, cpu.device(device_)).requires_grad_(true);
     return at::normal(0.0, kInitStd, shape, gen, cpu).to(device_).requires_grad_(true);
   };
   auto ones = [&](int64_t n) {

@@ -190,6 +190,34 @@ TEST_F(PlannerTest, RefusesWhatItCannotPlanAndBadFields) {
   EXPECT_EQ(ParseTarget("tpu").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A shape whose weights alone would take gigabytes plans without making any
+// of them: the process's CPU peak while planning stays small.
+TEST_F(PlannerTest, ABigShapeIsPlannedWithoutMakingItsWeights) {
+  LlamaConfig big;
+  big.vocab_size = 128256;
+  big.hidden_size = 4096;
+  big.intermediate_size = 14336;
+  big.num_hidden_layers = 2;
+  big.num_attention_heads = 32;
+  big.num_key_value_heads = 8;
+  big.max_position_embeddings = 8192;
+  memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
+  const int64_t before = recorder.CurrentBytes(memory::kCpuDevice);
+  recorder.ResetPeak();
+  absl::StatusOr<MemoryPlan> plan =
+      PlanTrainingStep(Spec(big, 1, 256, true, AttentionImplementation::kSdpa));
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t cpu_growth = recorder.PeakBytes(memory::kCpuDevice) - before;
+  std::cout << "2-layer 8B-wide shape: planned peak " << plan->peak_allocated_bytes
+            << " B in " << plan->seconds << " s; CPU peak growth " << cpu_growth
+            << " B\n";
+  // The embedding alone is 2.1 GB of float32; the plan's CPU bytes are its
+  // token window, the rotary tables and the attention-choice probe.
+  EXPECT_GT(plan->categories_at_peak[static_cast<int>(Category::kParameters)],
+            int64_t{2} << 30);
+  EXPECT_LT(cpu_growth, int64_t{64} << 20);
+}
+
 // A plan made while the process is in a training step's phase leaves that
 // phase and step alone, and its allocations never reach the process's
 // recorder.
