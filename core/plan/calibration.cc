@@ -31,7 +31,7 @@ absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& s
 #endif
         recorder.ResetPeak();
       },
-      [&](int64_t step) {
+      [&](int64_t step, const offload::OffloadStats&) {
         steps.push_back({step, recorder.PeakBytes(index) - before_model});
       });
   if (!run.ok()) return run;

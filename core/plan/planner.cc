@@ -245,6 +245,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   RETURN_IF_ERROR(memory::InstallMetaAccounting());
   // The CUDA caching allocator hands out multiples of 512 bytes (its
   // kMinBlockSize); an empty request takes no block.
+  std::array<int64_t, internal::kPlannedSteps> moved{};
   auto ledger =
       std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda ? 512 : 1);
   PhaseDomain domain;
@@ -256,7 +257,10 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     RETURN_IF_ERROR(internal::RunPlannedSteps(
         spec, c10::Device(c10::DeviceType::Meta),
         [sdpa](LlamaModel& model) { model.set_meta_sdpa_kernel(sdpa); },
-        /*before_step=*/{}, /*after_step=*/{}));
+        /*before_step=*/{},
+        [&moved](int64_t step, const offload::OffloadStats& stats) {
+          moved[static_cast<size_t>(step - 1)] = stats.bytes_out;
+        }));
   }
   const std::vector<Ledger::StepPeaks> steps = ledger->steps();
   if (steps.empty()) return absl::InternalError("plan: the dry run recorded no step");
@@ -265,6 +269,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     if (s.peak >= peak->peak) peak = &s;
   }
   MemoryPlan plan = PlanOf(*peak);
+  plan.offloaded_bytes = moved[static_cast<size_t>(peak->step - 1)];
   plan.allocations = ledger->allocations();
   plan.capacity_bytes = spec.capacity_bytes;
   if (spec.capacity_bytes > 0) {

@@ -105,6 +105,9 @@ struct MemoryPlan {
   int64_t capacity_bytes = 0;
   bool fits = true;
   int64_t headroom_bytes = 0;  // capacity - peak (negative: short by that much)
+  // Bytes the offloader would move off the device in the peak step (0
+  // without offloading).
+  int64_t offloaded_bytes = 0;
   // Storages the dry run allocated, and its wall time.
   int64_t allocations = 0;
   double seconds = 0;

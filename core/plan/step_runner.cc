@@ -62,10 +62,11 @@ absl::Status CheckPlannable(const PlanSpec& spec) {
       .status();
 }
 
-absl::Status RunPlannedSteps(const PlanSpec& spec, c10::Device device,
-                             const std::function<void(LlamaModel&)>& prepare_model,
-                             const std::function<void(int64_t)>& before_step,
-                             const std::function<void(int64_t)>& after_step) {
+absl::Status RunPlannedSteps(
+    const PlanSpec& spec, c10::Device device,
+    const std::function<void(LlamaModel&)>& prepare_model,
+    const std::function<void(int64_t)>& before_step,
+    const std::function<void(int64_t, const offload::OffloadStats&)>& after_step) {
   RETURN_IF_ERROR(CheckPlannable(spec));
   const TrainOptions options = PlannedOptions(spec);
   ASSIGN_OR_RETURN(const ValidTrainOptions valid,
@@ -91,7 +92,7 @@ absl::Status RunPlannedSteps(const PlanSpec& spec, c10::Device device,
           absl::StrCat("plan: step ", step, " of the run on ", device.str(),
                        " failed: ", report.status().message()));
     }
-    if (after_step) after_step(step);
+    if (after_step) after_step(step, listener.last_step());
   }
   return absl::OkStatus();
 }

@@ -26,14 +26,15 @@ absl::Status CheckPlannable(const PlanSpec& spec);
 // Makes spec.model on `device` (seed 0; parameters tagged as a loaded
 // model's are), a trainer and an offloader with spec.offload, and runs
 // kPlannedSteps steps of spec.train over a synthetic window of seq_len + 1
-// tokens, calling before_step(k) and after_step(k) (k = 1, 2; either may be
-// empty) around step k. Everything it made is freed before it returns. A
-// step's failure as its status, prefixed with the step.
-// `prepare_model` (may be empty) sees the model before the first step.
-absl::Status RunPlannedSteps(const PlanSpec& spec, c10::Device device,
-                             const std::function<void(LlamaModel&)>& prepare_model,
-                             const std::function<void(int64_t)>& before_step,
-                             const std::function<void(int64_t)>& after_step);
+// tokens, calling before_step(k) and after_step(k, offload statistics of step
+// k) (k = 1, 2; either may be empty) around step k. Everything it made is freed before it
+// returns. A step's failure as its status, prefixed with the step. `prepare_model` (may
+// be empty) sees the model before the first step.
+absl::Status RunPlannedSteps(
+    const PlanSpec& spec, c10::Device device,
+    const std::function<void(LlamaModel&)>& prepare_model,
+    const std::function<void(int64_t)>& before_step,
+    const std::function<void(int64_t, const offload::OffloadStats&)>& after_step);
 
 }  // namespace memprofd::plan::internal
 
