@@ -49,7 +49,9 @@ struct HfDirectory {
   std::optional<snapshot::LoadedWeights> weights;  // none: config.json only
 };
 
-absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
+// The text of model directory `dir`'s config.json: NOT_FOUND when `dir` is
+// not a directory, INVALID_ARGUMENT when it has no readable config.json.
+absl::StatusOr<std::string> ReadConfigJson(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -58,7 +60,7 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
   }
   const fs::path config_path = fs::path(dir) / "config.json";
   // Opened without blocking and only as a regular file: a FIFO named
-  // config.json would otherwise hold the owner thread until a writer came.
+  // config.json would otherwise hold the reading thread until a writer came.
   absl::StatusOr<std::string> config =
       ReadSmallRegularFile(config_path.string(), kMaxConfigBytes, "config.json");
   if (!config.ok()) {
@@ -66,8 +68,12 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
         Echo(dir), " has no readable config.json (", config.status().message(),
         "); a Hugging Face model directory needs one"));
   }
+  return config;
+}
+
+absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
   HfDirectory out;
-  out.config_json = *std::move(config);
+  ASSIGN_OR_RETURN(out.config_json, ReadConfigJson(dir));
   absl::StatusOr<snapshot::LoadedWeights> weights =
       snapshot::LoadSafetensorsDirectory(dir);
   if (weights.ok()) {
@@ -140,9 +146,22 @@ ModelHost::~ModelHost() {
   model_.reset();
 }
 
-absl::StatusOr<std::string> ModelHost::ConfineDirectory(
-    const std::string& directory) const {
-  return model_roots_.Confine(directory, "hf_directory");
+absl::StatusOr<std::string> ModelHost::ConfineDirectory(const std::string& directory,
+                                                        absl::string_view what) const {
+  return model_roots_.Confine(directory, what);
+}
+
+absl::StatusOr<LlamaConfig> ModelHost::ReadClientConfig(const std::string& directory,
+                                                        absl::string_view what) const {
+  ASSIGN_OR_RETURN(const std::string dir, ConfineDirectory(directory, what));
+  ASSIGN_OR_RETURN(const std::string json, ReadConfigJson(dir));
+  absl::StatusOr<LlamaConfig> config = LlamaConfig::FromJson(json);
+  if (!config.ok()) {
+    return absl::Status(
+        config.status().code(),
+        absl::StrCat(what, " ", Echo(directory), ": ", config.status().message()));
+  }
+  return config;
 }
 
 absl::Status ModelHost::Load(const LoadModelSpec& spec,

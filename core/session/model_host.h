@@ -16,7 +16,8 @@
 //   OffloaderFor, and the Publish* calls. Before that thread starts and
 //   after it has been joined, the thread that makes or destroys the session.
 // - Any thread: Summary, Run, Categories, PublishedCategories,
-//   recorder_device, ConfineDirectory.
+//   recorder_device, ConfineDirectory; ReadClientConfig too, but it reads a
+//   file, so never on one of gRPC's threads.
 //
 // Invariants:
 // - A failed or cancelled Load leaves the model, trainer, offloader and
@@ -135,8 +136,18 @@ class ModelHost {
   // Any thread: the recorder's number for the compute device.
   int recorder_device() const { return recorder_device_; }
   // Any thread: the canonical path of a client-named model directory inside
-  // the model roots (PathRoots::Confine's errors, naming hf_directory).
-  absl::StatusOr<std::string> ConfineDirectory(const std::string& directory) const;
+  // the model roots (PathRoots::Confine's errors, naming `what`, the
+  // request's field).
+  absl::StatusOr<std::string> ConfineDirectory(
+      const std::string& directory, absl::string_view what = "hf_directory") const;
+  // Any thread but gRPC's: the model config of a client-named directory's
+  // config.json alone (weights are not looked at), the directory confined
+  // as ConfineDirectory confines it. ConfineDirectory's errors; NOT_FOUND
+  // when it is not a directory; INVALID_ARGUMENT, naming `what` and the
+  // directory, when it has no readable config.json or LlamaConfig::FromJson
+  // refuses it.
+  absl::StatusOr<LlamaConfig> ReadClientConfig(const std::string& directory,
+                                               absl::string_view what) const;
 
  private:
   // Places one module of a model being loaded; true when its weights map

@@ -218,6 +218,8 @@ absl::string_view OperationKindName(OperationKind kind) {
       return "load_model";
     case OperationKind::kEvaluate:
       return "evaluate";
+    case OperationKind::kPlan:
+      return "plan";
   }
   return "unknown";
 }

@@ -1,7 +1,8 @@
 #ifndef MEMPROFD_CORE_SESSION_OPERATION_H_
 #define MEMPROFD_CORE_SESSION_OPERATION_H_
 
-// Long-running work (training, snapshots, loads, evaluations) as an Operation with an id:
+// Long-running work (training, snapshots, loads, evaluations, memory plans)
+// as an Operation with an id:
 // queued, running, then done with a result or an error. The shape of
 // google.longrunning.Operation; the server maps it to memprofd.v1.Operation.
 
@@ -23,7 +24,13 @@
 
 namespace memprofd {
 
-enum class OperationKind { kTrain = 1, kSnapshot = 2, kLoadModel = 3, kEvaluate = 4 };
+enum class OperationKind {
+  kTrain = 1,
+  kSnapshot = 2,
+  kLoadModel = 3,
+  kEvaluate = 4,
+  kPlan = 5,
+};
 enum class OperationState {
   kQueued = 1,
   kRunning = 2,
@@ -34,10 +41,10 @@ enum class OperationState {
 
 // What a finished operation leaves behind, by kind: TrainResult for TRAIN
 // (kept also when cancelled: the steps that did run), ModelSummary for
-// LOAD_MODEL, SnapshotResult for SNAPSHOT, EvalResult for EVALUATE.
-// std::monostate until done, and for failures.
-using OperationResult =
-    std::variant<std::monostate, TrainResult, ModelSummary, SnapshotResult, EvalResult>;
+// LOAD_MODEL, SnapshotResult for SNAPSHOT, EvalResult for EVALUATE,
+// PlanResult for PLAN. std::monostate until done, and for failures.
+using OperationResult = std::variant<std::monostate, TrainResult, ModelSummary,
+                                     SnapshotResult, EvalResult, PlanResult>;
 
 // A copy of an operation's state at one moment.
 struct OperationView {

@@ -6,7 +6,8 @@
 // time, in the order it was posted. After each item, and once more when it
 // stops, it runs the boundary work it was given (snapshots and evaluations
 // waiting for a step boundary: when no training runs, the end of an item is
-// that boundary).
+// that boundary). The session's plan thread (mpd-plan) is a second one,
+// without boundary work: memory plans touch no model.
 //
 // At its start the thread names itself and lowers its priority by the nice
 // increment it was given (SessionOptions::bulk_nice), before it runs

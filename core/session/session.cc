@@ -255,6 +255,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
                                        options_.peak_file);
   owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,
                                          [this] { snapshots_->RunBoundaryWork(); });
+  plans_ = std::make_unique<OwnerThread>("mpd-plan", options_.bulk_nice,
+                                         std::function<void()>());
 }
 
 Session::~Session() {
@@ -273,6 +275,7 @@ bool Session::draining() const { return owner_->stopping(); }
 void Session::Shutdown() {
   if (owner_->joined()) return;
   owner_->Stop();
+  plans_->Stop();
   ranks_->Stop();
   for (const auto& op : operations_.List(nullptr, /*active_only=*/true)) {
     op->RequestCancel();
@@ -283,6 +286,7 @@ void Session::Shutdown() {
     ranks_->ReleaseFollowers();
   }
   ranks_->Join();
+  plans_->Join();
 }
 
 std::optional<ModelSummary> Session::Model() const { return host_->Summary(); }

@@ -141,6 +141,24 @@ class Session {
   // snapshot root.
   absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec);
 
+  // Plans one training step of a model on the meta device
+  // (plan::PlanTrainingStep, core/plan/planner.h) as a PLAN operation
+  // (result PlanResult), on the session's plan thread (mpd-plan), never the
+  // owner thread: a plan runs beside a training and never waits for it. One
+  // plan at a time. Checked here, once: the target, capacity_bytes >= 0, no
+  // resume, the offload merge, and for the loaded model or a preset the
+  // training fields (MergeTrainOverrides over TrainOptions' defaults, steps
+  // unset taken as the default). INVALID_ARGUMENT for those and an unknown
+  // preset or both sources; FAILED_PRECONDITION with no source and no model
+  // loaded; RESOURCE_EXHAUSTED naming the plan that is queued or running;
+  // UNAVAILABLE once Shutdown has begun. hf_config_dir is confined and its
+  // config.json read on the plan thread (ModelHost::ReadClientConfig), and
+  // the training fields merged there: their errors fail the operation, as
+  // do the planner's (UNIMPLEMENTED for bf16, INTERNAL for an op without a
+  // meta kernel). A cancelled plan that is running ends
+  // CANCELLED when its dry run is over (the planner cannot stop midway).
+  absl::StatusOr<std::shared_ptr<Operation>> StartPlan(const PlanMemorySpec& spec);
+
   absl::StatusOr<std::vector<snapshot::SnapshotManifest>> ListSnapshots() const;
   absl::StatusOr<snapshot::SnapshotManifest> DescribeSnapshot(
       const std::string& name) const;
@@ -217,7 +235,10 @@ class Session {
 
   // Stops accepting work, cancels every active operation (training stops at
   // its step boundary), lets queued items finish as CANCELLED, joins the
-  // owner thread. Idempotent.
+  // owner thread and the plan thread. A plan that is running is waited for
+  // (a dry run cannot stop midway: seconds for most shapes, up to about a
+  // minute for a 70B one; the daemon's drain deadline bounds the wait).
+  // Idempotent.
   void Shutdown();
   bool draining() const;
 
@@ -256,6 +277,11 @@ class Session {
                      std::shared_ptr<const TokenDataset> in_request);
   // Counts a finished evaluation for Counters().
   void CountEvaluation(const EvalResult& result);
+  // Plan thread only (session_plan.cc): runs plan `op` of `spec` (model and
+  // training filled in when `ready`, else read from spec.hf_config_dir
+  // first) and finishes it.
+  void RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec& spec,
+               plan::PlanSpec base, bool ready, const std::string& model_name);
   // The observers, copied under the lock, to call without it.
   std::vector<std::shared_ptr<SessionObserver>> Observers() const;
 
@@ -271,6 +297,8 @@ class Session {
 
   mutable absl::Mutex mu_;
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
+  // The id of the PLAN operation queued or running on plans_; empty: none.
+  std::string plan_active_ ABSL_GUARDED_BY(mu_);
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
 
@@ -301,6 +329,10 @@ class Session {
   // Runs the work posted (Post) and, after each item, the boundary work.
   // Started last in the constructor; stopped and joined by Shutdown.
   std::unique_ptr<OwnerThread> owner_;
+  // The plan thread (mpd-plan): the same one-item-at-a-time queue as the
+  // owner's, for memory plans, which touch no model and so never wait for
+  // the owner. Started with owner_; stopped and joined by Shutdown.
+  std::unique_ptr<OwnerThread> plans_;
 };
 
 // Resolves "auto", "cpu", "cuda", "cuda:N" against this build and machine:

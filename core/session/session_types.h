@@ -20,6 +20,7 @@
 #include "core/model/config.h"
 #include "core/model/placement.h"
 #include "core/offload/offload_options.h"
+#include "core/plan/planner.h"
 #include "core/snapshot/manifest.h"
 #include "core/snapshot/snapshot_options.h"
 #include "core/train/train_options.h"
@@ -157,6 +158,34 @@ struct TrainSpec {
   // defaults; `steps` unset runs the rest of it (its total minus the steps
   // done).
   bool resume = false;
+};
+
+// A memory plan's ask (Session::StartPlan): a model's shape and a training
+// configuration, planned by core/plan/planner.h's dry run.
+struct PlanMemorySpec {
+  // The model: at most one of preset / hf_config_dir (a Hugging Face
+  // directory whose config.json alone is read, confined to the model roots
+  // as LoadModelSpec::hf_directory is); neither: the loaded model.
+  std::string preset;
+  std::string hf_config_dir;
+  // The training as a Train request carries it (TrainSpec): its fields
+  // merged over TrainOptions' defaults by MergeTrainOverrides (steps may be
+  // left unset: a plan runs no steps of the request), its offload fields
+  // over the daemon's (SessionOptions::offload). resume is refused.
+  TrainSpec train;
+  // "cpu" or "cuda" (plan::ParseTarget); unset: the compute device's type.
+  std::optional<std::string> target;
+  // The device's capacity for the verdict; unset or 0: none.
+  std::optional<int64_t> capacity_bytes;
+};
+
+// The result of a PLAN operation.
+struct PlanResult {
+  // What was planned: "preset:tiny", the directory, or the loaded model's
+  // ModelSummary::source.
+  std::string model;
+  plan::PlanSpec::Target target = plan::PlanSpec::Target::kCpu;
+  plan::MemoryPlan plan;
 };
 
 // One training step as the session reports it (the event type of TRAIN
