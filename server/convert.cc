@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/train/request_fields.h"
+#include "server/convert_plan.h"
 #include "server/option_flags.h"
 
 namespace memprofd {
@@ -71,6 +72,8 @@ v1::Operation ToProto(const OperationView& view) {
     *op.mutable_snapshot() = ToProto(sr->manifest, sr->mode);
   } else if (const auto* er = std::get_if<EvalResult>(&view.result)) {
     *op.mutable_evaluate() = ToProto(*er);
+  } else if (const auto* pr = std::get_if<PlanResult>(&view.result)) {
+    *op.mutable_plan() = ToProto(*pr);
   }
   return op;
 }

@@ -17,7 +17,7 @@
 
 namespace memprofd {
 
-// The view with its typed result (train, model or snapshot).
+// The view with its typed result (train, model, snapshot, evaluate or plan).
 v1::Operation ToProto(const OperationView& view);
 
 int64_t UnixMicros(absl::Time t);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/convert.h"
 #include "server/convert_memory.h"
+#include "server/convert_plan.h"
 #include "server/grpc_status.h"
 #include "server/reactors.h"
 
@@ -38,10 +39,10 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
       dump_builder_("mpd-dumps", session->bulk_nice()) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status",      "health", "reflection",  "operations",
-          "model",       "train",  "offload",     "snapshots",
-          "checkpoints", "resume", "memory",      "lr_schedules",
-          "evaluate",    "bf16",   "oom_reports", "data_parallel"};
+  return {"status",        "health",       "reflection", "operations",  "model",
+          "train",         "offload",      "snapshots",  "checkpoints", "resume",
+          "memory",        "lr_schedules", "evaluate",   "bf16",        "oom_reports",
+          "data_parallel", "memory_plan"};
 }
 
 template <typename Fn>
@@ -405,6 +406,19 @@ ServerUnaryReactor* MemprofdService::GetLastOomReport(CallbackServerContext* ctx
     absl::StatusOr<OomReportRecord> record = session_->LastOomReport();
     if (!record.ok()) return record.status();
     *resp = ToProto(*record);
+    return absl::OkStatus();
+  });
+}
+
+ServerUnaryReactor* MemprofdService::PlanMemory(CallbackServerContext* ctx,
+                                                const v1::PlanMemoryRequest* req,
+                                                v1::Operation* resp) {
+  return Unary(ctx, "PlanMemory", [&] {
+    absl::StatusOr<PlanMemorySpec> spec = FromProto(*req);
+    if (!spec.ok()) return spec.status();
+    absl::StatusOr<std::shared_ptr<Operation>> op = session_->StartPlan(*spec);
+    if (!op.ok()) return op.status();
+    *resp = ToProto((*op)->View());
     return absl::OkStatus();
   });
 }

@@ -104,6 +104,9 @@ class MemprofdService final : public v1::Memprofd::CallbackService {
   grpc::ServerUnaryReactor* GetLastOomReport(grpc::CallbackServerContext* ctx,
                                              const v1::GetLastOomReportRequest* req,
                                              v1::OomReport* resp) override;
+  grpc::ServerUnaryReactor* PlanMemory(grpc::CallbackServerContext* ctx,
+                                       const v1::PlanMemoryRequest* req,
+                                       v1::Operation* resp) override;
 
  private:
   // Authenticates, runs `fn` unless auth failed, counts and finishes.
