@@ -38,6 +38,14 @@ int MemoryCommand(const Context& c, const Args& args);
 int MemoryTopCommand(const Context& c, const Args& args);
 int MemoryDiffCommand(const Context& c, const Args& args);
 int EvaluateCommand(const Context& c, const Args& args);
+// plan (commands_plan.cc): a memory plan of one training step.
+int PlanCommand(const Context& c, const Args& args);
+
+// The TrainRequest fields whose flags were given (request_fields.h's table,
+// the short aliases, the data sources and the offload options) into `req`,
+// for train and plan; steps and resume are the caller's. False, with
+// *error set to the usage message, for contradicting or malformed flags.
+bool TrainRequestFromFlags(v1::TrainRequest* req, std::string* error);
 
 // A DataSource from a text-file flag's and a token-file flag's values (both
 // empty: left unset, the embedded corpus; text "embedded": the embedded

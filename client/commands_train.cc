@@ -130,50 +130,48 @@ int EvaluateCommand(const Context& c, const Args& args) {
   return ExitForOperation(op);
 }
 
-int TrainCommand(const Context& c, const Args& args) {
-  if (!args.empty()) return Usage("train takes flags only (see usage)");
-  // Only what the user gave, so that every other field keeps the daemon's
-  // default; steps has no default there, so memprofctl always sends its own.
-  v1::TrainRequest req;
-  req.set_resume(absl::GetFlag(FLAGS_resume));
+bool TrainRequestFromFlags(v1::TrainRequest* out, std::string* error) {
+  v1::TrainRequest& req = *out;
   // Every field of request_fields.h's Train lists has a flag of its name.
   MEMPROFD_TRAIN_VALUE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
   MEMPROFD_TRAIN_CHOICE_FIELDS(MEMPROFD_FIELD_FROM_FLAG_)
-  // A resume without --steps runs the rest of the resumed run; otherwise
-  // steps goes even when not given, since the daemon has no default for it.
-  if (!req.resume() && !req.has_steps()) req.set_steps(absl::GetFlag(FLAGS_steps));
   // Short spellings of three flags.
   std::optional<double> learning_rate;
   std::optional<bool> gradient_checkpointing;
   std::optional<int64_t> grad_accumulation_steps;
   if (!Either(FLAGS_learning_rate, FLAGS_lr, &learning_rate)) {
-    return Usage("give --learning_rate or --lr, not both");
+    *error = "give --learning_rate or --lr, not both";
+    return false;
   }
   if (!Either(FLAGS_gradient_checkpointing, FLAGS_checkpointing,
               &gradient_checkpointing)) {
-    return Usage("give --gradient_checkpointing or --checkpointing, not both");
+    *error = "give --gradient_checkpointing or --checkpointing, not both";
+    return false;
   }
   if (!Either(FLAGS_grad_accumulation_steps, FLAGS_grad_accum,
               &grad_accumulation_steps)) {
-    return Usage("give --grad_accumulation_steps or --grad_accum, not both");
+    *error = "give --grad_accumulation_steps or --grad_accum, not both";
+    return false;
   }
   if (learning_rate) req.set_learning_rate(*learning_rate);
   if (gradient_checkpointing) req.set_gradient_checkpointing(*gradient_checkpointing);
   if (grad_accumulation_steps) req.set_grad_accumulation_steps(*grad_accumulation_steps);
-  std::string error;
   if (!DataSourceFromFlags(absl::GetFlag(FLAGS_data), absl::GetFlag(FLAGS_token_data),
-                           req.mutable_data(), &error)) {
-    return Usage(absl::StrCat("--data / --token_data: ", error));
+                           req.mutable_data(), error)) {
+    *error = absl::StrCat("--data / --token_data: ", *error);
+    return false;
   }
-  if (!IndexedDataFromFlags(req.mutable_data(), &error)) {
-    return Usage(absl::StrCat("--indexed_data: ", error));
+  if (!IndexedDataFromFlags(req.mutable_data(), error)) {
+    *error = absl::StrCat("--indexed_data: ", *error);
+    return false;
   }
   const std::string eval_data = absl::GetFlag(FLAGS_eval_data);
   const std::string eval_token_data = absl::GetFlag(FLAGS_eval_token_data);
   if (!eval_data.empty() || !eval_token_data.empty()) {
     if (!DataSourceFromFlags(eval_data, eval_token_data, req.mutable_eval_data(),
-                             &error)) {
-      return Usage(absl::StrCat("--eval_data / --eval_token_data: ", error));
+                             error)) {
+      *error = absl::StrCat("--eval_data / --eval_token_data: ", *error);
+      return false;
     }
   }
   const std::optional<bool> offload = GivenFlag(FLAGS_offload);
@@ -191,19 +189,34 @@ int TrainCommand(const Context& c, const Args& args) {
     } else if (target == "host") {
       o->set_target(v1::OFFLOAD_TARGET_HOST);
     } else if (target) {
-      return Usage(
-          absl::StrCat("--offload_target must be disk or host, not '", *target, "'"));
+      *error = absl::StrCat("--offload_target must be disk or host, not '", *target, "'");
+      return false;
     }
     // "auto" is -1 on the wire.
     if (prefetch) {
       int32_t depth = -1;
       if (*prefetch != "auto" && (!absl::SimpleAtoi(*prefetch, &depth) || depth < 0)) {
-        return Usage(absl::StrCat("--prefetch_depth must be auto or a number >= 0, not '",
-                                  *prefetch, "'"));
+        *error = absl::StrCat("--prefetch_depth must be auto or a number >= 0, not '",
+                              *prefetch, "'");
+        return false;
       }
       o->set_prefetch_depth(depth);
     }
   }
+  return true;
+}
+
+int TrainCommand(const Context& c, const Args& args) {
+  if (!args.empty()) return Usage("train takes flags only (see usage)");
+  // Only what the user gave, so that every other field keeps the daemon's
+  // default; steps has no default there, so memprofctl always sends its own.
+  v1::TrainRequest req;
+  req.set_resume(absl::GetFlag(FLAGS_resume));
+  std::string error;
+  if (!TrainRequestFromFlags(&req, &error)) return Usage(error);
+  // A resume without --steps runs the rest of the resumed run; otherwise
+  // steps goes even when not given, since the daemon has no default for it.
+  if (!req.resume() && !req.has_steps()) req.set_steps(absl::GetFlag(FLAGS_steps));
 
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);

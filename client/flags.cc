@@ -84,15 +84,23 @@ ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
           "from the vocabulary and hidden size; -1: off, the logits materialized [0]");
 
-ABSL_FLAG(
-    std::string, preset, "",
-    "load: a built-in model (tiny, small, smollm2-135m, qwen2.5-0.5b, llama-3.2-1b)");
+ABSL_FLAG(std::string, preset, "",
+          "load, plan: a built-in model (tiny, small, smollm2-135m, qwen2.5-0.5b, "
+          "llama-3.2-1b)");
 ABSL_FLAG(std::string, hf_dir, "",
           "load: a Hugging Face model directory on the daemon's host");
 ABSL_FLAG(
     std::string, placement, "",
     "load: module=device|cpu|disk,... (model.embed_tokens, model.layers.N, model.norm, "
     "lm_head)");
+
+ABSL_FLAG(std::string, hf_config, "",
+          "plan: a Hugging Face model directory on the daemon's host whose "
+          "config.json alone is read");
+ABSL_FLAG(std::string, target, "",
+          "plan: the device to plan for, cpu or cuda (default: the daemon's device)");
+ABSL_FLAG(int64_t, capacity, 0,
+          "plan: the device's capacity in bytes, for the verdict (0: no verdict)");
 
 ABSL_FLAG(std::string, max_shard_size, "",
           "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");

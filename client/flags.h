@@ -87,6 +87,10 @@ ABSL_DECLARE_FLAG(std::string, max_shard_size);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, mode);
 ABSL_DECLARE_FLAG(std::string, kind);
+// plan (and --preset, the train flags, --offload)
+ABSL_DECLARE_FLAG(std::string, hf_config);
+ABSL_DECLARE_FLAG(std::string, target);
+ABSL_DECLARE_FLAG(int64_t, capacity);
 // load and train
 ABSL_DECLARE_FLAG(bool, resume);
 ABSL_DECLARE_FLAG(bool, init_weights);

@@ -29,11 +29,17 @@ int main(int argc, char** argv) {
   Args args(positional.begin() + 2, positional.end());
 
   static const std::map<std::string, std::function<int(const Context&, const Args&)>>
-      kCommands = {{"status", StatusCommand},         {"health", HealthCommand},
-                   {"operations", OperationsCommand}, {"load", LoadCommand},
-                   {"model", ModelCommand},           {"train", TrainCommand},
-                   {"snapshot", SnapshotCommand},     {"snapshots", SnapshotsCommand},
-                   {"memory", MemoryCommand},         {"evaluate", EvaluateCommand}};
+      kCommands = {{"status", StatusCommand},
+                   {"health", HealthCommand},
+                   {"operations", OperationsCommand},
+                   {"load", LoadCommand},
+                   {"model", ModelCommand},
+                   {"train", TrainCommand},
+                   {"snapshot", SnapshotCommand},
+                   {"snapshots", SnapshotsCommand},
+                   {"memory", MemoryCommand},
+                   {"evaluate", EvaluateCommand},
+                   {"plan", PlanCommand}};
   auto it = kCommands.find(command);
   if (it == kCommands.end())
     return Usage(absl::StrCat("unknown command '", command, "'"));

@@ -206,6 +206,10 @@ class SyncClientTest(harness.DaemonTestCase):
         self.assertGreater(ev.wait().evaluate.loss, 0)
         self.assertEqual(ev.result().batches, 1)
 
+        plan = c.plan_memory(train=pb.TrainRequest(**SMALL), capacity_bytes=1 << 40)
+        self.assertTrue(plan.wait().plan.fits)
+        self.assertGreater(plan.result().peak_allocated_bytes, plan.result().model_state_bytes)
+
         snap = c.snapshot("pkg-weights", dtype="SNAPSHOT_DTYPE_BF16")
         manifest = snap.wait().snapshot
         self.assertEqual((manifest.name, manifest.dtype), ("pkg-weights", "bf16"))
@@ -396,6 +400,8 @@ class AsyncClientTest(harness.DaemonTestCase):
 
             ev = await c.evaluate(max_batches=1, **SMALL)
             self.assertGreater((await ev.wait()).evaluate.loss, 0)
+            plan = await c.plan_memory(train=pb.TrainRequest(**SMALL))
+            self.assertGreater((await plan.wait()).plan.peak_allocated_bytes, 0)
             snap = await c.snapshot("async-weights")
             self.assertEqual((await snap.wait()).snapshot.global_step, 3)
             self.assertEqual((await c.describe_snapshot("async-weights")).name, "async-weights")

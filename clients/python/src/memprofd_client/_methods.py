@@ -4,8 +4,8 @@ Each RPC of memprofd.v1.Memprofd is a method named as the RPC in snake_case
 (RPC_METHODS), taking the request's fields as keyword arguments of the same
 names; an argument left None is not set, so the daemon's default holds
 (proto3 `optional` fields) or the field keeps its zero value. Methods return
-the response message, except the four that start an operation (load_model,
-train, snapshot, evaluate), which return a handle on it, and
+the response message, except the five that start an operation (load_model,
+train, snapshot, evaluate, plan_memory), which return a handle on it, and
 dump_memory_history, which can write the file itself.
 
 The subclass decides what a call is (_unary, _stream, _start, _then): in
@@ -141,6 +141,21 @@ class _Api:
             pb.EvaluateRequest, data=data, batch_size=batch_size, seq_len=seq_len,
             max_batches=max_batches, attn_implementation=attn_implementation,
             mixed_precision=mixed_precision, loss_chunk_tokens=loss_chunk_tokens), timeout)
+
+    def plan_memory(self, *, preset: Optional[str] = None,
+                    hf_config_dir: Optional[str] = None,
+                    train: Optional[pb.TrainRequest] = None, target: Optional[str] = None,
+                    capacity_bytes: Optional[int] = None, timeout: Timeout = DEFAULT):
+        """Where every byte of one training step would go, before it runs
+        (PlanMemoryRequest; see memprofd.proto): the model of `preset`, of
+        `hf_config_dir`'s config.json, or (neither) the loaded one; `train` the
+        TrainRequest to plan (steps not needed); `target` "cpu" or "cuda";
+        `capacity_bytes` for the verdict. Returns an operation handle (kind
+        PLAN; result: `plan`, a MemoryPlan). ResourceExhausted while another
+        plan runs."""
+        return self._start("PlanMemory", _request(
+            pb.PlanMemoryRequest, preset=preset, hf_config_dir=hf_config_dir, train=train,
+            target=target, capacity_bytes=capacity_bytes), timeout)
 
     # -- snapshots ---------------------------------------------------------
     def snapshot(self, name: str, *, max_shard_size: Optional[str] = None,

@@ -138,7 +138,7 @@ def _handle(client, operation):
 
 
 class OperationHandle:
-    """A long-running operation (LOAD_MODEL, TRAIN, SNAPSHOT, EVALUATE).
+    """A long-running operation (LOAD_MODEL, TRAIN, SNAPSHOT, EVALUATE, PLAN).
     `operation` is the latest Operation message seen. Not thread-safe.
 
     Waiting survives a daemon that goes away for up to the client's
@@ -168,7 +168,7 @@ class OperationHandle:
 
     def result(self):
         """The typed result (TrainResult, SnapshotManifest, ModelInfo,
-        EvaluateResult) once done, else None."""
+        EvaluateResult, MemoryPlan) once done, else None."""
         field = self.operation.WhichOneof("result")
         return getattr(self.operation, field) if field else None
 
