@@ -37,6 +37,10 @@ void PrintPlan(const std::string& id, const v1::MemoryPlan& p) {
   std::printf("model state %s, activations %s; %s stays between steps\n",
               Bytes(p.model_state_bytes()).c_str(), Bytes(p.activation_bytes()).c_str(),
               Bytes(p.resident_between_steps_bytes()).c_str());
+  if (p.offloaded_bytes() > 0) {
+    std::printf("the offloader moves %s off the device in that step\n",
+                Bytes(p.offloaded_bytes()).c_str());
+  }
   std::printf("categories at the peak\n");
   for (const v1::CategoryBytes& c : p.categories_at_peak()) {
     if (c.bytes() == 0) continue;

@@ -58,6 +58,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_capacity_bytes(m.capacity_bytes);
   p.set_fits(m.fits);
   p.set_headroom_bytes(m.headroom_bytes);
+  p.set_offloaded_bytes(m.offloaded_bytes);
   p.set_allocations(m.allocations);
   p.set_seconds(m.seconds);
   return p;

@@ -116,6 +116,8 @@ class PlanTest(harness.DaemonTestCase):
         offloaded = self.plan(train=pb.TrainRequest(
             offload=pb.OffloadOptions(enabled=True), **longer))
         self.assertLessEqual(offloaded.peak_allocated_bytes, plain.peak_allocated_bytes)
+        self.assertGreater(offloaded.offloaded_bytes, 0)
+        self.assertEqual(plain.offloaded_bytes, 0)
 
     def test_2_the_verdict_against_a_capacity(self):
         peak = self.plan(train=pb.TrainRequest(**SMALL)).peak_allocated_bytes

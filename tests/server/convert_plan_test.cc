@@ -76,6 +76,7 @@ TEST(ConvertPlanTest, PlanOperationCarriesTheWholePlan) {
   m.capacity_bytes = 400;
   m.fits = false;
   m.headroom_bytes = -100;
+  m.offloaded_bytes = 64;
   m.allocations = 42;
   m.seconds = 0.25;
 
@@ -114,6 +115,7 @@ TEST(ConvertPlanTest, PlanOperationCarriesTheWholePlan) {
   EXPECT_EQ(p.capacity_bytes(), 400);
   EXPECT_FALSE(p.fits());
   EXPECT_EQ(p.headroom_bytes(), -100);
+  EXPECT_EQ(p.offloaded_bytes(), 64);
   EXPECT_EQ(p.allocations(), 42);
   EXPECT_EQ(p.seconds(), 0.25);
 }
