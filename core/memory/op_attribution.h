@@ -34,6 +34,24 @@ class OpAttribution {
   uint64_t handle_ = 0;
 };
 
+// The same callbacks for the calling thread only, for its lifetime: a dry run
+// (core/plan) gets its ops attributed whether or not a training has
+// OpAttribution installed (with both, an op is marked twice, to the same
+// effect). Thread-local callbacks are copied into the thread's parallel
+// regions and autograd work, which costs the per-region rebuild
+// OpAttribution avoids; a dry run does no arithmetic, so that is moot there.
+// Create and destroy on one thread.
+class ThreadOpAttribution {
+ public:
+  ThreadOpAttribution();
+  ~ThreadOpAttribution();
+  ThreadOpAttribution(const ThreadOpAttribution&) = delete;
+  ThreadOpAttribution& operator=(const ThreadOpAttribution&) = delete;
+
+ private:
+  uint64_t handle_ = 0;
+};
+
 }  // namespace memory
 }  // namespace memprofd
 

@@ -231,6 +231,12 @@ void LlamaModel::Initialize(uint64_t seed) {
   norm_ = ones(h);
   lm_head_ = c.tie_word_embeddings ? embed_tokens_ : normal({c.vocab_size, h});
 
+  if (device_.is_meta()) {
+    // Shapes only (a dry run): max_position_embeddings can be 128K.
+    rope_cos_ = at::empty({c.max_position_embeddings, c.head_dim()}, cpu.device(device_));
+    rope_sin_ = at::empty({c.max_position_embeddings, c.head_dim()}, cpu.device(device_));
+    return;
+  }
   // transformers' LlamaRotaryEmbedding, in float32 as it computes it:
   // angle = position * inv_freq, cos and sin times the attention factor.
   double attention_factor = 1.0;

@@ -19,7 +19,18 @@ absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& s
   memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
   const int index =
       device.is_cuda() ? device.index() < 0 ? 0 : device.index() : memory::kCpuDevice;
-  const int64_t before_model = recorder.CurrentBytes(index);
+  // The bytes held before the model exists. The recorder's CUDA figures are
+  // folded from the caching allocator at step and phase boundaries only, so
+  // on CUDA they are sampled now (a previous model's bytes may still be the
+  // recorder's last fold).
+  int64_t before_model = recorder.CurrentBytes(index);
+#ifdef MEMPROFD_WITH_CUDA
+  if (device.is_cuda()) {
+    for (const memory::CudaDeviceSample& s : memory::SampleCudaDevices()) {
+      if (s.device == index) before_model = s.allocated_bytes;
+    }
+  }
+#endif
   std::vector<MeasuredStep> steps;
   absl::Status run = internal::RunPlannedSteps(
       spec, device, /*prepare_model=*/{},

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/memory/meta_accounting.h"
+#include "core/memory/op_attribution.h"
 #include "core/model/llama.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
@@ -253,6 +254,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   {
     PhaseDomainScope in_domain(&domain);
     memory::MetaAccountingScope accounting(ledger);
+    memory::ThreadOpAttribution ops;
     const LlamaModel::MetaSdpaKernel sdpa = SdpaKernelFor(spec);
     RETURN_IF_ERROR(internal::RunPlannedSteps(
         spec, c10::Device(c10::DeviceType::Meta),

@@ -264,16 +264,6 @@ class PlanTest(harness.DaemonTestCase):
         self.assertGreater(ended, started)
         self.assertGreater(len(reports), ended)
 
-    # A plan still makes real CPU tensors while it sets up its dry run
-    # (outside its steps: category "other", no module, no op): the rotary
-    # caches of max_position_embeddings x head_dim, computed on the CPU before
-    # they go to the meta device (84 MB for llama-3.2-1b's 131072 positions:
-    # its step-5 peak read 149,094,404 bytes against 64,682,880 before the
-    # plan). The daemon's CPU allocator counts them, so the step reports of a
-    # training beside the plan show them in their peaks. A bug of the model's
-    # meta path (core/model, core/plan), not of the RPC's: this test passes
-    # once it is fixed, and then the marker must go.
-    @unittest.expectedFailure
     def test_7_a_plan_leaves_the_trainings_step_peaks_alone(self):
         planned, reports, started, ended = self.train_beside_a_plan(pb.PlanMemoryRequest(
             preset="llama-3.2-1b", train=pb.TrainRequest(batch_size=1, seq_len=256)))

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -142,6 +143,13 @@ TEST_F(PlannerTest, PeakIsAttributedAndSumsToItsCategories) {
             << plan->top_modules_at_peak[0].bytes << " B\n";
   EXPECT_GT(at(Category::kSavedActivations) + at(Category::kTemporaries), 0);
   ASSERT_FALSE(plan->top_modules_at_peak.empty());
+  // Ops too: the dry run attributes its own ops, with or without a training's
+  // callbacks installed.
+  ASSERT_FALSE(plan->top_ops_at_peak.empty());
+  EXPECT_TRUE(
+      std::any_of(plan->top_ops_at_peak.begin(), plan->top_ops_at_peak.end(),
+                  [](const NamedBytes& op) { return op.name.rfind("aten::", 0) == 0; }))
+      << plan->top_ops_at_peak[0].name;
   EXPECT_FALSE(plan->phase_category_peaks.empty());
   EXPECT_EQ(plan->peak_step, 2);  // the optimizer state is there from the start
 }
