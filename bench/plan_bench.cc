@@ -13,8 +13,10 @@
 // Speed: Llama-3-8B's and Llama-3-70B's shapes at 1 x 2048 planned on meta:
 // seconds and the process's RSS growth.
 //
-// Usage: plan_bench [device=cpu|cuda] [presets=tiny,small] [shapes=1] [quick]
-//   quick: batch 1 and sequence 128 only (the GPU kit's dry run).
+// Usage: plan_bench [device=cpu|cuda] [presets=tiny,small] [shapes=1] [BxT]
+//   BxT (e.g. 4x512): that batch and sequence only, instead of the grid's
+//   {1, 8} x {128, 512} (the GPU kit plans the 1B preset at its own 4 x 512,
+//   and its dry run at 1 x 128).
 //   On CUDA (the GPU check) the plan targets CUDA (blocks rounded as the
 //   caching allocator rounds them) and is compared with
 //   torch.cuda.max_memory_allocated's count, read by the recorder.
@@ -82,11 +84,8 @@ struct Cell {
 };
 
 std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
-                       c10::Device device, bool quick) {
-  const std::vector<int64_t> batches =
-      quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
-  const std::vector<int64_t> seqs =
-      quick ? std::vector<int64_t>{128} : std::vector<int64_t>{128, 512};
+                       c10::Device device, const std::vector<int64_t>& batches,
+                       const std::vector<int64_t>& seqs) {
   std::vector<Cell> cells;
   for (int64_t batch : batches) {
     for (int64_t seq : seqs) {
@@ -126,7 +125,8 @@ std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
   return cells;
 }
 
-int Accuracy(const std::vector<std::string>& presets, c10::Device device, bool quick) {
+int Accuracy(const std::vector<std::string>& presets, c10::Device device,
+             const std::vector<int64_t>& batches, const std::vector<int64_t>& seqs) {
   std::printf("%-8s %5s %5s %5s %-6s %-7s %14s %14s %9s %8s\n", "preset", "batch", "seq",
               "ckpt", "attn", "offload", "planned MiB", "measured MiB", "error",
               "plan s");
@@ -140,7 +140,7 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device, bool q
                    std::string(config.status().message()).c_str());
       return 2;
     }
-    for (const Cell& cell : Grid(*config, name, device, quick)) {
+    for (const Cell& cell : Grid(*config, name, device, batches, seqs)) {
       absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
       absl::StatusOr<std::vector<MeasuredStep>> measured =
           MeasureTrainingSteps(cell.spec, device);
@@ -216,7 +216,17 @@ int main(int argc, char** argv) {
   const std::vector<std::string> presets =
       absl::StrSplit(argc > 2 ? argv[2] : "tiny,small", ',', absl::SkipEmpty());
   const bool shapes = argc > 3 ? std::string(argv[3]) != "0" : true;
-  const bool quick = argc > 4 && std::string(argv[4]) == "quick";
+  std::vector<int64_t> batches = {1, 8};
+  std::vector<int64_t> seqs = {128, 512};
+  if (argc > 4) {
+    long long b = 0, t = 0;
+    if (std::sscanf(argv[4], "%lldx%lld", &b, &t) != 2 || b < 1 || t < 1) {
+      std::fprintf(stderr, "plan_bench: BxT must look like 4x512, not \"%s\"\n", argv[4]);
+      return 2;
+    }
+    batches = {b};
+    seqs = {t};
+  }
   if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
     std::fprintf(stderr, "plan_bench: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -227,6 +237,6 @@ int main(int argc, char** argv) {
 #endif
   std::printf("plan_bench on %s, LibTorch %s, %d threads\n", device.str().c_str(),
               TORCH_VERSION, at::get_num_threads());
-  if (int rc = plan::Accuracy(presets, device, quick); rc != 0) return rc;
+  if (int rc = plan::Accuracy(presets, device, batches, seqs); rc != 0) return rc;
   return shapes ? plan::Speed() : 0;
 }

@@ -6,7 +6,8 @@
 #   tests    offload_test, memory_test, snapshot_test: their CUDA cases on the GPU
 #   bench    offload_bench on the GPU
 #   plan     plan_bench: the memory planner's predicted peak beside the measured
-#            peak of the same steps on the GPU (tiny, small, llama-1b)
+#            peak of the same steps on the GPU (the tiny and small grid, and the
+#            daemon's preset at its batch)
 #   daemon   the real memprofd --device=cuda:0 --model=llama-1b driven by the real
 #            memprofctl: training with checkpointing and offloading off / host /
 #            disk, a snapshot taken during training, a CUDA memory-history dump,
@@ -71,12 +72,13 @@ if [ "${GPU_KIT_DRY_RUN:-0}" = 1 ] || [ "$cuda_count" = 0 ]; then
   dry=1 device=cpu preset=${GPU_KIT_PRESET:-tiny} batch=${GPU_KIT_BATCH:-4} seq=${GPU_KIT_SEQ:-64}
   steps=${GPU_KIT_STEPS:-4} runs=ckpt-off,ckpt-disk,nockpt-off,nockpt-disk record_run=ckpt-disk
   bench_args=(1 2 64 cpu)
-  plan_args=(cpu tiny 0 quick)
+  plan_args=(cpu tiny 0 1x128)
 else
   dry=0 device=cuda:0 preset=${GPU_KIT_PRESET:-llama-1b} batch=${GPU_KIT_BATCH:-4} seq=${GPU_KIT_SEQ:-512}
   steps=${GPU_KIT_STEPS:-5} runs=ckpt-off,ckpt-host,ckpt-disk,nockpt-off,nockpt-host record_run=ckpt-host
   bench_args=(3 4 128 cuda)
-  plan_args=(cuda:0 tiny,small,llama-1b 0)
+  plan_args=(cuda:0 tiny,small 0)
+  plan_1b_args=(cuda:0 "$preset" 0 "${batch}x${seq}")
 fi
 parts=",${GPU_KIT_PARTS:-tests,bench,plan,daemon,hf,viz,trl},"
 if [ "$dry" = 1 ] && [ "${GPU_KIT_DRY_RUN:-0}" != 1 ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
@@ -198,6 +200,10 @@ if [[ $parts == *,bench,* ]]; then
 fi
 if [[ $parts == *,plan,* ]]; then
   part plan_bench "$([ "$dry" = 1 ] && echo 150 || echo 120)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_args[@]}"
+  # The daemon's own preset and batch (llama-1b at 4 x 512) on the GPU.
+  if [ "$dry" = 0 ]; then
+    part plan_bench_1b 150 "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_1b_args[@]}"
+  fi
 fi
 if [[ $parts == *,daemon,* ]]; then
   part daemon 300 "$py" deploy/gpu-kit/drive_daemon.py --memprofd "$work/memprofd" \
