@@ -152,6 +152,7 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
     t.data = FromProto(r.data());
   if (r.has_eval_data()) t.eval_data = FromProto(r.eval_data());
   spec.resume = r.resume();
+  if (r.has_memory_budget_bytes()) spec.memory_budget_bytes = r.memory_budget_bytes();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
     if (absl::Status s =
@@ -329,6 +330,8 @@ v1::StepReport ToProto(const SessionStepReport& r) {
   p.set_peak_allocated_bytes(r.peak_allocated_bytes);
   p.set_learning_rate(r.step.learning_rate);
   if (r.step.eval) *p.mutable_eval() = ToProto(*r.step.eval);
+  p.set_planned_peak_bytes(r.planned_peak_bytes);
+  p.set_budget_choice(r.budget_choice);
   return p;
 }
 
@@ -340,6 +343,8 @@ v1::TrainResult ToProto(const TrainResult& r) {
   p.set_tokens(r.tokens);
   p.set_seconds(r.seconds);
   p.set_mean_tokens_per_second(r.mean_tokens_per_second);
+  p.set_budget_choice(r.budget_choice);
+  p.set_planned_peak_bytes(r.planned_peak_bytes);
   return p;
 }
 

@@ -26,6 +26,7 @@
 // copies are under the host's own lock, and the session never calls the host
 // while holding its own, so the two never nest.
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -125,6 +126,18 @@ class Session {
   // than the run's; FAILED_PRECONDITION when the model
   // has no run to continue, when that run is complete and steps is unset, or
   // when its data source (reused) no longer has the same number of tokens.
+  // With spec.memory_budget_bytes: INVALID_ARGUMENT when <= 0, UNIMPLEMENTED
+  // with resume or in a data-parallel run; otherwise the operation is made
+  // and holds the training's place at once (a second Train is ABORTED as
+  // above), its configuration is chosen on the plan thread
+  // (plan::ChooseUnderBudget over the merged options; queued behind a
+  // memory plan that is running), and then it runs on the owner thread with
+  // the chosen batch_size, grad_accumulation_steps, gradient_checkpointing
+  // and offloading, exactly as a Train with those fields. When nothing fits
+  // the operation fails with the chooser's RESOURCE_EXHAUSTED before the
+  // run allocates anything; the planner's other errors fail it likewise.
+  // The choice and its planned peak are in the first step report and the
+  // TrainResult.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Merges the request over EvalOptions' defaults, validates, reads the
@@ -267,10 +280,37 @@ class Session {
   // One training operation's step listener (session_train.cc).
   class TrainingRun;
 
+  // What a training run was planned at: a budgeted run's choice (set by the
+  // plan thread before the run starts) and the planned peak of the run's
+  // configuration. Shared by the plan thread and the run's step listener,
+  // which reads it at each step.
+  struct TrainingPlan {
+    std::string budget_choice;                   // empty: no budget
+    std::atomic<int64_t> planned_peak_bytes{0};  // 0: not planned (yet)
+  };
+  // Queues a training run of these options on the owner thread (the caller
+  // holds the training flag for it): what StartTraining posts. Post's
+  // UNAVAILABLE once Shutdown has begun; the caller then finishes the
+  // operation and clears the flag.
+  using StartRun = std::function<absl::Status(const ValidTrainOptions& train,
+                                              const offload::OffloadOptions& offload)>;
+
+  // Plan thread only (session_plan.cc): chooses the configuration of
+  // training `op` (model `config`, the merged `train` and `offload`) under
+  // `budget_bytes` with plan::ChooseUnderBudget, records it in `plan` and
+  // starts the run with `start`; or, when nothing fits, the planner fails,
+  // the operation was cancelled or start is refused, finishes `op` with that
+  // status and clears the training flag.
+  void PlanUnderBudget(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
+                       const ValidTrainOptions& train,
+                       const offload::OffloadOptions& offload, int64_t budget_bytes,
+                       const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
+
   // Owner thread only.
   void RunTraining(const std::shared_ptr<Operation>& op, const ValidTrainOptions& train,
                    const offload::OffloadOptions& offload_options,
-                   const TokenDataset& data, const TokenDataset* eval_data, bool resume);
+                   const TokenDataset& data, const TokenDataset* eval_data, bool resume,
+                   std::shared_ptr<const TrainingPlan> plan);
   // Evaluates on `in_request` (the data the request carried, checked), or
   // reads options.data first (a file: bad data fails `op`).
   void RunEvaluation(const std::shared_ptr<Operation>& op, const EvalOptions& options,

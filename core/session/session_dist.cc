@@ -106,7 +106,8 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kTrain);
   absl::Status posted =
       owner_->Post([this, op, valid, offload_options, data, eval_data, resume] {
-        RunTraining(op, valid, offload_options, *data, eval_data.get(), resume);
+        RunTraining(op, valid, offload_options, *data, eval_data.get(), resume,
+                    std::make_shared<TrainingPlan>());
       });
   if (!posted.ok()) {
     // Shutdown began since the check above.

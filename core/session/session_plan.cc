@@ -6,11 +6,14 @@
 #include <string>
 #include <utility>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/plan/budget.h"
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
 #include "core/session/session.h"
@@ -32,6 +35,19 @@ absl::StatusOr<plan::PlanSpec> WithModel(plan::PlanSpec base, const LlamaConfig&
   base.model = config;
   base.train = valid.get();
   return base;
+}
+
+// fn() on the plan thread, where the planner runs LibTorch: nothing it
+// throws may end the thread (and the daemon) instead of the operation, so a
+// throw comes back as TorchBoundary's status, named `what`.
+template <typename T>
+absl::StatusOr<T> PlanGuarded(absl::string_view what,
+                              absl::FunctionRef<absl::StatusOr<T>()> fn) {
+  absl::StatusOr<T> out = absl::InternalError(absl::StrCat(what, " did not run"));
+  if (absl::Status thrown = TorchBoundary(what, [&] { out = fn(); }); !thrown.ok()) {
+    out = thrown;
+  }
+  return out;
 }
 
 }  // namespace
@@ -136,14 +152,8 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   op->SetProgress(0, 1, "plans", "planning one training step on the meta device");
-  // The planner runs LibTorch on this thread: nothing it throws may end the
-  // thread (and the daemon) instead of the operation.
-  absl::StatusOr<plan::MemoryPlan> plan = absl::InternalError("the plan did not run");
-  if (absl::Status thrown =
-          TorchBoundary("memory plan", [&] { plan = plan::PlanTrainingStep(*planned); });
-      !thrown.ok()) {
-    plan = thrown;
-  }
+  absl::StatusOr<plan::MemoryPlan> plan = PlanGuarded<plan::MemoryPlan>(
+      "memory plan", [&] { return plan::PlanTrainingStep(*planned); });
   if (!plan.ok()) {
     finish(plan.status());
     return;
@@ -158,6 +168,62 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
                   absl::StrFormat("peak %d bytes in %s", plan->peak_allocated_bytes,
                                   PhaseName(plan->peak_phase)));
   finish(absl::OkStatus(), PlanResult{model_name, planned->target, *std::move(plan)});
+}
+
+void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
+                              const LlamaConfig& config, const ValidTrainOptions& train,
+                              const offload::OffloadOptions& offload,
+                              int64_t budget_bytes,
+                              const std::shared_ptr<TrainingPlan>& plan,
+                              const StartRun& start) {
+  // Cleared before the operation is finished, as RunTraining does.
+  auto fail = [&](absl::Status status) {
+    {
+      absl::MutexLock lock(&mu_);
+      training_active_ = false;
+    }
+    op->Finish(std::move(status), TrainResult{});
+  };
+  if (op->cancel_requested()) {
+    fail(absl::CancelledError("cancelled before it started"));
+    return;
+  }
+  op->SetProgress(
+      0, train->steps, "steps",
+      absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
+  plan::PlanSpec base;
+  base.model = config;
+  base.train = train.get();
+  base.offload = offload;
+  base.target = absl::StartsWith(device_, "cuda") ? plan::PlanSpec::Target::kCuda
+                                                  : plan::PlanSpec::Target::kCpu;
+  absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
+      "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
+  if (!choice.ok()) {
+    fail(choice.status());
+    return;
+  }
+  if (op->cancel_requested()) {
+    fail(absl::CancelledError("cancelled while its configuration was planned"));
+    return;
+  }
+  // The chosen options went through the one check again: they differ from
+  // the request's in fields the planner may have set.
+  absl::StatusOr<ValidTrainOptions> chosen =
+      ValidTrainOptions::Check(choice->spec.train, config.max_position_embeddings);
+  if (!chosen.ok()) {
+    fail(chosen.status());
+    return;
+  }
+  plan->budget_choice = choice->chosen.Describe(base);
+  plan->planned_peak_bytes.store(choice->chosen.plan.peak_allocated_bytes);
+  op->SetProgress(
+      0, train->steps, "steps",
+      absl::StrFormat("under %d bytes: %s, planned peak %d bytes", budget_bytes,
+                      plan->budget_choice, choice->chosen.plan.peak_allocated_bytes));
+  if (absl::Status posted = start(*chosen, choice->spec.offload); !posted.ok()) {
+    fail(posted);
+  }
 }
 
 }  // namespace memprofd

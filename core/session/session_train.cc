@@ -87,6 +87,23 @@ absl::StatusOr<TrainingData> ReadTrainingData(const TrainOptions& train,
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpec& spec) {
   RETURN_IF_ERROR(ranks_->CheckLeader("Train"));
+  if (spec.memory_budget_bytes) {
+    if (*spec.memory_budget_bytes <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory_budget_bytes must be > 0, got ", *spec.memory_budget_bytes));
+    }
+    if (spec.resume) {
+      return absl::UnimplementedError(
+          "memory_budget_bytes with resume: a resumed run keeps its own batch_size and "
+          "grad_accumulation_steps (its data stream goes on with them), so there is "
+          "nothing to choose; resume without a budget, or train a new run under it");
+    }
+    if (world().world_size > 1) {
+      return absl::UnimplementedError(
+          "memory_budget_bytes in a data-parallel run: the plan covers one process's "
+          "step, not the gradient synchronisation's buckets; train without a budget");
+    }
+  }
   std::optional<ModelSummary> model = Model();
   if (!model) {
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
@@ -147,6 +164,51 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     ASSIGN_OR_RETURN(in_request,
                      ReadTrainingData(train, vocab_size, resumed_tokens, DataAccess()));
   }
+  // Starts the run on the owner thread with the options given: at once, or
+  // (under a budget) from the plan thread with the options it chose.
+  auto plan = std::make_shared<TrainingPlan>();
+  auto start_with = [this, vocab_size, resumed_tokens, in_request, resume = spec.resume,
+                     offload_request = spec.offload,
+                     plan](const std::shared_ptr<Operation>& op) -> StartRun {
+    return [this, op, vocab_size, resumed_tokens, in_request, resume, offload_request,
+            plan](const ValidTrainOptions& valid,
+                  const offload::OffloadOptions& offload_options) {
+      // Data parallel: the followers get the merged options and the
+      // request's own offload fields (each merges them over its own flags),
+      // published by the owner thread when it starts the run, in the order
+      // it runs things.
+      return owner_->Post(
+          [this, op, valid, offload_options, vocab_size, resumed_tokens, in_request,
+           resume, plan, command = ranks_->TrainCommand(valid, offload_request, resume)] {
+            absl::StatusOr<TrainingData> read =
+                in_request
+                    ? absl::StatusOr<TrainingData>(*in_request)
+                    : ReadTrainingData(valid, vocab_size, resumed_tokens,
+                                       ClientDataAccess(data_roots_, options_, op));
+            if (!read.ok()) {
+              {
+                absl::MutexLock lock(&mu_);
+                training_active_ = false;
+              }
+              op->Finish(read.status());
+              return;
+            }
+            if (!command.empty()) {
+              if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
+                {
+                  absl::MutexLock lock(&mu_);
+                  training_active_ = false;
+                }
+                op->Finish(s);
+                ranks_->FailRun(s);
+                return;
+              }
+            }
+            RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
+                        resume, plan);
+          });
+    };
+  };
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
@@ -161,42 +223,18 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
           "another training operation is queued or running; wait for it or cancel it "
           "(ListOperations shows it)");
     }
+    // The flag is the training's place: held from here, through a budget's
+    // planning, to the run's end.
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
-    // Data parallel: the followers get the merged options and the request's
-    // own offload fields (each merges them over its own flags), published
-    // by the owner thread when it starts the run, in the order it runs
-    // things.
+    const StartRun start = start_with(op);
     absl::Status posted =
-        owner_->Post([this, op, valid, offload_options, vocab_size, resumed_tokens,
-                      in_request, resume = spec.resume,
-                      command = ranks_->TrainCommand(train, spec.offload, spec.resume)] {
-          absl::StatusOr<TrainingData> read =
-              in_request ? absl::StatusOr<TrainingData>(*in_request)
-                         : ReadTrainingData(valid, vocab_size, resumed_tokens,
-                                            ClientDataAccess(data_roots_, options_, op));
-          if (!read.ok()) {
-            {
-              absl::MutexLock lock(&mu_);
-              training_active_ = false;
-            }
-            op->Finish(read.status());
-            return;
-          }
-          if (!command.empty()) {
-            if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
-              {
-                absl::MutexLock lock(&mu_);
-                training_active_ = false;
-              }
-              op->Finish(s);
-              ranks_->FailRun(s);
-              return;
-            }
-          }
-          RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
-                      resume);
-        });
+        spec.memory_budget_bytes
+            ? plans_->Post([this, op, config = model->config, valid, offload_options,
+                            budget = *spec.memory_budget_bytes, plan, start] {
+                PlanUnderBudget(op, config, valid, offload_options, budget, plan, start);
+              })
+            : start(valid, offload_options);
     // Shutdown began since the check above.
     if (!posted.ok()) {
       training_active_ = false;
@@ -214,10 +252,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
 class Session::TrainingRun : public StepListener {
  public:
   TrainingRun(Session* session, std::shared_ptr<Operation> op, int64_t steps,
-              const offload::OffloadStepListener* offload, DataParallel* data_parallel)
+              const offload::OffloadStepListener* offload, DataParallel* data_parallel,
+              std::shared_ptr<const TrainingPlan> plan)
       : session_(session),
         op_(std::move(op)),
         steps_(steps),
+        plan_(std::move(plan)),
         offload_(offload),
         data_parallel_(data_parallel),
         observers_(session->Observers()) {}
@@ -258,6 +298,7 @@ class Session::TrainingRun : public StepListener {
   Session* const session_;
   const std::shared_ptr<Operation> op_;
   const int64_t steps_;
+  const std::shared_ptr<const TrainingPlan> plan_;  // never null
   const offload::OffloadStepListener* const offload_;
   DataParallel* const data_parallel_;  // null: a single process
   const std::vector<std::shared_ptr<SessionObserver>> observers_;
@@ -270,6 +311,8 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   r.step = report;
   r.offload = offload_->last_step();
   r.peak_allocated_bytes = StepPeakBytes(s.runtime_.recorder(), s.device_);
+  r.planned_peak_bytes = plan_->planned_peak_bytes.load();
+  if (report.step == 1) r.budget_choice = plan_->budget_choice;
   op_->AppendEvent(r);
   for (const auto& observer : observers_) observer->OnStep(r);
   std::optional<double> drift;
@@ -318,7 +361,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
                           const ValidTrainOptions& train,
                           const offload::OffloadOptions& offload_options,
                           const TokenDataset& data, const TokenDataset* eval_data,
-                          bool resume) {
+                          bool resume, std::shared_ptr<const TrainingPlan> plan) {
   // The flag clears before the operation reports done, so that a client that
   // saw it finish can start the next training at once.
   auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
@@ -367,7 +410,7 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   // synchronisation (whose OnStepEnd puts the global loss in the report),
   // then this operation's reporting.
   offload::OffloadStepListener offload(*offloader, model);
-  TrainingRun run(this, op, train->steps, &offload, data_parallel.get());
+  TrainingRun run(this, op, train->steps, &offload, data_parallel.get(), plan);
   StepListeners listeners = {&offload};
   if (data_parallel != nullptr) listeners.push_back(data_parallel.get());
   listeners.push_back(&run);
@@ -400,6 +443,10 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
       ranks_->FailRun(failure);
       return;
     }
+  }
+  if (result.ok()) {
+    result->budget_choice = plan->budget_choice;
+    result->planned_peak_bytes = plan->planned_peak_bytes.load();
   }
   if (!result.ok()) {
     finish(result.status());

@@ -158,6 +158,12 @@ struct TrainSpec {
   // defaults; `steps` unset runs the rest of it (its total minus the steps
   // done).
   bool resume = false;
+  // Train under this many bytes of peak memory on the compute device: the
+  // session plans the candidates of this request (plan::ChooseUnderBudget,
+  // core/plan/budget.h) and runs the fastest that fits in place of its
+  // batch_size, grad_accumulation_steps, gradient_checkpointing and
+  // offload.enabled. Unset: no budget. Not with resume, nor data parallel.
+  std::optional<int64_t> memory_budget_bytes;
 };
 
 // A memory plan's ask (Session::StartPlan): a model's shape and a training
@@ -195,6 +201,12 @@ struct SessionStepReport {
   offload::OffloadStats offload;
   // Peak bytes allocated on the compute device during the step.
   int64_t peak_allocated_bytes = 0;
+  // The planned peak of the run's configuration (a budgeted run: the
+  // chosen one's); 0 while the run has no plan.
+  int64_t planned_peak_bytes = 0;
+  // A budgeted run's first step only: plan::BudgetCandidate::Describe of
+  // the configuration chosen.
+  std::string budget_choice;
 };
 
 enum class SnapshotMode { kBlocking, kAsync };

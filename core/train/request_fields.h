@@ -64,8 +64,11 @@
 // The fields of memprofd.v1.TrainRequest outside the two lists, each handled
 // by hand where it is used: the data sources (messages of their own, with
 // their own conversions: FromProto(v1::DataSource), DataSpec's JSON), and
-// what belongs to TrainSpec rather than TrainOverrides (offload, resume).
-#define MEMPROFD_TRAIN_FIELDS_APART "data", "eval_data", "offload", "resume"
+// what belongs to TrainSpec rather than TrainOverrides (offload, resume,
+// and memory_budget_bytes: a directive to the session, which plans under it
+// and chooses some of the options, not an option of the run itself).
+#define MEMPROFD_TRAIN_FIELDS_APART \
+  "data", "eval_data", "offload", "resume", "memory_budget_bytes"
 
 // The Evaluate request's fields, likewise: memprofd.v1.EvaluateRequest, the
 // server's conversion, core's EvalSpec, MergeEvalSpec and

@@ -127,6 +127,10 @@ struct TrainResult {
   double mean_tokens_per_second = 0.0;
   int64_t global_step = 0;  // the trainer's global step after the run
   bool cancelled = false;
+  // Set by the session for a run under a memory budget (TrainSpec::
+  // memory_budget_bytes): the configuration chosen and its planned peak.
+  std::string budget_choice;
+  int64_t planned_peak_bytes = 0;
 };
 
 // OK, or INVALID_ARGUMENT naming the field and the accepted range: steps,

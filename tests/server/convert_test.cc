@@ -615,6 +615,34 @@ TEST(ConvertTest, CheckpointKindAndResumeFlagsReachTheSession) {
             v1::SNAPSHOT_KIND_WEIGHTS);
 }
 
+TEST(ConvertTest, MemoryBudgetTravelsOnlyWhenSetAndItsChoiceComesBack) {
+  v1::TrainRequest train;
+  EXPECT_FALSE(FromProto(train)->memory_budget_bytes.has_value());
+  // Zero and negative budgets reach the session, which refuses them.
+  train.set_memory_budget_bytes(0);
+  EXPECT_EQ(FromProto(train)->memory_budget_bytes, 0);
+  train.set_memory_budget_bytes(int64_t{6} << 30);
+  absl::StatusOr<TrainSpec> spec = FromProto(train);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->memory_budget_bytes, int64_t{6} << 30);
+  // A directive to the session, not an option of the run.
+  EXPECT_FALSE(spec->train.batch_size.has_value());
+
+  SessionStepReport r;
+  r.planned_peak_bytes = 1234;
+  r.budget_choice = "batch 4 x 2 accumulated, checkpointing on, offloading off";
+  const v1::StepReport p = ToProto(r);
+  EXPECT_EQ(p.planned_peak_bytes(), 1234);
+  EXPECT_EQ(p.budget_choice(), r.budget_choice);
+  TrainResult t;
+  t.planned_peak_bytes = 99;
+  t.budget_choice = "batch 8 x 1 accumulated, checkpointing off, offloading off";
+  const v1::TrainResult tp = ToProto(t);
+  EXPECT_EQ(tp.planned_peak_bytes(), 99);
+  EXPECT_EQ(tp.budget_choice(), t.budget_choice);
+  EXPECT_EQ(ToProto(TrainResult()).budget_choice(), "");
+}
+
 TEST(ConvertTest, FailedOperationCarriesItsErrorAndNoResult) {
   OperationView view;
   view.id = "op-3";
