@@ -77,7 +77,7 @@ int PlanCommand(const Context& c, const Args& args) {
   std::string error;
   if (!TrainRequestFromFlags(req.mutable_train(), &error)) return Usage(error);
   if (auto v = GivenFlag(FLAGS_target)) req.set_target(*v);
-  if (auto v = GivenFlag(FLAGS_capacity)) req.set_capacity_bytes(*v);
+  if (auto v = GivenFlag(FLAGS_capacity)) req.set_capacity_bytes(v->bytes);
 
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);

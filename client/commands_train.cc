@@ -212,6 +212,9 @@ int TrainCommand(const Context& c, const Args& args) {
   // default; steps has no default there, so memprofctl always sends its own.
   v1::TrainRequest req;
   req.set_resume(absl::GetFlag(FLAGS_resume));
+  if (auto budget = GivenFlag(FLAGS_memory_budget)) {
+    req.set_memory_budget_bytes(budget->bytes);
+  }
   std::string error;
   if (!TrainRequestFromFlags(&req, &error)) return Usage(error);
   // A resume without --steps runs the rest of the resumed run; otherwise
@@ -241,6 +244,10 @@ int TrainCommand(const Context& c, const Args& args) {
       std::printf("%s\n", ToJsonLine(r).c_str());
       std::fflush(stdout);
       continue;
+    }
+    if (!r.budget_choice().empty()) {
+      std::printf("under the budget: %s, planned peak %s\n", r.budget_choice().c_str(),
+                  HumanBytes(static_cast<double>(r.planned_peak_bytes())).c_str());
     }
     seconds += r.step_seconds();
     std::string line;

@@ -1,9 +1,13 @@
 #include "client/flags.h"
 
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 
@@ -79,6 +83,9 @@ ABSL_FLAG(std::string, eval_data, "",
 ABSL_FLAG(std::string, eval_token_data, "",
           "train: evaluation token file (as --token_data, --bytes_per_token)");
 ABSL_FLAG(int64_t, eval_max_batches, 0, "train: evaluation batches each time [0: all]");
+ABSL_FLAG(memprofd::cli::ByteCount, memory_budget, {},
+          "train: run the fastest configuration whose planned peak fits this many "
+          "bytes (or KiB, MiB, GiB, TiB: 6GiB); see docs/planning.md [no budget]");
 ABSL_FLAG(int64_t, max_batches, 0, "evaluate: at most N batches [0: every window]");
 ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
@@ -99,8 +106,9 @@ ABSL_FLAG(std::string, hf_config, "",
           "config.json alone is read");
 ABSL_FLAG(std::string, target, "",
           "plan: the device to plan for, cpu or cuda (default: the daemon's device)");
-ABSL_FLAG(int64_t, capacity, 0,
-          "plan: the device's capacity in bytes, for the verdict (0: no verdict)");
+ABSL_FLAG(memprofd::cli::ByteCount, capacity, {},
+          "plan: the device's capacity in bytes (or KiB, MiB, GiB, TiB: 80GiB), for the "
+          "verdict (0: no verdict)");
 
 ABSL_FLAG(std::string, max_shard_size, "",
           "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");
@@ -150,5 +158,35 @@ void NoteGivenFlags(int argc, char** argv) {
 }
 
 const std::set<std::string>& GivenFlagNames() { return Names(); }
+
+bool AbslParseFlag(absl::string_view text, ByteCount* out, std::string* error) {
+  struct Suffix {
+    absl::string_view name;
+    int shift;
+  };
+  static constexpr Suffix kSuffixes[] = {
+      {"KiB", 10}, {"MiB", 20}, {"GiB", 30}, {"TiB", 40}};
+  int shift = 0;
+  for (const Suffix& s : kSuffixes) {
+    if (absl::ConsumeSuffix(&text, s.name)) {
+      shift = s.shift;
+      break;
+    }
+  }
+  int64_t n = 0;
+  if (!absl::SimpleAtoi(text, &n)) {
+    *error = "a whole number of bytes, optionally with KiB, MiB, GiB or TiB (6GiB)";
+    return false;
+  }
+  const int64_t limit = std::numeric_limits<int64_t>::max() >> shift;
+  if (n > limit || n < -limit) {
+    *error = "beyond int64 bytes";
+    return false;
+  }
+  out->bytes = n * (int64_t{1} << shift);
+  return true;
+}
+
+std::string AbslUnparseFlag(ByteCount count) { return absl::StrCat(count.bytes); }
 
 }  // namespace memprofd::cli

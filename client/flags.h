@@ -11,8 +11,19 @@
 
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
+#include "absl/strings/string_view.h"
 
 namespace memprofd::cli {
+
+// A byte count on the command line (--capacity, --memory_budget): a whole
+// number of bytes, optionally with a binary suffix KiB, MiB, GiB or TiB
+// ("6GiB" is 6 * 2^30). The parse fails on anything else and on a count
+// beyond int64; the sign is kept, for the daemon to judge.
+struct ByteCount {
+  int64_t bytes = 0;
+};
+bool AbslParseFlag(absl::string_view text, ByteCount* out, std::string* error);
+std::string AbslUnparseFlag(ByteCount count);
 
 // Notes which flags argv names (--name, --name=value, --noname, -name), for
 // GivenFlag. Call with main's arguments, before or after parsing them.
@@ -73,6 +84,7 @@ ABSL_DECLARE_FLAG(int64_t, eval_every_steps);
 ABSL_DECLARE_FLAG(std::string, eval_data);
 ABSL_DECLARE_FLAG(std::string, eval_token_data);
 ABSL_DECLARE_FLAG(int64_t, eval_max_batches);
+ABSL_DECLARE_FLAG(memprofd::cli::ByteCount, memory_budget);
 // evaluate (and --data, --token_data, --bytes_per_token, --batch_size,
 // --seq_len, --attn_implementation, --mixed_precision)
 ABSL_DECLARE_FLAG(int64_t, max_batches);
@@ -90,7 +102,7 @@ ABSL_DECLARE_FLAG(std::string, kind);
 // plan (and --preset, the train flags, --offload)
 ABSL_DECLARE_FLAG(std::string, hf_config);
 ABSL_DECLARE_FLAG(std::string, target);
-ABSL_DECLARE_FLAG(int64_t, capacity);
+ABSL_DECLARE_FLAG(memprofd::cli::ByteCount, capacity);
 // load and train
 ABSL_DECLARE_FLAG(bool, resume);
 ABSL_DECLARE_FLAG(bool, init_weights);

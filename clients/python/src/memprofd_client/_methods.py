@@ -107,9 +107,12 @@ class _Api:
               eval_every_steps: Optional[int] = None,
               eval_data: Optional[pb.DataSource] = None,
               eval_max_batches: Optional[int] = None, resume: Optional[bool] = None,
-              loss_chunk_tokens: Optional[int] = None, timeout: Timeout = DEFAULT):
+              loss_chunk_tokens: Optional[int] = None,
+              memory_budget_bytes: Optional[int] = None, timeout: Timeout = DEFAULT):
         """Queues a training (TrainRequest's fields; see train.proto). Returns
-        a training handle: wait(), cancel(), refresh(), reports()."""
+        a training handle: wait(), cancel(), refresh(), reports().
+        memory_budget_bytes: run the fastest configuration whose planned peak
+        fits (docs/planning.md); the handle's result and first report name it."""
         return self._start("Train", _request(
             pb.TrainRequest, steps=steps, batch_size=batch_size, seq_len=seq_len,
             learning_rate=learning_rate, seed=seed, data=data,
@@ -120,7 +123,8 @@ class _Api:
             warmup_steps=warmup_steps, min_lr_ratio=min_lr_ratio,
             mixed_precision=mixed_precision, eval_every_steps=eval_every_steps,
             eval_data=eval_data, eval_max_batches=eval_max_batches, resume=resume,
-            loss_chunk_tokens=loss_chunk_tokens), timeout)
+            loss_chunk_tokens=loss_chunk_tokens,
+            memory_budget_bytes=memory_budget_bytes), timeout)
 
     def stream_step_reports(self, operation_id: str, *, from_step: Optional[int] = None,
                             timeout: Timeout = DEFAULT):
