@@ -94,6 +94,13 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
         out.Add("memprofd_train_last_loss", "Loss of the last step.", MetricType::Gauge),
         c.last_loss);
   }
+  if (c.plan_error_ratio) {
+    Families::Sample(out.Add("memprofd_plan_error_ratio",
+                             "The memory planner's error on the last step with a plan: "
+                             "(measured peak - planned peak) / planned peak.",
+                             MetricType::Gauge),
+                     *c.plan_error_ratio);
+  }
   if (c.last_step) {
     Families::Sample(
         out.Add("memprofd_train_tokens_per_second",

@@ -138,6 +138,12 @@ class Session {
   // run allocates anything; the planner's other errors fail it likewise.
   // The choice and its planned peak are in the first step report and the
   // TrainResult.
+  // Calibration: a single-process Train without a budget also has its
+  // configuration planned on the plan thread, beside the run, which starts
+  // at once and never waits for it; skipped when a memory plan or another
+  // training's calibration is queued or running. From the step after the
+  // plan arrives, step reports carry planned_peak_bytes and the counters
+  // plan_error_ratio. A PlanMemory that comes meanwhile queues behind it.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Merges the request over EvalOptions' defaults, validates, reads the
@@ -306,6 +312,18 @@ class Session {
                        const offload::OffloadOptions& offload, int64_t budget_bytes,
                        const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
 
+  // Plan thread only (session_plan.cc): calibration. Plans the step of
+  // training `op` (model `config`, the merged `train` and `offload`) and
+  // records its peak in `plan`, where the run's step reports and the
+  // plan-error gauge find it from the next step on; skipped when `op` is
+  // done or cancelled, or the session is stopping. A plan that fails
+  // (bf16: UNIMPLEMENTED) leaves the run without one, silently. Clears
+  // calibration_pending_.
+  void CalibrateRun(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
+                    const ValidTrainOptions& train,
+                    const offload::OffloadOptions& offload,
+                    const std::shared_ptr<TrainingPlan>& plan);
+
   // Owner thread only.
   void RunTraining(const std::shared_ptr<Operation>& op, const ValidTrainOptions& train,
                    const offload::OffloadOptions& offload_options,
@@ -339,6 +357,9 @@ class Session {
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   // The id of the PLAN operation queued or running on plans_; empty: none.
   std::string plan_active_ ABSL_GUARDED_BY(mu_);
+  // A training's calibration plan (CalibrateRun) is queued or running on
+  // plans_: the next training's is skipped rather than queued behind it.
+  bool calibration_pending_ ABSL_GUARDED_BY(mu_) = false;
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
 

@@ -170,6 +170,39 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
   finish(absl::OkStatus(), PlanResult{model_name, planned->target, *std::move(plan)});
 }
 
+namespace {
+
+// The plan of a training step of `config` as this session's device runs it.
+plan::PlanSpec TrainingPlanSpec(const std::string& device, const LlamaConfig& config,
+                                const ValidTrainOptions& train,
+                                const offload::OffloadOptions& offload) {
+  plan::PlanSpec spec;
+  spec.model = config;
+  spec.train = train.get();
+  spec.offload = offload;
+  spec.target = absl::StartsWith(device, "cuda") ? plan::PlanSpec::Target::kCuda
+                                                 : plan::PlanSpec::Target::kCpu;
+  return spec;
+}
+
+}  // namespace
+
+void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
+                           const LlamaConfig& config, const ValidTrainOptions& train,
+                           const offload::OffloadOptions& offload,
+                           const std::shared_ptr<TrainingPlan>& plan) {
+  if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
+    absl::StatusOr<plan::MemoryPlan> planned =
+        PlanGuarded<plan::MemoryPlan>("calibration plan", [&] {
+          return plan::PlanTrainingStep(
+              TrainingPlanSpec(device_, config, train, offload));
+        });
+    if (planned.ok()) plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
+  }
+  absl::MutexLock lock(&mu_);
+  calibration_pending_ = false;
+}
+
 void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
                               const LlamaConfig& config, const ValidTrainOptions& train,
                               const offload::OffloadOptions& offload,
@@ -191,12 +224,7 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
   op->SetProgress(
       0, train->steps, "steps",
       absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
-  plan::PlanSpec base;
-  base.model = config;
-  base.train = train.get();
-  base.offload = offload;
-  base.target = absl::StartsWith(device_, "cuda") ? plan::PlanSpec::Target::kCuda
-                                                  : plan::PlanSpec::Target::kCpu;
+  const plan::PlanSpec base = TrainingPlanSpec(device_, config, train, offload);
   absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
       "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
   if (!choice.ok()) {

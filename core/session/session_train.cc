@@ -241,6 +241,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
       op->Finish(posted);
       return posted;
     }
+    // Calibration, beside the run, never ahead of it; a data-parallel step
+    // has buckets the plan does not see.
+    if (!spec.memory_budget_bytes && world().world_size == 1 && plan_active_.empty() &&
+        !calibration_pending_) {
+      calibration_pending_ =
+          plans_
+              ->Post([this, op, config = model->config, valid, offload_options, plan] {
+                CalibrateRun(op, config, valid, offload_options, plan);
+              })
+              .ok();
+    }
   }
   return op;
 }
@@ -337,6 +348,11 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
     s.counters_.has_loss = true;
     s.counters_.offload_totals.Add(r.offload);
     s.counters_.last_step = r;
+    if (r.planned_peak_bytes > 0) {
+      s.counters_.plan_error_ratio =
+          static_cast<double>(r.peak_allocated_bytes - r.planned_peak_bytes) /
+          static_cast<double>(r.planned_peak_bytes);
+    }
     if (data_parallel_ != nullptr) {
       DataParallelCounters& dp = s.counters_.data_parallel;
       const GradientSyncStats& sync = data_parallel_->last_step();

@@ -202,7 +202,8 @@ struct SessionStepReport {
   // Peak bytes allocated on the compute device during the step.
   int64_t peak_allocated_bytes = 0;
   // The planned peak of the run's configuration (a budgeted run: the
-  // chosen one's); 0 while the run has no plan.
+  // chosen one's; otherwise its calibration plan's, from the step after it
+  // arrives); 0 while the run has no plan.
   int64_t planned_peak_bytes = 0;
   // A budgeted run's first step only: plan::BudgetCandidate::Describe of
   // the configuration chosen.
@@ -301,6 +302,10 @@ struct SessionCounters {
   // skipped and the training failed.
   int64_t nonfinite_steps_total = 0;
   DataParallelCounters data_parallel;
+  // The planner's error on the last step with a plan (calibration, or a
+  // budgeted run's choice): (measured peak - planned) / planned. Unset until
+  // a step with a plan has run.
+  std::optional<double> plan_error_ratio;
 };
 
 // Told of every training step and every published snapshot, for the

@@ -127,8 +127,9 @@ struct TrainResult {
   double mean_tokens_per_second = 0.0;
   int64_t global_step = 0;  // the trainer's global step after the run
   bool cancelled = false;
-  // Set by the session for a run under a memory budget (TrainSpec::
-  // memory_budget_bytes): the configuration chosen and its planned peak.
+  // Set by the session: a run under a memory budget's configuration
+  // (TrainSpec::memory_budget_bytes), and the run's planned peak (the
+  // chosen configuration's, or its calibration plan's; 0: none).
   std::string budget_choice;
   int64_t planned_peak_bytes = 0;
 };

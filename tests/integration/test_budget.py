@@ -4,9 +4,12 @@ unconstrained peak trains with every measured step peak under it and names
 its choice (first step report, TrainResult); a budget below the model state
 fails the operation with RESOURCE_EXHAUSTED before a step runs; a budget
 <= 0 or with resume is refused at once; memprofctl train --memory_budget
-(with a binary suffix) and the Python client's train(memory_budget_bytes=)."""
+(with a binary suffix) and the Python client's train(memory_budget_bytes=);
+and calibration: every run's step reports carry its plan's peak once it came,
+and memprofd_plan_error_ratio says how far the last step's peak was from it."""
 
 import os
+import time
 import unittest
 
 if not os.environ.get("OMP_NUM_THREADS"):
@@ -117,6 +120,30 @@ class BudgetTest(harness.DaemonTestCase):
         self.assertEqual(t.steps_completed, 3)
         self.assertTrue(t.budget_choice)
         self.assertLessEqual(t.planned_peak_bytes, budget)
+
+    def test_6_every_run_is_calibrated_and_the_gauge_says_how_well(self):
+        train = self.d.call("Train", pb.TrainRequest(steps=100000, batch_size=8, seq_len=64))
+        reports = []
+        deadline = time.time() + 120
+        for r in self.d.stub.StreamStepReports(
+                pb.StreamStepReportsRequest(operation_id=train.id), timeout=180,
+                metadata=self.d.metadata()):
+            reports.append(r)
+            # A few steps after the plan came (it never held the run back).
+            if sum(1 for x in reports if x.planned_peak_bytes > 0) >= 3:
+                break
+            self.assertLess(time.time(), deadline, "no plan after %d steps" % len(reports))
+        self.d.call("CancelOperation", pb.CancelOperationRequest(id=train.id))
+        self.assertEqual(wait_done(self.d, train.id).state, pb.OPERATION_STATE_CANCELLED)
+        # The gauge is the last step's, which may have come after those read.
+        last = self.reports(train.id)[-1]
+        ratio = harness.metric(self.d.metrics_text(), "memprofd_plan_error_ratio")
+        print("calibration: planned %d, measured %d, memprofd_plan_error_ratio %.5f"
+              % (last.planned_peak_bytes, last.peak_allocated_bytes, ratio))
+        self.assertLess(abs(ratio), 0.05)
+        self.assertAlmostEqual(
+            ratio, (last.peak_allocated_bytes - last.planned_peak_bytes)
+            / last.planned_peak_bytes, places=6)
 
 
 if __name__ == "__main__":

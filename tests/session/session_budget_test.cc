@@ -1,12 +1,18 @@
 // Training under a byte budget through the one door (StartTraining with
 // memory_budget_bytes): the checks at once, the choice made on the plan
 // thread, a run whose measured step peaks stay under the budget, and a
-// refusal that allocates nothing.
+// refusal that allocates nothing; and every run's calibration against its
+// plan.
 
+#include <cmath>
 #include <memory>
+#include <optional>
 #include <string>
 #include <variant>
+#include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/session/session.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -115,12 +121,54 @@ TEST(SessionBudgetTest, BudgetBelowTheModelStateIsRefusedBeforeAllocating) {
   EXPECT_EQ(v.state, OperationState::kFailed);
   EXPECT_EQ(v.error.code(), absl::StatusCode::kResourceExhausted) << v.error;
   EXPECT_EQ((*op)->events_total(), 0);
+  // The request's data (the embedded corpus, read at once as for any Train)
+  // goes with the plan thread's work item, just after the operation ends.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (CpuCurrentBytes(*session) != before && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
   EXPECT_EQ(CpuCurrentBytes(*session), before);
   EXPECT_EQ(session->Model()->steps_trained, 0);
   // The place is free again: a training without a budget runs.
   absl::StatusOr<std::shared_ptr<Operation>> next = session->StartTraining(SmallRun());
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(WaitDone(**next).state, OperationState::kSucceeded);
+}
+
+TEST(SessionBudgetTest, EveryRunIsCalibratedAgainstItsPlanBesideIt) {
+  std::unique_ptr<Session> session = CpuSession("tiny");
+  ASSERT_NE(session, nullptr);
+  EXPECT_FALSE(session->Counters().plan_error_ratio.has_value());
+  TrainSpec spec = SmallRun();
+  spec.train.steps = 100000;
+  absl::StatusOr<std::shared_ptr<Operation>> op = session->StartTraining(spec);
+  ASSERT_TRUE(op.ok()) << op.status();
+  // The run does not wait for its plan; its reports carry it once it came.
+  int64_t planned = 0;
+  testing::WaitFor(
+      **op,
+      [&](const OperationView& v) {
+        if (v.completed < 2) return false;
+        int64_t first = 0;
+        const std::vector<SessionStepReport> last =
+            (*op)->EventsFrom(v.completed, 1, &first);
+        planned = last.empty() ? 0 : last.back().planned_peak_bytes;
+        return planned > 0;
+      },
+      absl::Minutes(2));
+  ASSERT_GT(planned, 0);
+  const int64_t steps_then = (*op)->View().completed;
+  testing::WaitFor(
+      **op, [&](const OperationView& v) { return v.completed >= steps_then + 2; },
+      absl::Minutes(2));
+  ASSERT_TRUE(session->CancelOperation((*op)->id()).ok());
+  const OperationView v = WaitDone(**op);
+  EXPECT_EQ(v.state, OperationState::kCancelled);
+  EXPECT_EQ(std::get<TrainResult>(v.result).planned_peak_bytes, planned);
+  EXPECT_TRUE(std::get<TrainResult>(v.result).budget_choice.empty());
+  const std::optional<double> error = session->Counters().plan_error_ratio;
+  ASSERT_TRUE(error.has_value());
+  EXPECT_LT(std::abs(*error), 0.05) << "planned " << planned;
 }
 
 }  // namespace
