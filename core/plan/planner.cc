@@ -271,7 +271,11 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     if (s.peak >= peak->peak) peak = &s;
   }
   MemoryPlan plan = PlanOf(*peak);
-  plan.offloaded_bytes = moved[static_cast<size_t>(peak->step - 1)];
+  // Per micro-batch: the dry run ran at most kPlannedMicroBatches of them.
+  plan.offloaded_bytes =
+      moved[static_cast<size_t>(peak->step - 1)] /
+      std::max<int64_t>(1, std::min<int64_t>(spec.train.grad_accumulation_steps,
+                                             internal::kPlannedMicroBatches));
   plan.allocations = ledger->allocations();
   plan.capacity_bytes = spec.capacity_bytes;
   if (spec.capacity_bytes > 0) {

@@ -12,6 +12,8 @@
 //
 // Two optimizer steps run: the first creates AdamW's state, the second is a
 // step as every later one is. The plan is the step whose peak is higher.
+// Each runs at most two micro-batches: every one after the first starts from
+// the same memory, so the peak of any count >= 2 is that of 2.
 //
 // What a meta run cannot see, and so the plan does not count: what a kernel
 // allocates inside itself and frees before it returns (CPU flash attention's
@@ -105,8 +107,8 @@ struct MemoryPlan {
   int64_t capacity_bytes = 0;
   bool fits = true;
   int64_t headroom_bytes = 0;  // capacity - peak (negative: short by that much)
-  // Bytes the offloader would move off the device in the peak step (0
-  // without offloading).
+  // Bytes the offloader would move off the device per micro-batch of the
+  // peak step (0 without offloading).
   int64_t offloaded_bytes = 0;
   // Storages the dry run allocated, and its wall time.
   int64_t allocations = 0;

@@ -16,8 +16,10 @@
 
 namespace memprofd::plan::internal {
 
-// The two optimizer steps every plan is made of.
+// The two optimizer steps every plan is made of, each of at most two
+// micro-batches (a step's peak is the same for any count >= 2).
 inline constexpr int kPlannedSteps = 2;
+inline constexpr int64_t kPlannedMicroBatches = 2;
 
 // OK when `spec` can be planned; UNIMPLEMENTED / INVALID_ARGUMENT as
 // PlanTrainingStep documents.
@@ -25,11 +27,12 @@ absl::Status CheckPlannable(const PlanSpec& spec);
 
 // Makes spec.model on `device` (seed 0; parameters tagged as a loaded
 // model's are), a trainer and an offloader with spec.offload, and runs
-// kPlannedSteps steps of spec.train over a synthetic window of seq_len + 1
-// tokens, calling before_step(k) and after_step(k, offload statistics of step
-// k) (k = 1, 2; either may be empty) around step k. Everything it made is freed before it
-// returns. A step's failure as its status, prefixed with the step. `prepare_model` (may
-// be empty) sees the model before the first step.
+// kPlannedSteps steps of spec.train, each of at most kPlannedMicroBatches
+// micro-batches, over a synthetic window of seq_len + 1 tokens, calling
+// before_step(k) and after_step(k, offload statistics of step k) (k = 1, 2;
+// either may be empty) around step k. `prepare_model` (may be empty) sees
+// the model before the first step. Everything it made is freed before it
+// returns. A step's failure as its status, prefixed with the step.
 absl::Status RunPlannedSteps(
     const PlanSpec& spec, c10::Device device,
     const std::function<void(LlamaModel&)>& prepare_model,

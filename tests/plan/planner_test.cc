@@ -154,6 +154,20 @@ TEST_F(PlannerTest, PeakIsAttributedAndSumsToItsCategories) {
   EXPECT_EQ(plan->peak_step, 2);  // the optimizer state is there from the start
 }
 
+// Every micro-batch after the first starts from the same memory: 4096 of them
+// plan as 2 do, and as fast (a Train's calibration plan must not take
+// minutes, nor hold up shutdown).
+TEST_F(PlannerTest, ManyMicroBatchesPlanAsTwo) {
+  PlanSpec spec =
+      Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kEager);
+  spec.train.grad_accumulation_steps = 2;
+  absl::StatusOr<MemoryPlan> two = PlanTrainingStep(spec);
+  spec.train.grad_accumulation_steps = 4096;
+  absl::StatusOr<MemoryPlan> many = PlanTrainingStep(spec);
+  ASSERT_TRUE(two.ok() && many.ok());
+  EXPECT_EQ(many->peak_allocated_bytes, two->peak_allocated_bytes);
+}
+
 TEST_F(PlannerTest, VerdictAgainstACapacity) {
   PlanSpec spec =
       Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager);
