@@ -9,17 +9,6 @@
 namespace memprofd::plan {
 namespace {
 
-// Parameters of the model: what 6·N·tokens counts (the tied head once).
-int64_t ParameterCount(const LlamaConfig& c) {
-  const int64_t h = c.hidden_size;
-  const int64_t q = c.num_attention_heads * c.head_dim();
-  const int64_t kv = c.num_key_value_heads * c.head_dim();
-  const int64_t per_layer =
-      h * q + 2 * h * kv + q * h + 3 * h * c.intermediate_size + 2 * h;
-  return c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2) +
-         c.num_hidden_layers * per_layer + h;
-}
-
 double RelativeStepTime(const PlanSpec& base, const BudgetCandidate& c,
                         const BudgetOptions& options) {
   const bool cuda = base.target == PlanSpec::Target::kCuda;
@@ -40,7 +29,7 @@ double RelativeStepTime(const PlanSpec& base, const BudgetCandidate& c,
                           static_cast<double>(base.train.seq_len) *
                           static_cast<double>(c.grad_accumulation_steps);
     const double compute =
-        6.0 * static_cast<double>(ParameterCount(base.model)) * tokens / flops;
+        6.0 * static_cast<double>(c.plan.parameter_count) * tokens / flops;
     const double copies = 2.0 * static_cast<double>(c.plan.offloaded_bytes) *
                           static_cast<double>(c.grad_accumulation_steps) / bandwidth;
     if (compute > 0) time += (1.0 - kOffloadHidden) * copies / compute;

@@ -247,6 +247,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   // The CUDA caching allocator hands out multiples of 512 bytes (its
   // kMinBlockSize); an empty request takes no block.
   std::array<int64_t, internal::kPlannedSteps> moved{};
+  int64_t parameters = 0;
   auto ledger =
       std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda ? 512 : 1);
   PhaseDomain domain;
@@ -258,7 +259,10 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     const LlamaModel::MetaSdpaKernel sdpa = SdpaKernelFor(spec);
     RETURN_IF_ERROR(internal::RunPlannedSteps(
         spec, c10::Device(c10::DeviceType::Meta),
-        [sdpa](LlamaModel& model) { model.set_meta_sdpa_kernel(sdpa); },
+        [sdpa, &parameters](LlamaModel& model) {
+          model.set_meta_sdpa_kernel(sdpa);
+          parameters = model.NumParameters();
+        },
         /*before_step=*/{},
         [&moved](int64_t step, const offload::OffloadStats& stats) {
           moved[static_cast<size_t>(step - 1)] = stats.bytes_out;
@@ -271,6 +275,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     if (s.peak >= peak->peak) peak = &s;
   }
   MemoryPlan plan = PlanOf(*peak);
+  plan.parameter_count = parameters;
   // Per micro-batch: the dry run ran at most kPlannedMicroBatches of them.
   plan.offloaded_bytes =
       moved[static_cast<size_t>(peak->step - 1)] /

@@ -107,6 +107,8 @@ struct MemoryPlan {
   int64_t capacity_bytes = 0;
   bool fits = true;
   int64_t headroom_bytes = 0;  // capacity - peak (negative: short by that much)
+  // The model's parameters (LlamaModel::NumParameters of the dry run's model).
+  int64_t parameter_count = 0;
   // Bytes the offloader would move off the device per micro-batch of the
   // peak step (0 without offloading).
   int64_t offloaded_bytes = 0;
