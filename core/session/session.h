@@ -139,11 +139,14 @@ class Session {
   // The choice and its planned peak are in the first step report and the
   // TrainResult.
   // Calibration: a single-process Train without a budget also has its
-  // configuration planned on the plan thread, beside the run, which starts
-  // at once and never waits for it; skipped when a memory plan or another
-  // training's calibration is queued or running. From the step after the
-  // plan arrives, step reports carry planned_peak_bytes and the counters
-  // plan_error_ratio. A PlanMemory that comes meanwhile queues behind it.
+  // configuration planned on the plan thread just before the run starts
+  // there (a dry run of at most two micro-batches per step: milliseconds to
+  // a fraction of a second), so that the plan's real CPU bytes and its
+  // cores never overlap the run's steps; skipped, the run starting at once,
+  // when a memory plan or another training's calibration is queued or
+  // running, so a run never waits behind a PlanMemory. Step reports carry
+  // planned_peak_bytes and the counters plan_error_ratio. A PlanMemory that
+  // comes meanwhile queues behind it.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Merges the request over EvalOptions' defaults, validates, reads the
@@ -313,16 +316,21 @@ class Session {
                        const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
 
   // Plan thread only (session_plan.cc): calibration. Plans the step of
-  // training `op` (model `config`, the merged `train` and `offload`) and
+  // training `op` (model `config`, the merged `train` and `offload`),
   // records its peak in `plan`, where the run's step reports and the
-  // plan-error gauge find it from the next step on; skipped when `op` is
-  // done or cancelled, or the session is stopping. A plan that fails
-  // (bf16: UNIMPLEMENTED) leaves the run without one, silently. Clears
-  // calibration_pending_.
+  // plan-error gauge find it, clears calibration_pending_ and starts the run
+  // with `start` (refused: finishes `op` with that status and clears the
+  // training flag). The plan is skipped when `op` is done or cancelled, or
+  // the session is stopping; one that fails (bf16: UNIMPLEMENTED) leaves the
+  // run without one, silently.
   void CalibrateRun(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
                     const ValidTrainOptions& train,
                     const offload::OffloadOptions& offload,
-                    const std::shared_ptr<TrainingPlan>& plan);
+                    const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
+  // Finishes training `op`, which never started its run, with `status` and
+  // clears the training flag it held. Any thread but with mu_ free.
+  void EndTrainingThatDidNotStart(const std::shared_ptr<Operation>& op,
+                                  absl::Status status);
 
   // Owner thread only.
   void RunTraining(const std::shared_ptr<Operation>& op, const ValidTrainOptions& train,

@@ -21,6 +21,13 @@
 namespace memprofd {
 namespace {
 
+// The device a plan targets when the request names none: the session's
+// (a device string such as "cpu" or "cuda:0").
+plan::PlanSpec::Target TargetOf(absl::string_view device) {
+  return absl::StartsWith(device, "cuda") ? plan::PlanSpec::Target::kCuda
+                                          : plan::PlanSpec::Target::kCpu;
+}
+
 // `base` with the model and the training a plan of `config` runs: the
 // request's training fields merged over TrainOptions' defaults by
 // MergeTrainOverrides, the one check of a training request. A plan runs no
@@ -66,8 +73,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartPlan(
   }
   plan::PlanSpec base;
   // The compute device's type ("cuda:0" is a cuda target).
-  ASSIGN_OR_RETURN(base.target, plan::ParseTarget(spec.target.value_or(
-                                    absl::StartsWith(device_, "cuda") ? "cuda" : "cpu")));
+  if (spec.target) {
+    ASSIGN_OR_RETURN(base.target, plan::ParseTarget(*spec.target));
+  } else {
+    base.target = TargetOf(device_);
+  }
   base.capacity_bytes = spec.capacity_bytes.value_or(0);
   if (base.capacity_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -180,17 +190,27 @@ plan::PlanSpec TrainingPlanSpec(const std::string& device, const LlamaConfig& co
   spec.model = config;
   spec.train = train.get();
   spec.offload = offload;
-  spec.target = absl::StartsWith(device, "cuda") ? plan::PlanSpec::Target::kCuda
-                                                 : plan::PlanSpec::Target::kCpu;
+  spec.target = TargetOf(device);
   return spec;
 }
 
 }  // namespace
 
+void Session::EndTrainingThatDidNotStart(const std::shared_ptr<Operation>& op,
+                                         absl::Status status) {
+  // Cleared before the operation is finished, as RunTraining does.
+  {
+    absl::MutexLock lock(&mu_);
+    training_active_ = false;
+  }
+  op->Finish(std::move(status), TrainResult{});
+}
+
 void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                            const LlamaConfig& config, const ValidTrainOptions& train,
                            const offload::OffloadOptions& offload,
-                           const std::shared_ptr<TrainingPlan>& plan) {
+                           const std::shared_ptr<TrainingPlan>& plan,
+                           const StartRun& start) {
   if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
     absl::StatusOr<plan::MemoryPlan> planned =
         PlanGuarded<plan::MemoryPlan>("calibration plan", [&] {
@@ -199,8 +219,13 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
         });
     if (planned.ok()) plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
   }
-  absl::MutexLock lock(&mu_);
-  calibration_pending_ = false;
+  {
+    absl::MutexLock lock(&mu_);
+    calibration_pending_ = false;
+  }
+  if (absl::Status posted = start(train, offload); !posted.ok()) {
+    EndTrainingThatDidNotStart(op, std::move(posted));
+  }
 }
 
 void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
@@ -209,13 +234,8 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
                               int64_t budget_bytes,
                               const std::shared_ptr<TrainingPlan>& plan,
                               const StartRun& start) {
-  // Cleared before the operation is finished, as RunTraining does.
   auto fail = [&](absl::Status status) {
-    {
-      absl::MutexLock lock(&mu_);
-      training_active_ = false;
-    }
-    op->Finish(std::move(status), TrainResult{});
+    EndTrainingThatDidNotStart(op, std::move(status));
   };
   if (op->cancel_requested()) {
     fail(absl::CancelledError("cancelled before it started"));

@@ -228,30 +228,29 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     training_active_ = true;
     op = operations_.Create(OperationKind::kTrain);
     const StartRun start = start_with(op);
+    // Calibration plans the run just before it starts, when the plan thread
+    // is free (StartTraining's contract); a data-parallel step has buckets
+    // the plan does not see.
+    const bool calibrate = !spec.memory_budget_bytes && world().world_size == 1 &&
+                           plan_active_.empty() && !calibration_pending_;
     absl::Status posted =
         spec.memory_budget_bytes
             ? plans_->Post([this, op, config = model->config, valid, offload_options,
                             budget = *spec.memory_budget_bytes, plan, start] {
                 PlanUnderBudget(op, config, valid, offload_options, budget, plan, start);
               })
-            : start(valid, offload_options);
+        : calibrate ? plans_->Post([this, op, config = model->config, valid,
+                                    offload_options, plan, start] {
+            CalibrateRun(op, config, valid, offload_options, plan, start);
+          })
+                    : start(valid, offload_options);
     // Shutdown began since the check above.
     if (!posted.ok()) {
       training_active_ = false;
       op->Finish(posted);
       return posted;
     }
-    // Calibration, beside the run, never ahead of it; a data-parallel step
-    // has buckets the plan does not see.
-    if (!spec.memory_budget_bytes && world().world_size == 1 && plan_active_.empty() &&
-        !calibration_pending_) {
-      calibration_pending_ =
-          plans_
-              ->Post([this, op, config = model->config, valid, offload_options, plan] {
-                CalibrateRun(op, config, valid, offload_options, plan);
-              })
-              .ok();
-    }
+    if (calibrate) calibration_pending_ = true;
   }
   return op;
 }

@@ -143,7 +143,7 @@ TEST(SessionBudgetTest, EveryRunIsCalibratedAgainstItsPlanBesideIt) {
   spec.train.steps = 100000;
   absl::StatusOr<std::shared_ptr<Operation>> op = session->StartTraining(spec);
   ASSERT_TRUE(op.ok()) << op.status();
-  // The run does not wait for its plan; its reports carry it once it came.
+  // The run starts once its plan is made; its reports carry it.
   int64_t planned = 0;
   testing::WaitFor(
       **op,
