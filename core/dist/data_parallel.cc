@@ -4,11 +4,20 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/dist/model_sync.h"
 
 namespace memprofd {
+
+absl::Status ShardingBuilt(Sharding sharding) {
+  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer) {
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(absl::StrCat("sharding ", ShardingName(sharding),
+                                               " is not built yet: use none or optimizer"));
+}
 
 DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer,
                            std::unique_ptr<GradientSync> sync,
@@ -22,6 +31,7 @@ DataParallel::~DataParallel() = default;
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
     ProcessGroup* group, Trainer* trainer, const DataParallelOptions& options) {
+  RETURN_IF_ERROR(ShardingBuilt(options.sharding));
   LlamaModel* model = trainer->model();
   RETURN_IF_ERROR(TakeRankZeroParameters(*group, model->NamedParameters()));
   std::unique_ptr<OptimizerSharding> sharding;

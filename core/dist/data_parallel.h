@@ -35,17 +35,16 @@
 #include "core/dist/gradient_sync.h"
 #include "core/dist/optimizer_sharding.h"
 #include "core/dist/process_group.h"
+#include "core/dist/sharding.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
 
-// What each rank keeps of the training state, in increasing savings (and
-// communication). The same on every rank.
-enum class Sharding {
-  kNone,       // every rank holds everything (plain data parallel)
-  kOptimizer,  // ZeRO-1: AdamW's state sharded (optimizer_sharding.h)
-};
+// OK for the levels DataParallel implements; UNIMPLEMENTED naming the level
+// and those that are built otherwise. The daemon checks its --sharding with
+// it at start, DataParallel::Create again.
+absl::Status ShardingBuilt(Sharding sharding);
 
 struct DataParallelOptions {
   Sharding sharding = Sharding::kNone;

@@ -19,7 +19,7 @@
 //     BeforeBackward(last)
 //     loss.backward()
 //     AfterBackward()                 after the last micro-batch's backward
-//   gradient norm, clipping
+//   gradient norm: CombineGradNorm(norm), clipping
 //   BeforeUpdate()
 //   optimizer update
 //   AfterUpdate()
@@ -88,6 +88,14 @@ class StepListener {
   // clipping and the update; may replace the gradients (data parallel
   // averages them here). An error fails the step with that status.
   virtual absl::Status AfterBackward() { return absl::OkStatus(); }
+
+  // The step's gradient norm, given the norm of the gradients this process
+  // holds (the previous listener's result), before the finiteness check and
+  // clipping: the norm they and the report use. A listener whose process
+  // holds only its share of the gradients (sharded data parallel) combines
+  // every rank's here, so that all ranks clip and skip alike. An error fails
+  // the step with that status (no update).
+  virtual absl::StatusOr<double> CombineGradNorm(double norm) { return norm; }
 
   // After the gradient norm and clipping (which read every gradient), before
   // the optimizer update, in the optimizer phase; not called when the step's

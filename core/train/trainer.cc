@@ -285,6 +285,14 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
       if (p.grad().defined()) norms.push_back(p.grad().norm());
     }
     double total = norms.empty() ? 0.0 : ValueOf(torch::stack(norms).norm());
+    for (StepListener* l : listeners) {
+      absl::StatusOr<double> combined = l->CombineGradNorm(total);
+      if (!combined.ok()) {
+        batch_status = combined.status();
+        return;
+      }
+      total = *combined;
+    }
     report.grad_norm = total;
     // A NaN or infinite loss or gradient would make every weight NaN: the
     // update is skipped, so the model stays as it was, and the run fails.

@@ -1,5 +1,7 @@
 #include "core/dist/world.h"
 
+#include "core/dist/sharding.h"
+
 #include <map>
 #include <string>
 
@@ -18,6 +20,21 @@ EnvLookup Env(std::map<std::string, std::string> vars) {
     if (it == vars.end()) return std::nullopt;
     return it->second;
   };
+}
+
+TEST(ShardingTest, EveryLevelParsesFromItsNameAndNothingElseDoes) {
+  ASSERT_EQ(AllShardings().size(), 4u);
+  for (Sharding s : AllShardings()) {
+    absl::StatusOr<Sharding> parsed = ParseSharding(ShardingName(s));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, s);
+  }
+  for (absl::string_view bad : {"", "Optimizer", "zero1", "full "}) {
+    absl::StatusOr<Sharding> parsed = ParseSharding(bad);
+    ASSERT_FALSE(parsed.ok()) << bad;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(parsed.status().message(), HasSubstr("none, optimizer, gradients, full"));
+  }
 }
 
 TEST(WorldSpecTest, NoLauncherIsOneProcess) {
