@@ -1,14 +1,21 @@
 #include "core/snapshot/checkpoint_files.h"
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <system_error>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/snapshot/internal/file_io.h"
+#include "core/snapshot/internal/shard_writer.h"
+#include "core/snapshot/internal/staging.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -58,7 +65,151 @@ absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path) {
   return files;
 }
 
+constexpr char kShardingFormat[] = "memprofd-optimizer-sharding";
+
+// The parameter an optimizer tensor ("<param>.exp_avg") belongs to.
+std::string ParameterOf(const std::string& tensor) {
+  const size_t dot = tensor.rfind('.');
+  return dot == std::string::npos ? tensor : tensor.substr(0, dot);
+}
+
+// Appends every rank file the description names to `out`, checking that
+// each holds only parameters the description gives to its rank.
+absl::Status AppendRankFiles(const fs::path& root,
+                             const OptimizerShardingDescription& sharding,
+                             LoadedCheckpoint* out) {
+  std::map<std::string, int> owner;
+  for (const auto& [param, rank] : sharding.owners) owner[param] = rank;
+  std::set<std::string> seen;
+  for (int r = 0; r < sharding.world_size; ++r) {
+    const fs::path path = root / RankOptimizerFileName(r, sharding.world_size);
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      return absl::DataLossError(absl::StrCat(
+          "rank ", r, "'s optimizer file ", path.string(), " named by ",
+          kOptimizerShardingFile, " is missing; the checkpoint is incomplete"));
+    }
+    const size_t before = out->optimizer_tensors.size();
+    RETURN_IF_ERROR(AppendOptimizerFile(path, out));
+    for (size_t i = before; i < out->optimizer_tensors.size(); ++i) {
+      const std::string& name = out->optimizer_tensors[i].first;
+      auto it = owner.find(ParameterOf(name));
+      if (it == owner.end() || it->second != r) {
+        return absl::DataLossError(absl::StrCat(
+            path.string(), " holds ", name, ", which ", kOptimizerShardingFile,
+            it == owner.end() ? " does not name"
+                              : absl::StrCat(" gives to rank ", it->second),
+            "; take the checkpoint again"));
+      }
+      if (!seen.insert(name).second) {
+        return absl::DataLossError(
+            absl::StrCat("optimizer tensor ", name, " appears twice in ", root.string()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+std::string RankOptimizerFileName(int rank, int world_size) {
+  return absl::StrFormat("%s-rank-%05d-of-%05d.safetensors", kOptimizerFilePrefix, rank,
+                         world_size);
+}
+
+std::string OptimizerShardingToJson(const OptimizerShardingDescription& d) {
+  Json owners = Json::array();
+  for (const auto& [param, rank] : d.owners) {
+    owners.push_back({{"parameter", param}, {"rank", rank}});
+  }
+  Json files = Json::array();
+  for (int r = 0; r < d.world_size; ++r)
+    files.push_back(RankOptimizerFileName(r, d.world_size));
+  const Json v = {{"format", kShardingFormat},
+                  {"world_size", d.world_size},
+                  {"level", d.level},
+                  {"files", std::move(files)},
+                  {"owners", std::move(owners)}};
+  return DumpJson(v, 2) + "\n";
+}
+
+absl::StatusOr<OptimizerShardingDescription> OptimizerShardingFromJson(
+    absl::string_view text, absl::string_view path) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat("optimizer sharding description ", path,
+                                            " is damaged: ", why,
+                                            "; take the checkpoint again"));
+  };
+  absl::StatusOr<Json> v = ParseJson(text);
+  if (!v.ok()) return bad(v.status().message());
+  if (!v->is_object()) return bad("not a JSON object");
+  const Json* format = JsonFind(*v, "format");
+  if (format == nullptr || !format->is_string() ||
+      format->get<std::string>() != kShardingFormat) {
+    return bad(absl::StrCat("format is not \"", kShardingFormat, "\""));
+  }
+  OptimizerShardingDescription d;
+  const Json* world = JsonFind(*v, "world_size");
+  int64_t world_size = 0;
+  if (world == nullptr || !JsonToInt64(*world, &world_size) || world_size < 1 ||
+      world_size > 99999) {
+    return bad("world_size is not an integer in [1, 99999]");
+  }
+  d.world_size = static_cast<int>(world_size);
+  const Json* level = JsonFind(*v, "level");
+  if (level == nullptr || !level->is_string()) return bad("level is not a string");
+  d.level = level->get<std::string>();
+  const Json* owners = JsonFind(*v, "owners");
+  if (owners == nullptr || !owners->is_array()) return bad("owners is not an array");
+  for (const Json& o : *owners) {
+    const Json* param = o.is_object() ? JsonFind(o, "parameter") : nullptr;
+    const Json* rank = o.is_object() ? JsonFind(o, "rank") : nullptr;
+    int64_t r = -1;
+    if (param == nullptr || !param->is_string() || rank == nullptr ||
+        !JsonToInt64(*rank, &r) || r < 0 || r >= world_size) {
+      return bad("an owners entry is not {parameter, rank} with rank below world_size");
+    }
+    d.owners.emplace_back(param->get<std::string>(), static_cast<int>(r));
+  }
+  return d;
+}
+
+absl::StatusOr<int64_t> WriteRankOptimizerFile(
+    const std::string& dir, int rank, int world_size, const TensorList& tensors,
+    const std::map<std::string, std::string>& metadata, int64_t staging_bytes) {
+  const fs::path final_path = fs::path(dir) / RankOptimizerFileName(rank, world_size);
+  std::error_code ec;
+  if (fs::exists(final_path, ec)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(final_path.string(), " exists; another rank wrote it"));
+  }
+  const fs::path partial =
+      fs::path(dir) / absl::StrCat(".partial-", RankOptimizerFileName(rank, world_size));
+  fs::remove(partial, ec);  // a leftover of a rank killed while writing
+  std::vector<snapshot::internal::ShardTensor> items;
+  bool on_device = false;
+  for (const auto& [name, t] : tensors) {
+    RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(name, t));
+    on_device = on_device || !t.device().is_cpu();
+    items.push_back({name, t, t.scalar_type()});
+  }
+  ASSIGN_OR_RETURN(auto staging,
+                   snapshot::internal::StagingBuffer::Create(staging_bytes, on_device));
+  absl::StatusOr<int64_t> size = snapshot::internal::WriteShard(
+      partial.string(), items, *staging, [](int64_t) { return absl::OkStatus(); },
+      metadata);
+  if (size.ok() && ::rename(partial.c_str(), final_path.c_str()) != 0) {
+    size = snapshot::internal::ErrnoStatus(errno,
+                                           absl::StrCat("renaming ", partial.string()));
+  }
+  if (size.ok()) {
+    if (absl::Status synced = snapshot::internal::SyncDirectory(dir); !synced.ok())
+      return synced;
+  } else {
+    fs::remove(partial, ec);
+  }
+  return size;
+}
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
   const fs::path root(dir);
@@ -66,12 +217,14 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
   const bool has_state = fs::exists(root / kTrainerStateFile, ec);
   const bool has_single = fs::exists(root / kOptimizerSingleFileName, ec);
   const bool has_index = fs::exists(root / kOptimizerIndexFileName, ec);
-  if (!has_state || (!has_single && !has_index)) {
+  const bool has_ranks = fs::exists(root / kOptimizerShardingFile, ec);
+  if (!has_state || (!has_single && !has_index && !has_ranks)) {
     std::string missing;
     if (!has_state) missing = kTrainerStateFile;
-    if (!has_single && !has_index) {
+    if (!has_single && !has_index && !has_ranks) {
       absl::StrAppend(&missing, missing.empty() ? "" : " and ", kOptimizerSingleFileName,
-                      " (or ", kOptimizerIndexFileName, ")");
+                      " (or ", kOptimizerIndexFileName, ", or ", kOptimizerShardingFile,
+                      ")");
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "'", dir, "' is not a checkpoint: it has no ", missing,
@@ -82,6 +235,13 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
   LoadedCheckpoint out;
   ASSIGN_OR_RETURN(out.trainer_state_json, snapshot::internal::ReadSmallFile(
                                                (root / kTrainerStateFile).string()));
+  if (has_ranks) {
+    const std::string path = (root / kOptimizerShardingFile).string();
+    ASSIGN_OR_RETURN(const std::string text, snapshot::internal::ReadSmallFile(path));
+    ASSIGN_OR_RETURN(out.sharding, OptimizerShardingFromJson(text, path));
+    RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, &out));
+    return out;
+  }
   if (has_single) {
     RETURN_IF_ERROR(AppendOptimizerFile(root / kOptimizerSingleFileName, &out));
     return out;

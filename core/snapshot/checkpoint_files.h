@@ -10,12 +10,24 @@
 //   accelerate): tensors "<param>.exp_avg", "<param>.exp_avg_sq" and
 //   "<param>.step", the optimizer's hyperparameters in __metadata__;
 // - trainer_state.json (core/train/trainer_state.h).
+// A checkpoint of a data-parallel run whose optimizer state is sharded
+// (ZeRO-1: each rank holds the AdamW state of the parameters it owns) has,
+// instead of the optimizer files above, one file per rank,
+// optimizer-rank-0000R-of-0000N.safetensors (the same tensor names, the
+// rank's parameters only, never split by max_shard_size), and
+// optimizer_sharding.json, the description: the world size, the level and
+// the owning rank of every trainable parameter. LoadCheckpointFiles
+// assembles the whole state from the rank files, whatever world reads it.
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/snapshot/safetensors.h"
 
 namespace memprofd {
@@ -25,6 +37,35 @@ inline constexpr char kOptimizerFilePrefix[] = "optimizer";
 inline constexpr char kOptimizerSingleFileName[] = "optimizer.safetensors";
 inline constexpr char kOptimizerIndexFileName[] = "optimizer.index.json";
 inline constexpr char kTrainerStateFile[] = "trainer_state.json";
+inline constexpr char kOptimizerShardingFile[] = "optimizer_sharding.json";
+
+// How a sharded run's optimizer state is split over its ranks.
+struct OptimizerShardingDescription {
+  int world_size = 1;
+  // The sharding level's name (core/dist/sharding.h: "optimizer").
+  std::string level;
+  // The owning rank of each trainable parameter, in model order.
+  std::vector<std::pair<std::string, int>> owners;
+};
+
+// "optimizer-rank-0000R-of-0000N.safetensors": rank `rank`'s file among
+// `world_size` ranks.
+std::string RankOptimizerFileName(int rank, int world_size);
+// optimizer_sharding.json's text, and its reader: DATA_LOSS naming `path`
+// when the text is not the description (not JSON, a field missing or of the
+// wrong type, an owner outside [0, world_size)).
+std::string OptimizerShardingToJson(const OptimizerShardingDescription& description);
+absl::StatusOr<OptimizerShardingDescription> OptimizerShardingFromJson(
+    absl::string_view text, absl::string_view path);
+
+// Writes one rank's optimizer state (`tensors`, live, any device) as
+// RankOptimizerFileName(rank, world_size) in `dir`, with `metadata` in its
+// header, atomically within `dir` (written as a hidden partial file, fsynced,
+// then renamed), so that whoever sees the file sees it whole. Returns its
+// size. WriteSafetensorsFile's errors; ALREADY_EXISTS when the file is there.
+absl::StatusOr<int64_t> WriteRankOptimizerFile(
+    const std::string& dir, int rank, int world_size, const TensorList& tensors,
+    const std::map<std::string, std::string>& metadata, int64_t staging_bytes);
 
 // What a checkpoint writes besides the weights.
 struct CheckpointPayload {
@@ -35,6 +76,13 @@ struct CheckpointPayload {
   std::map<std::string, std::string> optimizer_metadata;
   // trainer_state.json's text.
   std::string trainer_state_json;
+  // Set when the optimizer state is sharded: optimizer_tensors are then rank
+  // 0's alone, written as its rank file, and the other ranks' complete files
+  // wait in `other_ranks_dir`, from which the writer moves them into the
+  // checkpoint before it publishes it (FAILED_PRECONDITION naming the rank
+  // whose file is not there).
+  std::optional<OptimizerShardingDescription> sharding;
+  std::string other_ranks_dir;
 };
 
 // A checkpoint's training state as read back.
@@ -43,13 +91,18 @@ struct LoadedCheckpoint {
   TensorList optimizer_tensors;
   std::map<std::string, std::string> optimizer_metadata;
   std::string trainer_state_json;
+  // Set when the checkpoint's optimizer state was written sharded; the
+  // tensors above are then every rank's, assembled.
+  std::optional<OptimizerShardingDescription> sharding;
 };
 
 // Reads the checkpoint files of `dir`. FAILED_PRECONDITION naming what is
 // missing when `dir` has no trainer_state.json or no optimizer file (a
 // weights-only snapshot or a plain Hugging Face directory); DATA_LOSS
 // naming the file for a corrupt or truncated optimizer file or index, a
-// shard the index names that is missing, or a tensor in two shards;
+// shard the index names that is missing, or a tensor in two shards, and
+// for a sharded checkpoint a rank file that is missing or holds a parameter
+// the description gives to another rank;
 // INVALID_ARGUMENT for dtypes memprofd does not handle. Thread-safe.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir);
 

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <set>
 #include <system_error>
@@ -225,8 +226,16 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
          static_cast<int64_t>(items.size() + i)});
     opt_by_name[opt_items[i].name] = &opt_items[i];
   }
-  const ShardPlan opt_plan =
-      PlanShards(opt_entries, options.max_shard_size, kOptimizerFilePrefix);
+  ShardPlan opt_plan = PlanShards(opt_entries,
+                                  checkpoint != nullptr && checkpoint->sharding
+                                      ? std::numeric_limits<int64_t>::max()
+                                      : options.max_shard_size,
+                                  kOptimizerFilePrefix);
+  if (checkpoint != nullptr && checkpoint->sharding) {
+    // Rank 0's file: one, whatever its size (every rank writes one).
+    opt_plan.shards[0].file_name =
+        RankOptimizerFileName(0, checkpoint->sharding->world_size);
+  }
   const int64_t total_bytes = plan.total_size + (checkpoint ? opt_plan.total_size : 0);
 
   RETURN_IF_ERROR(PrepareRoot(root_));
@@ -322,7 +331,27 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
   if (checkpoint != nullptr) {
     RETURN_IF_ERROR(write_shards(opt_plan, opt_by_name, checkpoint->optimizer_metadata));
-    if (opt_plan.sharded()) {
+    if (checkpoint->sharding) {
+      // The other ranks' files, complete already, join rank 0's before the
+      // one rename publishes them all.
+      const int world = checkpoint->sharding->world_size;
+      for (int r = 1; r < world; ++r) {
+        const std::string file = RankOptimizerFileName(r, world);
+        const fs::path from = fs::path(checkpoint->other_ranks_dir) / file;
+        std::error_code size_ec;
+        const int64_t size = static_cast<int64_t>(fs::file_size(from, size_ec));
+        if (size_ec || ::rename(from.c_str(), (fs::path(tmp_dir) / file).c_str()) != 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "rank ", r, "'s optimizer file ", from.string(),
+              " is not there: that rank did not write its optimizer state; nothing was "
+              "published"));
+        }
+        manifest.files.push_back({file, size});
+        manifest.optimizer_bytes += size;
+      }
+      RETURN_IF_ERROR(write_small(kOptimizerShardingFile,
+                                  OptimizerShardingToJson(*checkpoint->sharding)));
+    } else if (opt_plan.sharded()) {
       RETURN_IF_ERROR(write_small(kOptimizerIndexFileName, opt_plan.IndexJson()));
     }
     RETURN_IF_ERROR(write_small(kTrainerStateFile, checkpoint->trainer_state_json));
