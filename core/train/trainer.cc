@@ -581,7 +581,8 @@ std::map<std::string, std::string> Trainer::OptimizerMetadata() const {
 
 absl::Status Trainer::Restore(
     const TrainerState& state,
-    const std::vector<std::pair<std::string, at::Tensor>>& optimizer) {
+    const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
+    const std::set<std::string>* owned) {
   // Every check first: a failed restore leaves the trainer as it was.
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : optimizer) given[name] = &t;
@@ -621,8 +622,16 @@ absl::Status Trainer::Restore(
           "this model"));
     }
   }
+  if (owned != nullptr) {
+    // The name checks above saw every tensor; the state of parameters other
+    // ranks own goes no further.
+    for (auto it = given.begin(); it != given.end();) {
+      const size_t dot = it->first.rfind('.');
+      it = owned->count(it->first.substr(0, dot)) ? std::next(it) : given.erase(it);
+    }
+  }
   for (const auto& [name, p] : params) {
-    if (!p.requires_grad()) continue;
+    if (!p.requires_grad() || (owned != nullptr && owned->count(name) == 0)) continue;
     int present = 0;
     for (const char* part : kStateParts)
       present += given.count(absl::StrCat(name, ".", part));

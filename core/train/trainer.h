@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -153,8 +154,13 @@ class Trainer {
   // state although the checkpoint has trained; DATA_LOSS when the generator
   // state is not a CPU generator's. RESOURCE_EXHAUSTED when the copies do
   // not fit. Call once, on a fresh trainer, before any step.
+  // `owned` (optional): restore the optimizer state of these parameters only
+  // (a rank of a run with its optimizer state sharded keeps the state of the
+  // parameters it owns): the state of others is checked against the model
+  // and dropped, and only these must have state.
   absl::Status Restore(const TrainerState& state,
-                       const std::vector<std::pair<std::string, at::Tensor>>& optimizer);
+                       const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
+                       const std::set<std::string>* owned = nullptr);
 
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }

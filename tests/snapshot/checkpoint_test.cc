@@ -165,6 +165,116 @@ TEST(CheckpointFilesTest, WeightsOnlyDirectoriesAndDamagedFilesAreRefused) {
   EXPECT_EQ(testing::ListDir(root.path()), (std::vector<std::string>{"c", "w"}));
 }
 
+// A sharded run's checkpoint: rank 1 writes its file beside the checkpoint,
+// rank 0's writer moves it in with its own and the description, and the
+// reader assembles the whole state from both, each tensor bit for bit.
+TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(1, 2, 16, 64);
+  const CheckpointPayload whole = MakePayload(model);
+  OptimizerShardingDescription sharding;
+  sharding.world_size = 2;
+  sharding.level = "optimizer";
+  for (size_t i = 0; i < model.size(); ++i) {
+    sharding.owners.emplace_back(model[i].first, i < model.size() / 2 ? 0 : 1);
+  }
+  std::map<std::string, int> owner(sharding.owners.begin(), sharding.owners.end());
+  CheckpointPayload rank0 = whole;
+  rank0.optimizer_tensors.clear();
+  TensorList rank1;
+  for (const auto& [name, t] : whole.optimizer_tensors) {
+    const std::string param = name.substr(0, name.rfind('.'));
+    (owner.at(param) == 0 ? rank0.optimizer_tensors : rank1).emplace_back(name, t);
+  }
+  ASSERT_FALSE(rank1.empty());
+  const std::string side = root.path() + "/.tmp-ck-ranks";
+  std::filesystem::create_directories(side);
+  absl::StatusOr<int64_t> written =
+      WriteRankOptimizerFile(side, 1, 2, rank1, whole.optimizer_metadata, 1 << 20);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_TRUE(
+      std::filesystem::exists(side + "/optimizer-rank-00001-of-00002.safetensors"));
+  rank0.sharding = sharding;
+  rank0.other_ranks_dir = side;
+
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, rank0, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  std::vector<std::string> files;
+  for (const SnapshotFile& f : m->files) files.push_back(f.name);
+  EXPECT_THAT(files, ElementsAre("model.safetensors", "config.json",
+                                 "optimizer-rank-00000-of-00002.safetensors",
+                                 "optimizer-rank-00001-of-00002.safetensors",
+                                 "optimizer_sharding.json", "trainer_state.json"));
+  EXPECT_TRUE(std::filesystem::is_empty(side));
+  // The model part loads as a Hugging Face directory, as before.
+  absl::StatusOr<LoadedWeights> weights = LoadSafetensorsDirectory(m->directory);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  EXPECT_EQ(weights->tensors.size(), model.size());
+
+  absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->sharding.has_value());
+  EXPECT_EQ(back->sharding->world_size, 2);
+  EXPECT_EQ(back->sharding->level, "optimizer");
+  EXPECT_EQ(back->sharding->owners, sharding.owners);
+  EXPECT_EQ(back->optimizer_metadata.at("optimizer"), "AdamW");
+  std::map<std::string, at::Tensor> read(back->optimizer_tensors.begin(),
+                                         back->optimizer_tensors.end());
+  ASSERT_EQ(read.size(), whole.optimizer_tensors.size());
+  for (const auto& [name, t] : whole.optimizer_tensors) {
+    ASSERT_EQ(read.count(name), 1u) << name;
+    EXPECT_TRUE(BitEqual(t, read.at(name))) << name;
+  }
+
+  // A rank file gone is DATA_LOSS naming the rank.
+  std::filesystem::remove(m->directory + "/optimizer-rank-00001-of-00002.safetensors");
+  absl::StatusOr<LoadedCheckpoint> partial = LoadCheckpointFiles(m->directory);
+  EXPECT_EQ(partial.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(partial.status().message(), HasSubstr("rank 1's optimizer file"));
+}
+
+// Rank 0 never publishes a checkpoint without every rank's file, and a
+// description that gives a parameter to another rank than the file holding
+// it is refused.
+TEST(CheckpointFilesTest, ShardedCheckpointNeedsEveryRanksFileAndAMatchingDescription) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(1, 2, 16, 64);
+  CheckpointPayload rank0 = MakePayload(model);
+  OptimizerShardingDescription sharding;
+  sharding.world_size = 3;
+  sharding.level = "optimizer";
+  for (const auto& [name, t] : model) sharding.owners.emplace_back(name, 0);
+  rank0.sharding = sharding;
+  rank0.other_ranks_dir = root.path() + "/.tmp-ck-ranks";
+  std::filesystem::create_directories(rank0.other_ranks_dir);
+  ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 1, 3, {}, {}, 1 << 20).ok());
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, rank0, {});
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(m.status().message(), HasSubstr("rank 2's optimizer file"));
+  EXPECT_FALSE(std::filesystem::exists(root.path() + "/ck"));
+
+  // Both other files there, but the description gives rank 0's tensors to 1.
+  ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 1, 3, {}, {}, 1 << 20).ok());
+  ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 2, 3, {}, {}, 1 << 20).ok());
+  rank0.sharding->owners[0].second = 1;
+  m = SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, rank0, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(back.status().message(), HasSubstr("gives to rank 1"));
+
+  // The description's reader names what is wrong.
+  EXPECT_EQ(OptimizerShardingFromJson("{}", "x").status().code(),
+            absl::StatusCode::kDataLoss);
+  absl::StatusOr<OptimizerShardingDescription> parsed =
+      OptimizerShardingFromJson(OptimizerShardingToJson(sharding), "x");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->owners, sharding.owners);
+  EXPECT_EQ(RankOptimizerFileName(1, 3), "optimizer-rank-00001-of-00003.safetensors");
+}
+
 }  // namespace
 }  // namespace snapshot
 }  // namespace memprofd

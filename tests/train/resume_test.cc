@@ -9,10 +9,13 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "core/train/adamw.h"
 #include "core/train/trainer.h"
 #include "core/train/trainer_state.h"
@@ -346,6 +349,55 @@ TEST(ResumeTest, RestoreRefusesAnotherModelsStateAndChangesNothing) {
   EXPECT_EQ(again.global_step(), 0);
   EXPECT_TRUE(again.Restore(state, optimizer).ok());
   EXPECT_EQ(again.global_step(), 1);
+}
+
+// A rank of a sharded run restores the state of the parameters it owns, bit
+// for bit, and drops the rest; an owned parameter without state is refused.
+TEST(ResumeTest, RestoreOfOwnedParametersKeepsExactlyTheirState) {
+  std::string state_json;
+  std::vector<std::pair<std::string, at::Tensor>> optimizer;
+  std::vector<std::string> params;
+  {
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+    Trainer trainer(m.get());
+    ASSERT_TRUE(trainer.Run(Options(2)).ok());
+    state_json = TrainerStateToJson(trainer.State());
+    optimizer = Copies(trainer.NamedOptimizerState());
+    for (const auto& [name, t] : optimizer) {
+      if (absl::EndsWith(name, ".exp_avg"))
+        params.push_back(name.substr(0, name.size() - 8));
+    }
+  }
+  ASSERT_GE(params.size(), 2u);
+  const std::set<std::string> owned(params.begin() + 1, params.end());
+  absl::StatusOr<TrainerState> state = TrainerStateFromJson(state_json, "t");
+  ASSERT_TRUE(state.ok()) << state.status();
+  {
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+    Trainer trainer(m.get());
+    ASSERT_TRUE(trainer.Restore(*state, optimizer, &owned).ok());
+    std::map<std::string, at::Tensor> kept;
+    for (const auto& [name, t] : trainer.NamedOptimizerState()) kept[name] = t;
+    EXPECT_EQ(kept.size(), 3 * owned.size());
+    EXPECT_EQ(kept.count(params[0] + ".exp_avg"), 0u);
+    for (const auto& [name, t] : optimizer) {
+      if (owned.count(name.substr(0, name.rfind('.'))) == 0) continue;
+      ASSERT_EQ(kept.count(name), 1u) << name;
+      EXPECT_TRUE(BitEqual(kept.at(name), t)) << name;
+    }
+  }
+  {
+    // The state of an owned parameter missing: refused, naming it.
+    std::vector<std::pair<std::string, at::Tensor>> partial;
+    for (const auto& [name, t] : optimizer) {
+      if (!absl::StartsWith(name, params[1] + ".")) partial.emplace_back(name, t);
+    }
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+    Trainer trainer(m.get());
+    absl::Status s = trainer.Restore(*state, partial, &owned);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(s.message(), HasSubstr(params[1]));
+  }
 }
 
 TEST(ResumeTest, ContinueRunWithoutARunIsFailedPrecondition) {
