@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -12,18 +14,21 @@
 namespace memprofd {
 
 absl::Status ShardingBuilt(Sharding sharding) {
-  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer) {
+  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer ||
+      sharding == Sharding::kGradients) {
     return absl::OkStatus();
   }
-  return absl::UnimplementedError(absl::StrCat("sharding ", ShardingName(sharding),
-                                               " is not built yet: use none or optimizer"));
+  return absl::UnimplementedError(
+      absl::StrCat("sharding ", ShardingName(sharding),
+                   " is not built yet: use none, optimizer or gradients"));
 }
 
-DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer,
+DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer, Sharding level,
                            std::unique_ptr<GradientSync> sync,
                            std::unique_ptr<OptimizerSharding> sharding)
     : group_(group),
       trainer_(trainer),
+      level_(level),
       sync_(std::move(sync)),
       sharding_(std::move(sharding)) {}
 
@@ -35,28 +40,51 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
   LlamaModel* model = trainer->model();
   RETURN_IF_ERROR(TakeRankZeroParameters(*group, model->NamedParameters()));
   std::unique_ptr<OptimizerSharding> sharding;
-  if (options.sharding == Sharding::kOptimizer) {
+  if (options.sharding == Sharding::kNone) {
+    RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
+  } else {
     ASSIGN_OR_RETURN(sharding, OptimizerSharding::Create(group, model->NamedParameters(),
                                                          trainer->NamedOptimizerState()));
-  } else {
-    RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
+  }
+  const std::vector<at::Tensor> parameters = model->Parameters();
+  // kGradients: the gradients go to the ranks that own the parameters.
+  std::vector<int> owners;
+  if (options.sharding == Sharding::kGradients) {
+    for (const at::Tensor& p : parameters) owners.push_back(sharding->OwnerOf(p));
   }
   ASSIGN_OR_RETURN(
       std::unique_ptr<GradientSync> sync,
-      GradientSync::Create(group, model->Parameters(), options.bucket_bytes));
-  return std::unique_ptr<DataParallel>(
-      new DataParallel(group, trainer, std::move(sync), std::move(sharding)));
+      GradientSync::Create(group, parameters, options.bucket_bytes, std::move(owners)));
+  return std::unique_ptr<DataParallel>(new DataParallel(
+      group, trainer, options.sharding, std::move(sync), std::move(sharding)));
 }
 
 std::optional<DataShard> DataParallel::data_shard() const {
   return DataShard{group_->rank(), group_->world_size()};
 }
 
+void DataParallel::OnStepBegin(int64_t /*global_step*/) { sync_->BeginStep(); }
+
 void DataParallel::BeforeBackward(bool last) {
-  if (last) sync_->Arm();
+  if (last || sync_->sharded()) sync_->Arm();
 }
 
 absl::Status DataParallel::AfterBackward() { return sync_->Finish(); }
+
+absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
+  if (level_ != Sharding::kGradients) return norm;
+  // A non-finite norm stays non-finite in the sum, so every rank skips.
+  at::Tensor squares;
+  RETURN_IF_ERROR(TorchBoundary("the global gradient norm", [&] {
+    squares = at::tensor({norm * norm}, at::TensorOptions().dtype(at::kDouble))
+                  .to(trainer_->model()->device());
+  }));
+  RETURN_IF_ERROR(group_->AllReduceSum(squares));
+  double sum = 0;
+  RETURN_IF_ERROR(TorchBoundary("the global gradient norm",
+                                [&] { sum = squares.cpu().item<double>(); }));
+  return std::sqrt(sum);
+}
 
 void DataParallel::BeforeUpdate() {
   if (sharding_ != nullptr) sharding_->DropForeignGradients();

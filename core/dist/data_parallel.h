@@ -17,13 +17,21 @@
 // and clipping have read them (BeforeUpdate), updates its own parameters and
 // broadcasts them to the other ranks (AfterUpdate), so the replicas stay
 // bit-identical to an unsharded run's while the optimizer state per rank
-// falls as 1/N. With kOptimizer the trainer's optimizer state (and so a
-// checkpoint rank 0 writes) holds this rank's shard only: such a checkpoint
-// cannot resume the run yet (Trainer::Restore refuses the missing state, or,
-// when rank 0 owns nothing, starts AdamW afresh), and an unsharded run's
-// state does not go on in a sharded one (Create refuses it). The daemon's
-// `--sharding` flag is the next step; kGradients (ZeRO-2) and kFull (ZeRO-3)
-// come after (issue 28).
+// falls as 1/N. kGradients (ZeRO-2) owns, updates and broadcasts as
+// kOptimizer does, and also keeps only its own parameters' gradients:
+// GradientSync reduces each bucket of every micro-batch's backward to the
+// bucket's owner while backward goes on and frees it elsewhere
+// (gradient_sync.h), and the gradient norm that clipping and the non-finite
+// check use is combined across ranks (CombineGradNorm: the sum of the
+// ranks' squared norms, one all-reduce), so every rank clips and skips
+// alike. Its results equal an unsharded run's to float32 rounding (bit for
+// bit with 2 ranks, one micro-batch and no clipping). With either sharded
+// level the trainer's optimizer state (and so a checkpoint rank 0 writes)
+// holds this rank's shard only: such a checkpoint cannot resume the run yet
+// (Trainer::Restore refuses the missing state, or, when rank 0 owns
+// nothing, starts AdamW afresh), and an unsharded run's state does not go on
+// in a sharded one (Create refuses it). kFull (ZeRO-3) is not built
+// (ShardingBuilt).
 //
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
 // the group must outlive this.
@@ -55,10 +63,10 @@ struct DataParallelOptions {
 class DataParallel : public StepListener {
  public:
   // Makes every rank's model rank 0's, and with kNone its optimizer state
-  // too (with kOptimizer each rank keeps its own shard, checked by
+  // too (sharded, each rank keeps its own shard, checked by
   // OptimizerSharding::Create), and installs the gradient hooks on the
-  // trainer's model. The status of TakeRankZeroParameters,
-  // TakeRankZeroOptimizerState, OptimizerSharding::Create or
+  // trainer's model. UNIMPLEMENTED for a level not built (ShardingBuilt). The status of
+  // TakeRankZeroParameters, TakeRankZeroOptimizerState, OptimizerSharding::Create or
   // GradientSync::Create on failure.
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
       ProcessGroup* group, Trainer* trainer, const DataParallelOptions& options = {});
@@ -66,7 +74,8 @@ class DataParallel : public StepListener {
   DataParallel(const DataParallel&) = delete;
   DataParallel& operator=(const DataParallel&) = delete;
 
-  // The last step's gradient all-reduce: buckets, bytes, exposed time.
+  // The last step's gradient collectives: buckets, bytes, exposed time, the
+  // peak of the gradient bytes held.
   const GradientSyncStats& last_step() const { return sync_->last_step(); }
   // The cross-rank checksum spread (ParameterDrift); a collective.
   absl::StatusOr<double> Drift();
@@ -74,14 +83,20 @@ class DataParallel : public StepListener {
   // StepListener:
   // (rank, world size).
   std::optional<DataShard> data_shard() const override;
-  // The last backward arms the gradient buckets; AfterBackward waits for
-  // them and averages.
+  // Starts the step's gradient figures afresh.
+  void OnStepBegin(int64_t global_step) override;
+  // The last backward (kGradients: every backward) arms the gradient
+  // buckets; AfterBackward waits for them and averages.
   void BeforeBackward(bool last) override;
   absl::Status AfterBackward() override;
-  // kOptimizer: drops the gradients of parameters other ranks own, so that
+  // kGradients: the norm over every rank's share, sqrt of the sum of the
+  // ranks' squares (one all-reduce of a float64; its status on failure).
+  // Otherwise `norm`, which already covers every gradient.
+  absl::StatusOr<double> CombineGradNorm(double norm) override;
+  // Sharded: drops the gradients of parameters other ranks own, so that
   // the update is this rank's share alone. kNone: nothing.
   void BeforeUpdate() override;
-  // kOptimizer: broadcasts each parameter from its owner (a collective per
+  // Sharded: broadcasts each parameter from its owner (a collective per
   // parameter; its status on failure). kNone: OK at once.
   absl::Status AfterUpdate() override;
   // Replaces the report's loss, tokens and tokens/s by the global batch's
@@ -92,11 +107,13 @@ class DataParallel : public StepListener {
   absl::Status OnStepEnd(StepReport& report) override;
 
  private:
-  DataParallel(ProcessGroup* group, Trainer* trainer, std::unique_ptr<GradientSync> sync,
+  DataParallel(ProcessGroup* group, Trainer* trainer, Sharding level,
+               std::unique_ptr<GradientSync> sync,
                std::unique_ptr<OptimizerSharding> sharding);
 
   ProcessGroup* const group_;
   Trainer* const trainer_;
+  const Sharding level_;
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<OptimizerSharding> sharding_;  // null with kNone
 };

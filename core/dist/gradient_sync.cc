@@ -6,16 +6,21 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <algorithm>
 #include <chrono>
+#include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd {
 
 struct GradientSync::Bucket {
   std::vector<size_t> parameters;  // indices into parameters_
+  int owner = -1;                  // sharded: the rank the bucket is reduced to
   int64_t numel = 0;
+  int64_t bytes = 0;
   int64_t pending = 0;  // gradients not yet ready this step
   bool started = false;
   // A gradient changed after the bucket started (a parameter accumulated
@@ -42,48 +47,71 @@ class GradientSync::ReadyHook : public torch::autograd::FunctionPostHook {
   const size_t parameter_;
 };
 
-GradientSync::GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters)
-    : group_(group), parameters_(std::move(parameters)) {}
+GradientSync::GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
+                           std::vector<int> owners)
+    : group_(group), parameters_(std::move(parameters)), owners_(std::move(owners)) {}
 
 absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
-    ProcessGroup* group, std::vector<at::Tensor> parameters, int64_t bucket_bytes) {
+    ProcessGroup* group, std::vector<at::Tensor> parameters, int64_t bucket_bytes,
+    std::vector<int> owners) {
   if (bucket_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket size must be positive, got ", bucket_bytes, " bytes"));
   }
+  if (!owners.empty() && owners.size() != parameters.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient sharding needs an owner per parameter: got ",
+                     owners.size(), " owners for ", parameters.size(), " parameters"));
+  }
   std::vector<at::Tensor> trainable;
-  for (at::Tensor& p : parameters) {
+  std::vector<int> trainable_owners;
+  for (size_t k = 0; k < parameters.size(); ++k) {
+    at::Tensor& p = parameters[k];
     if (!p.requires_grad()) continue;
     if (!trainable.empty() && p.device() != trainable.front().device()) {
       return absl::InvalidArgumentError(
           absl::StrCat("data-parallel gradients must share one device; found ",
                        trainable.front().device().str(), " and ", p.device().str()));
     }
+    if (!owners.empty()) {
+      if (owners[k] < 0 || owners[k] >= group->world_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("parameter ", k, "'s owner ",
+                                                       owners[k], " is not a rank (0 to ",
+                                                       group->world_size() - 1, ")"));
+      }
+      trainable_owners.push_back(owners[k]);
+    }
     trainable.push_back(std::move(p));
   }
-  std::unique_ptr<GradientSync> sync(new GradientSync(group, std::move(trainable)));
+  std::unique_ptr<GradientSync> sync(
+      new GradientSync(group, std::move(trainable), std::move(trainable_owners)));
   const std::vector<at::Tensor>& params = sync->parameters_;
   sync->bucket_of_.resize(params.size());
   // Reverse order: the last layers' gradients come first in backward. A
-  // bucket holds one dtype and closes when it passes the cap.
-  int64_t bucket_bytes_so_far = 0;
+  // bucket holds one dtype (and, sharded, one owner's parameters) and closes
+  // when it passes the cap.
   for (size_t k = params.size(); k-- > 0;) {
     const at::Tensor& p = params[k];
+    const int owner = sync->sharded() ? sync->owners_[k] : -1;
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
-    if (sync->buckets_.empty() || bucket_bytes_so_far >= bucket_bytes ||
+    if (sync->buckets_.empty() || sync->buckets_.back().bytes >= bucket_bytes ||
         params[sync->buckets_.back().parameters.front()].scalar_type() !=
-            p.scalar_type()) {
+            p.scalar_type() ||
+        sync->buckets_.back().owner != owner) {
       sync->buckets_.emplace_back();
-      bucket_bytes_so_far = 0;
+      sync->buckets_.back().owner = owner;
     }
     Bucket& bucket = sync->buckets_.back();
     bucket.parameters.push_back(k);
     bucket.numel += p.numel();
-    bucket_bytes_so_far += bytes;
+    bucket.bytes += bytes;
     sync->bucket_of_[k] = sync->buckets_.size() - 1;
     sync->stats_.bytes += bytes;
+    sync->stats_.largest_bucket_bytes =
+        std::max(sync->stats_.largest_bucket_bytes, bucket.bytes);
   }
   sync->stats_.buckets = static_cast<int64_t>(sync->buckets_.size());
+  sync->owned_sums_.resize(params.size());
   for (size_t k = 0; k < params.size(); ++k) {
     std::shared_ptr<torch::autograd::Node> accumulator =
         torch::autograd::impl::grad_accumulator(params[k]);
@@ -104,13 +132,32 @@ int64_t GradientSync::num_buckets() const {
   return static_cast<int64_t>(buckets_.size());
 }
 
-void GradientSync::Arm() {
-  armed_ = true;
+void GradientSync::BeginStep() {
+  GradientSyncStats fresh;
+  fresh.bytes = stats_.bytes;
+  fresh.buckets = stats_.buckets;
+  fresh.largest_bucket_bytes = stats_.largest_bucket_bytes;
+  stats_ = fresh;
+  armed_ = false;
   hook_status_ = absl::OkStatus();
-  const int64_t bytes = stats_.bytes;
-  stats_ = GradientSyncStats();
-  stats_.bytes = bytes;
-  stats_.buckets = static_cast<int64_t>(buckets_.size());
+  in_flight_.clear();
+  owned_sums_.assign(parameters_.size(), at::Tensor());
+  for (Bucket& bucket : buckets_) {
+    bucket.started = false;
+    bucket.stale = false;
+    bucket.flat = at::Tensor();
+    bucket.reduce = PendingCollective();
+  }
+}
+
+void GradientSync::Arm() {
+  if (sharded() && armed_) {
+    // The previous micro-batch's backward: its sums go to the owners before
+    // this backward's gradients arrive.
+    absl::Status status = CompleteRound();
+    if (hook_status_.ok()) hook_status_ = status;
+  }
+  armed_ = true;
   for (Bucket& bucket : buckets_) {
     bucket.pending = static_cast<int64_t>(bucket.parameters.size());
     bucket.started = false;
@@ -119,23 +166,38 @@ void GradientSync::Arm() {
   }
 }
 
-void GradientSync::OnGradientReady(size_t parameter) {
-  if (!armed_) return;
-  Bucket& bucket = buckets_[bucket_of_[parameter]];
-  if (bucket.started) {
-    bucket.stale = true;
-    return;
-  }
-  if (--bucket.pending > 0) return;
-  absl::Status status = StartBucket(bucket);
-  if (status.ok()) {
-    ++stats_.buckets_started_in_backward;
-  } else if (hook_status_.ok()) {
-    hook_status_ = status;
-  }
+void GradientSync::SampleBytes() {
+  std::unordered_set<const c10::StorageImpl*> seen;
+  int64_t bytes = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (!t.defined() || !t.has_storage()) return;
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    if (seen.insert(storage).second) bytes += static_cast<int64_t>(storage->nbytes());
+  };
+  for (const at::Tensor& p : parameters_) add(p.grad());
+  for (const Bucket& bucket : buckets_) add(bucket.flat);
+  for (const at::Tensor& sum : owned_sums_) add(sum);
+  stats_.peak_bytes = std::max(stats_.peak_bytes, bytes);
 }
 
-absl::Status GradientSync::StartBucket(Bucket& bucket) {
+void GradientSync::OnGradientReady(size_t parameter) {
+  SampleBytes();
+  if (!armed_ || !hook_status_.ok()) return;
+  const size_t b = bucket_of_[parameter];
+  Bucket& bucket = buckets_[b];
+  absl::Status status;
+  if (bucket.started) {
+    bucket.stale = true;
+  } else if (--bucket.pending == 0) {
+    status = StartBucket(b);
+    if (status.ok()) ++stats_.buckets_started_in_backward;
+  }
+  if (status.ok() && sharded()) status = ConsumeFinished();
+  if (!status.ok() && hook_status_.ok()) hook_status_ = status;
+}
+
+absl::Status GradientSync::StartBucket(size_t b) {
+  Bucket& bucket = buckets_[b];
   std::vector<at::Tensor> pieces;
   pieces.reserve(bucket.parameters.size());
   for (size_t k : bucket.parameters) {
@@ -146,13 +208,105 @@ absl::Status GradientSync::StartBucket(Bucket& bucket) {
   }
   {
     at::NoGradGuard no_grad;
-    bucket.flat = at::cat(pieces);
+    const at::Tensor& only = parameters_[bucket.parameters.front()].grad();
+    // Sharded, a one-parameter bucket is reduced in its gradient's own
+    // storage: no copy, and nothing left behind when the .grad is dropped.
+    bucket.flat =
+        sharded() && pieces.size() == 1 && only.defined() && only.is_contiguous()
+            ? pieces.front()
+            : at::cat(pieces);
+  }
+  pieces.clear();
+  SampleBytes();
+  if (sharded()) {
+    for (size_t k : bucket.parameters) parameters_[k].mutable_grad() = at::Tensor();
   }
   bucket.started = true;
-  absl::StatusOr<PendingCollective> pending = group_->StartAllReduceSum(bucket.flat);
+  absl::StatusOr<PendingCollective> pending =
+      sharded() ? group_->StartReduceSum(bucket.flat, bucket.owner)
+                : group_->StartAllReduceSum(bucket.flat);
   if (!pending.ok()) return pending.status();
   bucket.reduce = std::move(*pending);
+  if (sharded()) in_flight_.push_back(b);
   return absl::OkStatus();
+}
+
+absl::Status GradientSync::ConsumeBucket(size_t b) {
+  Bucket& bucket = buckets_[b];
+  RETURN_IF_ERROR(bucket.reduce.Wait());
+  if (bucket.owner == group_->rank()) {
+    at::NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (size_t k : bucket.parameters) {
+      const at::Tensor& p = parameters_[k];
+      at::Tensor sum = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
+      offset += p.numel();
+      // The first sum is kept as it is (a view of the flat copy, all of
+      // which this rank owns); later micro-batches' are added to it.
+      if (owned_sums_[k].defined()) {
+        owned_sums_[k].add_(sum);
+      } else {
+        owned_sums_[k] = sum;
+      }
+    }
+  }
+  bucket.flat = at::Tensor();
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::ConsumeFinished() {
+  while (!in_flight_.empty()) {
+    const size_t oldest = in_flight_.front();
+    const bool too_many = in_flight_.size() > static_cast<size_t>(kMaxBucketsInFlight);
+    if (!too_many && !buckets_[oldest].reduce.Done()) break;
+    const auto start = std::chrono::steady_clock::now();
+    in_flight_.erase(in_flight_.begin());
+    absl::Status status = ConsumeBucket(oldest);
+    if (too_many) {
+      stats_.exposed_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    RETURN_IF_ERROR(status);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GradientSync::CompleteRound() {
+  armed_ = false;
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = hook_status_;
+  // Every rank walks the buckets in the same order, so the collectives of the
+  // buckets started here (and of stale ones, again) match across ranks.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!status.ok()) break;
+    if (!buckets_[b].started) status = StartBucket(b);
+  }
+  if (sharded()) {
+    for (size_t b : in_flight_) {
+      absl::Status consumed = ConsumeBucket(b);
+      if (status.ok()) status = consumed;
+    }
+    in_flight_.clear();
+  } else {
+    for (Bucket& bucket : buckets_) {
+      absl::Status wait = bucket.reduce.Wait();
+      if (status.ok()) status = wait;
+    }
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (!status.ok() || !buckets_[b].stale) continue;
+    status = StartBucket(b);
+    if (!status.ok()) break;
+    if (sharded()) {
+      in_flight_.clear();
+      status = ConsumeBucket(b);
+    } else {
+      status = buckets_[b].reduce.Wait();
+    }
+  }
+  stats_.exposed_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return status;
 }
 
 absl::Status GradientSync::Finish() {
@@ -160,30 +314,26 @@ absl::Status GradientSync::Finish() {
     return absl::FailedPreconditionError(
         "GradientSync::Finish without Arm before the backward");
   }
-  armed_ = false;
-  const auto start = std::chrono::steady_clock::now();
-  absl::Status status = hook_status_;
-  // Every rank walks the buckets in the same order, so the collectives of the
-  // buckets started here (and of stale ones, again) match across ranks.
-  for (Bucket& bucket : buckets_) {
-    if (!status.ok()) break;
-    if (!bucket.started) status = StartBucket(bucket);
-  }
-  for (Bucket& bucket : buckets_) {
-    absl::Status wait = bucket.reduce.Wait();
-    if (status.ok()) status = wait;
-  }
-  for (Bucket& bucket : buckets_) {
-    if (!status.ok() || !bucket.stale) continue;
-    status = StartBucket(bucket);
-    if (status.ok()) status = bucket.reduce.Wait();
-  }
-  stats_.exposed_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  if (!status.ok()) return status;
+  RETURN_IF_ERROR(CompleteRound());
 
   at::NoGradGuard no_grad;
   const double world = static_cast<double>(group_->world_size());
+  if (sharded()) {
+    for (size_t k = 0; k < parameters_.size(); ++k) {
+      const at::Tensor& p = parameters_[k];
+      if (owners_[k] != group_->rank()) {
+        p.mutable_grad() = at::Tensor();
+        continue;
+      }
+      at::Tensor& sum = owned_sums_[k];
+      if (!sum.defined()) sum = at::zeros_like(p);
+      sum.div_(world);
+      p.mutable_grad() = std::move(sum);
+      sum = at::Tensor();
+    }
+    SampleBytes();
+    return absl::OkStatus();
+  }
   for (Bucket& bucket : buckets_) {
     bucket.flat.div_(world);
     int64_t offset = 0;
@@ -199,6 +349,7 @@ absl::Status GradientSync::Finish() {
     }
     bucket.flat = at::Tensor();
   }
+  SampleBytes();
   return absl::OkStatus();
 }
 

@@ -15,6 +15,37 @@
 // bit-identical, and equal (to float rounding) to one process's gradients
 // over the union of the ranks' batches.
 //
+// Sharded (ZeRO-2: Create with `owners`, the rank that owns each parameter,
+// a contiguous run per rank as OptimizerSharding's BalancedOwners gives):
+// each rank ends a step holding only the averaged gradients of the
+// parameters it owns. A bucket never crosses an owner boundary (so there are
+// at most ranks - 1 more buckets than unsharded), and a ready bucket is
+// SUM-reduced to its owner (c10d reduce) rather than all-reduced; as soon as
+// it is flattened, the bucket's `.grad`s are set to none on every rank, and
+// once its reduce completes (checked at every later gradient-ready hook, and
+// waited for when more than kMaxBucketsInFlight are in flight) the owner
+// adds the sum into its owned gradients and every other rank frees the flat
+// copy. So a rank's gradient bytes stay near its share plus the buckets in
+// flight and the one being filled, also inside backward. Every micro-batch's
+// backward is reduced (Arm before each): the owner accumulates the sums, the
+// others hold nothing between micro-batches.
+//   Why reduce to the owner and not reduce_scatter: the owners are
+// contiguous runs in model order, and backward produces gradients in about
+// the reverse order, so one owner's gradients arrive together and the
+// others' much later. A reduce_scatter needs a flat buffer holding a piece of
+// every rank's share, so it could start only once gradients of every owner
+// are ready (near the end of backward: no overlap, and every rank would hold
+// its whole local gradient meanwhile), or the owners would have to be
+// interleaved, which would split AdamW's state and the parameter broadcast
+// of ZeRO-1 into pieces. Reducing owner-aligned buckets keeps ZeRO-1's
+// partition, overlaps with backward and moves the same bytes per rank as
+// DDP's all-reduce at most (a reduce is half an all-reduce's traffic).
+//   Without accumulation and with 2 ranks, the averaged gradients are bit
+// for bit the all-reduce's (a + b is the same sum either way); with more
+// ranks or micro-batches the terms are added in another order (the owner's
+// per-micro-batch sums are added, not the ranks' accumulated gradients), a
+// few float32 ulps apart.
+//
 // Thread-safety: none; the owner thread calls everything, and the hooks run
 // on it (inside backward). The group and the parameters must outlive this.
 
@@ -41,48 +72,81 @@ struct GradientSyncStats {
   // Buckets whose all-reduce started inside backward (overlapped with it);
   // the rest started in Finish.
   int64_t buckets_started_in_backward = 0;
-  // Time Finish spent waiting for all-reduces: the communication backward did
-  // not hide.
+  // Time Finish (and, sharded, Arm before a later micro-batch's backward)
+  // spent waiting for collectives: the communication backward did not hide.
   double exposed_seconds = 0;
+  // The most gradient bytes this rank held at once during the step: the
+  // distinct storages of its `.grad`s, of the buckets' flat copies and,
+  // sharded, of its owned sums, sampled at every gradient-ready hook, after
+  // each flattening and at the end of Finish.
+  int64_t peak_bytes = 0;
+  // The largest bucket's bytes (at most the cap plus a parameter).
+  int64_t largest_bucket_bytes = 0;
 };
 
 class GradientSync {
  public:
   static constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;
+  // Sharded: reduces started and not yet consumed, beyond which a
+  // gradient-ready hook waits for the oldest (bounds the bytes in flight).
+  static constexpr int kMaxBucketsInFlight = 2;
 
   // Buckets `parameters` (those with requires_grad; all on one device) and
-  // installs the hooks. INVALID_ARGUMENT for a non-positive bucket size or
-  // parameters of mixed devices.
+  // installs the hooks. With `owners` (one per parameter, aligned with
+  // `parameters`, non-decreasing over the trainable ones) the sync is
+  // sharded (above). INVALID_ARGUMENT for a non-positive bucket size,
+  // parameters of mixed devices, or owners of another count or outside the
+  // group's ranks.
   static absl::StatusOr<std::unique_ptr<GradientSync>> Create(
       ProcessGroup* group, std::vector<at::Tensor> parameters,
-      int64_t bucket_bytes = kDefaultBucketBytes);
+      int64_t bucket_bytes = kDefaultBucketBytes, std::vector<int> owners = {});
   ~GradientSync();  // removes the hooks
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
 
+  // At the start of each step: forgets the last step's figures, and what a
+  // failed step left (buckets in flight, owned sums).
+  void BeginStep();
   // Call before the backward whose gradients are final (the last micro-batch
   // of a step): from here on, a ready bucket starts its all-reduce. Earlier
-  // backwards only accumulate.
+  // backwards only accumulate. Sharded, call it before every micro-batch's
+  // backward instead: it first completes the previous backward's reduces
+  // (a failure is kept for Finish, and nothing more is started).
   void Arm();
-  // After that backward: starts the buckets that did not start (a parameter
-  // without a gradient counts as zeros), waits for all, averages. Every rank
-  // must call it once per step. The collective's status on failure (a peer
-  // died or hangs: UNAVAILABLE or DEADLINE_EXCEEDED naming this rank); the
-  // gradients are then unspecified and the step must fail.
+  // After the step's last backward: starts the buckets that did not start (a
+  // parameter without a gradient counts as zeros), waits for all, averages.
+  // Sharded, the averages are the owned parameters' `.grad`s and the others'
+  // are none. Every rank must call it once per step. The collective's status
+  // on failure (a peer died or hangs: UNAVAILABLE or DEADLINE_EXCEEDED naming
+  // this rank); the gradients are then unspecified and the step must fail.
   absl::Status Finish();
 
   const GradientSyncStats& last_step() const { return stats_; }
   int64_t num_buckets() const;
+  bool sharded() const { return !owners_.empty(); }
 
  private:
   struct Bucket;
   class ReadyHook;
-  GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters);
+  GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
+               std::vector<int> owners);
   void OnGradientReady(size_t parameter);
-  absl::Status StartBucket(Bucket& bucket);
+  absl::Status StartBucket(size_t bucket);
+  // Sharded: waits for a started bucket's reduce; the owner adds the sum
+  // into its owned sums; the flat copy is released.
+  absl::Status ConsumeBucket(size_t bucket);
+  // Sharded: consumes the reduces that finished, and the oldest while more
+  // than kMaxBucketsInFlight are in flight.
+  absl::Status ConsumeFinished();
+  // Starts the buckets that did not start, waits for all, re-reduces stale
+  // ones: the end of one backward's collectives.
+  absl::Status CompleteRound();
+  // Samples the gradient bytes held now into stats_.peak_bytes.
+  void SampleBytes();
 
   ProcessGroup* const group_;
   const std::vector<at::Tensor> parameters_;
+  const std::vector<int> owners_;  // per parameter; empty unless sharded
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // parameter index -> bucket index
   // The accumulators the hooks sit on, kept alive (a leaf holds its own only
@@ -90,7 +154,11 @@ class GradientSync {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
   bool armed_ = false;
-  absl::Status hook_status_;  // the first failure to start inside backward
+  absl::Status hook_status_;  // the step's first failure (inside backward too)
+  // Sharded: indices of buckets whose reduce started and is not consumed, in
+  // start order; and the sum so far of each owned parameter's gradient.
+  std::vector<size_t> in_flight_;
+  std::vector<at::Tensor> owned_sums_;
   GradientSyncStats stats_;
 };
 

@@ -104,6 +104,15 @@ void OptimizerSharding::DropForeignGradients() {
   }
 }
 
+int OptimizerSharding::OwnerOf(const at::Tensor& parameter) const {
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    if (parameters_[k].unsafeGetTensorImpl() == parameter.unsafeGetTensorImpl()) {
+      return owners_[k];
+    }
+  }
+  return -1;
+}
+
 absl::Status OptimizerSharding::ShareUpdatedParameters() {
   at::NoGradGuard no_grad;
   for (size_t k = 0; k < parameters_.size(); ++k) {

@@ -71,6 +71,10 @@ class OptimizerSharding {
   // parameters are then unspecified and the run must fail.
   absl::Status ShareUpdatedParameters();
 
+  // The owner of `parameter` (one of the model's trainable parameters, the
+  // same tensor), or -1 for a tensor the partition does not hold.
+  int OwnerOf(const at::Tensor& parameter) const;
+
  private:
   OptimizerSharding(ProcessGroup* group, std::vector<at::Tensor> parameters,
                     std::vector<int> owners);

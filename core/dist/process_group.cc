@@ -75,6 +75,15 @@ absl::Status PendingCollective::Wait() {
   return absl::OkStatus();
 }
 
+bool PendingCollective::Done() const {
+  if (state_ == nullptr || !state_->work) return true;
+  try {
+    return state_->work->isCompleted();
+  } catch (const std::exception&) {
+    return true;  // Wait reports it
+  }
+}
+
 struct ProcessGroup::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> backend;
@@ -161,33 +170,9 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
   return std::unique_ptr<ProcessGroup>(new ProcessGroup(world, std::move(impl)));
 }
 
-absl::StatusOr<PendingCollective> ProcessGroup::StartAllReduceSum(
-    const at::Tensor& tensor) {
-  PendingCollective pending;
-  pending.state_ = std::make_unique<PendingCollective::State>();
-  pending.state_->what = absl::StrCat("all-reduce of ", tensor.numel(), " elements");
-  pending.state_->rank = rank();
-  pending.state_->timeout = impl_->timeout;
-  try {
-    std::vector<at::Tensor> tensors{tensor};
-    c10d::AllreduceOptions options;
-    options.reduceOp = c10d::ReduceOp::SUM;
-    options.timeout = impl_->timeout;
-    pending.state_->work = impl_->backend->allreduce(tensors, options);
-  } catch (const std::exception& e) {
-    return CollectiveFailure(pending.state_->what, rank(), e);
-  }
-  return pending;
-}
-
-absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
-  absl::StatusOr<PendingCollective> pending = StartAllReduceSum(tensor);
-  if (!pending.ok()) return pending.status();
-  return pending->Wait();
-}
-
 template <typename Start>
-absl::Status ProcessGroup::Run(const std::string& what, Start start) {
+absl::StatusOr<PendingCollective> ProcessGroup::Begin(const std::string& what,
+                                                      Start start) {
   PendingCollective pending;
   pending.state_ = std::make_unique<PendingCollective::State>();
   pending.state_->what = what;
@@ -198,7 +183,48 @@ absl::Status ProcessGroup::Run(const std::string& what, Start start) {
   } catch (const std::exception& e) {
     return CollectiveFailure(what, rank(), e);
   }
-  return pending.Wait();
+  return pending;
+}
+
+template <typename Start>
+absl::Status ProcessGroup::Run(const std::string& what, Start start) {
+  absl::StatusOr<PendingCollective> pending = Begin(what, start);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartAllReduceSum(
+    const at::Tensor& tensor) {
+  return Begin(absl::StrCat("all-reduce of ", tensor.numel(), " elements"), [&] {
+    std::vector<at::Tensor> tensors{tensor};
+    c10d::AllreduceOptions options;
+    options.reduceOp = c10d::ReduceOp::SUM;
+    options.timeout = impl_->timeout;
+    return impl_->backend->allreduce(tensors, options);
+  });
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartReduceSum(const at::Tensor& tensor,
+                                                               int root) {
+  if (root < 0 || root >= world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
+  }
+  return Begin(absl::StrCat("reduce of ", tensor.numel(), " elements to rank ", root),
+               [&] {
+                 std::vector<at::Tensor> tensors{tensor};
+                 c10d::ReduceOptions options;
+                 options.reduceOp = c10d::ReduceOp::SUM;
+                 options.rootRank = root;
+                 options.timeout = impl_->timeout;
+                 return impl_->backend->reduce(tensors, options);
+               });
+}
+
+absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
+  absl::StatusOr<PendingCollective> pending = StartAllReduceSum(tensor);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
 }
 
 absl::Status ProcessGroup::Broadcast(const at::Tensor& tensor, int root) {

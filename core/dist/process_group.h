@@ -58,6 +58,10 @@ class PendingCollective {
   // UNAVAILABLE when a peer's connection closed (it died); both name the
   // collective and this rank. OK at once for a default-constructed one.
   absl::Status Wait();
+  // Whether the collective has finished on this rank (or failed: Wait then
+  // says how), without blocking; true for a default-constructed one. A
+  // finished collective's Wait returns at once.
+  bool Done() const;
 
  private:
   friend class ProcessGroup;
@@ -118,6 +122,11 @@ class ProcessGroup {
   absl::StatusOr<PendingCollective> StartAllReduceSum(const at::Tensor& tensor);
   // The same, waited for.
   absl::Status AllReduceSum(const at::Tensor& tensor);
+  // Starts summing every rank's `tensor` (dense, contiguous, the same shape on
+  // all) into root's, in place: only root's holds the sum afterwards; the
+  // others' contents are unspecified (c10d may use them as scratch).
+  // INVALID_ARGUMENT for a root that is not a rank.
+  absl::StatusOr<PendingCollective> StartReduceSum(const at::Tensor& tensor, int root);
   // Replaces `tensor` on every rank by root's, in place.
   absl::Status Broadcast(const at::Tensor& tensor, int root);
   // Every rank's `tensor` (same shape on all), in rank order.
@@ -138,7 +147,10 @@ class ProcessGroup {
  private:
   struct Impl;
   ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl);
-  // Starts `what` through `start` and waits for it.
+  // Starts `what` through `start` (which returns c10d's work).
+  template <typename Start>
+  absl::StatusOr<PendingCollective> Begin(const std::string& what, Start start);
+  // Begins `what` and waits for it.
   template <typename Start>
   absl::Status Run(const std::string& what, Start start);
 

@@ -8,9 +8,15 @@
 //                           the bytes of optimizer state this rank holds
 //                           ("optimizer_state_bytes B"), and writes the final
 //                           parameters, float32 in state-dict order, to
-//                           --out. --sharding=optimizer shards AdamW's state;
-//                           --continue_steps=N then trains N more steps with
-//                           a new DataParallel, as the daemon's next Train.
+//                           --out. --sharding=optimizer shards AdamW's state,
+//                           --sharding=gradients the gradients too, and the
+//                           rank prints its gradient bytes ("gradient_bytes
+//                           peak P at_update U largest_bucket B": the last
+//                           step's peak as GradientSync sampled it, the most
+//                           .grad bytes held at an update, the largest
+//                           bucket); --continue_steps=N then trains N more
+//                           steps with a new DataParallel, as the daemon's
+//                           next Train.
 // Exit status: 0 done; 2 a step or collective failed (its status printed);
 // 3 the rank killed itself on purpose (--die_at_step).
 
@@ -47,7 +53,7 @@ ABSL_FLAG(int64_t, grad_accumulation_steps, 1, "micro-batches per step");
 ABSL_FLAG(bool, gradient_checkpointing, false, "recompute layers in backward");
 ABSL_FLAG(int64_t, bucket_bytes, memprofd::GradientSync::kDefaultBucketBytes,
           "gradient bucket cap");
-ABSL_FLAG(std::string, sharding, "none", "none or optimizer");
+ABSL_FLAG(std::string, sharding, "none", "none, optimizer or gradients");
 ABSL_FLAG(int64_t, continue_steps, 0,
           "then this many more steps in a second run with a new DataParallel");
 ABSL_FLAG(std::string, continue_sharding, "",
@@ -55,6 +61,7 @@ ABSL_FLAG(std::string, continue_sharding, "",
 ABSL_FLAG(double, max_grad_norm, 0, "gradient clipping (0: none)");
 ABSL_FLAG(double, weight_decay, 0, "AdamW's weight decay");
 ABSL_FLAG(int64_t, hidden_size, 0, "override the model's hidden size (a mismatch test)");
+ABSL_FLAG(int64_t, num_layers, 0, "override the model's number of layers (0: keep)");
 ABSL_FLAG(int64_t, die_at_step, 0, "this rank exits at the start of step N (0: never)");
 ABSL_FLAG(int, die_rank, -1, "the rank --die_at_step applies to");
 ABSL_FLAG(double, timeout_seconds, 60, "collective timeout");
@@ -135,6 +142,8 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   LlamaConfig config = testing::SmallLlamaConfig();
   if (absl::GetFlag(FLAGS_hidden_size) > 0)
     config.hidden_size = absl::GetFlag(FLAGS_hidden_size);
+  if (absl::GetFlag(FLAGS_num_layers) > 0)
+    config.num_hidden_layers = absl::GetFlag(FLAGS_num_layers);
   // Different seeds per rank on purpose: TakeRankZeroParameters must make
   // the replicas equal.
   absl::StatusOr<std::unique_ptr<LlamaModel>> model =
@@ -157,7 +166,10 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     absl::Status AfterBackward() override {
       if (first_step_ && !absl::GetFlag(FLAGS_grads_out).empty()) {
         std::vector<at::Tensor> grads;
-        for (const at::Tensor& p : model_->Parameters()) grads.push_back(p.grad());
+        // Sharded, a gradient another rank owns is none here: zeros.
+        for (const at::Tensor& p : model_->Parameters()) {
+          grads.push_back(p.grad().defined() ? p.grad() : at::zeros_like(p));
+        }
         if (!WriteFloats(absl::GetFlag(FLAGS_grads_out), grads)) {
           return absl::InternalError("cannot write --grads_out");
         }
@@ -165,6 +177,15 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
       first_step_ = false;
       return absl::OkStatus();
     }
+    // After DataParallel's: the gradients the update reads.
+    void BeforeUpdate() override {
+      int64_t bytes = 0;
+      for (const at::Tensor& p : model_->Parameters()) {
+        if (p.grad().defined()) bytes += static_cast<int64_t>(p.grad().nbytes());
+      }
+      grad_bytes_at_update = std::max(grad_bytes_at_update, bytes);
+    }
+    int64_t grad_bytes_at_update = 0;
 
    private:
     const int rank_;
@@ -179,11 +200,9 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     listeners.clear();
     DataParallelOptions dp_options;
     dp_options.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
-    if (sharding == "optimizer") {
-      dp_options.sharding = Sharding::kOptimizer;
-    } else if (sharding != "none") {
-      return absl::InvalidArgumentError("--sharding is none or optimizer");
-    }
+    absl::StatusOr<Sharding> level = ParseSharding(sharding);
+    if (!level.ok()) return level.status();
+    dp_options.sharding = *level;
     if (group != nullptr) {
       absl::StatusOr<std::unique_ptr<DataParallel>> created =
           DataParallel::Create(group, &trainer, dp_options);
@@ -245,6 +264,9 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     std::cout << "buckets " << stats.buckets << " started_in_backward "
               << stats.buckets_started_in_backward << " bytes " << stats.bytes
               << std::endl;
+    std::cout << "gradient_bytes peak " << stats.peak_bytes << " at_update "
+              << worker.grad_bytes_at_update << " largest_bucket "
+              << stats.largest_bucket_bytes << std::endl;
     absl::StatusOr<double> drift = data_parallel->Drift();
     if (!drift.ok()) return Fail(drift.status());
     std::cout << "drift " << *drift << std::endl;
