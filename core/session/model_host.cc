@@ -25,6 +25,7 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/session/optimizer_shards.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/safetensors.h"
@@ -222,7 +223,16 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
                                           (std::filesystem::path(spec.hf_directory) /
                                            snapshot::kTrainerStateFile)
                                               .string()));
-    RETURN_IF_ERROR(trainer->Restore(state, checkpoint.optimizer_tensors));
+    // A rank of a run with its optimizer state sharded keeps the state of the
+    // parameters it owns now, wherever the checkpoint held it: the files of
+    // a sharded checkpoint are assembled whole, so any world size re-shards,
+    // and an unsharded checkpoint shards alike.
+    std::optional<std::set<std::string>> owned;
+    if (OptimizerStateSharded(options_)) {
+      owned = OwnedParameters(*model, options_.world.rank, options_.world.world_size);
+    }
+    RETURN_IF_ERROR(
+        trainer->Restore(state, checkpoint.optimizer_tensors, owned ? &*owned : nullptr));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));
   }
   // The old model (and the optimizer state that points at it) goes first.

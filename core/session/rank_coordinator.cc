@@ -52,6 +52,28 @@ constexpr absl::Duration kReleaseTimeout = absl::Seconds(5);
 std::string CommandKey(int64_t n) { return absl::StrCat("cmd/", n); }
 std::string MemoryKey(int rank) { return absl::StrCat("mem/", rank); }
 std::string ByeKey(int rank) { return absl::StrCat("bye/", rank); }
+std::string BoundaryEventKey(int64_t boundary, int64_t k) {
+  return absl::StrCat("boundary/", boundary, "/", k);
+}
+std::string ShardAnswerKey(int64_t id, int rank) {
+  return absl::StrCat("shard/", id, "/", rank);
+}
+
+// A status as a store value, and back: {"code", "error"}.
+Json StatusToJson(const absl::Status& status) {
+  return {{"code", static_cast<int>(status.code())},
+          {"error", std::string(status.message())}};
+}
+absl::Status StatusFromJson(const Json& v) {
+  const Json* code = JsonFind(v, "code");
+  const Json* error = JsonFind(v, "error");
+  int64_t c = static_cast<int64_t>(absl::StatusCode::kUnknown);
+  if (code != nullptr) JsonToInt64(*code, &c);
+  return absl::Status(static_cast<absl::StatusCode>(c),
+                      error != nullptr && error->is_string()
+                          ? error->get<std::string>()
+                          : std::string("(no message)"));
+}
 
 Json OffloadOverridesToJson(const offload::OffloadOverrides& r) {
   Json v = Json::object();
@@ -306,6 +328,15 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
     spec.init_weights = BoolField(command, "init_weights").value_or(false);
     return callbacks_.follow_load(spec);
   }
+  if (kind == "optimizer_shard") {
+    // Rank 0 checkpoints while idle: write on the owner thread, which
+    // holds the trainer, and answer from there.
+    const std::string dir = StringField(command, "dir");
+    const int64_t id = IntField(command, "id").value_or(-1);
+    return callbacks_.post([this, dir, id] {
+      if (absl::Status s = AnswerOptimizerShard(dir, id); !s.ok()) FailRun(s);
+    });
+  }
   if (kind != "train") return BadCommand(absl::StrCat("unknown kind '", kind, "'"));
   ASSIGN_OR_RETURN(const TrainOptions train,
                    TrainOptionsFromJson(StringField(command, "options")));
@@ -346,21 +377,104 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested) {
   RETURN_IF_ERROR(group_->AllReduceSum(flags));
   const int64_t boundary = boundaries_++;
   if (flags[1].item<int64_t>() > 0) {
-    const std::string key = absl::StrCat("boundary/", boundary, "/done");
-    if (leader) {
-      callbacks_.run_boundary_work();
-      RETURN_IF_ERROR(group_->SetKey(key, "1"));
-    } else {
-      absl::StatusOr<std::string> done = group_->WaitKey(key, kBoundaryWorkTimeout);
-      if (!done.ok()) {
-        return absl::Status(done.status().code(),
-                            absl::StrCat("waiting for rank 0's snapshot or evaluation at "
-                                         "a step boundary: ",
-                                         done.status().message()));
-      }
+    if (!leader) {
+      RETURN_IF_ERROR(FollowBoundary(boundary));
+      return flags[0].item<int64_t>() > 0;
     }
+    current_boundary_ = boundary;
+    boundary_events_ = 0;
+    boundary_failure_ = absl::OkStatus();
+    callbacks_.run_boundary_work();
+    current_boundary_ = -1;
+    const absl::Status failure = boundary_failure_;
+    Json end = {{"kind", "done"}};
+    if (!failure.ok()) {
+      end = StatusToJson(failure);
+      end["kind"] = "failed";
+    }
+    RETURN_IF_ERROR(
+        group_->SetKey(BoundaryEventKey(boundary, boundary_events_++), DumpJson(end)));
+    RETURN_IF_ERROR(failure);
   }
   return flags[0].item<int64_t>() > 0;
+}
+
+absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
+  for (int64_t k = 0;; ++k) {
+    absl::StatusOr<std::string> event =
+        group_->WaitKey(BoundaryEventKey(boundary, k), kBoundaryWorkTimeout);
+    if (!event.ok()) {
+      return absl::Status(event.status().code(),
+                          absl::StrCat("waiting for rank 0's snapshot or evaluation at "
+                                       "a step boundary: ",
+                                       event.status().message()));
+    }
+    ASSIGN_OR_RETURN(const Json v, ParseJson(*event));
+    const std::string kind = StringField(v, "kind");
+    if (kind == "done") return absl::OkStatus();
+    if (kind == "failed") {
+      const absl::Status failure = StatusFromJson(v);
+      return absl::Status(
+          failure.code(),
+          absl::StrCat("rank 0's work at a step boundary failed: ", failure.message()));
+    }
+    if (kind != "optimizer_shard") {
+      return BadCommand(absl::StrCat("unknown step-boundary event '", kind, "'"));
+    }
+    RETURN_IF_ERROR(
+        AnswerOptimizerShard(StringField(v, "dir"), IntField(v, "id").value_or(-1)));
+  }
+}
+
+absl::Status RankCoordinator::AnswerOptimizerShard(const std::string& dir, int64_t id) {
+  absl::Status written = callbacks_.write_optimizer_shard(dir);
+  if (!written.ok()) {
+    LogError(
+        absl::StrCat("rank ", world_.rank,
+                     ": writing this rank's optimizer state for rank 0's checkpoint: ",
+                     written.ToString()));
+  }
+  return group_->SetKey(ShardAnswerKey(id, world_.rank), DumpJson(StatusToJson(written)));
+}
+
+absl::Status RankCoordinator::GatherOptimizerShards(const std::string& dir) {
+  if (group_ == nullptr || world_.world_size < 2) return absl::OkStatus();
+  const int64_t id = gathers_++;
+  const Json ask = {{"kind", "optimizer_shard"}, {"dir", dir}, {"id", id}};
+  const bool at_boundary = current_boundary_ >= 0;
+  RETURN_IF_ERROR(at_boundary ? group_->SetKey(BoundaryEventKey(current_boundary_,
+                                                                boundary_events_++),
+                                               DumpJson(ask))
+                              : PublishCommand(DumpJson(ask)));
+  absl::Status status;
+  const absl::Time deadline = absl::Now() + collective_timeout_;
+  for (int r = 1; r < world_.world_size && status.ok(); ++r) {
+    const absl::Duration left = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    absl::StatusOr<std::string> answer = group_->WaitKey(ShardAnswerKey(id, r), left);
+    if (!answer.ok()) {
+      status = absl::DeadlineExceededError(absl::StrCat(
+          "rank ", r, " did not write its optimizer state for the checkpoint within ",
+          absl::FormatDuration(collective_timeout_),
+          " (the collective timeout): it died "
+          "or hangs; ",
+          answer.status().message()));
+      break;
+    }
+    absl::StatusOr<Json> v = ParseJson(*answer);
+    const absl::Status theirs =
+        v.ok() ? StatusFromJson(*v) : absl::InternalError("an unreadable answer");
+    if (!theirs.ok()) {
+      // A follower's bad argument is no bad argument of the caller's.
+      status = absl::Status(
+          absl::IsInvalidArgument(theirs) ? absl::StatusCode::kInternal : theirs.code(),
+          absl::StrCat("rank ", r,
+                       " could not write its optimizer state for the "
+                       "checkpoint: ",
+                       theirs.message()));
+    }
+  }
+  if (!status.ok() && at_boundary && boundary_failure_.ok()) boundary_failure_ = status;
+  return status;
 }
 
 RankMemory RankCoordinator::OwnRankMemory() const {

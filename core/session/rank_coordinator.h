@@ -11,10 +11,15 @@
 // binary):
 //   "start/resume"      rank 0's choice of checkpoint directory (JoinRun)
 //   "cmd/<n>"           rank 0's n-th command, JSON: {"kind": "load"|"train"|
-//                       "shutdown", ...}, published in the order its owner
-//                       thread runs them
+//                       "optimizer_shard"|"shutdown", ...}, published in the
+//                       order its owner thread runs them
 //   "mem/<rank>"        a follower's memory, about once a second
-//   "boundary/<n>/done" rank 0 finished the boundary work of step boundary n
+//   "boundary/<n>/<k>"  rank 0's k-th event of step boundary n, JSON: {"kind":
+//                       "optimizer_shard", "dir", "id"} (write your optimizer
+//                       shard into dir), then one {"kind": "done"} or
+//                       {"kind": "failed", "code", "error"} ending it
+//   "shard/<id>/<rank>" a follower's answer to gather `id`, JSON {"code",
+//                       "error"}: code 0 when its optimizer file is written
 //   "bye/<rank>"        a follower read "shutdown"
 //
 // A world of one rank (a single process) has a coordinator too, with no
@@ -88,6 +93,12 @@ class RankCoordinator {
     // next step boundary, and running them there.
     std::function<bool()> has_boundary_work;
     std::function<void()> run_boundary_work;
+    // A follower, owner thread: write this rank's optimizer state into
+    // `dir` (SnapshotScheduler::WriteOptimizerShard).
+    std::function<absl::Status(const std::string& dir)> write_optimizer_shard;
+    // A follower's thread: run `work` on the session's owner thread, after
+    // what was queued before (Session::Post); UNAVAILABLE when shutting down.
+    std::function<absl::Status(std::function<void()> work)> post;
     // Any thread: this process's memory, and its completed training steps.
     std::function<memory::MemoryStatsView()> memory_stats;
     std::function<int64_t()> steps_total;
@@ -156,6 +167,18 @@ class RankCoordinator {
   // the wait's, naming what was waited for.
   absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested);
 
+  // Rank 0, owner thread, while it writes a checkpoint of a run whose
+  // optimizer state is sharded: has every follower write its optimizer
+  // state into `dir` (at a step boundary, where they wait, through the
+  // boundary's events; when idle, as a command) and waits until each has
+  // answered. OK once every follower's file is complete in `dir`; otherwise
+  // the first failure, naming the rank: its own error, or DEADLINE_EXCEEDED
+  // when it did not answer within the collective timeout (it died or hangs).
+  // At a step boundary a failure also fails the boundary: SyncStepBoundary
+  // returns it on every rank, which breaks the run. OK at once on a single
+  // process.
+  absl::Status GatherOptimizerShards(const std::string& dir);
+
   // Called once, from the thread that saw it, when the run is broken (see
   // Session::SetFatalHandler); at once when it already is.
   void SetFatalHandler(std::function<void(const absl::Status&)> handler);
@@ -179,6 +202,13 @@ class RankCoordinator {
   absl::Status FollowCommand(const std::string& text);
   // This rank's memory, as MemoryOfAllRanks reports it.
   RankMemory OwnRankMemory() const;
+  // A follower, owner thread: writes its optimizer shard for gather `id`
+  // and answers rank 0. The store's error when the answer cannot be set.
+  absl::Status AnswerOptimizerShard(const std::string& dir, int64_t id);
+  // A follower, owner thread, at step boundary `boundary` where rank 0 has
+  // boundary work: follows its events until it is done. The wait's error,
+  // or rank 0's failure of the boundary.
+  absl::Status FollowBoundary(int64_t boundary);
 
   const WorldSpec world_;
   const std::string device_;
@@ -196,6 +226,12 @@ class RankCoordinator {
   // thread), and step boundaries synchronised (owner thread).
   int64_t commands_ = 0;
   int64_t boundaries_ = 0;
+  // Rank 0, owner thread: the boundary whose work runs now (-1: none), the
+  // events it published, its first failure, and gathers started.
+  int64_t current_boundary_ = -1;
+  int64_t boundary_events_ = 0;
+  absl::Status boundary_failure_;
+  int64_t gathers_ = 0;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -51,13 +51,15 @@ absl::StatusOr<std::string> ResumeDirectory(const SessionOptions& options) {
 
 }  // namespace
 
-absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
+absl::StatusOr<std::string> ResolveDevice(const std::string& requested, int local_rank) {
   const bool cuda_available = torch::cuda::is_available();
-  if (requested == "auto")
-    return cuda_available ? std::string("cuda:0") : std::string("cpu");
+  if (requested == "auto") {
+    if (!cuda_available) return std::string("cpu");
+    return ResolveDevice("cuda", local_rank);
+  }
   if (requested == "cpu") return std::string("cpu");
   if (requested == "cuda" || absl::StartsWith(requested, "cuda:")) {
-    int index = 0;
+    int index = local_rank;
     if (requested != "cuda" && !absl::SimpleAtoi(requested.substr(5), &index)) {
       return absl::InvalidArgumentError(
           absl::StrCat("bad device '", requested,
@@ -74,7 +76,11 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
     if (index < 0 || index >= count) {
       return OptionError(
           absl::StatusCode::kFailedPrecondition, "device",
-          absl::StrCat("device '", requested, "' is not there: LibTorch sees ", count,
+          absl::StrCat("device '", requested,
+                       requested == "cuda"
+                           ? absl::StrCat("' (cuda:", index, ", LOCAL_RANK's GPU)")
+                           : std::string("'"),
+                       " is not there: LibTorch sees ", count,
                        " CUDA device(s); use device auto or cuda:0..", count - 1));
     }
     return absl::StrCat("cuda:", index);
@@ -87,7 +93,8 @@ absl::StatusOr<std::string> ResolveDevice(const std::string& requested) {
 absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& options,
                                                          Runtime& runtime) {
   RETURN_IF_ERROR(ValidateSessionOptions(options));
-  absl::StatusOr<std::string> device = ResolveDevice(options.device);
+  absl::StatusOr<std::string> device =
+      ResolveDevice(options.device, options.world.local_rank);
   if (!device.ok()) return device.status();
   runtime.UseDevice(*device);
   if (!options.snapshot_root.empty()) {
@@ -226,6 +233,10 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   };
   ranks.has_boundary_work = [this] { return snapshots_->HasBoundaryWork(); };
   ranks.run_boundary_work = [this] { snapshots_->RunBoundaryWork(); };
+  ranks.write_optimizer_shard = [this](const std::string& dir) {
+    return snapshots_->WriteOptimizerShard(dir);
+  };
+  ranks.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   ranks.memory_stats = [this] { return MemoryStats(); };
   ranks.steps_total = [this] {
     absl::MutexLock lock(&mu_);
@@ -239,6 +250,9 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   snapshots.model_loaded = [this] { return host_->Summary().has_value(); };
   snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   snapshots.observers = [this] { return Observers(); };
+  snapshots.gather_optimizer_shards = [this](const std::string& dir) {
+    return ranks_->GatherOptimizerShards(dir);
+  };
   snapshots.count_snapshot =
       [this](const absl::StatusOr<snapshot::SnapshotManifest>& manifest) {
         absl::MutexLock lock(&mu_);

@@ -404,10 +404,13 @@ class Session {
   std::unique_ptr<OwnerThread> plans_;
 };
 
-// Resolves "auto", "cpu", "cuda", "cuda:N" against this build and machine:
+// Resolves "auto", "cpu", "cuda", "cuda:N" against this build and machine.
+// "auto" (with a GPU) and "cuda" mean cuda:`local_rank`: the rank's own GPU
+// on its host, as torchrun's convention has it (0 for a single process).
 // INVALID_ARGUMENT for an unparsable name; UNIMPLEMENTED for cuda on a build
 // without CUDA; FAILED_PRECONDITION for a GPU that is not there.
-absl::StatusOr<std::string> ResolveDevice(const std::string& requested);
+absl::StatusOr<std::string> ResolveDevice(const std::string& requested,
+                                          int local_rank = 0);
 
 }  // namespace memprofd
 

@@ -14,6 +14,7 @@
 #include "core/dist/process_group.h"
 #include "core/model/llama.h"
 #include "core/session/model_host.h"
+#include "core/session/optimizer_shards.h"
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
@@ -45,8 +46,11 @@ absl::Status Session::AlignWithRankZero() {
   if (host_->model() == nullptr) return absl::OkStatus();
   ProcessGroup& group = *ranks_->group();
   RETURN_IF_ERROR(TakeRankZeroParameters(group, host_->model()->NamedParameters()));
-  RETURN_IF_ERROR(
-      TakeRankZeroOptimizerState(group, host_->trainer()->NamedOptimizerState()));
+  // Sharded, each rank holds its own part (DataParallel checks it).
+  if (!OptimizerStateSharded(options_)) {
+    RETURN_IF_ERROR(
+        TakeRankZeroOptimizerState(group, host_->trainer()->NamedOptimizerState()));
+  }
   host_->PublishModel();
   return absl::OkStatus();
 }

@@ -13,6 +13,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/model/llama.h"
+#include "core/session/optimizer_shards.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
@@ -29,7 +30,63 @@ absl::Status SnapshotsOff(absl::StatusCode code) {
       "snapshots are off: the daemon has no snapshot_root; start it with one");
 }
 
+// The hidden directory where the other ranks' optimizer files of
+// checkpoint `name` wait for rank 0's (CleanLeftovers removes it after a
+// kill, as the writer's own temporary directory).
+std::string SideDirectory(const std::string& root, const std::string& name) {
+  return (std::filesystem::absolute(root) /
+          absl::StrCat(snapshot::kTempPrefix, name, "-ranks"))
+      .lexically_normal()
+      .string();
+}
+
+void RemoveSideDirectory(const snapshot::CheckpointPayload& checkpoint) {
+  if (checkpoint.other_ranks_dir.empty()) return;
+  std::error_code ec;
+  std::filesystem::remove_all(checkpoint.other_ranks_dir, ec);
+}
+
 }  // namespace
+
+absl::Status SnapshotScheduler::GatherOptimizerShards(
+    const LlamaModel& model, const std::string& name,
+    snapshot::CheckpointPayload* checkpoint) {
+  const std::string side = SideDirectory(options_.snapshot_root, name);
+  std::error_code ec;
+  std::filesystem::remove_all(side, ec);  // a leftover of an earlier attempt
+  if (!std::filesystem::create_directories(side, ec) || ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "creating ", side, " for the other ranks' optimizer state: ", ec.message(),
+        "; make snapshot_root a writable directory"));
+  }
+  checkpoint->other_ranks_dir = side;
+  if (absl::Status s = callbacks_.gather_optimizer_shards(side); !s.ok()) {
+    RemoveSideDirectory(*checkpoint);
+    return s;
+  }
+  snapshot::OptimizerShardingDescription sharding;
+  sharding.world_size = options_.world.world_size;
+  sharding.level = std::string(ShardingName(RunSharding(options_)));
+  sharding.owners = OptimizerOwners(model, sharding.world_size);
+  checkpoint->sharding = std::move(sharding);
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotScheduler::WriteOptimizerShard(const std::string& dir) {
+  Trainer* const trainer = callbacks_.trainer();
+  if (trainer == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", options_.world.rank,
+        " has no model loaded, so no optimizer state to checkpoint: start every rank "
+        "with the same model option"));
+  }
+  PhaseScope phase(Phase::kSnapshot);
+  return snapshot::WriteRankOptimizerFile(
+             dir, options_.world.rank, options_.world.world_size,
+             trainer->NamedOptimizerState(), trainer->OptimizerMetadata(),
+             options_.snapshot_staging_bytes)
+      .status();
+}
 
 SnapshotScheduler::SnapshotScheduler(const SessionOptions& options, bool follower,
                                      OperationRegistry& operations, Callbacks callbacks)
@@ -145,6 +202,13 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
     checkpoint->optimizer_tensors = trainer->NamedOptimizerState();
     checkpoint->optimizer_metadata = trainer->OptimizerMetadata();
     checkpoint->trainer_state_json = TrainerStateToJson(trainer->State());
+    if (OptimizerStateSharded(options_)) {
+      absl::Status gathered = GatherOptimizerShards(model, s.name, checkpoint.get());
+      if (!gathered.ok()) {
+        FinishSnapshot(op, gathered, s.mode);
+        return;
+      }
+    }
   }
   if (s.mode == SnapshotMode::kAsync) {
     // Copy every tensor to host memory now (the consistent point), then
@@ -189,6 +253,7 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
                                           *checkpoint, s.options, progress, cancel)
                  : writer.Write(s.name, model.NamedParameters(), config_json, s.options,
                                 progress, cancel);
+  if (checkpoint) RemoveSideDirectory(*checkpoint);
   FinishSnapshot(op, std::move(manifest), s.mode);
 }
 
@@ -208,6 +273,7 @@ void SnapshotScheduler::RunAsyncWrite(
                                    spec.options, progress, cancel)
           : writer.Write(spec.name, copies, config_json, spec.options, progress, cancel);
   copies.clear();
+  if (checkpoint) RemoveSideDirectory(*checkpoint);
   checkpoint.reset();
   async_staging_bytes_ -= staged_bytes;
   FinishSnapshot(op, std::move(manifest), spec.mode);

@@ -92,6 +92,10 @@ class SnapshotScheduler {
     std::function<std::vector<std::shared_ptr<SessionObserver>>()> observers;
     std::function<void(const absl::StatusOr<snapshot::SnapshotManifest>& manifest)>
         count_snapshot;
+    // Rank 0, owner thread, in a run whose optimizer state is sharded: has
+    // every other rank write its optimizer state into `dir` and waits for
+    // them (RankCoordinator::GatherOptimizerShards).
+    std::function<absl::Status(const std::string& dir)> gather_optimizer_shards;
   };
 
   // `options` (snapshot_root, snapshot_staging_bytes, snapshot_every_steps,
@@ -125,6 +129,12 @@ class SnapshotScheduler {
   // snapshot_every_steps steps, queues the checkpoint "step-<global_step>"
   // unless it exists; a failure to queue is logged.
   void MaybeQueuePeriodicSnapshot(int64_t global_step);
+  // A follower, owner thread, when rank 0 checkpoints a run whose optimizer
+  // state is sharded: writes this rank's optimizer state (its shard) as its
+  // rank file in `dir` (snapshot::WriteRankOptimizerFile).
+  // FAILED_PRECONDITION without a model; the write's errors.
+  absl::Status WriteOptimizerShard(const std::string& dir);
+
   // Session::SnapshotNow: OK at once on a follower; else StartSnapshot's
   // errors, or the snapshot's own once it was written.
   absl::Status SnapshotNow(const std::string& name);
@@ -157,6 +167,11 @@ class SnapshotScheduler {
   // Queues a snapshot to run at the next step boundary, or when idle.
   absl::StatusOr<std::shared_ptr<Operation>> QueueSnapshot(SnapshotSpec spec);
   void RunSnapshot(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec);
+  // Rank 0 of a run with its optimizer state sharded, at the checkpoint's
+  // step boundary: the other ranks' files in the side directory, and the
+  // description, in `checkpoint`. The gather's errors (nothing left behind).
+  absl::Status GatherOptimizerShards(const LlamaModel& model, const std::string& name,
+                                     snapshot::CheckpointPayload* checkpoint);
   void FinishSnapshot(const std::shared_ptr<Operation>& op,
                       absl::StatusOr<snapshot::SnapshotManifest> manifest,
                       SnapshotMode mode);

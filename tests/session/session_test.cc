@@ -8,6 +8,7 @@
 #include "core/session/session.h"
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 
 #include <map>
 #include <optional>
@@ -43,6 +44,26 @@ TEST(ResolveDeviceTest, NamesAndErrors) {
 #endif
   EXPECT_EQ(ResolveDevice("tpu").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ResolveDevice("cuda:x").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A rank's "cuda" is its LOCAL_RANK's GPU, so that ranks sharing a host never
+// share one (NCCL refuses that).
+TEST(ResolveDeviceTest, CudaMeansTheLocalRanksGpu) {
+  EXPECT_EQ(*ResolveDevice("cpu", 3), "cpu");
+#ifdef MEMPROFD_WITH_CUDA
+  if (torch::cuda::device_count() >= 2) {
+    EXPECT_EQ(*ResolveDevice("cuda", 1), "cuda:1");
+    EXPECT_EQ(*ResolveDevice("auto", 1), "cuda:1");
+    EXPECT_EQ(*ResolveDevice("cuda:0", 1), "cuda:0");  // named: as named
+  } else {
+    absl::StatusOr<std::string> d = ResolveDevice("cuda", 7);
+    ASSERT_FALSE(d.ok());
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(d.status().message(), HasSubstr("cuda:7, LOCAL_RANK's GPU"));
+  }
+#else
+  EXPECT_EQ(*ResolveDevice("auto", 1), "cpu");
+#endif
 }
 
 // The process-wide state is made once: every Install returns the same
