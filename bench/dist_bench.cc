@@ -1,12 +1,27 @@
-// Data-parallel step time: one process against two ranks (Gloo on loopback,
-// --threads each) on the built-in presets, with the all-reduce time that
-// backward did not hide ("exposed": the time GradientSync::Finish waited).
-// Each rank trains --batch windows, so two ranks do twice the work of one in
-// each step; the scaling figure is tokens/s of 2 ranks over tokens/s of 1.
-// On this 2-core machine two ranks of one thread each use both cores.
+// Data-parallel step time and memory per rank, for each sharding level
+// (--shardings none,optimizer,gradients) at each world size (--ranks 1,2,4;
+// Gloo on loopback, --threads each) on the built-in presets, side by side
+// with one process's. Per row: seconds per step, tokens/s, the collective
+// time backward did not hide ("exposed": the time GradientSync waited), and
+// the bytes one rank holds of parameters, of gradients at their peak and of
+// AdamW's state, each the largest over the ranks, and the last two as a
+// fraction of one process's. Measured, not derived: the parameters' and the
+// optimizer state's tensors summed after the run, the gradients' peak as
+// GradientSync samples it inside backward (the distinct storages of the
+// .grads, the buckets' flat copies and the owned sums) or, in one process,
+// the .grads summed after backward.
+// Each rank trains --batch windows, so N ranks do N times the work of one in
+// each step; the scaling figure is tokens/s of N ranks over tokens/s of 1.
+// On this 2-core machine more than two one-thread ranks share the cores, so
+// the times at 4 ranks measure contention, not scaling; the bytes do not
+// depend on it. Buckets are 1 MiB by default (the daemon's are 25 MB): with
+// gradient sharding a rank holds its share plus a few buckets (in flight,
+// being flattened, being filled), so on models this small the buckets must
+// be small for the share to show.
 //
-// Usage: dist_bench [--presets tiny,small] [--batch 4] [--seq 128]
-//                   [--steps 6] [--warmup 1] [--threads 1]
+// Usage: dist_bench [--presets tiny,small] [--shardings none,optimizer,gradients]
+//                   [--ranks 1,2,4] [--batch 2] [--seq 64] [--steps 3]
+//                   [--warmup 1] [--threads 1] [--bucket_kb 1024]
 // Run without RANK in the environment it is the launcher: it starts itself
 // once per rank (RANK, WORLD_SIZE, MASTER_PORT set) and prints the table.
 
@@ -14,6 +29,7 @@
 #include <ATen/Parallel.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +43,7 @@
 #include "absl/strings/str_split.h"
 #include "core/dist/data_parallel.h"
 #include "core/dist/process_group.h"
+#include "core/dist/sharding.h"
 #include "core/dist/world.h"
 #include "core/model/config.h"
 #include "core/model/llama.h"
@@ -36,9 +53,17 @@ namespace memprofd {
 namespace {
 
 std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
-  std::map<std::string, std::string> args = {
-      {"presets", "tiny,small"}, {"batch", "4"},   {"seq", "128"}, {"steps", "6"},
-      {"warmup", "1"},           {"threads", "1"}, {"preset", ""}};
+  std::map<std::string, std::string> args = {{"presets", "tiny,small"},
+                                             {"shardings", "none,optimizer,gradients"},
+                                             {"ranks", "1,2,4"},
+                                             {"batch", "2"},
+                                             {"seq", "64"},
+                                             {"steps", "3"},
+                                             {"warmup", "1"},
+                                             {"threads", "1"},
+                                             {"bucket_kb", "1024"},
+                                             {"preset", ""},
+                                             {"sharding", "none"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i];
     if (key.rfind("--", 0) == 0) args[key.substr(2)] = argv[i + 1];
@@ -55,15 +80,54 @@ int64_t IntArg(const std::map<std::string, std::string>& args, const std::string
   return value;
 }
 
-// One rank: prints "RESULT <seconds per step> <exposed seconds per step>".
+// The bytes of the distinct storages of `tensors` (undefined ones skipped).
+int64_t StorageBytes(const std::vector<at::Tensor>& tensors) {
+  std::vector<const void*> seen;
+  int64_t bytes = 0;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const void* storage = t.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
+    seen.push_back(storage);
+    bytes += static_cast<int64_t>(t.storage().nbytes());
+  }
+  return bytes;
+}
+
+// The gradients a rank holds after backward and at the update (after
+// DataParallel's, which drops or shards them), the most over the steps.
+class GradientBytesListener : public StepListener {
+ public:
+  explicit GradientBytesListener(LlamaModel* model) : model_(model) {}
+  absl::Status AfterBackward() override {
+    Sample();
+    return absl::OkStatus();
+  }
+  void BeforeUpdate() override { Sample(); }
+  int64_t peak() const { return peak_; }
+
+ private:
+  void Sample() {
+    std::vector<at::Tensor> grads;
+    for (const at::Tensor& p : model_->Parameters()) grads.push_back(p.grad());
+    peak_ = std::max(peak_, StorageBytes(grads));
+  }
+  LlamaModel* const model_;
+  int64_t peak_ = 0;
+};
+
+// One rank: prints "RESULT <rank> <seconds per step> <exposed seconds per
+// step> <parameter bytes> <gradient peak bytes> <optimizer state bytes>".
 int RunRank(const std::map<std::string, std::string>& args) {
   at::set_num_threads(static_cast<int>(IntArg(args, "threads")));
   absl::StatusOr<WorldSpec> world = ReadWorldSpec(ProcessEnvironment());
   absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(args.at("preset"));
-  if (!world.ok() || !config.ok()) {
-    std::fprintf(stderr, "%s\n",
-                 (!world.ok() ? world.status() : config.status()).ToString().c_str());
-    return 2;
+  absl::StatusOr<Sharding> sharding = ParseSharding(args.at("sharding"));
+  for (const absl::Status& s : {world.status(), config.status(), sharding.status()}) {
+    if (!s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 2;
+    }
   }
   absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(*config, 1);
   if (!model.ok()) return 2;
@@ -78,8 +142,11 @@ int RunRank(const std::map<std::string, std::string>& args) {
       return 2;
     }
     group = std::move(*connected);
+    DataParallelOptions dp_options;
+    dp_options.sharding = *sharding;
+    dp_options.bucket_bytes = IntArg(args, "bucket_kb") * 1024;
     absl::StatusOr<std::unique_ptr<DataParallel>> created =
-        DataParallel::Create(group.get(), &trainer);
+        DataParallel::Create(group.get(), &trainer, dp_options);
     if (!created.ok()) {
       std::fprintf(stderr, "%s\n", created.status().ToString().c_str());
       return 2;
@@ -92,13 +159,16 @@ int RunRank(const std::map<std::string, std::string>& args) {
   options.steps = IntArg(args, "warmup");
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(options.data, config->vocab_size);
+  GradientBytesListener grad_bytes(model->get());
   StepListeners listeners;
   if (dp != nullptr) listeners.push_back(dp.get());
+  listeners.push_back(&grad_bytes);
   if (!data.ok() || !trainer.Run(options, **data, {}, {}, nullptr, listeners).ok())
     return 2;
   const int64_t steps = IntArg(args, "steps");
   at::Generator generator = MakeDataGenerator(3);
   double seconds = 0, exposed = 0;
+  int64_t grad_peak = grad_bytes.peak();
   for (int64_t s = 0; s < steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepReport> report =
@@ -109,40 +179,79 @@ int RunRank(const std::map<std::string, std::string>& args) {
       std::fprintf(stderr, "%s\n", report.status().ToString().c_str());
       return 2;
     }
-    if (dp != nullptr) exposed += dp->last_step().exposed_seconds;
+    if (dp != nullptr) {
+      exposed += dp->last_step().exposed_seconds;
+      grad_peak = std::max(grad_peak, dp->last_step().peak_bytes);
+    }
   }
-  std::printf("RESULT %.6f %.6f\n", seconds / steps, exposed / steps);
+  grad_peak = std::max(grad_peak, grad_bytes.peak());
+  std::vector<at::Tensor> state;
+  for (const auto& [name, t] : trainer.NamedOptimizerState()) state.push_back(t);
+  std::printf(
+      "RESULT %d %.6f %.6f %lld %lld %lld\n", world->rank, seconds / steps,
+      exposed / steps, static_cast<long long>(StorageBytes((*model)->Parameters())),
+      static_cast<long long>(grad_peak), static_cast<long long>(StorageBytes(state)));
+  std::fflush(stdout);
   return 0;
 }
 
 struct Figures {
-  double step_seconds = 0;
-  double exposed_seconds = 0;
+  bool ok = false;
+  double step_seconds = 0;      // the slowest rank's
+  double exposed_seconds = 0;   // the most any rank waited
+  int64_t parameter_bytes = 0;  // each the largest over the ranks
+  int64_t gradient_peak_bytes = 0;
+  int64_t optimizer_bytes = 0;
 };
 
-// Starts `world` copies of this binary as ranks of one run and returns rank
-// 0's figures (the slowest rank sets the pace; rank 0 waits for it).
+// Starts `world` copies of this binary as ranks of one run and gathers
+// their figures.
 Figures Launch(const std::string& self, const std::map<std::string, std::string>& args,
-               const std::string& preset, int world, int port) {
+               const std::string& preset, const std::string& sharding, int world,
+               int port) {
   std::string common;
-  for (const char* key : {"batch", "seq", "steps", "warmup", "threads"}) {
+  for (const char* key : {"batch", "seq", "steps", "warmup", "threads", "bucket_kb"}) {
     absl::StrAppend(&common, " --", key, " ", args.at(key));
   }
   std::string script;
   for (int r = 0; r < world; ++r) {
     absl::StrAppend(&script, "RANK=", r, " WORLD_SIZE=", world, " MASTER_PORT=", port,
-                    " ", self, " --preset ", preset, common, r == 0 ? "" : " > /dev/null",
-                    " & ");
+                    " ", self, " --preset ", preset, " --sharding ", sharding, common,
+                    " 2>&1 & ");
   }
   absl::StrAppend(&script, "wait");
   Figures figures;
+  int reported = 0;
+  std::string other_output;  // the ranks' logs, shown when one fails
   FILE* pipe = popen(script.c_str(), "r");
-  char line[256];
+  char line[512];
   while (pipe != nullptr && fgets(line, sizeof(line), pipe) != nullptr) {
-    std::sscanf(line, "RESULT %lf %lf", &figures.step_seconds, &figures.exposed_seconds);
+    int rank = 0;
+    double step = 0, exposed = 0;
+    long long params = 0, grads = 0, state = 0;
+    if (std::sscanf(line, "RESULT %d %lf %lf %lld %lld %lld", &rank, &step, &exposed,
+                    &params, &grads, &state) != 6) {
+      other_output += line;
+      continue;
+    }
+    ++reported;
+    figures.step_seconds = std::max(figures.step_seconds, step);
+    figures.exposed_seconds = std::max(figures.exposed_seconds, exposed);
+    figures.parameter_bytes = std::max<int64_t>(figures.parameter_bytes, params);
+    figures.gradient_peak_bytes = std::max<int64_t>(figures.gradient_peak_bytes, grads);
+    figures.optimizer_bytes = std::max<int64_t>(figures.optimizer_bytes, state);
   }
   if (pipe != nullptr) pclose(pipe);
+  figures.ok = reported == world;
+  if (!figures.ok) std::fputs(other_output.c_str(), stderr);
   return figures;
+}
+
+double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+std::vector<std::string> List(const std::map<std::string, std::string>& args,
+                              const std::string& key) {
+  return absl::StrSplit(args.at(key), ',', absl::SkipEmpty());
 }
 
 int RunLauncher(const std::map<std::string, std::string>& args) {
@@ -150,30 +259,76 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   if (n <= 0) return 2;
   self[n] = '\0';
+  std::vector<int> rank_counts;
+  for (const std::string& r : List(args, "ranks")) {
+    int count = 0;
+    if (!absl::SimpleAtoi(r, &count) || count < 1) {
+      std::fprintf(stderr, "--ranks takes positive integers, got %s\n", r.c_str());
+      return 2;
+    }
+    rank_counts.push_back(count);
+  }
+  for (const std::string& level : List(args, "shardings")) {
+    absl::StatusOr<Sharding> parsed = ParseSharding(level);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s\n", parsed.status().ToString().c_str());
+      return 2;
+    }
+  }
   std::printf(
-      "dist_bench: 1 process vs 2 ranks (Gloo, loopback), batch %s x seq %s per rank, "
-      "%s steps after %s warm-up, %s thread(s) per rank, %d cores\n",
+      "dist_bench: ranks over Gloo on loopback, batch %s x seq %s per rank, %s steps "
+      "after %s warm-up, %s thread(s) per rank, buckets of %s KiB, %d cores\n",
       args.at("batch").c_str(), args.at("seq").c_str(), args.at("steps").c_str(),
-      args.at("warmup").c_str(), args.at("threads").c_str(),
+      args.at("warmup").c_str(), args.at("threads").c_str(), args.at("bucket_kb").c_str(),
       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  std::printf("%-8s %6s %12s %14s %12s %16s %9s\n", "preset", "ranks", "s/step",
-              "tokens/s", "exposed s", "exposed/step", "scaling");
+  std::printf("%-6s %-9s %5s %8s %9s %9s %8s %11s %11s %8s %11s %8s %7s\n", "preset",
+              "sharding", "ranks", "s/step", "tokens/s", "exposed", "exp/step",
+              "params MiB", "grads MiB", "grads/1", "optim MiB", "optim/1", "scaling");
   const int64_t tokens = IntArg(args, "batch") * IntArg(args, "seq");
   int port = 29600 + static_cast<int>(getpid() % 2000);
-  for (const std::string& preset :
-       std::vector<std::string>(absl::StrSplit(args.at("presets"), ','))) {
-    Figures one = Launch(self, args, preset, 1, port++);
-    Figures two = Launch(self, args, preset, 2, port++);
+  int failures = 0;
+  for (const std::string& preset : List(args, "presets")) {
+    // One process is every level's baseline (nothing to shard).
+    const Figures one = Launch(self, args, preset, "none", 1, port++);
+    if (!one.ok) {
+      std::printf("%-6s one process failed\n", preset.c_str());
+      ++failures;
+      continue;
+    }
     const double one_rate = one.step_seconds > 0 ? tokens / one.step_seconds : 0;
-    const double two_rate = two.step_seconds > 0 ? 2 * tokens / two.step_seconds : 0;
-    std::printf("%-8s %6d %12.4f %14.0f %12s %16s %9s\n", preset.c_str(), 1,
-                one.step_seconds, one_rate, "-", "-", "1.00");
-    std::printf("%-8s %6d %12.4f %14.0f %12.4f %15.1f%% %9.2f\n", preset.c_str(), 2,
-                two.step_seconds, two_rate, two.exposed_seconds,
-                two.step_seconds > 0 ? 100 * two.exposed_seconds / two.step_seconds : 0,
-                one_rate > 0 ? two_rate / one_rate : 0);
+    auto row = [&](const std::string& level, int world, const Figures& f) {
+      const double rate = f.step_seconds > 0 ? world * tokens / f.step_seconds : 0;
+      std::printf(
+          "%-6s %-9s %5d %8.4f %9.0f %9.4f %7.1f%% %11.2f %11.2f %8.2f %11.2f %8.2f "
+          "%7.2f\n",
+          preset.c_str(), level.c_str(), world, f.step_seconds, rate, f.exposed_seconds,
+          f.step_seconds > 0 ? 100 * f.exposed_seconds / f.step_seconds : 0,
+          MiB(f.parameter_bytes), MiB(f.gradient_peak_bytes),
+          one.gradient_peak_bytes > 0
+              ? static_cast<double>(f.gradient_peak_bytes) / one.gradient_peak_bytes
+              : 0,
+          MiB(f.optimizer_bytes),
+          one.optimizer_bytes > 0
+              ? static_cast<double>(f.optimizer_bytes) / one.optimizer_bytes
+              : 0,
+          one_rate > 0 ? rate / one_rate : 0);
+      std::fflush(stdout);
+    };
+    row("-", 1, one);
+    for (const std::string& level : List(args, "shardings")) {
+      for (int world : rank_counts) {
+        if (world == 1) continue;
+        const Figures f = Launch(self, args, preset, level, world, port++);
+        if (!f.ok) {
+          std::printf("%-6s %-9s %5d failed\n", preset.c_str(), level.c_str(), world);
+          ++failures;
+          continue;
+        }
+        row(level, world, f);
+      }
+    }
   }
-  return 0;
+  return failures == 0 ? 0 : 1;
 }
 
 }  // namespace

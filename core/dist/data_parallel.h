@@ -26,11 +26,11 @@
 // ranks' squared norms, one all-reduce), so every rank clips and skips
 // alike. Its results equal an unsharded run's to float32 rounding (bit for
 // bit with 2 ranks, one micro-batch and no clipping). With either sharded
-// level the trainer's optimizer state (and so a checkpoint rank 0 writes)
-// holds this rank's shard only: such a checkpoint cannot resume the run yet
-// (Trainer::Restore refuses the missing state, or, when rank 0 owns
-// nothing, starts AdamW afresh), and an unsharded run's state does not go on
-// in a sharded one (Create refuses it). kFull (ZeRO-3) is not built
+// level the trainer's optimizer state holds this rank's shard only (a
+// checkpoint of the run needs every rank's part: Trainer::Restore's `owned`
+// takes a rank's part back), and optimizer state of parameters this rank
+// does not own, outside such a restore, is refused (Create: it trained
+// unsharded). kFull (ZeRO-3) is not built
 // (ShardingBuilt).
 //
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
