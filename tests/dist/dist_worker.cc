@@ -1,7 +1,7 @@
 // One rank of a data-parallel test run, started by dist_test as a process per
 // rank with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-//   --scenario=collectives  all-reduce, broadcast, all-gather, barrier; checks
-//                           the values and prints "collectives ok".
+//   --scenario=collectives  all-reduce, reduce, broadcast, all-gather, barrier;
+//                           checks the values and prints "collectives ok".
 //   --scenario=train        trains the small test Llama for --steps steps with
 //                           GradientSync (when WORLD_SIZE > 1), prints
 //                           "step N loss L" per step, the sync's figures and
@@ -85,6 +85,22 @@ int Collectives(ProcessGroup& group) {
   const float want = world * (world + 1) / 2.0f;
   if (!at::equal(sum, at::full({3}, want))) {
     std::cout << "all-reduce gave " << sum << ", want " << want << std::endl;
+    return 1;
+  }
+  // A reduce to the last rank: only it holds the sum; Done once waited.
+  at::Tensor reduced = at::full({3}, static_cast<float>(rank + 1));
+  absl::StatusOr<PendingCollective> reduce = group.StartReduceSum(reduced, world - 1);
+  if (!reduce.ok()) return Fail(reduce.status());
+  if (absl::Status s = reduce->Wait(); !s.ok()) return Fail(s);
+  if (!reduce->Done() ||
+      (rank == world - 1 && !at::equal(reduced, at::full({3}, want)))) {
+    std::cout << "reduce gave " << reduced << ", want " << want << " on the root"
+              << std::endl;
+    return 1;
+  }
+  if (group.StartReduceSum(reduced, world).status().code() !=
+      absl::StatusCode::kInvalidArgument) {
+    std::cout << "a reduce to a rank outside the world was not refused" << std::endl;
     return 1;
   }
   at::Tensor value = at::full({2}, static_cast<float>(10 * rank));
