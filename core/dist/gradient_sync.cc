@@ -8,11 +8,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <unordered_set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/memory/tagging.h"
 
 namespace memprofd {
 
@@ -219,6 +221,12 @@ absl::Status GradientSync::StartBucket(size_t b) {
   pieces.clear();
   SampleBytes();
   if (sharded()) {
+    // The flat copy holds the gradients now (on the owner it becomes them):
+    // the memory report counts it as gradients, as the trainer tags .grads.
+    const at::Tensor& first = parameters_[bucket.parameters.front()];
+    if (std::optional<Attribution> owner = memory::StorageAttribution(first)) {
+      memory::TagStorage(bucket.flat, owner->module, Category::kGradients);
+    }
     for (size_t k : bucket.parameters) parameters_[k].mutable_grad() = at::Tensor();
   }
   bucket.started = true;
