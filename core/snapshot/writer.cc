@@ -343,8 +343,9 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
         if (size_ec || ::rename(from.c_str(), (fs::path(tmp_dir) / file).c_str()) != 0) {
           return absl::FailedPreconditionError(absl::StrCat(
               "rank ", r, "'s optimizer file ", from.string(),
-              " is not there: that rank did not write its optimizer state; nothing was "
-              "published"));
+              " is not there: that rank did not write its optimizer state there (every "
+              "rank must see the snapshot root as the same shared directory); nothing "
+              "was published"));
         }
         manifest.files.push_back({file, size});
         manifest.optimizer_bytes += size;
