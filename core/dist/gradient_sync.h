@@ -68,7 +68,9 @@ namespace memprofd {
 
 struct GradientSyncStats {
   int64_t buckets = 0;
-  int64_t bytes = 0;  // gradient bytes all-reduced per step
+  // The buckets' gradient bytes: all-reduced once per step; sharded, reduced
+  // once per micro-batch.
+  int64_t bytes = 0;
   // Buckets whose all-reduce started inside backward (overlapped with it);
   // the rest started in Finish.
   int64_t buckets_started_in_backward = 0;
