@@ -80,6 +80,9 @@ absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
                   .to(trainer_->model()->device());
   }));
   RETURN_IF_ERROR(group_->AllReduceSum(squares));
+  // A plan's dry run (meta tensors, ProcessGroup::ForPlan) has no norm to
+  // combine: the trainer's own stands, as unspecified as any meta value.
+  if (squares.is_meta()) return norm;
   double sum = 0;
   RETURN_IF_ERROR(TorchBoundary("the global gradient norm",
                                 [&] { sum = squares.cpu().item<double>(); }));
@@ -106,6 +109,7 @@ absl::Status DataParallel::OnStepEnd(StepReport& report) {
                .to(trainer_->model()->device());
   }));
   RETURN_IF_ERROR(group_->AllReduceSum(sums));
+  if (sums.is_meta()) return absl::OkStatus();  // a plan's dry run: no values
   at::Tensor host;
   RETURN_IF_ERROR(TorchBoundary("the global step report", [&] { host = sums.cpu(); }));
   const double* s = host.const_data_ptr<double>();

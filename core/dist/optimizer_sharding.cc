@@ -66,11 +66,17 @@ absl::StatusOr<std::unique_ptr<OptimizerSharding>> OptimizerSharding::Create(
     (owned.count(name.substr(0, name.size() - kMoment.size())) ? with_state : foreign) +=
         1;
   }
+  // A plan's dry run (meta parameters, ProcessGroup::ForPlan) keeps the
+  // counts on the CPU, where the plan's all-gather gives every rank this
+  // rank's: the check below then applies to this rank's own state.
+  const at::Device device = trainable.empty() || trainable[0].is_meta()
+                                ? at::Device(at::kCPU)
+                                : trainable[0].device();
   at::Tensor counts;
   RETURN_IF_ERROR(TorchBoundary("the optimizer-sharding check", [&] {
     counts =
         at::tensor({foreign, with_state, static_cast<int64_t>(owned.size())}, at::kLong)
-            .to(trainable.empty() ? at::Device(at::kCPU) : trainable[0].device());
+            .to(device);
   }));
   ASSIGN_OR_RETURN(std::vector<at::Tensor> all, group->AllGather(counts));
   bool any_state = false;

@@ -98,6 +98,17 @@ ProcessGroup::~ProcessGroup() = default;
 
 const char* ProcessGroup::backend_name() const { return impl_->name; }
 
+bool ProcessGroup::planning() const { return !impl_->backend; }
+
+std::unique_ptr<ProcessGroup> ProcessGroup::ForPlan(int rank, int world_size) {
+  WorldSpec world;
+  world.rank = rank;
+  world.world_size = world_size;
+  auto impl = std::make_unique<Impl>();
+  impl->name = "plan";
+  return std::unique_ptr<ProcessGroup>(new ProcessGroup(world, std::move(impl)));
+}
+
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
     const WorldSpec& world, const ProcessGroupOptions& options) {
   if (!world.distributed()) {
@@ -174,6 +185,7 @@ template <typename Start>
 absl::StatusOr<PendingCollective> ProcessGroup::Begin(const std::string& what,
                                                       Start start) {
   PendingCollective pending;
+  if (planning()) return pending;  // done at once
   pending.state_ = std::make_unique<PendingCollective::State>();
   pending.state_->what = what;
   pending.state_->rank = rank();
@@ -252,6 +264,9 @@ absl::StatusOr<std::vector<at::Tensor>> ProcessGroup::AllGather(
     return impl_->backend->allgather(outputs, inputs, options);
   });
   if (!status.ok()) return status;
+  if (planning()) {
+    for (at::Tensor& out : outputs[0]) out.copy_(tensor);
+  }
   return std::move(outputs[0]);
 }
 
@@ -275,14 +290,21 @@ absl::Status StoreSet(c10d::Store& store, int rank, const std::string& key,
   return absl::OkStatus();
 }
 
+absl::Status PlanHasNoStore(int rank) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("rank ", rank, ": a group for planning has no key-value store"));
+}
+
 }  // namespace
 
 absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
+  if (planning()) return PlanHasNoStore(rank());
   return StoreSet(*impl_->store, rank(), key, value);
 }
 
 absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
                                                   absl::Duration timeout) {
+  if (planning()) return PlanHasNoStore(rank());
   try {
     impl_->store->wait({key}, ToChrono(timeout));
     std::vector<uint8_t> value = impl_->store->get(key);
@@ -321,6 +343,7 @@ absl::StatusOr<std::optional<std::string>> StoreChannel::GetKeyIfSet(
 }
 
 absl::StatusOr<std::unique_ptr<StoreChannel>> ProcessGroup::OpenChannel() {
+  if (planning()) return PlanHasNoStore(rank());
   auto impl = std::make_unique<StoreChannel::Impl>();
   try {
     // PrefixStore's clone keeps the prefix over a new TCPStore connection.

@@ -108,6 +108,16 @@ class ProcessGroup {
   static absl::StatusOr<std::unique_ptr<ProcessGroup>> Connect(
       const WorldSpec& world, const ProcessGroupOptions& options);
 
+  // A group for planning (core/plan's dry run of rank `rank` of
+  // `world_size`): no backend, no store, no peers. Every collective completes
+  // at once and moves nothing: an all-reduce, a reduce or a broadcast leaves
+  // the tensor as it is, and an all-gather returns world_size copies of this
+  // rank's tensor (every rank of a plan is the same dry run, so the checks
+  // that compare ranks see them agree). On meta tensors nothing has values.
+  // The store calls return FAILED_PRECONDITION. `rank` must be in
+  // [0, world_size).
+  static std::unique_ptr<ProcessGroup> ForPlan(int rank, int world_size);
+
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -115,8 +125,10 @@ class ProcessGroup {
   int rank() const { return world_.rank; }
   int world_size() const { return world_.world_size; }
   const WorldSpec& world() const { return world_; }
-  // "gloo" or "nccl".
+  // "gloo", "nccl", or "plan" (ForPlan).
   const char* backend_name() const;
+  // Whether this is a group for planning (ForPlan).
+  bool planning() const;
 
   // Starts summing `tensor` (dense, contiguous) across ranks, in place.
   absl::StatusOr<PendingCollective> StartAllReduceSum(const at::Tensor& tensor);

@@ -10,7 +10,8 @@
 namespace memprofd::plan {
 
 absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& spec,
-                                                               c10::Device device) {
+                                                               c10::Device device,
+                                                               ProcessGroup* group) {
   if (!memory::IsCountingCpuAllocatorInstalled()) {
     return absl::FailedPreconditionError(
         "calibration: the process's memory accounting is not installed "
@@ -33,7 +34,7 @@ absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& s
 #endif
   std::vector<MeasuredStep> steps;
   absl::Status run = internal::RunPlannedSteps(
-      spec, device, /*prepare_model=*/{},
+      spec, device, group, /*prepare_model=*/{},
       [&](int64_t) {
 #ifdef MEMPROFD_WITH_CUDA
         // The caching allocator's own peak too, or the first boundary's fold

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/dist/process_group.h"
 #include "core/plan/planner.h"
 
 namespace memprofd::plan {
@@ -30,8 +31,11 @@ struct MeasuredStep {
 // process's memory accounting installed (memory::InstallMemoryAccounting;
 // FAILED_PRECONDITION otherwise) and no other training in the process (the
 // recorder's peaks are reset at each step). The planner's refusals apply.
-absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& spec,
-                                                               c10::Device device);
+// With spec.world_size > 1 the steps are rank group->rank()'s of a real
+// data-parallel run over `group` (every rank calls this at once);
+// INVALID_ARGUMENT without a group of that size.
+absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(
+    const PlanSpec& spec, c10::Device device, ProcessGroup* group = nullptr);
 
 }  // namespace memprofd::plan
 

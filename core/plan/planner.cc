@@ -6,10 +6,13 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/dist/optimizer_sharding.h"
+#include "core/dist/process_group.h"
 #include "core/memory/meta_accounting.h"
 #include "core/memory/op_attribution.h"
 #include "core/model/llama.h"
@@ -239,15 +242,17 @@ absl::StatusOr<PlanSpec::Target> ParseTarget(absl::string_view name) {
       absl::StrCat("plan: target \"", name, "\" is not a device; use cpu or cuda"));
 }
 
-absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
-  const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(internal::CheckPlannable(spec));
-  RETURN_IF_ERROR(RegisterMetaKernels());
-  RETURN_IF_ERROR(memory::InstallMetaAccounting());
-  // The CUDA caching allocator hands out multiples of 512 bytes (its
-  // kMinBlockSize); an empty request takes no block.
+namespace {
+
+// One rank's dry run: rank group->rank() of spec.world_size (group null for
+// one process). `trainable` gets the numel of each trainable parameter, each
+// storage once, in model order (as OptimizerSharding partitions them).
+absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
+                                    std::vector<int64_t>* trainable) {
   std::array<int64_t, internal::kPlannedSteps> moved{};
   int64_t parameters = 0;
+  // The CUDA caching allocator hands out multiples of 512 bytes (its
+  // kMinBlockSize); an empty request takes no block.
   auto ledger =
       std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda ? 512 : 1);
   PhaseDomain domain;
@@ -258,10 +263,18 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     memory::ThreadOpAttribution ops;
     const LlamaModel::MetaSdpaKernel sdpa = SdpaKernelFor(spec);
     RETURN_IF_ERROR(internal::RunPlannedSteps(
-        spec, c10::Device(c10::DeviceType::Meta),
-        [sdpa, &parameters](LlamaModel& model) {
+        spec, c10::Device(c10::DeviceType::Meta), group,
+        [sdpa, &parameters, trainable](LlamaModel& model) {
           model.set_meta_sdpa_kernel(sdpa);
           parameters = model.NumParameters();
+          trainable->clear();
+          std::set<const void*> seen;
+          for (const auto& [name, p] : model.NamedParameters()) {
+            if (!seen.insert(p.unsafeGetTensorImpl()).second || !p.requires_grad()) {
+              continue;
+            }
+            trainable->push_back(p.numel());
+          }
         },
         /*before_step=*/{},
         [&moved](int64_t step, const offload::OffloadStats& stats) {
@@ -282,6 +295,69 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
       std::max<int64_t>(1, std::min<int64_t>(spec.train.grad_accumulation_steps,
                                              internal::kPlannedMicroBatches));
   plan.allocations = ledger->allocations();
+  return plan;
+}
+
+// The numel each of `ranks` ranks owns under BalancedOwners.
+std::vector<int64_t> Shares(const std::vector<int64_t>& trainable, int ranks) {
+  std::vector<int64_t> shares(static_cast<size_t>(ranks), 0);
+  const std::vector<int> owners = BalancedOwners(trainable, ranks);
+  for (size_t k = 0; k < trainable.size(); ++k) shares[owners[k]] += trainable[k];
+  return shares;
+}
+
+}  // namespace
+
+absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(internal::CheckPlannable(spec));
+  RETURN_IF_ERROR(RegisterMetaKernels());
+  RETURN_IF_ERROR(memory::InstallMetaAccounting());
+  const int world = spec.world_size;
+  const bool sharded = world > 1 && spec.sharding != Sharding::kNone;
+  std::vector<int64_t> trainable;
+  // Rank 0 first: its dry run also gives the parameters to share out.
+  std::unique_ptr<ProcessGroup> group =
+      world > 1 ? ProcessGroup::ForPlan(0, world) : nullptr;
+  ASSIGN_OR_RETURN(MemoryPlan first, PlanRank(spec, group.get(), &trainable));
+  int64_t total = 0;
+  for (int64_t n : trainable) total += n;
+  const std::vector<int64_t> shares =
+      sharded ? Shares(trainable, world) : std::vector<int64_t>(world, total);
+  std::vector<int> planned;
+  if (world <= kMaxRanksPlannedEach) {
+    for (int r = 0; r < world; ++r) planned.push_back(r);
+  } else {
+    const auto [low, high] = std::minmax_element(shares.begin(), shares.end());
+    planned = {static_cast<int>(low - shares.begin()),
+               static_cast<int>(high - shares.begin())};
+    std::sort(planned.begin(), planned.end());
+    planned.erase(std::unique(planned.begin(), planned.end()), planned.end());
+  }
+  MemoryPlan plan;
+  std::vector<RankPlan> ranks;
+  int64_t allocations = 0;
+  for (int r : planned) {
+    MemoryPlan rank_plan;
+    if (r == 0) {
+      rank_plan = first;
+    } else {
+      group = ProcessGroup::ForPlan(r, world);
+      std::vector<int64_t> unused;
+      ASSIGN_OR_RETURN(rank_plan, PlanRank(spec, group.get(), &unused));
+    }
+    allocations += rank_plan.allocations;
+    ranks.push_back({r, rank_plan.peak_allocated_bytes, rank_plan.peak_phase,
+                     rank_plan.categories_at_peak, shares[static_cast<size_t>(r)]});
+    if (ranks.size() == 1 || rank_plan.peak_allocated_bytes > plan.peak_allocated_bytes) {
+      plan = std::move(rank_plan);
+    }
+  }
+  if (planned.front() != 0) allocations += first.allocations;
+  plan.world_size = world;
+  plan.sharding = world > 1 ? spec.sharding : Sharding::kNone;
+  plan.ranks = std::move(ranks);
+  plan.allocations = allocations;
   plan.capacity_bytes = spec.capacity_bytes;
   if (spec.capacity_bytes > 0) {
     plan.headroom_bytes = spec.capacity_bytes - plan.peak_allocated_bytes;

@@ -35,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "core/common/attribution.h"
 #include "core/common/phase.h"
+#include "core/dist/sharding.h"
 #include "core/model/config.h"
 #include "core/offload/offload_options.h"
 #include "core/train/train_options.h"
@@ -64,7 +65,24 @@ struct PlanSpec {
   Target target = Target::kCpu;
   // The device's capacity in bytes, for the verdict (0: no verdict).
   int64_t capacity_bytes = 0;
+  // A data-parallel run of world_size ranks (1 to kMaxPlannedWorldSize; 1:
+  // one process), each training its own batch_size windows, with `sharding`.
+  // Each planned rank's step runs the real DataParallel listener (its
+  // gradient buckets, optimizer and gradient sharding) as that rank, over a
+  // ProcessGroup::ForPlan whose collectives complete at once. A level
+  // ShardingBuilt refuses is UNIMPLEMENTED. With world_size 1 the sharding
+  // has nothing to split: the plan is one process's, as a daemon of one rank
+  // ignores its --sharding, and MemoryPlan::sharding says none.
+  int world_size = 1;
+  Sharding sharding = Sharding::kNone;
 };
+
+// The largest world a plan accepts (a sanity bound: a plan of more than
+// kMaxRanksPlannedEach ranks dry-runs two of them whatever the size).
+inline constexpr int kMaxPlannedWorldSize = 65536;
+// Up to this many ranks every rank is planned; beyond, the ranks owning the
+// smallest and the largest share of the parameters (BalancedOwners).
+inline constexpr int kMaxRanksPlannedEach = 8;
 
 // "cpu", "cuda".
 absl::string_view TargetName(PlanSpec::Target target);
@@ -82,7 +100,28 @@ struct NamedBytes {
   int64_t bytes = 0;
 };
 
+// One rank's part of a data-parallel plan (the one rank of a single
+// process's).
+struct RankPlan {
+  int rank = 0;
+  int64_t peak_allocated_bytes = 0;
+  Phase peak_phase = Phase::kIdle;
+  // The live bytes by category at its peak (index = Category).
+  std::array<int64_t, kNumCategories> categories_at_peak{};
+  // The trainable parameters (numel) whose update and AdamW state this rank
+  // owns: all of them unless sharded.
+  int64_t owned_parameter_count = 0;
+};
+
 struct MemoryPlan {
+  // The run planned: world_size ranks with `sharding` (none for one process).
+  int world_size = 1;
+  Sharding sharding = Sharding::kNone;
+  // Each planned rank, in rank order: every rank up to kMaxRanksPlannedEach,
+  // else the two with the smallest and the largest share. Every field below
+  // is the rank's with the highest peak (the first such): the run fits when
+  // that one does.
+  std::vector<RankPlan> ranks;
   // The most bytes live at once during the planned step, and when.
   int64_t peak_allocated_bytes = 0;
   Phase peak_phase = Phase::kIdle;
@@ -117,10 +156,12 @@ struct MemoryPlan {
   double seconds = 0;
 };
 
-// Plans one training step of spec.model with spec.train. INVALID_ARGUMENT
+// Plans one training step of spec.model with spec.train, on each planned
+// rank of spec.world_size. INVALID_ARGUMENT for a world_size out of range,
 // for training fields a Train would refuse (ValidTrainOptions::Check) or a
 // model config LlamaModel::Create refuses, or offload options
-// ValidateOffloadOptions refuses; UNIMPLEMENTED for bf16 (above); INTERNAL naming the op
+// ValidateOffloadOptions refuses; UNIMPLEMENTED for bf16 (above) and for a
+// sharding level not built; INTERNAL naming the op
 // when a kernel has no Meta implementation (the planner's meta_kernels.cc lacks one for
 // this LibTorch).
 absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec);

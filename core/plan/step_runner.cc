@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/dist/data_parallel.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
@@ -63,17 +64,28 @@ absl::Status CheckPlannable(const PlanSpec& spec) {
     return absl::InvalidArgumentError(
         "plan: capacity_bytes must be >= 0 (0: no verdict)");
   }
+  if (spec.world_size < 1 || spec.world_size > kMaxPlannedWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: world_size must be between 1 and ", kMaxPlannedWorldSize,
+                     ", got ", spec.world_size));
+  }
+  RETURN_IF_ERROR(ShardingBuilt(spec.sharding));
   return ValidTrainOptions::Check(PlannedOptions(spec),
                                   spec.model.max_position_embeddings)
       .status();
 }
 
 absl::Status RunPlannedSteps(
-    const PlanSpec& spec, c10::Device device,
+    const PlanSpec& spec, c10::Device device, ProcessGroup* group,
     const std::function<void(LlamaModel&)>& prepare_model,
     const std::function<void(int64_t)>& before_step,
     const std::function<void(int64_t, const offload::OffloadStats&)>& after_step) {
   RETURN_IF_ERROR(CheckPlannable(spec));
+  const bool data_parallel = spec.world_size > 1;
+  if (data_parallel && (group == nullptr || group->world_size() != spec.world_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: the steps of a rank of ", spec.world_size, " need a group of that size"));
+  }
   const TrainOptions options = PlannedOptions(spec);
   ASSIGN_OR_RETURN(const ValidTrainOptions valid,
                    ValidTrainOptions::Check(options, spec.model.max_position_embeddings));
@@ -87,11 +99,18 @@ absl::Status RunPlannedSteps(
   ASSIGN_OR_RETURN(std::unique_ptr<offload::Offloader> offloader,
                    offload::Offloader::Create(OffloadOptionsFor(spec), device));
   offload::OffloadStepListener listener(offloader.get(), model.get());
+  StepListeners listeners = {&listener};
+  std::unique_ptr<DataParallel> ranks;
+  if (data_parallel) {
+    DataParallelOptions dp_options;
+    dp_options.sharding = spec.sharding;
+    ASSIGN_OR_RETURN(ranks, DataParallel::Create(group, &trainer, dp_options));
+    listeners.push_back(ranks.get());
+  }
   at::Generator generator = MakeDataGenerator(options.seed);
   for (int64_t step = 1; step <= kPlannedSteps; ++step) {
     if (before_step) before_step(step);
-    absl::StatusOr<StepReport> report =
-        trainer.Step(valid, *data, generator, {&listener});
+    absl::StatusOr<StepReport> report = trainer.Step(valid, *data, generator, listeners);
     if (!report.ok()) {
       return absl::Status(
           report.status().code(),

@@ -11,6 +11,7 @@
 #include <functional>
 
 #include "absl/status/status.h"
+#include "core/dist/process_group.h"
 #include "core/model/llama.h"
 #include "core/plan/planner.h"
 
@@ -31,10 +32,15 @@ absl::Status CheckPlannable(const PlanSpec& spec);
 // micro-batches, over a synthetic window of seq_len + 1 tokens, calling
 // before_step(k) and after_step(k, offload statistics of step k) (k = 1, 2;
 // either may be empty) around step k. `prepare_model` (may be empty) sees
-// the model before the first step. Everything it made is freed before it
-// returns. A step's failure as its status, prefixed with the step.
+// the model before the first step. With spec.world_size > 1 the steps are
+// rank group->rank()'s of a data-parallel run: DataParallel over `group`
+// (ProcessGroup::ForPlan for a plan, a real group for a measurement) with
+// spec.sharding is the step listener after the offloader's, as in a Train;
+// INVALID_ARGUMENT when `group` is null or of another size then. Everything
+// it made is freed before it returns. A step's failure as its status,
+// prefixed with the step.
 absl::Status RunPlannedSteps(
-    const PlanSpec& spec, c10::Device device,
+    const PlanSpec& spec, c10::Device device, ProcessGroup* group,
     const std::function<void(LlamaModel&)>& prepare_model,
     const std::function<void(int64_t)>& before_step,
     const std::function<void(int64_t, const offload::OffloadStats&)>& after_step);
