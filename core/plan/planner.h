@@ -84,6 +84,12 @@ inline constexpr int kMaxPlannedWorldSize = 65536;
 // smallest and the largest share of the parameters (BalancedOwners).
 inline constexpr int kMaxRanksPlannedEach = 8;
 
+// OK when spec.world_size and spec.sharding can be planned: INVALID_ARGUMENT
+// naming world_size outside [1, kMaxPlannedWorldSize], UNIMPLEMENTED for a
+// level ShardingBuilt refuses. PlanTrainingStep checks it too; a caller that
+// queues plans calls it first to refuse at once.
+absl::Status CheckDataParallelPlan(const PlanSpec& spec);
+
 // "cpu", "cuda".
 absl::string_view TargetName(PlanSpec::Target target);
 // The inverse; INVALID_ARGUMENT naming the valid values otherwise.

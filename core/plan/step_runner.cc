@@ -52,6 +52,26 @@ offload::OffloadOptions OffloadOptionsFor(const PlanSpec& spec) {
 
 }  // namespace
 
+}  // namespace memprofd::plan::internal
+
+namespace memprofd::plan {
+
+absl::Status CheckDataParallelPlan(const PlanSpec& spec) {
+  if (spec.world_size < 1 || spec.world_size > kMaxPlannedWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be between 1 and ", kMaxPlannedWorldSize,
+                     " (ranks of the data-parallel run to plan), got ", spec.world_size));
+  }
+  if (absl::Status built = ShardingBuilt(spec.sharding); !built.ok()) {
+    return absl::Status(built.code(), absl::StrCat("sharding: ", built.message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memprofd::plan
+
+namespace memprofd::plan::internal {
+
 absl::Status CheckPlannable(const PlanSpec& spec) {
   if (spec.train.mixed_precision != MixedPrecision::kNo) {
     return absl::UnimplementedError(
@@ -64,12 +84,7 @@ absl::Status CheckPlannable(const PlanSpec& spec) {
     return absl::InvalidArgumentError(
         "plan: capacity_bytes must be >= 0 (0: no verdict)");
   }
-  if (spec.world_size < 1 || spec.world_size > kMaxPlannedWorldSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: world_size must be between 1 and ", kMaxPlannedWorldSize,
-                     ", got ", spec.world_size));
-  }
-  RETURN_IF_ERROR(ShardingBuilt(spec.sharding));
+  RETURN_IF_ERROR(CheckDataParallelPlan(spec));
   return ValidTrainOptions::Check(PlannedOptions(spec),
                                   spec.model.max_position_embeddings)
       .status();
