@@ -329,8 +329,11 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     for (int r = 0; r < world; ++r) planned.push_back(r);
   } else {
     const auto [low, high] = std::minmax_element(shares.begin(), shares.end());
+    // And the last rank: backward produces its parameters' gradients first,
+    // so with gradient sharding it holds its share longest (at 8 ranks of
+    // an 8B shape, the last rank peaks highest without the largest share).
     planned = {static_cast<int>(low - shares.begin()),
-               static_cast<int>(high - shares.begin())};
+               static_cast<int>(high - shares.begin()), world - 1};
     std::sort(planned.begin(), planned.end());
     planned.erase(std::unique(planned.begin(), planned.end()), planned.end());
   }

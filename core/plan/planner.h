@@ -81,7 +81,8 @@ struct PlanSpec {
 // kMaxRanksPlannedEach ranks dry-runs two of them whatever the size).
 inline constexpr int kMaxPlannedWorldSize = 65536;
 // Up to this many ranks every rank is planned; beyond, the ranks owning the
-// smallest and the largest share of the parameters (BalancedOwners).
+// smallest and the largest share of the parameters (BalancedOwners), and the
+// last rank (whose gradients backward produces first).
 inline constexpr int kMaxRanksPlannedEach = 8;
 
 // OK when spec.world_size and spec.sharding can be planned: INVALID_ARGUMENT
@@ -124,7 +125,10 @@ struct MemoryPlan {
   int world_size = 1;
   Sharding sharding = Sharding::kNone;
   // Each planned rank, in rank order: every rank up to kMaxRanksPlannedEach,
-  // else the two with the smallest and the largest share. Every field below
+  // else those with the smallest and the largest share and the last rank.
+  // (Between them, with gradient sharding, an unplanned rank may peak a few
+  // percent higher: each rank's peak depends on its share and on when
+  // backward produces it.) Every field below
   // is the rank's with the highest peak (the first such): the run fits when
   // that one does.
   std::vector<RankPlan> ranks;
