@@ -28,9 +28,9 @@ int StatusCommand(const Context& c, const Args&) {
               status.uptime_seconds());
   std::printf("device:     %s\n", status.device().c_str());
   if (const auto& dp = status.data_parallel(); dp.world_size() > 1) {
-    std::printf("ranks:      rank %d of %d (%s, %s, node %d), store %s", dp.rank(),
-                dp.world_size(), dp.role().c_str(), dp.launcher().c_str(), dp.node_rank(),
-                dp.store().c_str());
+    std::printf("ranks:      rank %d of %d (%s, %s, node %d), store %s, sharding %s",
+                dp.rank(), dp.world_size(), dp.role().c_str(), dp.launcher().c_str(),
+                dp.node_rank(), dp.store().c_str(), dp.sharding().c_str());
     if (dp.has_parameter_drift()) std::printf(", drift %g", dp.parameter_drift());
     std::printf("\n");
   }

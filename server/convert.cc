@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/dist/sharding.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/train/request_fields.h"
 #include "server/convert_plan.h"
@@ -474,6 +475,7 @@ v1::DataParallelStatus ToProto(const WorldSpec& world,
   p.set_parameter_drift(counters.parameter_drift.value_or(0));
   p.set_allreduce_bytes(counters.allreduce_bytes);
   p.set_allreduce_exposed_seconds(counters.allreduce_exposed_seconds);
+  p.set_sharding(std::string(ShardingName(counters.sharding)));
   return p;
 }
 

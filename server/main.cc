@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "core/common/log.h"
 #include "core/common/threads.h"
+#include "core/dist/sharding.h"
 #include "core/dist/world.h"
 #include "core/session/runtime.h"
 #include "server/option_flags.h"
@@ -46,6 +47,21 @@ std::string DefaultOffloadTarget() {
 std::string DefaultPrefetchDepth() {
   const int depth = memprofd::SessionOptions().offload.prefetch_depth;
   return depth == memprofd::offload::kPrefetchAuto ? "auto" : absl::StrCat(depth);
+}
+
+// --sharding's help: the levels as sharding.h names them.
+std::string ShardingHelp() {
+  std::vector<std::string> names;
+  for (memprofd::Sharding s : memprofd::AllShardings()) {
+    names.emplace_back(memprofd::ShardingName(s));
+  }
+  return absl::StrCat(
+      "data parallel: how much of the training state each rank keeps, one of ",
+      absl::StrJoin(names, ", "),
+      " (none: all of it; optimizer: a 1/N share of AdamW's state, ZeRO-1; "
+      "gradients: and of the gradients, ZeRO-2; full: and of the parameters, "
+      "ZeRO-3). Every rank must be started with the same level; a level this build "
+      "does not implement is refused at start. A single process trains unsharded");
 }
 
 }  // namespace
@@ -136,6 +152,9 @@ ABSL_FLAG(double, collective_timeout_seconds,
           absl::ToDoubleSeconds(memprofd::SessionOptions().collective_timeout),
           "data parallel: the bound on the rendezvous and on every collective; a rank "
           "that died or hangs makes the others fail within it");
+ABSL_FLAG(std::string, sharding,
+          std::string(memprofd::ShardingName(memprofd::SessionOptions().sharding)),
+          ShardingHelp());
 ABSL_FLAG(int32_t, bulk_nice, memprofd::SessionOptions().bulk_nice,
           "nice increment (0..19, over the process's) of the daemon's bulk work: the "
           "training's threads (the "
@@ -252,6 +271,12 @@ int main(int argc, char** argv) {
     return Fail("--collective_timeout_seconds is not a number: give seconds > 0");
   }
   session.collective_timeout = absl::Seconds(collective_timeout);
+  absl::StatusOr<memprofd::Sharding> sharding =
+      memprofd::ParseSharding(absl::GetFlag(FLAGS_sharding));
+  if (!sharding.ok()) {
+    return Fail(absl::StrCat("--sharding: ", sharding.status().message()));
+  }
+  session.sharding = *sharding;
   session.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
@@ -285,6 +310,12 @@ int main(int argc, char** argv) {
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
   if (absl::Status s = memprofd::ValidateSessionOptions(session); !s.ok()) {
     return Fail(absl::StrCat("bad flags: ", memprofd::MessageWithFlag(s)));
+  }
+  if (!world->distributed() && session.sharding != memprofd::Sharding::kNone) {
+    memprofd::LogWarning(
+        absl::StrCat("--sharding=", memprofd::ShardingName(session.sharding),
+                     " has no effect in a single process: one rank keeps all the "
+                     "training state"));
   }
 
   const double drain_seconds = absl::GetFlag(FLAGS_drain_seconds);

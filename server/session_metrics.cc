@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "core/common/phase.h"
+#include "core/dist/sharding.h"
 
 namespace memprofd {
 namespace {
@@ -277,8 +278,16 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
   Families::Sample(out.Add("memprofd_snapshot_written_bytes_total",
                            "Bytes written by published snapshots.", MetricType::Counter),
                    static_cast<double>(c.snapshot_bytes_total));
-  // Data parallel: only once a data-parallel run trained here.
   const DataParallelCounters& dp = c.data_parallel;
+  // The run's sharding level, from start, in a data-parallel run.
+  if (session_->world().distributed()) {
+    Families::Sample(out.Add("memprofd_dp_sharding_info",
+                             "Always 1; level says how much of the training state each "
+                             "rank keeps (--sharding, the same on every rank).",
+                             MetricType::Gauge),
+                     1, {{"level", std::string(ShardingName(dp.sharding))}});
+  }
+  // Data parallel: only once a data-parallel run trained here.
   if (dp.active) {
     if (dp.parameter_drift) {
       Families::Sample(

@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
@@ -173,6 +174,7 @@ RankCoordinator::~RankCoordinator() {
 }
 
 absl::StatusOr<std::string> RankCoordinator::JoinRun(
+    Sharding sharding,
     const std::function<absl::StatusOr<std::string>()>& resume_directory) {
   ProcessGroupOptions group_options;
   group_options.cuda = !c10::Device(device_).is_cpu();
@@ -182,6 +184,7 @@ absl::StatusOr<std::string> RankCoordinator::JoinRun(
   if (!follower()) {
     ASSIGN_OR_RETURN(memory_channel_, group_->OpenChannel());
   }
+  RETURN_IF_ERROR(AgreeOnSharding(sharding));
   // Rank 0 alone chooses the checkpoint every rank resumes from (so that
   // "latest" means the same one everywhere); the followers read it from
   // that directory (shared storage, or the same path on one host), and
@@ -200,6 +203,31 @@ absl::StatusOr<std::string> RankCoordinator::JoinRun(
                                      dir.status().message()));
   }
   return *dir;
+}
+
+absl::Status RankCoordinator::AgreeOnSharding(Sharding sharding) {
+  // Every rank learns every rank's level, so that each fails with the same
+  // message: a rank that went on alone would hang in the first step's
+  // collectives, which differ between the levels.
+  const std::vector<Sharding>& levels = AllShardings();
+  const int64_t index =
+      std::find(levels.begin(), levels.end(), sharding) - levels.begin();
+  ASSIGN_OR_RETURN(std::vector<at::Tensor> gathered,
+                   group_->AllGather(at::tensor({index}, at::kLong)));
+  auto level_of = [&](int rank) -> absl::string_view {
+    const int64_t i = gathered[rank].item<int64_t>();
+    return i >= 0 && i < static_cast<int64_t>(levels.size()) ? ShardingName(levels[i])
+                                                             : "unknown";
+  };
+  for (int rank = 1; rank < static_cast<int>(gathered.size()); ++rank) {
+    if (gathered[rank].item<int64_t>() == gathered[0].item<int64_t>()) continue;
+    return OptionError(
+        absl::StatusCode::kFailedPrecondition, "sharding",
+        absl::StrCat("rank ", rank, " was started with sharding=", level_of(rank),
+                     ", rank 0 with sharding=", level_of(0),
+                     ": start every rank with the same sharding"));
+  }
+  return absl::OkStatus();
 }
 
 void RankCoordinator::Start() {

@@ -9,6 +9,7 @@
 //
 // Protocol (the run's store, this attempt's prefix; every rank runs the same
 // binary):
+//   (all-gather)        every rank's sharding level, compared (JoinRun)
 //   "start/resume"      rank 0's choice of checkpoint directory (JoinRun)
 //   "cmd/<n>"           rank 0's n-th command, JSON: {"kind": "load"|"train"|
 //                       "optimizer_shard"|"shutdown", ...}, published in the
@@ -68,6 +69,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/dist/sharding.h"
 #include "core/memory/memory_stats.h"
 #include "core/session/session_types.h"
 
@@ -126,12 +128,17 @@ class RankCoordinator {
   ProcessGroup* group() const { return group_.get(); }
 
   // Create's thread, before the start model loads, in a run of several ranks:
-  // connects to the process group and the store, and agrees on the
-  // checkpoint to resume from. Returns rank 0's `resume_directory()` on
-  // every rank (empty: none). Errors: ProcessGroup::Connect's,
-  // resume_directory's on rank 0, and on a follower rank 0's not choosing
+  // connects to the process group and the store, checks that every rank
+  // was started with this rank's `sharding` (one all-gather, bounded by the
+  // collective timeout), and agrees on the checkpoint to resume from.
+  // Returns rank 0's `resume_directory()` on every rank (empty: none).
+  // Errors: ProcessGroup::Connect's; the all-gather's; on every rank, when a
+  // rank's level differs from rank 0's, FAILED_PRECONDITION about the
+  // sharding option naming the first such rank and both levels;
+  // resume_directory's on rank 0; and on a follower rank 0's not choosing
   // within the collective timeout (the code of the wait, naming it).
   absl::StatusOr<std::string> JoinRun(
+      Sharding sharding,
       const std::function<absl::StatusOr<std::string>()>& resume_directory);
   // After JoinRun and the ranks' alignment: starts the follower's thread (a
   // follower) or the rank-memory reader (rank 0).
@@ -195,6 +202,8 @@ class RankCoordinator {
   absl::StatusOr<MemoryAcrossRanks> MemoryOfAllRanks() const;
 
  private:
+  // JoinRun's check that every rank uses `sharding`: one all-gather.
+  absl::Status AgreeOnSharding(Sharding sharding);
   void FollowerLoop();
   void RankMemoryReaderLoop();
   // Parses one of rank 0's commands and hands it to the callbacks.

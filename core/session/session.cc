@@ -157,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   ASSIGN_OR_RETURN(const std::string resume_dir,
                    options.world.distributed()
                        ? session->ranks_->JoinRun(
+                             options.sharding,
                              [s = session.get()] { return ResumeDirectory(s->options_); })
                        : ResumeDirectory(session->options_));
   if (!options.resume.empty() && resume_dir.empty()) {

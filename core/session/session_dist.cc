@@ -41,6 +41,11 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
 }
 
 absl::Status Session::AlignWithRankZero() {
+  {
+    // JoinRun checked that every rank uses this level.
+    absl::MutexLock lock(&mu_);
+    counters_.data_parallel.sharding = options_.sharding;
+  }
   // Every rank was started with the same --model (or resumed from the same
   // checkpoint): the check fails naming the first rank that was not.
   if (host_->model() == nullptr) return absl::OkStatus();

@@ -1,5 +1,6 @@
-// ValidateSessionOptions: the one check of SessionOptions' values. Free of
-// LibTorch, so that the daemon's flag parsing can call it cheaply.
+// ValidateSessionOptions: the one check of SessionOptions' values. It runs
+// nothing of LibTorch, so that the daemon's flag parsing can call it cheaply
+// (ShardingBuilt, declared beside DataParallel, only compares the level).
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -7,6 +8,7 @@
 #include "core/common/option_status.h"
 #include "core/common/threads.h"
 #include "core/common/utf8.h"
+#include "core/dist/data_parallel.h"
 #include "core/offload/offload_options.h"
 #include "core/session/session_types.h"
 
@@ -57,6 +59,11 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
         absl::StatusCode::kInvalidArgument, "snapshot_root",
         absl::StrCat("resume: ", Echo(options.resume),
                      " needs snapshot_root, the directory the checkpoints are in"));
+  }
+  // Refused before anything starts, not at the first data-parallel Train.
+  if (absl::Status built = ShardingBuilt(options.sharding); !built.ok()) {
+    return OptionError(built.code(), "sharding",
+                       absl::StrCat("sharding: ", built.message()));
   }
   // Its messages read "offload.<field>: ...".
   absl::Status offload = offload::ValidateOffloadOptions(options.offload, "offload.");

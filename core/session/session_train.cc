@@ -409,8 +409,10 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;
   if (ranks_->group() != nullptr) {
+    DataParallelOptions dp_options;
+    dp_options.sharding = options_.sharding;
     absl::StatusOr<std::unique_ptr<DataParallel>> created =
-        DataParallel::Create(ranks_->group(), trainer);
+        DataParallel::Create(ranks_->group(), trainer, dp_options);
     if (!created.ok()) {
       finish(created.status());
       ranks_->FailRun(created.status());

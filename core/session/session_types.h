@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/dist/sharding.h"
 #include "core/dist/world.h"
 #include "core/memory/category_bytes.h"
 #include "core/memory/oom_report.h"
@@ -79,6 +80,13 @@ struct SessionOptions {
   // The bound on the run's rendezvous and on every collective: a rank that
   // died or hangs makes the others fail within it.
   absl::Duration collective_timeout = absl::Seconds(60);
+  // How much of the training state each rank of a data-parallel run keeps
+  // (core/dist/sharding.h). Every rank of a run must use the same level:
+  // the ranks compare theirs when they join the run and refuse to start on a
+  // mismatch. A level DataParallel does not implement (ShardingBuilt) is
+  // refused. A single process accepts any built level and trains unsharded:
+  // with one rank there is nothing to share the state with.
+  Sharding sharding = Sharding::kNone;
   // The nice increment (0..19, over the process's nice value) of the
   // daemon's bulk work: the owner thread and
   // every thread it starts (the training's intra-op pool, the offloader's
@@ -99,9 +107,11 @@ struct SessionOptions {
 // OffloadOptions' fields, as offload::ValidateOffloadOptions writes them):
 // keep_last or snapshot_every_steps < 0, snapshot_staging_bytes < 4096,
 // collective_timeout <= 0, bulk_nice outside 0..19, max_data_file_bytes < 1,
-// resume without snapshot_root, and the offload options. Values only: paths
-// (snapshot_root, data_roots, peak_file) are checked by Session::Create.
-// Pure and thread-safe.
+// resume without snapshot_root, and the offload options. A sharding level
+// this build does not implement is UNIMPLEMENTED, its message starting with
+// "sharding:" and naming the levels that are built (ShardingBuilt). Values
+// only: paths (snapshot_root, data_roots, peak_file) are checked by
+// Session::Create. Pure and thread-safe.
 absl::Status ValidateSessionOptions(const SessionOptions& options);
 
 struct LoadModelSpec {
@@ -242,6 +252,9 @@ struct OomReportRecord {
 struct DataParallelCounters {
   // A training run is data-parallel now or was last.
   bool active = false;
+  // The level every rank of the run uses (SessionOptions::sharding), set
+  // once the ranks agreed on it at start; kNone in a single process.
+  Sharding sharding = Sharding::kNone;
   // The spread across ranks of a float64 checksum of the parameters, taken
   // every kDriftEverySteps steps and at a run's last step: 0 while the
   // replicas are bit-identical. Unset before the first check.

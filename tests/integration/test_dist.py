@@ -18,6 +18,9 @@ by this independent client.
   go NOT_SERVING and exit non-zero, with nothing partial published; both
   ranks restarted with --resume=latest end with the uninterrupted run's
   weights, bit for bit.
+- --sharding=optimizer ranks train as unsharded ones and report the level;
+  ranks started with different levels, or a level that is unknown or not
+  built, do not start.
 - torchrun --no-python starts a run, and two ranks on two "hosts" (network
   namespaces joined by a veth pair) train as one."""
 
@@ -56,11 +59,13 @@ LLAMA3_DIR = harness.micro_model_dir(
                                      "original_max_position_embeddings": 16})
 
 RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_norm=0.0)
-def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None, model=MICRO_DIR):
+def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None, model=MICRO_DIR,
+                rank_flags=None, wait=True):
     """`world` daemons joined as one run on a fresh store port. Rank 0 first;
     all are started before any is waited for (each blocks in its rendezvous
     until all have joined). Each rank gets --model_seed=rank unless told:
-    rank 0's weights must win."""
+    rank 0's weights must win. `rank_flags[rank]`: that rank's own flags.
+    `wait=False` returns them unwaited (for runs that must fail to start)."""
     port = free_port()
     daemons = []
     for rank in range(world):
@@ -77,17 +82,29 @@ def start_ranks(world, *flags, timeout=10, model_seed=None, hosts=None, model=MI
                         "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(rank)})
             listen = ["--listen=%s:0" % address, "--metrics_listen=%s:0" % address]
         seed = rank if model_seed is None else model_seed
+        own = rank_flags[rank] if rank_flags is not None else ()
         daemons.append(Daemon("--model=" + model, "--model_seed=%d" % seed,
                               "--collective_timeout_seconds=%d" % timeout, *listen, *flags,
-                              env=env, wait=False, start_timeout=120, wrapper=wrapper))
-    for d in daemons:
-        d.wait_ready()
+                              *own, env=env, wait=False, start_timeout=120, wrapper=wrapper))
+    if wait:
+        for d in daemons:
+            d.wait_ready()
     return daemons
 
 
 def close_all(daemons):
     for d in daemons:
         d.close()
+
+
+def close_unready(daemons):
+    """close_all for daemons that never served (wait_ready was not called)."""
+    for d in daemons:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+        d.log.close()
+        d.tmp.cleanup()
 
 
 def weights(directory):
@@ -363,6 +380,83 @@ class EquivalenceTest(unittest.TestCase):
         # Every step's loss stays within 1e-6 (measured: 1.5e-7).
         self.assertLess(max(loss_gaps), 1e-6)
         self.assertGreater(moved, 1e-3)
+
+
+class ShardingTest(unittest.TestCase):
+    """--sharding: 2 ranks with AdamW's state sharded (ZeRO-1) train as 2
+    unsharded ones; ranks started with different levels, or with a level
+    that is unknown or not built, do not start."""
+    STEPS = 4
+
+    def test_optimizer_sharded_ranks_train_as_unsharded_ones(self):
+        runs = {level: start_ranks(2, "--sharding=" + level) for level in ("none", "optimizer")}
+        try:
+            reports, statuses = {}, {}
+            for level, ranks in runs.items():
+                op = wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                reports[level] = [step_reports(d) for d in ranks]
+                statuses[level] = [status_at_steps(d, self.STEPS) for d in ranks]
+            sharded = runs["optimizer"]
+            metrics = [d.metrics_text() for d in sharded]
+            ctl = sharded[1].ctl("status")
+        finally:
+            close_all(runs["none"] + runs["optimizer"])
+        steps = list(range(1, self.STEPS + 1))
+        for level in runs:
+            for rank, status in enumerate(statuses[level]):
+                self.assertEqual(status.data_parallel.sharding, level)
+                self.assertEqual(status.model.steps_trained, self.STEPS)
+                self.assertEqual(status.data_parallel.parameter_drift, 0.0)
+                self.assertEqual(sorted(reports[level][rank]), steps)
+        gaps = [abs(reports["optimizer"][rank][k].loss - reports["none"][0][k].loss)
+                / reports["none"][0][k].loss for rank in (0, 1) for k in steps]
+        print("\n2 ranks, optimizer-sharded vs unsharded, %d steps: largest relative loss "
+              "gap %.3g" % (self.STEPS, max(gaps)))
+        self.assertLess(max(gaps), 1e-6)
+        for text in metrics:
+            self.assertIn('memprofd_dp_sharding_info{', text)
+            self.assertEqual(metric(text, "memprofd_dp_sharding_info"), 1.0)
+            self.assertRegex(text, r'memprofd_dp_sharding_info\{[^}]*level="optimizer"')
+        self.assertEqual(ctl.returncode, 0, ctl.stderr)
+        self.assertIn("sharding optimizer", ctl.stdout)
+
+    def test_ranks_started_with_different_levels_do_not_start(self):
+        ranks = start_ranks(2, timeout=5, wait=False,
+                            rank_flags=[["--sharding=none"], ["--sharding=optimizer"]])
+        try:
+            codes = [d.proc.wait(timeout=60) for d in ranks]
+            outputs = [d.output() for d in ranks]
+        finally:
+            close_unready(ranks)
+        for code, output in zip(codes, outputs):
+            self.assertNotEqual(code, 0, output)
+            self.assertIn("start every rank with the same sharding", output)
+        self.assertIn("rank 1 was started with sharding=optimizer, rank 0 with sharding=none",
+                      outputs[0])
+        self.assertIn("--sharding", outputs[0])
+
+    def test_an_unknown_or_unbuilt_level_fails_at_start_and_one_process_ignores_it(self):
+        for level in ("zero1", "full"):
+            with self.subTest(level):
+                d = Daemon("--model=" + MICRO_DIR, "--sharding=" + level, wait=False)
+                try:
+                    code = d.proc.wait(timeout=60)
+                    output = d.output()
+                finally:
+                    close_unready([d])
+                self.assertNotEqual(code, 0, output)
+                self.assertIn("--sharding", output)
+                self.assertIn(level, output)
+                self.assertRegex(output, r"none.*optimizer")
+        # A single process accepts a built level and trains unsharded.
+        d = Daemon("--model=" + MICRO_DIR, "--sharding=optimizer")
+        try:
+            status = d.call("GetStatus", pb.GetStatusRequest())
+            self.assertEqual(status.data_parallel.sharding, "none")
+            self.assertIn("has no effect in a single process", d.output())
+        finally:
+            d.close()
 
 
 class RankFailureTest(unittest.TestCase):
