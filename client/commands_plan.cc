@@ -1,7 +1,9 @@
 // memprofctl plan: a memory plan of one training step (PlanMemory), waited
 // for like any operation: the peak and when, the categories at the peak, the
 // model state beside the activations, the top modules and ops, and the
-// verdict against --capacity. With --json, the plan (MemoryPlan) alone.
+// verdict against --capacity; for a data-parallel run (--world_size,
+// --sharding), each planned rank's peak. With --json, the plan (MemoryPlan)
+// alone.
 
 #include <cstdio>
 #include <string>
@@ -29,11 +31,32 @@ void PrintHolders(const char* title,
   }
 }
 
+// The planned rank with the highest peak (the first such).
+int LargestRank(const v1::MemoryPlan& p) {
+  const v1::RankPlan* largest = nullptr;
+  for (const v1::RankPlan& r : p.ranks()) {
+    if (largest == nullptr ||
+        r.peak_allocated_bytes() > largest->peak_allocated_bytes()) {
+      largest = &r;
+    }
+  }
+  return largest == nullptr ? 0 : largest->rank();
+}
+
 void PrintPlan(const std::string& id, const v1::MemoryPlan& p) {
   std::printf("%s: %s on %s: peak %s in %s (step %lld of the plan's 2)\n", id.c_str(),
               p.model().c_str(), p.target().c_str(),
               Bytes(p.peak_allocated_bytes()).c_str(), p.peak_phase().c_str(),
               static_cast<long long>(p.peak_step()));
+  if (p.world_size() > 1) {
+    std::printf("each of %d ranks (sharding %s); the peak is rank %d's\n", p.world_size(),
+                p.sharding().c_str(), LargestRank(p));
+    for (const v1::RankPlan& r : p.ranks()) {
+      std::printf("  rank %-4d peak %12s in %-10s owns %lld parameters\n", r.rank(),
+                  Bytes(r.peak_allocated_bytes()).c_str(), r.peak_phase().c_str(),
+                  static_cast<long long>(r.owned_parameter_count()));
+    }
+  }
   std::printf("model state %s, activations %s; %s stays between steps\n",
               Bytes(p.model_state_bytes()).c_str(), Bytes(p.activation_bytes()).c_str(),
               Bytes(p.resident_between_steps_bytes()).c_str());
@@ -78,6 +101,8 @@ int PlanCommand(const Context& c, const Args& args) {
   if (!TrainRequestFromFlags(req.mutable_train(), &error)) return Usage(error);
   if (auto v = GivenFlag(FLAGS_target)) req.set_target(*v);
   if (auto v = GivenFlag(FLAGS_capacity)) req.set_capacity_bytes(v->bytes);
+  if (auto v = GivenFlag(FLAGS_world_size)) req.set_world_size(*v);
+  if (auto v = GivenFlag(FLAGS_sharding)) req.set_sharding(*v);
 
   v1::Operation op;
   auto ctx = c.client->NewContext(c.timeout);

@@ -109,6 +109,12 @@ ABSL_FLAG(std::string, target, "",
 ABSL_FLAG(memprofd::cli::ByteCount, capacity, {},
           "plan: the device's capacity in bytes (or KiB, MiB, GiB, TiB: 80GiB), for the "
           "verdict (0: no verdict)");
+ABSL_FLAG(int32_t, world_size, 1,
+          "plan: the ranks of a data-parallel run to plan, each training its own "
+          "--batch_size windows [1]");
+ABSL_FLAG(std::string, sharding, "none",
+          "plan: the data-parallel run's sharding, as memprofd's --sharding: none, "
+          "optimizer or gradients [none]");
 
 ABSL_FLAG(std::string, max_shard_size, "",
           "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");

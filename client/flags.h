@@ -103,6 +103,8 @@ ABSL_DECLARE_FLAG(std::string, kind);
 ABSL_DECLARE_FLAG(std::string, hf_config);
 ABSL_DECLARE_FLAG(std::string, target);
 ABSL_DECLARE_FLAG(memprofd::cli::ByteCount, capacity);
+ABSL_DECLARE_FLAG(int32_t, world_size);
+ABSL_DECLARE_FLAG(std::string, sharding);
 // load and train
 ABSL_DECLARE_FLAG(bool, resume);
 ABSL_DECLARE_FLAG(bool, init_weights);

@@ -1,8 +1,10 @@
 #include "server/convert_plan.h"
 
+#include <array>
 #include <string>
 #include <utility>
 
+#include "core/dist/sharding.h"
 #include "server/convert.h"
 
 namespace memprofd {
@@ -11,6 +13,16 @@ namespace {
 void ToProto(const plan::NamedBytes& holder, v1::PlanHolder* p) {
   p->set_name(holder.name);
   p->set_bytes(holder.bytes);
+}
+
+// Every category, named as CategoryName names it.
+template <typename Message>
+void AddCategories(const std::array<int64_t, kNumCategories>& bytes, Message* p) {
+  for (int c = 0; c < kNumCategories; ++c) {
+    v1::CategoryBytes* pc = p->add_categories_at_peak();
+    pc->set_category(std::string(CategoryName(static_cast<Category>(c))));
+    pc->set_bytes(bytes[static_cast<size_t>(c)]);
+  }
 }
 
 }  // namespace
@@ -26,6 +38,8 @@ absl::StatusOr<PlanMemorySpec> FromProto(const v1::PlanMemoryRequest& r) {
   spec.train = *std::move(train);
   if (r.has_target()) spec.target = r.target();
   if (r.has_capacity_bytes()) spec.capacity_bytes = r.capacity_bytes();
+  if (r.has_world_size()) spec.world_size = r.world_size();
+  if (r.has_sharding()) spec.sharding = r.sharding();
   return spec;
 }
 
@@ -37,11 +51,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_peak_allocated_bytes(m.peak_allocated_bytes);
   p.set_peak_phase(std::string(PhaseName(m.peak_phase)));
   p.set_peak_step(m.peak_step);
-  for (int c = 0; c < kNumCategories; ++c) {
-    v1::CategoryBytes* pc = p.add_categories_at_peak();
-    pc->set_category(std::string(CategoryName(static_cast<Category>(c))));
-    pc->set_bytes(m.categories_at_peak[static_cast<size_t>(c)]);
-  }
+  AddCategories(m.categories_at_peak, &p);
   p.set_model_state_bytes(m.model_state_bytes);
   p.set_activation_bytes(m.activation_bytes);
   p.set_resident_between_steps_bytes(m.resident_between_steps_bytes);
@@ -61,6 +71,16 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_offloaded_bytes(m.offloaded_bytes);
   p.set_allocations(m.allocations);
   p.set_seconds(m.seconds);
+  p.set_world_size(m.world_size);
+  p.set_sharding(std::string(ShardingName(m.sharding)));
+  for (const plan::RankPlan& rank : m.ranks) {
+    v1::RankPlan* pr = p.add_ranks();
+    pr->set_rank(rank.rank);
+    pr->set_peak_allocated_bytes(rank.peak_allocated_bytes);
+    pr->set_peak_phase(std::string(PhaseName(rank.peak_phase)));
+    AddCategories(rank.categories_at_peak, pr);
+    pr->set_owned_parameter_count(rank.owned_parameter_count);
+  }
   return p;
 }
 

@@ -13,7 +13,9 @@
 #include "absl/strings/string_view.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/dist/sharding.h"
 #include "core/plan/budget.h"
+#include "core/plan/planner.h"
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
 #include "core/session/session.h"
@@ -83,6 +85,16 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartPlan(
     return absl::InvalidArgumentError(absl::StrCat(
         "capacity_bytes must be >= 0 (0: no verdict), got ", base.capacity_bytes));
   }
+  base.world_size = spec.world_size.value_or(base.world_size);
+  if (spec.sharding) {
+    absl::StatusOr<Sharding> sharding = ParseSharding(*spec.sharding);
+    if (!sharding.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sharding: ", sharding.status().message()));
+    }
+    base.sharding = *sharding;
+  }
+  RETURN_IF_ERROR(plan::CheckDataParallelPlan(base));
   ASSIGN_OR_RETURN(base.offload,
                    offload::MergeOffloadOverrides(options_.offload, spec.train.offload));
   // The model's shape when it is known now; a directory's config.json is

@@ -193,6 +193,10 @@ struct PlanMemorySpec {
   std::optional<std::string> target;
   // The device's capacity for the verdict; unset or 0: none.
   std::optional<int64_t> capacity_bytes;
+  // A data-parallel run to plan (plan::PlanSpec::world_size, sharding, as
+  // ParseSharding names the level); unset: one process, none.
+  std::optional<int> world_size;
+  std::optional<std::string> sharding;
 };
 
 // The result of a PLAN operation.

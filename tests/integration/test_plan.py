@@ -3,8 +3,9 @@ plan of the loaded model, of a preset and of a directory's config.json (the
 three agree for one shape), its figures against each other (the categories
 tile the peak, model state below it), the verdict, memprofctl's human and
 JSON output, the Python client's plan_memory, bad input (at once, or as the
-failed operation), one plan at a time, and a plan beside a training that
-neither waits for it nor is disturbed by it."""
+failed operation), one plan at a time, a plan beside a training that
+neither waits for it nor is disturbed by it, and the plans of each rank of a
+data-parallel run."""
 
 import json
 import os
@@ -278,6 +279,37 @@ class PlanTest(harness.DaemonTestCase):
             self.assertAlmostEqual(r.peak_allocated_bytes, before, delta=before * 0.01,
                                    msg="step %d (the plan ran during steps %d..%d)" % (
                                        r.step, started, ended))
+
+    def test_8_each_rank_of_a_data_parallel_run(self):
+        tiny = dict(preset="tiny", train=pb.TrainRequest(**SMALL))
+        one = self.plan(**tiny)
+        self.assertEqual((one.world_size, one.sharding, len(one.ranks)), (1, "none", 1))
+        self.assertEqual(one.ranks[0].peak_allocated_bytes, one.peak_allocated_bytes)
+        unsharded = self.plan(**tiny, world_size=2)
+        sharded = self.plan(**tiny, world_size=2, sharding="optimizer")
+        self.assertEqual((sharded.world_size, sharded.sharding), (2, "optimizer"))
+        self.assertEqual([r.rank for r in sharded.ranks], [0, 1])
+        self.assertEqual(max(r.peak_allocated_bytes for r in sharded.ranks),
+                         sharded.peak_allocated_bytes)
+        # Each rank keeps AdamW's state of its half of the parameters only.
+        self.assertLess(sharded.peak_allocated_bytes, unsharded.peak_allocated_bytes)
+        self.assertEqual(sum(r.owned_parameter_count for r in sharded.ranks),
+                         unsharded.ranks[0].owned_parameter_count)
+        op = self.d.client.plan_memory(**tiny, world_size=2, sharding="optimizer")
+        self.assertEqual(op.wait().plan.peak_allocated_bytes, sharded.peak_allocated_bytes)
+        r = self.d.ctl("plan", "--preset=tiny", "--batch_size=2", "--seq_len=32",
+                       "--world_size=2", "--sharding=optimizer")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("each of 2 ranks (sharding optimizer)", r.stdout)
+        # Bad values at once, naming the field.
+        for fields in (dict(world_size=0), dict(world_size=70000),
+                       dict(world_size=2, sharding="zero3")):
+            details = self.refused(grpc.StatusCode.INVALID_ARGUMENT, **tiny, **fields)
+            self.assertIn("sharding" if "sharding" in fields else "world_size", details)
+        details = self.refused(grpc.StatusCode.UNIMPLEMENTED, **tiny, world_size=2,
+                               sharding="full")
+        self.assertIn("sharding", details)
+
 
 if __name__ == "__main__":
     unittest.main()

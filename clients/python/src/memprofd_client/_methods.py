@@ -149,17 +149,22 @@ class _Api:
     def plan_memory(self, *, preset: Optional[str] = None,
                     hf_config_dir: Optional[str] = None,
                     train: Optional[pb.TrainRequest] = None, target: Optional[str] = None,
-                    capacity_bytes: Optional[int] = None, timeout: Timeout = DEFAULT):
+                    capacity_bytes: Optional[int] = None,
+                    world_size: Optional[int] = None, sharding: Optional[str] = None,
+                    timeout: Timeout = DEFAULT):
         """Where every byte of one training step would go, before it runs
         (PlanMemoryRequest; see memprofd.proto): the model of `preset`, of
         `hf_config_dir`'s config.json, or (neither) the loaded one; `train` the
         TrainRequest to plan (steps not needed); `target` "cpu" or "cuda";
-        `capacity_bytes` for the verdict. Returns an operation handle (kind
-        PLAN; result: `plan`, a MemoryPlan). ResourceExhausted while another
-        plan runs."""
+        `capacity_bytes` for the verdict; `world_size` and `sharding` ("none",
+        "optimizer", "gradients") for each rank of a data-parallel run
+        (MemoryPlan.ranks). Returns an operation handle (kind PLAN; result:
+        `plan`, a MemoryPlan). ResourceExhausted while another plan runs;
+        InvalidArgument naming world_size or sharding for a bad value."""
         return self._start("PlanMemory", _request(
             pb.PlanMemoryRequest, preset=preset, hf_config_dir=hf_config_dir, train=train,
-            target=target, capacity_bytes=capacity_bytes), timeout)
+            target=target, capacity_bytes=capacity_bytes, world_size=world_size,
+            sharding=sharding), timeout)
 
     # -- snapshots ---------------------------------------------------------
     def snapshot(self, name: str, *, max_shard_size: Optional[str] = None,
