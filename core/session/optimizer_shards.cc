@@ -3,29 +3,13 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "core/dist/optimizer_sharding.h"
 #include "core/model/llama.h"
 
 namespace memprofd {
-namespace {
 
-// SessionOptions::sharding, read where the daemon has it: the flag lands in
-// SessionOptions separately from the checkpoints that depend on it, and a
-// build without the field is a run without sharding.
-template <typename Options>
-auto ShardingField(const Options& options, int) -> decltype(Sharding(options.sharding)) {
-  return options.sharding;
-}
-template <typename Options>
-Sharding ShardingField(const Options&, long) {
-  return Sharding::kNone;
-}
-
-}  // namespace
-
-Sharding RunSharding(const SessionOptions& options) { return ShardingField(options, 0); }
+Sharding RunSharding(const SessionOptions& options) { return options.sharding; }
 
 bool OptimizerStateSharded(const SessionOptions& options) {
   return options.world.world_size > 1 && RunSharding(options) != Sharding::kNone;

@@ -19,7 +19,7 @@ namespace memprofd {
 
 class LlamaModel;
 
-// The run's sharding level (kNone for a daemon started without one).
+// The run's sharding level (SessionOptions::sharding, the daemon's --sharding).
 Sharding RunSharding(const SessionOptions& options);
 // Whether each rank of this run holds the optimizer state of the parameters
 // it owns only: a data-parallel run of at least two ranks with a level that

@@ -33,6 +33,18 @@ bool BitEqual(const at::Tensor& a, const at::Tensor& b) {
              0;
 }
 
+TEST(OptimizerShardsTest, ShardedOnlyWithSeveralRanksAndALevel) {
+  SessionOptions options;
+  options.sharding = Sharding::kOptimizer;
+  EXPECT_FALSE(OptimizerStateSharded(options));  // a single process trains unsharded
+  options.world.world_size = 2;
+  EXPECT_TRUE(OptimizerStateSharded(options));
+  options.sharding = Sharding::kGradients;  // keeps the owned state too
+  EXPECT_TRUE(OptimizerStateSharded(options));
+  options.sharding = Sharding::kNone;
+  EXPECT_FALSE(OptimizerStateSharded(options));
+}
+
 TEST(OptimizerShardsTest, OwnersPartitionTheTrainableParametersAsBalancedOwners) {
   std::unique_ptr<LlamaModel> model = MakeLlama(SmallLlamaConfig(), 3);
   // Each storage once: the small model ties its head to the embedding.
