@@ -17,13 +17,16 @@
 #   viz      torch.cuda._memory_viz reads the dump (check_memory_viz.py)
 #   trl      the same model and batch in transformers, plain and with TRL's
 #            OffloadActivations from the carried wheel (trl_baseline.py)
+#   nccl     where the machine has two or more GPUs: two real memprofd ranks
+#            (NCCL) at each sharding level against one process with the global
+#            batch (drive_nccl.py); with one GPU it is skipped, saying so
 # then prints one table of every check and figure (report.py).
 #
 # Usage, from the repository root:  deploy/gpu-run.sh [OUTDIR]   (default $OUT)
 # Without a CUDA device, or with GPU_KIT_DRY_RUN=1, it is a dry run on the CPU:
 # the tiny preset, --device=cpu, offloading to disk (host is a no-op on a CPU),
 # CUDA test cases skipping by themselves.
-# Knobs: GPU_KIT_PARTS (default tests,bench,plan,daemon,hf,viz,trl; hf, viz and trl
+# Knobs: GPU_KIT_PARTS (default tests,bench,plan,daemon,hf,viz,trl,nccl; hf, viz and trl
 # need daemon), GPU_KIT_PRESET, GPU_KIT_BATCH, GPU_KIT_SEQ, GPU_KIT_STEPS,
 # GPU_KIT_BUDGET_S (default 480: parts that would start past it are not run),
 # GPU_KIT_CARRIED_GLIBC=1 (start the binaries through the kit's glibc even where
@@ -80,7 +83,7 @@ else
   plan_args=(cuda:0 tiny,small 0)
   plan_1b_args=(cuda:0 "$preset" 0 "${batch}x${seq}")
 fi
-parts=",${GPU_KIT_PARTS:-tests,bench,plan,daemon,hf,viz,trl},"
+parts=",${GPU_KIT_PARTS:-tests,bench,plan,daemon,hf,viz,trl,nccl},"
 if [ "$dry" = 1 ] && [ "${GPU_KIT_DRY_RUN:-0}" != 1 ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu-run: nvidia-smi lists a GPU but $py's torch sees no CUDA device; not a dry run by mistake:"
   nvidia-smi -L
@@ -230,6 +233,14 @@ if [[ $parts == *,daemon,* ]]; then
         "$work/trl.json"
     fi
   fi
+fi
+
+if [[ $parts == *,nccl,* ]]; then
+  nccl_args=(--gpus "$cuda_count")
+  [ "$dry" = 1 ] && nccl_args+=(--cpu)
+  [ "$dry" = 0 ] && [ "$cuda_count" -lt 2 ] && note="skipped: $cuda_count GPU; the NCCL part needs two"
+  part nccl 240 "$py" deploy/gpu-kit/drive_nccl.py --memprofd "$work/memprofd" \
+    --memprofctl "$work/memprofctl" --work "$work/nccl" --out "$work/nccl.json" "${nccl_args[@]}"
 fi
 
 # ---- the table, and what comes back in OUTDIR ----

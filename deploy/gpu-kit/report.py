@@ -3,8 +3,8 @@
   report.py WORK OUT.json
 
 Reads what the parts left in WORK: parts.tsv (part, exit status, seconds, note,
-written by gpu-run.sh), the gtest XML files, daemon.json, hf.json, viz.json and
-trl.json. Prints the table, writes everything to OUT.json, exits 1 if any part
+written by gpu-run.sh), the gtest XML files, daemon.json, hf.json, viz.json,
+trl.json and nccl.json. Prints the table, writes everything to OUT.json, exits 1 if any part
 or check failed (a part that did not run is a failure too).
 """
 import glob
@@ -61,7 +61,7 @@ if mode == "gpu" and any(name.endswith("_test") for name in parts):
     rows.append(("CUDA test cases ran (none skipped)", not cuda_skipped,
                  "skipped: " + ", ".join(cuda_skipped) if cuda_skipped else ""))
 
-docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl")}
+docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl", "nccl")}
 for key, doc in docs.items():
     for c in (doc or {}).get("checks", []):
         rows.append(("%s: %s" % (key, c["name"]), c["ok"], c["detail"]))
