@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/dist/sharding.h"
 #include "server/convert.h"
 #include "server/convert_memory.h"
 #include "server/convert_plan.h"
@@ -39,10 +40,18 @@ MemprofdService::MemprofdService(Session* session, const TokenAuth* auth,
       dump_builder_("mpd-dumps", session->bulk_nice()) {}
 
 std::vector<std::string> MemprofdService::Features() {
-  return {"status",        "health",       "reflection", "operations",  "model",
-          "train",         "offload",      "snapshots",  "checkpoints", "resume",
-          "memory",        "lr_schedules", "evaluate",   "bf16",        "oom_reports",
-          "data_parallel", "memory_plan"};
+  std::vector<std::string> features = {
+      "status",        "health",       "reflection", "operations",  "model",
+      "train",         "offload",      "snapshots",  "checkpoints", "resume",
+      "memory",        "lr_schedules", "evaluate",   "bf16",        "oom_reports",
+      "data_parallel", "memory_plan"};
+  // "sharding_optimizer", ...: the levels --sharding accepts.
+  for (Sharding level : AllShardings()) {
+    if (level != Sharding::kNone && ShardingBuilt(level).ok()) {
+      features.push_back(absl::StrCat("sharding_", ShardingName(level)));
+    }
+  }
+  return features;
 }
 
 template <typename Fn>

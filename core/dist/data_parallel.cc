@@ -13,16 +13,6 @@
 
 namespace memprofd {
 
-absl::Status ShardingBuilt(Sharding sharding) {
-  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer ||
-      sharding == Sharding::kGradients) {
-    return absl::OkStatus();
-  }
-  return absl::UnimplementedError(
-      absl::StrCat("sharding ", ShardingName(sharding),
-                   " is not built yet: use none, optimizer or gradients"));
-}
-
 DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer, Sharding level,
                            std::unique_ptr<GradientSync> sync,
                            std::unique_ptr<OptimizerSharding> sharding)

@@ -49,11 +49,6 @@
 
 namespace memprofd {
 
-// OK for the levels DataParallel implements; UNIMPLEMENTED naming the level
-// and those that are built otherwise. The daemon checks its --sharding with
-// it at start, DataParallel::Create again.
-absl::Status ShardingBuilt(Sharding sharding);
-
 struct DataParallelOptions {
   Sharding sharding = Sharding::kNone;
   // The gradient all-reduce's bucket cap (GradientSync).

@@ -31,9 +31,18 @@ absl::StatusOr<Sharding> ParseSharding(absl::string_view name) {
     if (ShardingName(s) == name) return s;
     names.push_back(ShardingName(s));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown sharding \"", name,
-                                                 "\": use one of ",
-                                                 absl::StrJoin(names, ", ")));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown sharding \"", name, "\": use one of ", absl::StrJoin(names, ", ")));
+}
+
+absl::Status ShardingBuilt(Sharding sharding) {
+  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer ||
+      sharding == Sharding::kGradients) {
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("sharding ", ShardingName(sharding),
+                   " is not built yet: use none, optimizer or gradients"));
 }
 
 }  // namespace memprofd

@@ -1,6 +1,5 @@
 // ValidateSessionOptions: the one check of SessionOptions' values. It runs
-// nothing of LibTorch, so that the daemon's flag parsing can call it cheaply
-// (ShardingBuilt, declared beside DataParallel, only compares the level).
+// nothing of LibTorch, so that the daemon's flag parsing can call it cheaply.
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -8,7 +7,7 @@
 #include "core/common/option_status.h"
 #include "core/common/threads.h"
 #include "core/common/utf8.h"
-#include "core/dist/data_parallel.h"
+#include "core/dist/sharding.h"
 #include "core/offload/offload_options.h"
 #include "core/session/session_types.h"
 

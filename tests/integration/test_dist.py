@@ -406,6 +406,10 @@ class ShardingTest(unittest.TestCase):
         for level in runs:
             for rank, status in enumerate(statuses[level]):
                 self.assertEqual(status.data_parallel.sharding, level)
+                # The levels --sharding accepts, as features a client can test.
+                self.assertIn("sharding_optimizer", status.build.features)
+                self.assertIn("sharding_gradients", status.build.features)
+                self.assertNotIn("sharding_full", status.build.features)
                 self.assertEqual(status.model.steps_trained, self.STEPS)
                 self.assertEqual(status.data_parallel.parameter_drift, 0.0)
                 self.assertEqual(sorted(reports[level][rank]), steps)

@@ -7,7 +7,6 @@
 
 #include "absl/status/status.h"
 #include "core/common/option_status.h"
-#include "core/dist/data_parallel.h"
 #include "core/dist/sharding.h"
 #include "core/session/session_types.h"
 #include "gmock/gmock.h"
