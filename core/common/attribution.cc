@@ -1,6 +1,7 @@
 #include "core/common/attribution.h"
 
 #include <deque>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -10,10 +11,14 @@
 namespace memprofd {
 namespace {
 
-constexpr absl::string_view kCategoryNames[kNumCategories] = {
-    "unknown",           "parameters",  "gradients",      "optimizer_state",
-    "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
-    "snapshot_staging",  "other"};
+// Indexed by Category. Unsized, so that a Category without its name fails
+// the assertion below instead of reading as "".
+constexpr absl::string_view kCategoryNames[] = {
+    "unknown",           "parameters",  "gradients",          "optimizer_state",
+    "saved_activations", "temporaries", "offloaded_host",     "offloaded_disk",
+    "snapshot_staging",  "other",       "gathered_parameters"};
+static_assert(std::size(kCategoryNames) == kNumCategories,
+              "every Category needs its name in kCategoryNames");
 
 // One table of interned names. Reads by id take the mutex too: they happen
 // at dump and breakdown time, never per allocation.

@@ -30,12 +30,20 @@ enum class Category : uint8_t {
   kOffloadedDisk = 7,     // offloader copies in the spill file (outside allocators)
   kSnapshotStaging = 8,   // snapshot writer buffers and copies
   kOther = 9,             // anything else allocated outside a training step
+  // Parameters a fully sharded data-parallel rank gathered from the ranks
+  // that own them, held only while a unit of the model runs; a rank's own
+  // shards stay kParameters. Model state, like kParameters.
+  kGatheredParameters = 10,
 };
-inline constexpr int kNumCategories = 10;
+// A new category is appended (the numbering is stored), named in
+// CategoryName and given a field in memory::CategoryBytes.
+inline constexpr int kNumCategories = 11;
+static_assert(static_cast<int>(Category::kGatheredParameters) + 1 == kNumCategories,
+              "kNumCategories must follow the last Category");
 
 // "unknown", "parameters", "gradients", "optimizer_state",
 // "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
-// "snapshot_staging", "other".
+// "snapshot_staging", "other", "gathered_parameters".
 absl::string_view CategoryName(Category category);
 // The inverse of CategoryName; nullopt for any other string.
 std::optional<Category> CategoryFromName(absl::string_view name);

@@ -30,6 +30,8 @@ CategoryBytes ComputeCategories(const CategoryInputs& in) {
   absl::flat_hash_set<const void*> seen;
   int64_t on_device = 0;
   on_device += Count(in.parameters, in.allocator_device, seen, out.parameters);
+  on_device +=
+      Count(in.gathered_parameters, in.allocator_device, seen, out.gathered_parameters);
   on_device += Count(in.gradients, in.allocator_device, seen, out.gradients);
   on_device += Count(in.optimizer_state, in.allocator_device, seen, out.optimizer_state);
   out.offloaded_host = in.offloaded_host_bytes;

@@ -15,6 +15,8 @@ namespace memory {
 
 struct CategoryInputs {
   std::vector<at::Tensor> parameters;
+  // Fully sharded data parallel: what this rank gathered from the owners.
+  std::vector<at::Tensor> gathered_parameters;
   std::vector<at::Tensor> gradients;  // Undefined tensors are skipped.
   std::vector<at::Tensor> optimizer_state;
   // From the offloader and the snapshot writer, in bytes.
@@ -33,9 +35,10 @@ struct CategoryInputs {
 
 // Exact bytes per category: each distinct storage (StorageImpl) counts once,
 // at its full nbytes(), in the first category that holds it (parameters, then
-// gradients, then optimizer state) — views and tied weights are not counted
-// twice. activations_and_temporaries = allocator_total_bytes minus the storages
-// above on allocator_device minus external_bytes_in_allocator, clamped at 0.
+// gathered parameters, then gradients, then optimizer state) — views and tied
+// weights are not counted twice. activations_and_temporaries =
+// allocator_total_bytes minus the storages above on allocator_device minus
+// external_bytes_in_allocator, clamped at 0.
 // Call on the owner thread (it reads tensors the trainer owns). No LibTorch
 // call here can throw.
 CategoryBytes ComputeCategories(const CategoryInputs& inputs);

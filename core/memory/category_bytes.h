@@ -7,15 +7,21 @@
 // offloaded_host and offloaded_disk tile the compute device's allocator.
 
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "core/common/attribution.h"
 
 namespace memprofd {
 namespace memory {
 
 struct CategoryBytes {
   int64_t parameters = 0;
+  // Parameters a fully sharded data-parallel rank gathered from their
+  // owners, while a unit of the model runs (its own shards are parameters).
+  int64_t gathered_parameters = 0;
   int64_t gradients = 0;
   int64_t optimizer_state = 0;
   int64_t saved_activations = 0;
@@ -28,24 +34,64 @@ struct CategoryBytes {
   int64_t other = 0;
   int64_t unknown = 0;
   // saved_activations + temporaries (what older releases reported as the
-  // remainder); not in Named().
+  // remainder); not in Named(), no Category of its own.
   int64_t activations_and_temporaries = 0;
 
-  // (name, bytes) in a fixed order with the metric label names, which are
-  // CategoryName()s: "parameters", "gradients", "optimizer_state",
-  // "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
-  // "snapshot_staging", "other", "unknown".
+  // The order of Named(): every Category once, model state first.
+  static constexpr Category kNamedOrder[] = {
+      Category::kParameters,       Category::kGatheredParameters,
+      Category::kGradients,        Category::kOptimizerState,
+      Category::kSavedActivations, Category::kTemporaries,
+      Category::kOffloadedHost,    Category::kOffloadedDisk,
+      Category::kSnapshotStaging,  Category::kOther,
+      Category::kUnknown};
+  static_assert(std::size(kNamedOrder) == kNumCategories,
+                "every Category needs its place in kNamedOrder");
+
+  // The field that holds `category`'s bytes (unknown for a value outside the
+  // enum).
+  int64_t& Of(Category category) {
+    return const_cast<int64_t&>(std::as_const(*this).Of(category));
+  }
+  const int64_t& Of(Category category) const {
+    // No default: -Wswitch names a Category left without its field.
+    switch (category) {
+      case Category::kParameters:
+        return parameters;
+      case Category::kGatheredParameters:
+        return gathered_parameters;
+      case Category::kGradients:
+        return gradients;
+      case Category::kOptimizerState:
+        return optimizer_state;
+      case Category::kSavedActivations:
+        return saved_activations;
+      case Category::kTemporaries:
+        return temporaries;
+      case Category::kOffloadedHost:
+        return offloaded_host;
+      case Category::kOffloadedDisk:
+        return offloaded_disk;
+      case Category::kSnapshotStaging:
+        return snapshot_staging;
+      case Category::kOther:
+        return other;
+      case Category::kUnknown:
+        return unknown;
+    }
+    return unknown;
+  }
+
+  // (name, bytes) of every category in kNamedOrder, named by CategoryName()
+  // (the metric label names): "parameters", "gathered_parameters",
+  // "gradients", "optimizer_state", "saved_activations", "temporaries",
+  // "offloaded_host", "offloaded_disk", "snapshot_staging", "other",
+  // "unknown".
   std::vector<std::pair<std::string, int64_t>> Named() const {
-    return {{"parameters", parameters},
-            {"gradients", gradients},
-            {"optimizer_state", optimizer_state},
-            {"saved_activations", saved_activations},
-            {"temporaries", temporaries},
-            {"offloaded_host", offloaded_host},
-            {"offloaded_disk", offloaded_disk},
-            {"snapshot_staging", snapshot_staging},
-            {"other", other},
-            {"unknown", unknown}};
+    std::vector<std::pair<std::string, int64_t>> out;
+    out.reserve(std::size(kNamedOrder));
+    for (const Category c : kNamedOrder) out.emplace_back(CategoryName(c), Of(c));
+    return out;
   }
 };
 

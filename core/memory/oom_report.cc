@@ -128,31 +128,12 @@ Json OptionalPhase(const std::optional<Phase>& phase) {
 
 Json OrNull(int64_t v) { return v < 0 ? Json(nullptr) : Json(v); }
 
+// By CategoryName; a name that is none (or "unknown") counts as unknown.
 void AddToCategory(CategoryBytes* c, absl::string_view name, int64_t bytes) {
-  if (name == "parameters") {
-    c->parameters += bytes;
-  } else if (name == "gradients") {
-    c->gradients += bytes;
-  } else if (name == "optimizer_state") {
-    c->optimizer_state += bytes;
-  } else if (name == "saved_activations") {
-    c->saved_activations += bytes;
+  const Category category = CategoryFromName(name).value_or(Category::kUnknown);
+  c->Of(category) += bytes;
+  if (category == Category::kSavedActivations || category == Category::kTemporaries) {
     c->activations_and_temporaries += bytes;
-  } else if (name == "temporaries") {
-    c->temporaries += bytes;
-    c->activations_and_temporaries += bytes;
-  } else if (name == "offloaded_host") {
-    c->offloaded_host += bytes;
-  } else if (name == "offloaded_disk") {
-    c->offloaded_disk += bytes;
-  } else if (name == "snapshot_staging") {
-    c->snapshot_staging += bytes;
-  } else if (name == "other") {
-    c->other += bytes;
-  } else if (name == "unknown") {
-    c->unknown += bytes;
-  } else {
-    c->unknown += bytes;
   }
 }
 

@@ -139,8 +139,8 @@ struct MemoryPlan {
   // The live bytes by category at that moment (index = Category); they sum
   // to peak_allocated_bytes.
   std::array<int64_t, kNumCategories> categories_at_peak{};
-  // Parameters + gradients + optimizer state at the peak, and the rest
-  // (saved activations and temporaries).
+  // Parameters (a rank's own and those it gathered) + gradients + optimizer
+  // state at the peak, and the rest (saved activations and temporaries).
   int64_t model_state_bytes = 0;
   int64_t activation_bytes = 0;
   // Model state after the step (parameters + optimizer state): what stays

@@ -390,18 +390,10 @@ memory::CategoryBytes ModelHost::PublishedCategories() const {
 memory::CategoryBytes ModelHost::CategoriesNow() const {
   const std::array<int64_t, kNumCategories> b =
       recorder_.CategoryBytesOf(recorder_device_);
-  auto at = [&](Category c) { return b[static_cast<size_t>(c)]; };
   memory::CategoryBytes c;
-  c.parameters = at(Category::kParameters);
-  c.gradients = at(Category::kGradients);
-  c.optimizer_state = at(Category::kOptimizerState);
-  c.saved_activations = at(Category::kSavedActivations);
-  c.temporaries = at(Category::kTemporaries);
-  c.offloaded_host = at(Category::kOffloadedHost);
-  c.offloaded_disk = at(Category::kOffloadedDisk);
-  c.snapshot_staging = at(Category::kSnapshotStaging);
-  c.other = at(Category::kOther);
-  c.unknown = at(Category::kUnknown);
+  for (int i = 0; i < kNumCategories; ++i) {
+    c.Of(static_cast<Category>(i)) = b[static_cast<size_t>(i)];
+  }
   c.activations_and_temporaries = c.saved_activations + c.temporaries;
   return c;
 }

@@ -16,8 +16,9 @@ import grpc
 import harness
 from harness import Daemon, pb, wait_done
 
-CATEGORIES = ["parameters", "gradients", "optimizer_state", "saved_activations", "temporaries",
-              "offloaded_host", "offloaded_disk", "snapshot_staging", "other", "unknown"]
+CATEGORIES = ["parameters", "gathered_parameters", "gradients", "optimizer_state",
+              "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
+              "snapshot_staging", "other", "unknown"]
 
 # Run by a torch-free interpreter: the dump must load with plain pickle.
 CHECK_PICKLE = r'''

@@ -71,8 +71,8 @@ class PlanTest(harness.DaemonTestCase):
         self.assertEqual(loaded.model_state_bytes + loaded.activation_bytes,
                          loaded.peak_allocated_bytes)
         names = [c.category for c in loaded.categories_at_peak]
-        for name in ("parameters", "gradients", "optimizer_state", "saved_activations",
-                     "temporaries"):
+        for name in ("parameters", "gathered_parameters", "gradients", "optimizer_state",
+                     "saved_activations", "temporaries"):
             self.assertIn(name, names)
         self.assertIn(loaded.peak_phase, ("forward", "backward", "optimizer"))
         self.assertIn(loaded.peak_step, (1, 2))

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,11 +42,22 @@ int64_t CellBytesOf(ModuleId module, Category category) {
 }
 
 TEST(AttributionTest, NamesAndCategoriesRoundTrip) {
+  std::set<absl::string_view> names;
   for (int i = 0; i < kNumCategories; ++i) {
     const auto c = static_cast<Category>(i);
+    EXPECT_FALSE(CategoryName(c).empty()) << i;
     EXPECT_EQ(CategoryFromName(CategoryName(c)), c);
+    names.insert(CategoryName(c));
   }
+  EXPECT_EQ(names.size(), static_cast<size_t>(kNumCategories));
+  // The numbering is stored (history entries): new categories only append.
+  EXPECT_EQ(static_cast<int>(Category::kOther), 9);
+  EXPECT_EQ(static_cast<int>(Category::kGatheredParameters), 10);
+  EXPECT_EQ(CategoryName(Category::kGatheredParameters), "gathered_parameters");
+  EXPECT_EQ(CategoryFromName("gathered_parameters"), Category::kGatheredParameters);
+  EXPECT_EQ(CategoryName(static_cast<Category>(kNumCategories)), "unknown");
   EXPECT_FALSE(CategoryFromName("activations").has_value());
+  EXPECT_FALSE(CategoryFromName("").has_value());
   EXPECT_EQ(ModuleKindOf("model.layers.3.mlp.down_proj"), ModuleKind::kMlp);
   EXPECT_EQ(ModuleKindOf("model.layers.0.self_attn.q_proj.weight"),
             ModuleKind::kAttention);

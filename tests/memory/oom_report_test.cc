@@ -247,14 +247,20 @@ TEST(OomReportTest, AttributedBlocksNameTheirModuleOpAndCategory) {
   c.live.push_back({kCpuDevice, 0x1000, 4096, saved});
   c.live.push_back({kCpuDevice, 0x9000, 8192, param});
   c.live.push_back({kCpuDevice, 0x5000, 100, Attribution()});  // none: fallback
-  c.allocated_bytes = 4096 + 8192 + 100;
+  Attribution gathered;
+  gathered.module = InternModule("model.layers.2.mlp.up_proj.weight");
+  gathered.category = Category::kGatheredParameters;
+  gathered.phase = Phase::kBackward;
+  gathered.step = 3;
+  c.live.push_back({kCpuDevice, 0x7000, 50, gathered});
+  c.allocated_bytes = 4096 + 8192 + 100 + 50;
   OomReportInputs in;
   in.category_of[0x1000] = "gradients";  // the block's own category wins
 
   const OomReport r = BuildOomReport(c, in);
   EXPECT_EQ(r.module, "model.layers.1.mlp.up_proj");
   EXPECT_EQ(r.op, "MmBackward0");
-  ASSERT_EQ(r.largest.size(), 3u);
+  ASSERT_EQ(r.largest.size(), 4u);
   EXPECT_EQ(r.largest[0].module, "model.embed_tokens.weight");
   EXPECT_EQ(r.largest[0].category, "parameters");
   EXPECT_EQ(r.largest[1].module, "model.layers.0.self_attn.v_proj");
@@ -265,8 +271,11 @@ TEST(OomReportTest, AttributedBlocksNameTheirModuleOpAndCategory) {
   EXPECT_EQ(*r.largest[1].step, 3);
   EXPECT_EQ(r.largest[2].module, "");
   EXPECT_EQ(r.largest[2].category, "unknown");
+  EXPECT_EQ(r.largest[3].category, "gathered_parameters");
   EXPECT_EQ(r.categories.parameters, 8192);
+  EXPECT_EQ(r.categories.gathered_parameters, 50);
   EXPECT_EQ(r.categories.saved_activations, 4096);
+  EXPECT_EQ(r.categories.activations_and_temporaries, 4096);
   EXPECT_EQ(r.categories.unknown, 100);
   absl::StatusOr<Json> json = ParseJson(DumpJson(OomReportToJson(r), 2));
   ASSERT_TRUE(json.ok()) << json.status();

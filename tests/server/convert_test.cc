@@ -9,6 +9,7 @@
 
 #include <iterator>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/attribution.h"
 #include "core/common/json.h"
 #include "core/common/option_status.h"
 #include "core/offload/offload_options.h"
@@ -792,8 +794,7 @@ TEST(ConvertTest, MemoryStatsCarryDevicesCategoriesAndPhasePeaks) {
   s.history_max_entries = 100;
   s.history_dropped = 1;
   memory::CategoryBytes c;
-  c.parameters = 40;
-  c.optimizer_state = 80;
+  for (int i = 0; i < kNumCategories; ++i) c.Of(static_cast<Category>(i)) = 10 * (i + 1);
   const v1::MemoryStats p = ToProto(s, c);
   ASSERT_EQ(p.devices_size(), 1);
   EXPECT_EQ(p.devices(0).device(), "cpu");
@@ -808,6 +809,16 @@ TEST(ConvertTest, MemoryStatsCarryDevicesCategoriesAndPhasePeaks) {
     EXPECT_EQ(p.categories(i).category(), named[i].first);
     EXPECT_EQ(p.categories(i).bytes(), named[i].second);
   }
+  // Every category comes back from its wire name with its own bytes.
+  std::set<Category> seen;
+  for (const v1::CategoryBytes& wire : p.categories()) {
+    const std::optional<Category> category = CategoryFromName(wire.category());
+    ASSERT_TRUE(category.has_value()) << wire.category();
+    EXPECT_EQ(wire.bytes(), c.Of(*category)) << wire.category();
+    seen.insert(*category);
+  }
+  EXPECT_EQ(seen.size(), static_cast<size_t>(kNumCategories));
+  EXPECT_EQ(seen.count(Category::kGatheredParameters), 1u);
   ASSERT_EQ(p.last_step_phase_peaks_size(), 1);
   EXPECT_EQ(p.last_step_phase_peaks(0).device(), "cpu");
   EXPECT_EQ(p.last_step_phase_peaks(0).phase(), PhaseName(Phase::kBackward));
