@@ -14,10 +14,15 @@
 //   OnStepBegin(global_step)
 //   for each micro-batch:
 //     BodyScope() held   around the embedding, decoder layers and final norm
+//       each unit (the embedding, each decoder layer, then the head: the
+//       final norm, lm_head and loss) between BeforeUnit(unit, false) and
+//       AfterUnitForward(unit)
 //     HeadScope() held   around the lm_head and the loss
 //     OnForwardEnd()
 //     BeforeBackward(last)
-//     loss.backward()
+//     BeforeUnit(head, true)
+//     loss.backward()    BeforeUnit(unit, true) as backward reaches each
+//                        other unit's output, in reverse order
 //     AfterBackward()                 after the last micro-batch's backward
 //   gradient norm: CombineGradNorm(norm), clipping
 //   BeforeUpdate()
@@ -26,6 +31,8 @@
 //   OnStepEnd(report)                 the step succeeded
 //   OnStepFailed(status, global_step) or: the step failed inside its boundary
 //   OnStepReported(report)            the run has counted the step
+//   BeforeEvaluation() ... AfterEvaluation()   around an evaluation in the
+//                                     run (eval_every_steps)
 //
 // Thread-safety: every call is on the trainer's (owner) thread, inside the
 // step. Listeners are not owned; they must outlive the call they are given
@@ -53,6 +60,20 @@ struct DataShard {
   int count = 1;
 };
 
+// A part of the model that a step runs as a whole: the embedding, decoder
+// layer `layer`, or the head (the final norm, lm_head and the loss). A
+// listener that holds parameters only while they are used (fully sharded
+// data parallel) gathers a unit's before it runs.
+struct ModelUnit {
+  enum class Kind { kEmbedding, kLayer, kHead };
+  Kind kind = Kind::kEmbedding;
+  int64_t layer = -1;  // kLayer only
+
+  static ModelUnit Embedding() { return {Kind::kEmbedding, -1}; }
+  static ModelUnit Layer(int64_t index) { return {Kind::kLayer, index}; }
+  static ModelUnit Head() { return {Kind::kHead, -1}; }
+};
+
 class StepListener {
  public:
   virtual ~StepListener() = default;
@@ -77,6 +98,17 @@ class StepListener {
   // released in reverse.
   virtual std::shared_ptr<void> BodyScope() { return nullptr; }
   virtual std::shared_ptr<void> HeadScope() { return nullptr; }
+
+  // Before `unit` runs: its forward (backward false), or its backward
+  // (true: from a hook on the unit's output, inside loss.backward(), before
+  // the unit's gradients and any recomputation of its checkpointed forward;
+  // the head's just before loss.backward()). An error fails the step with
+  // that status.
+  virtual absl::Status BeforeUnit(const ModelUnit& /*unit*/, bool /*backward*/) {
+    return absl::OkStatus();
+  }
+  // After `unit`'s forward, its output computed.
+  virtual void AfterUnitForward(const ModelUnit& /*unit*/) {}
 
   // After each micro-batch's forward (the loss computed, every scope above
   // released), before its backward.
@@ -120,6 +152,12 @@ class StepListener {
   // After a run counted the step: its cursor moved, its evaluation (if due)
   // in the report. Run's on_step callback comes after every listener's.
   virtual void OnStepReported(const StepReport& /*report*/) {}
+
+  // Around an evaluation inside a run (eval_every_steps), after the step's
+  // update: the model's parameters must be readable from BeforeEvaluation
+  // until AfterEvaluation. An error from either fails the run with it.
+  virtual absl::Status BeforeEvaluation() { return absl::OkStatus(); }
+  virtual absl::Status AfterEvaluation() { return absl::OkStatus(); }
 };
 
 // The listeners of one run, in calling order (null entries are not allowed).

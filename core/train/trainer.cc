@@ -41,6 +41,35 @@ struct StepInterrupted : std::exception {
   const char* what() const noexcept override { return "step interrupted"; }
 };
 
+// Thrown by the backward hook on a unit's output when a listener's
+// BeforeUnit fails (a collective of sharded data parallel); carries its
+// status back to loss.backward()'s caller as StepInterrupted does.
+struct UnitFailed : std::exception {
+  explicit UnitFailed(absl::Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "a listener's BeforeUnit failed"; }
+  absl::Status status;
+};
+
+// Every listener's BeforeUnit, in order: the first error.
+absl::Status BeforeUnit(const StepListeners& listeners, const ModelUnit& unit,
+                        bool backward) {
+  for (StepListener* l : listeners) RETURN_IF_ERROR(l->BeforeUnit(unit, backward));
+  return absl::OkStatus();
+}
+
+// After `unit`'s forward made `output`: every listener's AfterUnitForward,
+// and a hook on `output` that calls their BeforeUnit(unit, true) when
+// backward reaches it (before the unit's own backward).
+void AfterUnitForward(const StepListeners& listeners, const ModelUnit& unit,
+                      at::Tensor& output) {
+  for (StepListener* l : listeners) l->AfterUnitForward(unit);
+  if (listeners.empty() || !output.requires_grad()) return;
+  output.register_hook([listeners, unit](const at::Tensor&) {
+    absl::Status status = BeforeUnit(listeners, unit, /*backward=*/true);
+    if (!status.ok()) throw UnitFailed(std::move(status));
+  });
+}
+
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
@@ -215,7 +244,13 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
           // ForwardHidden, layer by layer, so that a long micro-batch can be
           // interrupted between layers, in forward here and in backward
           // through the hook on each layer's input.
+          if (absl::Status s = BeforeUnit(listeners, ModelUnit::Embedding(), false);
+              !s.ok()) {
+            batch_status = s;
+            return;
+          }
           hidden = model_->Embed(inputs);
+          AfterUnitForward(listeners, ModelUnit::Embedding(), hidden);
           for (int64_t i = 0; i < model_->num_layers(); ++i) {
             if (i > 0 && interrupted) {
               if (interrupted()) {
@@ -230,9 +265,19 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
                 });
               }
             }
+            if (absl::Status s = BeforeUnit(listeners, ModelUnit::Layer(i), false);
+                !s.ok()) {
+              batch_status = s;
+              return;
+            }
             hidden = options.gradient_checkpointing
                          ? CheckpointedLayer(*model_, i, hidden)
                          : model_->Layer(i, hidden);
+            AfterUnitForward(listeners, ModelUnit::Layer(i), hidden);
+          }
+          if (absl::Status s = BeforeUnit(listeners, ModelUnit::Head(), false); !s.ok()) {
+            batch_status = s;
+            return;
           }
           hidden = model_->FinalNorm(hidden);
         }
@@ -242,6 +287,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
                                  LossReduction::kMean);
         if (options.grad_accumulation_steps > 1)
           loss = loss / static_cast<double>(options.grad_accumulation_steps);
+        for (StepListener* l : listeners) l->AfterUnitForward(ModelUnit::Head());
       }
       for (StepListener* l : listeners) l->OnForwardEnd();
       Clock::time_point t1 = Clock::now();
@@ -250,11 +296,18 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
         PhaseScope phase(Phase::kBackward);
         const bool last = micro + 1 == options.grad_accumulation_steps;
         for (StepListener* l : listeners) l->BeforeBackward(last);
+        if (absl::Status s = BeforeUnit(listeners, ModelUnit::Head(), true); !s.ok()) {
+          batch_status = s;
+          return;
+        }
         try {
           loss.backward();
         } catch (const StepInterrupted&) {
           batch_status = absl::CancelledError(absl::StrCat(
               "step interrupted in the backward of micro-batch ", micro + 1));
+          return;
+        } catch (const UnitFailed& failed) {
+          batch_status = failed.status;
           return;
         }
         // Gradients AccumulateGrad made rather than adopted (a clone of a
@@ -481,8 +534,11 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
     while (recent_losses_.size() > kRecentLossesKept) recent_losses_.pop_front();
     if (options.eval_every_steps > 0 &&
         run_->steps_completed % options.eval_every_steps == 0) {
-      ASSIGN_OR_RETURN(report.eval,
-                       EvaluateModel(*model_, *eval_data, EvalOptionsOf(options)));
+      for (StepListener* l : listeners) RETURN_IF_ERROR(l->BeforeEvaluation());
+      absl::StatusOr<EvalResult> eval =
+          EvaluateModel(*model_, *eval_data, EvalOptionsOf(options));
+      for (StepListener* l : listeners) RETURN_IF_ERROR(l->AfterEvaluation());
+      ASSIGN_OR_RETURN(report.eval, std::move(eval));
       report.eval->global_step = global_step_;
     }
     if (step == 1) result.first_loss = report.loss;
