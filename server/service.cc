@@ -47,7 +47,7 @@ std::vector<std::string> MemprofdService::Features() {
       "data_parallel", "memory_plan"};
   // "sharding_optimizer", ...: the levels --sharding accepts.
   for (Sharding level : AllShardings()) {
-    if (level != Sharding::kNone && ShardingBuilt(level).ok()) {
+    if (level != Sharding::kNone) {
       features.push_back(absl::StrCat("sharding_", ShardingName(level)));
     }
   }

@@ -15,18 +15,19 @@ namespace memprofd {
 
 DataParallel::DataParallel(ProcessGroup* group, Trainer* trainer, Sharding level,
                            std::unique_ptr<GradientSync> sync,
-                           std::unique_ptr<OptimizerSharding> sharding)
+                           std::unique_ptr<OptimizerSharding> sharding,
+                           std::unique_ptr<ParameterSharding> params)
     : group_(group),
       trainer_(trainer),
       level_(level),
       sync_(std::move(sync)),
-      sharding_(std::move(sharding)) {}
+      sharding_(std::move(sharding)),
+      params_(std::move(params)) {}
 
 DataParallel::~DataParallel() = default;
 
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
     ProcessGroup* group, Trainer* trainer, const DataParallelOptions& options) {
-  RETURN_IF_ERROR(ShardingBuilt(options.sharding));
   LlamaModel* model = trainer->model();
   RETURN_IF_ERROR(TakeRankZeroParameters(*group, model->NamedParameters()));
   std::unique_ptr<OptimizerSharding> sharding;
@@ -37,23 +38,51 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
                                                          trainer->NamedOptimizerState()));
   }
   const std::vector<at::Tensor> parameters = model->Parameters();
-  // kGradients: the gradients go to the ranks that own the parameters.
+  // kGradients and kFull: the gradients go to the ranks that own the
+  // parameters; kFull: so do the parameters themselves.
+  const bool full = options.sharding == Sharding::kFull;
   std::vector<int> owners;
-  if (options.sharding == Sharding::kGradients) {
+  if (options.sharding == Sharding::kGradients || full) {
     for (const at::Tensor& p : parameters) owners.push_back(sharding->OwnerOf(p));
+  }
+  std::unique_ptr<ParameterSharding> params;
+  if (full) {
+    ASSIGN_OR_RETURN(params, ParameterSharding::Create(group, model, owners));
   }
   ASSIGN_OR_RETURN(
       std::unique_ptr<GradientSync> sync,
       GradientSync::Create(group, parameters, options.bucket_bytes, std::move(owners)));
-  return std::unique_ptr<DataParallel>(new DataParallel(
-      group, trainer, options.sharding, std::move(sync), std::move(sharding)));
+  if (params != nullptr) params->ReleaseAll();
+  return std::unique_ptr<DataParallel>(
+      new DataParallel(group, trainer, options.sharding, std::move(sync),
+                       std::move(sharding), std::move(params)));
+}
+
+absl::Status DataParallel::GatherWholeModel() {
+  return params_ != nullptr ? params_->GatherAll() : absl::OkStatus();
+}
+
+absl::Status DataParallel::ShardModel() {
+  if (params_ != nullptr) params_->ReleaseAll();
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::BeforeUnit(const ModelUnit& unit, bool backward) {
+  return params_ != nullptr ? params_->Gather(unit, backward) : absl::OkStatus();
+}
+
+void DataParallel::AfterUnitForward(const ModelUnit& unit) {
+  if (params_ != nullptr && unit.kind != ModelUnit::Kind::kHead) params_->Release(unit);
 }
 
 std::optional<DataShard> DataParallel::data_shard() const {
   return DataShard{group_->rank(), group_->world_size()};
 }
 
-void DataParallel::OnStepBegin(int64_t /*global_step*/) { sync_->BeginStep(); }
+void DataParallel::OnStepBegin(int64_t /*global_step*/) {
+  sync_->BeginStep();
+  if (params_ != nullptr) params_->ResetPeak();
+}
 
 void DataParallel::BeforeBackward(bool last) {
   if (last || sync_->sharded()) sync_->Arm();
@@ -62,7 +91,7 @@ void DataParallel::BeforeBackward(bool last) {
 absl::Status DataParallel::AfterBackward() { return sync_->Finish(); }
 
 absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
-  if (level_ != Sharding::kGradients) return norm;
+  if (level_ != Sharding::kGradients && level_ != Sharding::kFull) return norm;
   // A non-finite norm stays non-finite in the sum, so every rank skips.
   at::Tensor squares;
   RETURN_IF_ERROR(TorchBoundary("the global gradient norm", [&] {
@@ -81,10 +110,15 @@ absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
 
 void DataParallel::BeforeUpdate() {
   if (sharding_ != nullptr) sharding_->DropForeignGradients();
+  // kFull: what backward left gathered (a parameter that got no gradient)
+  // goes too.
+  if (params_ != nullptr) params_->ReleaseAll();
 }
 
 absl::Status DataParallel::AfterUpdate() {
-  return sharding_ != nullptr ? sharding_->ShareUpdatedParameters() : absl::OkStatus();
+  // kFull: the owner's parameter is the only copy; nothing to share.
+  if (sharding_ == nullptr || params_ != nullptr) return absl::OkStatus();
+  return sharding_->ShareUpdatedParameters();
 }
 
 absl::Status DataParallel::OnStepEnd(StepReport& report) {
@@ -111,6 +145,11 @@ absl::Status DataParallel::OnStepEnd(StepReport& report) {
 }
 
 absl::StatusOr<double> DataParallel::Drift() {
+  if (!replicated()) {
+    return absl::FailedPreconditionError(
+        "full sharding keeps one copy of each parameter: there are no replicas to "
+        "compare");
+  }
   return ParameterDrift(*group_, trainer_->model()->NamedParameters());
 }
 

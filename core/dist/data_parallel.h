@@ -30,8 +30,18 @@
 // checkpoint of the run needs every rank's part: Trainer::Restore's `owned`
 // takes a rank's part back), and optimizer state of parameters this rank
 // does not own, outside such a restore, is refused (Create: it trained
-// unsharded). kFull (ZeRO-3) is not built
-// (ShardingBuilt).
+// unsharded). kFull (ZeRO-3) does all kGradients does and also keeps only
+// this rank's own parameters between their uses (ParameterSharding): from
+// Create on, the others' storages are freed; each unit of the model (the
+// embedding, each decoder layer, the head) takes its parameters from their
+// owners before its forward and again before its backward (BeforeUnit),
+// frees them after its forward and, in backward, each one as its gradient
+// is accumulated. The update needs no broadcast: an owner's parameter is
+// the only copy. Evaluations and boundary work inside the run (snapshots,
+// checkpoints) see the whole model (WholeModel around them), and Finish
+// makes it whole again at the run's end, so the daemon outside a run holds
+// the model as before. Its results equal kGradients' bit for bit: the same
+// arithmetic on the same values.
 //
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
 // the group must outlive this.
@@ -42,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "core/dist/gradient_sync.h"
 #include "core/dist/optimizer_sharding.h"
+#include "core/dist/parameter_sharding.h"
 #include "core/dist/process_group.h"
 #include "core/dist/sharding.h"
 #include "core/train/step_listener.h"
@@ -60,7 +71,7 @@ class DataParallel : public StepListener {
   // Makes every rank's model rank 0's, and with kNone its optimizer state
   // too (sharded, each rank keeps its own shard, checked by
   // OptimizerSharding::Create), and installs the gradient hooks on the
-  // trainer's model. UNIMPLEMENTED for a level not built (ShardingBuilt). The status of
+  // trainer's model. The status of
   // TakeRankZeroParameters, TakeRankZeroOptimizerState, OptimizerSharding::Create or
   // GradientSync::Create on failure.
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(
@@ -73,7 +84,25 @@ class DataParallel : public StepListener {
   // peak of the gradient bytes held.
   const GradientSyncStats& last_step() const { return sync_->last_step(); }
   // The cross-rank checksum spread (ParameterDrift); a collective.
+  // Meaningful only where every rank holds every parameter between steps
+  // (replicated(): not with kFull, which Drift refuses).
   absl::StatusOr<double> Drift();
+  bool replicated() const { return params_ == nullptr; }
+
+  // kFull: every parameter whole on every rank (GatherAll, a collective), and
+  // sharded again. Every rank calls them at the same points. OK at once at
+  // the other levels.
+  absl::Status GatherWholeModel();
+  absl::Status ShardModel();
+  // At the end of a run, on every rank: the model whole again (kFull). The
+  // collective's status on failure (the run is broken; the parameters other
+  // ranks own stay freed on this rank).
+  absl::Status Finish() { return GatherWholeModel(); }
+  // kFull: the parameter figures (owned bytes, gathered working set); null
+  // at the other levels.
+  const ParameterShardingStats* parameter_stats() const {
+    return params_ != nullptr ? &params_->stats() : nullptr;
+  }
 
   // StepListener:
   // (rank, world size).
@@ -82,9 +111,16 @@ class DataParallel : public StepListener {
   void OnStepBegin(int64_t global_step) override;
   // The last backward (kGradients: every backward) arms the gradient
   // buckets; AfterBackward waits for them and averages.
+  // kFull: gathers the unit's parameters (ParameterSharding::Gather).
+  absl::Status BeforeUnit(const ModelUnit& unit, bool backward) override;
+  // kFull: frees them after the unit's forward (not the head's, whose
+  // backward comes next).
+  void AfterUnitForward(const ModelUnit& unit) override;
+  absl::Status BeforeEvaluation() override { return GatherWholeModel(); }
+  absl::Status AfterEvaluation() override { return ShardModel(); }
   void BeforeBackward(bool last) override;
   absl::Status AfterBackward() override;
-  // kGradients: the norm over every rank's share, sqrt of the sum of the
+  // kGradients and kFull: the norm over every rank's share, sqrt of the sum of the
   // ranks' squares (one all-reduce of a float64; its status on failure).
   // Otherwise `norm`, which already covers every gradient.
   absl::StatusOr<double> CombineGradNorm(double norm) override;
@@ -104,13 +140,15 @@ class DataParallel : public StepListener {
  private:
   DataParallel(ProcessGroup* group, Trainer* trainer, Sharding level,
                std::unique_ptr<GradientSync> sync,
-               std::unique_ptr<OptimizerSharding> sharding);
+               std::unique_ptr<OptimizerSharding> sharding,
+               std::unique_ptr<ParameterSharding> params);
 
   ProcessGroup* const group_;
   Trainer* const trainer_;
   const Sharding level_;
   std::unique_ptr<GradientSync> sync_;
   std::unique_ptr<OptimizerSharding> sharding_;  // null with kNone
+  std::unique_ptr<ParameterSharding> params_;    // kFull only
 };
 
 }  // namespace memprofd

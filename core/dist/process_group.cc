@@ -240,11 +240,18 @@ absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
 }
 
 absl::Status ProcessGroup::Broadcast(const at::Tensor& tensor, int root) {
+  absl::StatusOr<PendingCollective> pending = StartBroadcast(tensor, root);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartBroadcast(const at::Tensor& tensor,
+                                                               int root) {
   if (root < 0 || root >= world_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "broadcast root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
   }
-  return Run(absl::StrCat("broadcast from rank ", root), [&] {
+  return Begin(absl::StrCat("broadcast from rank ", root), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;

@@ -139,7 +139,10 @@ class ProcessGroup {
   // others' contents are unspecified (c10d may use them as scratch).
   // INVALID_ARGUMENT for a root that is not a rank.
   absl::StatusOr<PendingCollective> StartReduceSum(const at::Tensor& tensor, int root);
-  // Replaces `tensor` on every rank by root's, in place.
+  // Starts replacing `tensor` on every rank by root's, in place.
+  // INVALID_ARGUMENT for a root that is not a rank.
+  absl::StatusOr<PendingCollective> StartBroadcast(const at::Tensor& tensor, int root);
+  // The same, waited for.
   absl::Status Broadcast(const at::Tensor& tensor, int root);
   // Every rank's `tensor` (same shape on all), in rank order.
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor);

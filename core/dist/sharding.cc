@@ -35,14 +35,4 @@ absl::StatusOr<Sharding> ParseSharding(absl::string_view name) {
       "unknown sharding \"", name, "\": use one of ", absl::StrJoin(names, ", ")));
 }
 
-absl::Status ShardingBuilt(Sharding sharding) {
-  if (sharding == Sharding::kNone || sharding == Sharding::kOptimizer ||
-      sharding == Sharding::kGradients) {
-    return absl::OkStatus();
-  }
-  return absl::UnimplementedError(
-      absl::StrCat("sharding ", ShardingName(sharding),
-                   " is not built yet: use none, optimizer or gradients"));
-}
-
 }  // namespace memprofd

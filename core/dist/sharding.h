@@ -36,10 +36,6 @@ const std::vector<Sharding>& AllShardings();
 // The level named `name` (exactly one of ShardingName's); INVALID_ARGUMENT
 // naming the accepted values otherwise.
 absl::StatusOr<Sharding> ParseSharding(absl::string_view name);
-// OK for the levels DataParallel implements; UNIMPLEMENTED naming the level
-// and those that are built otherwise. The daemon's options, plans and
-// DataParallel::Create check a level with it; Features lists the built ones.
-absl::Status ShardingBuilt(Sharding sharding);
 
 }  // namespace memprofd
 

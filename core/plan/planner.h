@@ -69,8 +69,8 @@ struct PlanSpec {
   // one process), each training its own batch_size windows, with `sharding`.
   // Each planned rank's step runs the real DataParallel listener (its
   // gradient buckets, optimizer and gradient sharding) as that rank, over a
-  // ProcessGroup::ForPlan whose collectives complete at once. A level
-  // ShardingBuilt refuses is UNIMPLEMENTED. With world_size 1 the sharding
+  // ProcessGroup::ForPlan whose collectives complete at once. With
+  // world_size 1 the sharding
   // has nothing to split: the plan is one process's, as a daemon of one rank
   // ignores its --sharding, and MemoryPlan::sharding says none.
   int world_size = 1;
@@ -86,8 +86,8 @@ inline constexpr int kMaxPlannedWorldSize = 65536;
 inline constexpr int kMaxRanksPlannedEach = 8;
 
 // OK when spec.world_size and spec.sharding can be planned: INVALID_ARGUMENT
-// naming world_size outside [1, kMaxPlannedWorldSize], UNIMPLEMENTED for a
-// level ShardingBuilt refuses. PlanTrainingStep checks it too; a caller that
+// naming world_size outside [1, kMaxPlannedWorldSize]. PlanTrainingStep
+// checks it too; a caller that
 // queues plans calls it first to refuse at once.
 absl::Status CheckDataParallelPlan(const PlanSpec& spec);
 

@@ -62,9 +62,6 @@ absl::Status CheckDataParallelPlan(const PlanSpec& spec) {
         absl::StrCat("world_size must be between 1 and ", kMaxPlannedWorldSize,
                      " (ranks of the data-parallel run to plan), got ", spec.world_size));
   }
-  if (absl::Status built = ShardingBuilt(spec.sharding); !built.ok()) {
-    return absl::Status(built.code(), absl::StrCat("sharding: ", built.message()));
-  }
   return absl::OkStatus();
 }
 

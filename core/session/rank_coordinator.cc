@@ -396,7 +396,9 @@ std::string RankCoordinator::LoadCommand(const LoadModelSpec& spec) const {
                        {"init_weights", spec.init_weights}});
 }
 
-absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested) {
+absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(
+    bool cancel_requested, const std::function<absl::Status()>& before_work,
+    const std::function<absl::Status()>& after_work) {
   const bool leader = !follower();
   // [any rank cancelled, rank 0 has boundary work]
   at::Tensor flags = at::tensor({int64_t{cancel_requested ? 1 : 0},
@@ -405,8 +407,10 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested) {
   RETURN_IF_ERROR(group_->AllReduceSum(flags));
   const int64_t boundary = boundaries_++;
   if (flags[1].item<int64_t>() > 0) {
+    if (before_work) RETURN_IF_ERROR(before_work());
     if (!leader) {
       RETURN_IF_ERROR(FollowBoundary(boundary));
+      if (after_work) RETURN_IF_ERROR(after_work());
       return flags[0].item<int64_t>() > 0;
     }
     current_boundary_ = boundary;
@@ -423,6 +427,7 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested) {
     RETURN_IF_ERROR(
         group_->SetKey(BoundaryEventKey(boundary, boundary_events_++), DumpJson(end)));
     RETURN_IF_ERROR(failure);
+    if (after_work) RETURN_IF_ERROR(after_work());
   }
   return flags[0].item<int64_t>() > 0;
 }

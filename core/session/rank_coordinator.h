@@ -171,8 +171,14 @@ class RankCoordinator {
   // tells all whether to stop (`cancel_requested` on any rank) and whether
   // rank 0 has boundary work (snapshots, evaluations), which rank 0 then
   // runs and the followers wait for. True: stop. The collective's error, or
-  // the wait's, naming what was waited for.
-  absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested);
+  // the wait's, naming what was waited for. When there is boundary work,
+  // every rank calls `before_work` first and `after_work` once it is done
+  // (fully sharded data parallel makes the model whole for a snapshot and
+  // shards it again: collectives every rank takes part in); their errors
+  // fail the boundary.
+  absl::StatusOr<bool> SyncStepBoundary(
+      bool cancel_requested, const std::function<absl::Status()>& before_work = nullptr,
+      const std::function<absl::Status()>& after_work = nullptr);
 
   // Rank 0, owner thread, while it writes a checkpoint of a run whose
   // optimizer state is sharded: has every follower write its optimizer

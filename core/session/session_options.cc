@@ -59,11 +59,6 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
         absl::StrCat("resume: ", Echo(options.resume),
                      " needs snapshot_root, the directory the checkpoints are in"));
   }
-  // Refused before anything starts, not at the first data-parallel Train.
-  if (absl::Status built = ShardingBuilt(options.sharding); !built.ok()) {
-    return OptionError(built.code(), "sharding",
-                       absl::StrCat("sharding: ", built.message()));
-  }
   // Its messages read "offload.<field>: ...".
   absl::Status offload = offload::ValidateOffloadOptions(options.offload, "offload.");
   return AboutOption(offload, offload.message().substr(0, offload.message().find(':')));

@@ -282,7 +282,12 @@ class Session::TrainingRun : public StepListener {
       return false;  // the cancel is the run's cheap predicate
     }
     RETURN_IF_ERROR(failure_);
-    return session_->ranks_->SyncStepBoundary(op_->cancel_requested());
+    // Fully sharded: a snapshot or checkpoint at this boundary reads the
+    // whole model, gathered on every rank for it and sharded again after.
+    DataParallel* dp = data_parallel_;
+    return session_->ranks_->SyncStepBoundary(
+        op_->cancel_requested(), [dp] { return dp->GatherWholeModel(); },
+        [dp] { return dp->ShardModel(); });
   }
 
   void OnStepFailed(const absl::Status& status, int64_t global_step) override {
@@ -326,7 +331,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
   op_->AppendEvent(r);
   for (const auto& observer : observers_) observer->OnStep(r);
   std::optional<double> drift;
-  if (data_parallel_ != nullptr && failure_.ok() &&
+  if (data_parallel_ != nullptr && data_parallel_->replicated() && failure_.ok() &&
       (report.global_step % RankCoordinator::kDriftEverySteps == 0 ||
        report.step == steps_)) {
     absl::StatusOr<double> d = data_parallel_->Drift();
@@ -443,6 +448,13 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   absl::StatusOr<TrainResult> result =
       resume ? trainer->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
              : trainer->Run(train, data, {}, cancelled, eval_data, listeners);
+  // Fully sharded: the model whole again on every rank, as outside a run
+  // (after a failed step too: the ranks are still in step unless the run is
+  // broken, which the check below finds).
+  absl::Status whole = data_parallel != nullptr && run.failure().ok() &&
+                               (result.ok() || absl::IsInvalidArgument(result.status()))
+                           ? data_parallel->Finish()
+                           : absl::OkStatus();
   data_parallel.reset();  // removes the gradient hooks
   if (const int64_t n = trainer->nonfinite_steps() - nonfinite_before; n > 0) {
     absl::MutexLock lock(&mu_);
@@ -454,7 +466,9 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
     // A step that failed on one rank leaves the others in a collective that
     // will not complete: the run cannot go on. (Bad options fail alike on
     // every rank before any collective, and do not break it.)
-    absl::Status failure = !run.failure().ok() ? run.failure() : result.status();
+    absl::Status failure = !run.failure().ok() ? run.failure()
+                           : !whole.ok()       ? whole
+                                               : result.status();
     if (!failure.ok() && !absl::IsInvalidArgument(failure)) {
       finish(failure);
       ranks_->FailRun(failure);

@@ -83,8 +83,7 @@ struct SessionOptions {
   // How much of the training state each rank of a data-parallel run keeps
   // (core/dist/sharding.h). Every rank of a run must use the same level:
   // the ranks compare theirs when they join the run and refuse to start on a
-  // mismatch. A level DataParallel does not implement (ShardingBuilt) is
-  // refused. A single process accepts any built level and trains unsharded:
+  // mismatch. A single process accepts any level and trains unsharded:
   // with one rank there is nothing to share the state with.
   Sharding sharding = Sharding::kNone;
   // The nice increment (0..19, over the process's nice value) of the
@@ -107,11 +106,9 @@ struct SessionOptions {
 // OffloadOptions' fields, as offload::ValidateOffloadOptions writes them):
 // keep_last or snapshot_every_steps < 0, snapshot_staging_bytes < 4096,
 // collective_timeout <= 0, bulk_nice outside 0..19, max_data_file_bytes < 1,
-// resume without snapshot_root, and the offload options. A sharding level
-// this build does not implement is UNIMPLEMENTED, its message starting with
-// "sharding:" and naming the levels that are built (ShardingBuilt). Values
-// only: paths (snapshot_root, data_roots, peak_file) are checked by
-// Session::Create. Pure and thread-safe.
+// resume without snapshot_root, and the offload options. Values only: paths
+// (snapshot_root, data_roots, peak_file) are checked by Session::Create. Pure and
+// thread-safe.
 absl::Status ValidateSessionOptions(const SessionOptions& options);
 
 struct LoadModelSpec {

@@ -488,6 +488,152 @@ TEST(DataParallelTest, GradientShardingReducesEveryMicroBatch) {
                                 2e-5);
 }
 
+// What a fully sharded rank printed of its parameters: the bytes it owns,
+// the most bytes of others' parameters it held at once in the last step, and
+// that step's broadcasts; -1s when absent.
+struct ParameterBytes {
+  long long owned = -1, peak_gathered = -1, broadcasts = -1, prefetched = -1;
+};
+ParameterBytes ParameterBytesOf(const std::string& output) {
+  ParameterBytes b;
+  const size_t at = output.find("parameter_bytes ");
+  if (at != std::string::npos) {
+    std::sscanf(
+        output.c_str() + at,
+        "parameter_bytes owned %lld peak_gathered %lld broadcasts %lld prefetched %lld",
+        &b.owned, &b.peak_gathered, &b.broadcasts, &b.prefetched);
+  }
+  return b;
+}
+
+// The offloader's totals a rank printed: bytes copied out, saved tensors
+// kept because they are parameters.
+std::pair<long long, long long> OffloadOf(const std::string& output) {
+  long long out = -1, parameter_skips = -1;
+  const size_t at = output.find("offload bytes_out ");
+  if (at != std::string::npos) {
+    std::sscanf(output.c_str() + at, "offload bytes_out %lld parameter_skips %lld", &out,
+                &parameter_skips);
+  }
+  return {out, parameter_skips};
+}
+
+// `world` ranks with full sharding against `world` ranks with gradient
+// sharding (same data, seed, steps; `common` for both; 8 layers of the test
+// model, whose embedding is tied to the head):
+// - bit for bit: the losses, and every rank's parameters after 3 steps. Full
+//   sharding changes where each parameter lives between its uses, not one
+//   value or one sum: the forward and backward read the owner's values
+//   (gathered by broadcast, exact), the gradients go through the same
+//   buckets to the same owners, the owners run the same update;
+// - the parameter bytes the ranks own add up to the whole model's, each at
+//   most a share plus the largest parameter; and what a rank held of other
+//   ranks' parameters at once is at most three units (the unit running, the
+//   next one's broadcasts in flight, and the head between its forward and
+//   its backward), below what it does not own: it never held the whole model
+//   in the step.
+void ExpectFullShardingMatchesGradientSharding(int world, const std::string& common) {
+  const std::string options = "--steps=3 --num_layers=8 --bucket_bytes=4096 " + common;
+  testing::TempDir grads_dir, full_dir;
+  std::vector<RankRun> grads =
+      RunRanks(grads_dir.path(), world, options + " --sharding=gradients");
+  std::vector<RankRun> full =
+      RunRanks(full_dir.path(), world, options + " --sharding=full");
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(grads[r].exit_code, 0) << "gradient-sharded rank " << r << ":\n"
+                                     << grads[r].output;
+    ASSERT_EQ(full[r].exit_code, 0) << "fully sharded rank " << r << ":\n"
+                                    << full[r].output;
+  }
+  for (int r = 0; r < world; ++r) {
+    const auto want = StepLosses(grads[r].output);  // with each rank's own loss
+    ASSERT_EQ(want.size(), 3u);
+    EXPECT_EQ(StepLosses(full[r].output), want) << "rank " << r;
+    EXPECT_EQ(ReadFile(absl::StrCat(full_dir.path(), "/params", r, ".bin")),
+              ReadFile(grads_dir.path() + "/params0.bin"))
+        << "rank " << r << ": max |full - gradients| = "
+        << MaxAbsDiff(Floats(absl::StrCat(full_dir.path(), "/params", r, ".bin")),
+                      Floats(grads_dir.path() + "/params0.bin"));
+  }
+  const long long model_bytes = static_cast<long long>(
+      Floats(grads_dir.path() + "/params0.bin").size() * sizeof(float));
+  const long long largest_bytes = StateBytes(grads[0].output).second * sizeof(float);
+  long long owned = 0;
+  std::string figures;
+  for (int r = 0; r < world; ++r) {
+    const ParameterBytes b = ParameterBytesOf(full[r].output);
+    ASSERT_GE(b.owned, 0) << full[r].output;
+    owned += b.owned;
+    EXPECT_LE(b.owned, model_bytes / world + largest_bytes) << "rank " << r;
+    EXPECT_GT(b.peak_gathered, 0) << "rank " << r;
+    EXPECT_LT(b.owned + b.peak_gathered, model_bytes) << "rank " << r;
+    long long largest_unit = -1;
+    const size_t at = full[r].output.find("largest_unit_bytes ");
+    ASSERT_NE(at, std::string::npos) << full[r].output;
+    std::sscanf(full[r].output.c_str() + at, "largest_unit_bytes %lld", &largest_unit);
+    EXPECT_LE(b.peak_gathered, 3 * largest_unit) << "rank " << r;
+    EXPECT_GT(b.broadcasts, 0) << "rank " << r;
+    // The next unit's broadcasts start while a unit computes.
+    EXPECT_GT(b.prefetched, 0) << "rank " << r;
+    EXPECT_LT(b.prefetched, b.broadcasts) << "rank " << r;
+    absl::StrAppend(&figures, r == 0 ? "" : ", ", b.owned, " + ", b.peak_gathered);
+  }
+  EXPECT_EQ(owned, model_bytes);
+  std::cout << world << " ranks, full sharding: parameter bytes per rank, owned + most "
+            << "gathered at once: " << figures << " of " << model_bytes
+            << " (the whole model); losses and parameters bit for bit as gradient "
+               "sharding's"
+            << std::endl;
+}
+
+TEST(DataParallelTest, FullShardingMatchesGradientShardingOnTwoRanks) {
+  ExpectFullShardingMatchesGradientSharding(2, "");
+}
+
+// With clipping and weight decay at 4 ranks; and with accumulation and
+// checkpointing (the recomputation of a checkpointed layer finds its
+// parameters gathered again by the hook on its output).
+TEST(DataParallelTest, FullShardingMatchesGradientShardingOnFourRanksWithClipping) {
+  ExpectFullShardingMatchesGradientSharding(4, "--max_grad_norm=0.05 --weight_decay=0.1");
+}
+
+TEST(DataParallelTest, FullShardingMatchesWithAccumulationAndCheckpointing) {
+  ExpectFullShardingMatchesGradientSharding(
+      2, "--grad_accumulation_steps=2 --gradient_checkpointing");
+}
+
+// Full sharding with the offloader on: the gathered parameters that autograd
+// saves are the parameters' own storages (refilled in place), so the
+// offloader keeps them as parameters and never copies them: the same bytes
+// leave as with gradient sharding, where every parameter is whole, and the
+// same saved tensors are kept as parameters; the weights equal the same
+// fully sharded run without offloading bit for bit.
+TEST(DataParallelTest, FullShardingOffloadsNoParameterBytes) {
+  testing::TempDir spill, grads_dir, full_dir, plain_dir;
+  const std::string options =
+      "--steps=2 --num_layers=4 --bucket_bytes=4096 --gradient_checkpointing=false ";
+  const std::string offload = " --offload=disk --spill_dir=" + spill.path();
+  std::vector<RankRun> grads =
+      RunRanks(grads_dir.path(), 2, options + "--sharding=gradients" + offload);
+  std::vector<RankRun> full =
+      RunRanks(full_dir.path(), 2, options + "--sharding=full" + offload);
+  std::vector<RankRun> plain = RunRanks(plain_dir.path(), 2, options + "--sharding=full");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(grads[r].exit_code, 0) << grads[r].output;
+    ASSERT_EQ(full[r].exit_code, 0) << full[r].output;
+    ASSERT_EQ(plain[r].exit_code, 0) << plain[r].output;
+    const auto [grads_out, grads_kept] = OffloadOf(grads[r].output);
+    const auto [full_out, full_kept] = OffloadOf(full[r].output);
+    EXPECT_GT(full_out, 0) << "rank " << r << " offloaded nothing";
+    EXPECT_EQ(full_out, grads_out) << "rank " << r;
+    EXPECT_GT(full_kept, 0) << "rank " << r;
+    EXPECT_EQ(full_kept, grads_kept) << "rank " << r;
+    EXPECT_EQ(ReadFile(absl::StrCat(full_dir.path(), "/params", r, ".bin")),
+              ReadFile(absl::StrCat(plain_dir.path(), "/params", r, ".bin")))
+        << "rank " << r;
+  }
+}
+
 TEST(DataParallelTest, RanksStartFromRankZerosParameters) {
   // The workers draw their init with seed 7 + rank; after one step of
   // training the two ranks still agree, so rank 1 took rank 0's weights.
@@ -518,11 +664,18 @@ TEST(DataParallelTest, AnotherModelOnOneRankIsRefusedNamingIt) {
   }
 }
 
-TEST(DataParallelTest, KilledRankFailsTheSurvivorWithinTheTimeout) {
+// Rank 1 dies at the start of step 3: rank 0 fails in that step's first
+// collective that needs rank 1, within the timeout, without reporting the
+// step. Unsharded that is the gradient all-reduce; fully sharded, the
+// broadcast that gathers a parameter rank 1 owns (or the reduce before it).
+void ExpectKilledRankFailsTheSurvivor(const std::string& sharding,
+                                      const std::string& collective) {
   testing::TempDir dir;
   const auto start = std::chrono::steady_clock::now();
-  std::vector<RankRun> ranks = RunRanks(
-      dir.path(), 2, "--steps=6 --die_at_step=3 --die_rank=1 --timeout_seconds=10");
+  std::vector<RankRun> ranks =
+      RunRanks(dir.path(), 2,
+               "--steps=6 --die_at_step=3 --die_rank=1 --timeout_seconds=10 --sharding=" +
+                   sharding);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(ranks[1].exit_code, 3) << ranks[1].output;
@@ -533,9 +686,17 @@ TEST(DataParallelTest, KilledRankFailsTheSurvivorWithinTheTimeout) {
   // answer within the timeout), naming the collective and this rank.
   EXPECT_THAT(ranks[0].output,
               ::testing::ContainsRegex(
-                  "FAILED (UNAVAILABLE|DEADLINE_EXCEEDED): rank 0: all-reduce"));
+                  "FAILED (UNAVAILABLE|DEADLINE_EXCEEDED): rank 0: " + collective));
   // Within the 10 s timeout and the start-up of two processes.
   EXPECT_LT(seconds, 40) << ranks[0].output;
+}
+
+TEST(DataParallelTest, KilledRankFailsTheSurvivorWithinTheTimeout) {
+  ExpectKilledRankFailsTheSurvivor("none", "all-reduce");
+}
+
+TEST(DataParallelTest, KilledRankFailsAFullyShardedSurvivorWithinTheTimeout) {
+  ExpectKilledRankFailsTheSurvivor("full", "(broadcast|reduce)");
 }
 
 }  // namespace

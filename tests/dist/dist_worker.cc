@@ -16,7 +16,16 @@
 //                           .grad bytes held at an update, the largest
 //                           bucket); --continue_steps=N then trains N more
 //                           steps with a new DataParallel, as the daemon's
-//                           next Train.
+//                           next Train. --sharding=full also shards the
+//                           parameters; the rank prints "parameter_bytes
+//                           owned O peak_gathered G broadcasts B prefetched
+//                           P" (the last step's gathered working set, its
+//                           broadcasts and those started ahead of their
+//                           unit) and makes the model
+//                           whole again before writing --out.
+//                           --offload=disk offloads saved activations to a
+//                           spill file in --spill_dir and prints "offload
+//                           bytes_out B parameter_skips S" over the run.
 // Exit status: 0 done; 2 a step or collective failed (its status printed);
 // 3 the rank killed itself on purpose (--die_at_step).
 
@@ -41,6 +50,8 @@
 #include "core/dist/process_group.h"
 #include "core/dist/world.h"
 #include "core/model/llama.h"
+#include "core/offload/offloader.h"
+#include "core/offload/step_listener.h"
 #include "core/train/data.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
@@ -53,7 +64,9 @@ ABSL_FLAG(int64_t, grad_accumulation_steps, 1, "micro-batches per step");
 ABSL_FLAG(bool, gradient_checkpointing, false, "recompute layers in backward");
 ABSL_FLAG(int64_t, bucket_bytes, memprofd::GradientSync::kDefaultBucketBytes,
           "gradient bucket cap");
-ABSL_FLAG(std::string, sharding, "none", "none, optimizer or gradients");
+ABSL_FLAG(std::string, sharding, "none", "none, optimizer, gradients or full");
+ABSL_FLAG(std::string, offload, "none", "none or disk: offload saved activations");
+ABSL_FLAG(std::string, spill_dir, "/tmp", "--offload=disk's spill directory");
 ABSL_FLAG(int64_t, continue_steps, 0,
           "then this many more steps in a second run with a new DataParallel");
 ABSL_FLAG(std::string, continue_sharding, "",
@@ -208,12 +221,27 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     LlamaModel* const model_;
     bool first_step_ = true;
   } worker(world.rank, model->get());
-  // One DataParallel per run, as the daemon makes one per Train.
+  // Saved activations through the offloader (its listener first, as in the
+  // daemon), accounting only unless --offload=disk.
+  offload::OffloadOptions offload_options;
+  offload_options.enabled = absl::GetFlag(FLAGS_offload) == "disk";
+  offload_options.target = offload::Target::kDisk;
+  offload_options.spill_dir = absl::GetFlag(FLAGS_spill_dir);
+  absl::StatusOr<std::unique_ptr<offload::Offloader>> offloader =
+      offload::Offloader::Create(offload_options, (*model)->device());
+  if (!offloader.ok()) return Fail(offloader.status());
+  offload::OffloadStepListener offload_listener(offloader->get(), model->get());
+  // One DataParallel per run, as the daemon makes one per Train, made whole
+  // (full sharding) at the run's end as the daemon does.
   std::unique_ptr<DataParallel> data_parallel;
   StepListeners listeners;
   auto join_run = [&](const std::string& sharding) -> absl::Status {
+    if (data_parallel != nullptr) {
+      if (absl::Status s = data_parallel->Finish(); !s.ok()) return s;
+    }
     data_parallel.reset();
     listeners.clear();
+    listeners.push_back(&offload_listener);
     DataParallelOptions dp_options;
     dp_options.bucket_bytes = absl::GetFlag(FLAGS_bucket_bytes);
     absl::StatusOr<Sharding> level = ParseSharding(sharding);
@@ -275,7 +303,29 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     largest = std::max(largest, p.numel());
   std::cout << "optimizer_state_bytes " << state_bytes << " largest_parameter_numel "
             << largest << std::endl;
+  const offload::OffloadStats offloaded = (*offloader)->Totals();
+  std::cout << "offload bytes_out " << offloaded.bytes_out << " parameter_skips "
+            << offloaded.skipped_of(offload::SkipReason::kParameter) << std::endl;
   if (data_parallel != nullptr) {
+    if (const ParameterShardingStats* p = data_parallel->parameter_stats()) {
+      // The largest unit: a decoder layer, or the head (final norm and
+      // lm_head, the embedding when tied).
+      int64_t largest_unit = 0;
+      for (int64_t i = 0; i < (*model)->num_layers(); ++i) {
+        int64_t bytes = 0;
+        for (const at::Tensor& t : (*model)->LayerParameters(i)) bytes += t.nbytes();
+        largest_unit = std::max(largest_unit, bytes);
+      }
+      const auto named = (*model)->NamedParameters();
+      largest_unit =
+          std::max<int64_t>(largest_unit, named[named.size() - 2].second.nbytes() +
+                                              named.back().second.nbytes());
+      std::cout << "largest_unit_bytes " << largest_unit << std::endl;
+      std::cout << "parameter_bytes owned " << p->owned_bytes << " peak_gathered "
+                << p->peak_gathered_bytes << " broadcasts " << p->broadcasts
+                << " prefetched " << p->prefetched << std::endl;
+    }
+    if (absl::Status s = data_parallel->Finish(); !s.ok()) return Fail(s);
     const GradientSyncStats& stats = data_parallel->last_step();
     std::cout << "buckets " << stats.buckets << " started_in_backward "
               << stats.buckets_started_in_backward << " bytes " << stats.bytes
@@ -283,9 +333,11 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     std::cout << "gradient_bytes peak " << stats.peak_bytes << " at_update "
               << worker.grad_bytes_at_update << " largest_bucket "
               << stats.largest_bucket_bytes << std::endl;
-    absl::StatusOr<double> drift = data_parallel->Drift();
-    if (!drift.ok()) return Fail(drift.status());
-    std::cout << "drift " << *drift << std::endl;
+    if (data_parallel->replicated()) {
+      absl::StatusOr<double> drift = data_parallel->Drift();
+      if (!drift.ok()) return Fail(drift.status());
+      std::cout << "drift " << *drift << std::endl;
+    }
   }
   if (!WriteFloats(absl::GetFlag(FLAGS_out), (*model)->Parameters())) {
     std::cout << "cannot write " << absl::GetFlag(FLAGS_out) << std::endl;

@@ -1,11 +1,10 @@
 #include "core/dist/world.h"
 
-#include "core/dist/sharding.h"
-
 #include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "core/dist/sharding.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -383,47 +383,57 @@ class EquivalenceTest(unittest.TestCase):
 
 
 class ShardingTest(unittest.TestCase):
-    """--sharding: 2 ranks with AdamW's state sharded (ZeRO-1) train as 2
-    unsharded ones; ranks started with different levels, or with a level
-    that is unknown or not built, do not start."""
+    """--sharding: 2 fully sharded ranks (ZeRO-3: each keeps its own
+    parameters, gradients and AdamW state only) train as 2 unsharded ones, and
+    the model is whole again after the run; ranks started with different
+    levels, or with an unknown level, do not start."""
     STEPS = 4
 
-    def test_optimizer_sharded_ranks_train_as_unsharded_ones(self):
-        runs = {level: start_ranks(2, "--sharding=" + level) for level in ("none", "optimizer")}
+    def test_fully_sharded_ranks_train_as_unsharded_ones(self):
+        root = tempfile.TemporaryDirectory(prefix="memprofd-sharding-")
+        self.addCleanup(root.cleanup)
+        runs = {level: start_ranks(2, "--sharding=" + level,
+                                   "--snapshot_root=" + os.path.join(root.name, level))
+                for level in ("none", "full")}
         try:
-            reports, statuses = {}, {}
+            reports, statuses, weights_after = {}, {}, {}
             for level, ranks in runs.items():
                 op = wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2).id)
                 self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
                 reports[level] = [step_reports(d) for d in ranks]
                 statuses[level] = [status_at_steps(d, self.STEPS) for d in ranks]
-            sharded = runs["optimizer"]
+                # Written by rank 0 after the run: the whole model, every
+                # parameter back from the rank that owns it.
+                weights_after[level] = weights(snapshot(ranks[0], "after-" + level).directory)
+            sharded = runs["full"]
             metrics = [d.metrics_text() for d in sharded]
             ctl = sharded[1].ctl("status")
         finally:
-            close_all(runs["none"] + runs["optimizer"])
+            close_all(runs["none"] + runs["full"])
         steps = list(range(1, self.STEPS + 1))
         for level in runs:
             for rank, status in enumerate(statuses[level]):
                 self.assertEqual(status.data_parallel.sharding, level)
                 # The levels --sharding accepts, as features a client can test.
-                self.assertIn("sharding_optimizer", status.build.features)
-                self.assertIn("sharding_gradients", status.build.features)
-                self.assertNotIn("sharding_full", status.build.features)
+                for built in ("optimizer", "gradients", "full"):
+                    self.assertIn("sharding_" + built, status.build.features)
                 self.assertEqual(status.model.steps_trained, self.STEPS)
-                self.assertEqual(status.data_parallel.parameter_drift, 0.0)
+                # Full sharding keeps one copy of each parameter: no drift
+                # between replicas to check.
+                self.assertEqual(status.data_parallel.has_parameter_drift, level == "none")
                 self.assertEqual(sorted(reports[level][rank]), steps)
-        gaps = [abs(reports["optimizer"][rank][k].loss - reports["none"][0][k].loss)
+        gaps = [abs(reports["full"][rank][k].loss - reports["none"][0][k].loss)
                 / reports["none"][0][k].loss for rank in (0, 1) for k in steps]
-        print("\n2 ranks, optimizer-sharded vs unsharded, %d steps: largest relative loss "
-              "gap %.3g" % (self.STEPS, max(gaps)))
+        gap = max_difference(weights_after["full"], weights_after["none"])
+        print("\n2 ranks, fully sharded vs unsharded, %d steps: largest relative loss gap "
+              "%.3g, largest weight difference after the run %.3g" % (self.STEPS, max(gaps), gap))
         self.assertLess(max(gaps), 1e-6)
+        self.assertLess(gap, 1e-6)
         for text in metrics:
-            self.assertIn('memprofd_dp_sharding_info{', text)
             self.assertEqual(metric(text, "memprofd_dp_sharding_info"), 1.0)
-            self.assertRegex(text, r'memprofd_dp_sharding_info\{[^}]*level="optimizer"')
+            self.assertRegex(text, r'memprofd_dp_sharding_info\{[^}]*level="full"')
         self.assertEqual(ctl.returncode, 0, ctl.stderr)
-        self.assertIn("sharding optimizer", ctl.stdout)
+        self.assertIn("sharding full", ctl.stdout)
 
     def test_ranks_started_with_different_levels_do_not_start(self):
         ranks = start_ranks(2, timeout=5, wait=False,
@@ -440,8 +450,8 @@ class ShardingTest(unittest.TestCase):
                       outputs[0])
         self.assertIn("--sharding", outputs[0])
 
-    def test_an_unknown_or_unbuilt_level_fails_at_start_and_one_process_ignores_it(self):
-        for level in ("zero1", "full"):
+    def test_an_unknown_level_fails_at_start_and_one_process_ignores_it(self):
+        for level in ("zero1", "Full"):
             with self.subTest(level):
                 d = Daemon("--model=" + MICRO_DIR, "--sharding=" + level, wait=False)
                 try:

@@ -1,7 +1,10 @@
 """Resumable checkpoints of a sharded data-parallel run, over the wire: two
 real memprofd daemons as the ranks of one c10d run (Gloo on loopback) with
 --sharding=optimizer, so that each rank holds AdamW's state of the
-parameters it owns only.
+parameters it owns only, and again with --sharding=full, where each rank also
+keeps only its own parameters between their uses (the periodic checkpoints,
+written at step boundaries, then read the whole model, gathered on every rank
+for them).
 
 - Each periodic checkpoint holds every rank's optimizer file
   (optimizer-rank-0000R-of-00002.safetensors) and optimizer_sharding.json,
@@ -32,7 +35,7 @@ RUN = dict(seq_len=32, seed=11, learning_rate=1e-2, weight_decay=0.0, max_grad_n
 RANK_FILES = ["optimizer-rank-%05d-of-00002.safetensors" % r for r in range(2)]
 
 
-def start_ranks(root, *flags):
+def start_ranks(root, level, *flags):
     """Two daemons joined as one sharded run on a fresh store port, rank 0
     first; each waits in its rendezvous until both have joined."""
     port = free_port()
@@ -41,7 +44,7 @@ def start_ranks(root, *flags):
         env = {"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         daemons.append(Daemon("--model=" + MICRO_DIR, "--model_seed=%d" % rank,
-                              "--collective_timeout_seconds=10", "--sharding=optimizer",
+                              "--collective_timeout_seconds=10", "--sharding=" + level,
                               "--snapshot_root=" + root, *flags, env=env, wait=False,
                               start_timeout=120))
     for d in daemons:
@@ -77,12 +80,13 @@ class ShardedResumeTest(unittest.TestCase):
     # are; a checkpoint every 5 steps.
     STEPS = 40
     FLAGS = ["--snapshot_every_steps=5", "--resume=latest"]
+    LEVEL = "optimizer"
 
     def test_killed_sharded_run_resumes_bit_for_bit(self):
         tmp = tempfile.TemporaryDirectory(prefix="memprofd-dist-resume-")
         try:
             whole_root = os.path.join(tmp.name, "whole")
-            ranks = start_ranks(whole_root, *self.FLAGS)
+            ranks = start_ranks(whole_root, self.LEVEL, *self.FLAGS)
             try:
                 op = wait_done(ranks[0], ranks[0].call(
                     "Train", pb.TrainRequest(steps=self.STEPS, **RUN)).id)
@@ -97,7 +101,7 @@ class ShardedResumeTest(unittest.TestCase):
                 self.assertTrue(os.path.exists(os.path.join(last, f)), f)
 
             root = os.path.join(tmp.name, "killed")
-            ranks = start_ranks(root, *self.FLAGS)
+            ranks = start_ranks(root, self.LEVEL, *self.FLAGS)
             try:
                 op = ranks[0].call("Train", pb.TrainRequest(steps=self.STEPS, **RUN))
                 stream = ranks[0].stub.StreamStepReports(
@@ -130,12 +134,12 @@ class ShardedResumeTest(unittest.TestCase):
             with open(os.path.join(root, "step-%d" % latest, "optimizer_sharding.json")) as f:
                 description = json.load(f)
             self.assertEqual(description["world_size"], 2)
-            self.assertEqual(description["level"], "optimizer")
+            self.assertEqual(description["level"], self.LEVEL)
             self.assertEqual(description["files"], RANK_FILES)
             self.assertEqual({o["rank"] for o in description["owners"]}, {0, 1})
 
             # Both restarted, as a launcher would: each resumes its own part.
-            ranks = start_ranks(root, *self.FLAGS)
+            ranks = start_ranks(root, self.LEVEL, *self.FLAGS)
             try:
                 for d in ranks:
                     self.assertEqual(d.call("GetStatus", pb.GetStatusRequest())
@@ -149,7 +153,8 @@ class ShardedResumeTest(unittest.TestCase):
                 resumed = final_weights(ranks[0])
             finally:
                 close_all(ranks)
-            print("\nsharded run resumed from step %d of %d" % (latest, self.STEPS))
+            print("\n%s-sharded run resumed from step %d of %d" % (self.LEVEL, latest,
+                                                                  self.STEPS))
             self.assertTrue(bit_equal(resumed, uninterrupted))
 
             # One process resumes the same checkpoint with the whole state,
@@ -166,6 +171,10 @@ class ShardedResumeTest(unittest.TestCase):
                 single.close()
         finally:
             tmp.cleanup()
+
+
+class FullyShardedResumeTest(ShardedResumeTest):
+    LEVEL = "full"
 
 
 if __name__ == "__main__":

@@ -306,9 +306,11 @@ class PlanTest(harness.DaemonTestCase):
                        dict(world_size=2, sharding="zero3")):
             details = self.refused(grpc.StatusCode.INVALID_ARGUMENT, **tiny, **fields)
             self.assertIn("sharding" if "sharding" in fields else "world_size", details)
-        details = self.refused(grpc.StatusCode.UNIMPLEMENTED, **tiny, world_size=2,
-                               sharding="full")
-        self.assertIn("sharding", details)
+        # Every level plans, full sharding's parameter shards included.
+        r = self.d.ctl("plan", "--preset=tiny", "--batch_size=2", "--seq_len=32",
+                       "--world_size=2", "--sharding=full")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("each of 2 ranks (sharding full)", r.stdout)
 
 
 if __name__ == "__main__":

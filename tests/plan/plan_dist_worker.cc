@@ -21,7 +21,7 @@
 ABSL_FLAG(int, rank, 0, "this rank");
 ABSL_FLAG(int, world_size, 2, "ranks");
 ABSL_FLAG(int, port, 0, "rank 0's store port on 127.0.0.1");
-ABSL_FLAG(std::string, sharding, "none", "none, optimizer or gradients");
+ABSL_FLAG(std::string, sharding, "none", "none, optimizer, gradients or full");
 ABSL_FLAG(int64_t, batch_size, 2, "windows per rank");
 ABSL_FLAG(int64_t, seq_len, 64, "tokens per window");
 
