@@ -266,7 +266,12 @@ absl::Status GradientSync::ConsumeFinished() {
   while (!in_flight_.empty()) {
     const size_t oldest = in_flight_.front();
     const bool too_many = in_flight_.size() > static_cast<size_t>(kMaxBucketsInFlight);
-    if (!too_many && !buckets_[oldest].reduce.Done()) break;
+    // A plan's dry run (ProcessGroup::ForPlan) completes every collective
+    // at once; it keeps the buckets in flight as a real rank does when its
+    // reduces have not finished yet, so that a plan counts the most a rank
+    // can hold rather than the least.
+    const bool finished = !group_->planning() && buckets_[oldest].reduce.Done();
+    if (!too_many && !finished) break;
     const auto start = std::chrono::steady_clock::now();
     in_flight_.erase(in_flight_.begin());
     absl::Status status = ConsumeBucket(oldest);

@@ -91,6 +91,8 @@ class GradientSync {
   static constexpr int64_t kDefaultBucketBytes = 25 * 1024 * 1024;
   // Sharded: reduces started and not yet consumed, beyond which a
   // gradient-ready hook waits for the oldest (bounds the bytes in flight).
+  // A plan's dry run (ProcessGroup::ForPlan) keeps this many waiting, the
+  // most a real rank can hold, since its reduces complete at once.
   static constexpr int kMaxBucketsInFlight = 2;
 
   // Buckets `parameters` (those with requires_grad; all on one device) and

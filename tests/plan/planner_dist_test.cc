@@ -95,7 +95,7 @@ TEST_F(PlannerDistTest, OptimizerStatePerRankIsItsOwnedParametersAdamWState) {
 TEST_F(PlannerDistTest, PeaksFallWithTheWorldSizeWhenSharded) {
   std::map<std::pair<int, Sharding>, int64_t> peaks;
   auto peak = [&](int world, Sharding level) { return peaks[{world, level}]; };
-  for (Sharding level : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding level : AllShardings()) {
     for (int world : {2, 4}) {
       absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(TinySpec(world, level));
       ASSERT_TRUE(plan.ok()) << plan.status();
@@ -115,11 +115,12 @@ TEST_F(PlannerDistTest, PeaksFallWithTheWorldSizeWhenSharded) {
   ASSERT_TRUE(one.ok()) << one.status();
   EXPECT_EQ(peak(2, Sharding::kNone), peak(4, Sharding::kNone));
   EXPECT_GE(peak(2, Sharding::kNone), one->peak_allocated_bytes);
-  for (Sharding level : {Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding level : {Sharding::kOptimizer, Sharding::kGradients, Sharding::kFull}) {
     EXPECT_LT(peak(2, level), peak(2, Sharding::kNone)) << ShardingName(level);
     EXPECT_LT(peak(4, level), peak(2, level)) << ShardingName(level);
   }
   EXPECT_LT(peak(4, Sharding::kGradients), peak(4, Sharding::kOptimizer));
+  EXPECT_LT(peak(4, Sharding::kFull), peak(4, Sharding::kGradients));
 }
 
 // A world of one is one process's plan, whatever its sharding.
@@ -154,15 +155,13 @@ TEST_F(PlannerDistTest, ManyRanksPlanTheSmallestAndLargestShares) {
   EXPECT_LT(low, high);
 }
 
-TEST_F(PlannerDistTest, RefusesBadWorldSizesAndUnbuiltLevels) {
+TEST_F(PlannerDistTest, RefusesBadWorldSizes) {
   EXPECT_EQ(PlanTrainingStep(TinySpec(0, Sharding::kNone)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanTrainingStep(TinySpec(kMaxPlannedWorldSize + 1, Sharding::kNone))
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanTrainingStep(TinySpec(2, Sharding::kFull)).status().code(),
-            absl::StatusCode::kUnimplemented);
 }
 
 // A port nobody listens on now (the kernel's pick for port 0).
@@ -179,12 +178,18 @@ int FreePort() {
 }
 
 // Each rank's plan against the higher of its two steps' measured peaks, run
-// by two real ranks at each level: within 1%.
+// by two real ranks at each level: within 1%. With gradients reduced to
+// their owners (gradients, full) a real rank frees a bucket's flat copy as
+// soon as it sees the bucket's reduce finished, which depends on timing;
+// the plan counts the most a rank can hold (GradientSync's
+// kMaxBucketsInFlight buckets waiting), so there it may lie above the
+// measured peak by up to that many buckets: on tiny at 2 x 64 one is
+// 0.51 MB, up to 1.07% of a rank's peak, so up to 2.5% above (and 1% below).
 TEST_F(PlannerDistTest, EachRanksPlanMatchesTwoRealRanks) {
   const std::string worker =
       absl::StrCat(MEMPROFD_BINARY_DIR, "/tests/plan/plan_dist_worker");
   const std::string dir = ::testing::TempDir();
-  for (Sharding level : {Sharding::kNone, Sharding::kOptimizer, Sharding::kGradients}) {
+  for (Sharding level : AllShardings()) {
     absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(TinySpec(2, level));
     ASSERT_TRUE(plan.ok()) << plan.status();
     const int port = FreePort();
@@ -216,7 +221,9 @@ TEST_F(PlannerDistTest, EachRanksPlanMatchesTwoRealRanks) {
           static_cast<double>(planned - measured) / static_cast<double>(measured);
       std::cout << ShardingName(level) << " rank " << r << " of 2: planned " << planned
                 << " B, measured " << measured << " B, error " << error * 100 << "%\n";
-      EXPECT_LE(std::abs(error), 0.01) << ShardingName(level) << " rank " << r;
+      const bool reduces = level == Sharding::kGradients || level == Sharding::kFull;
+      EXPECT_GE(error, -0.01) << ShardingName(level) << " rank " << r;
+      EXPECT_LE(error, reduces ? 0.025 : 0.01) << ShardingName(level) << " rank " << r;
     }
   }
 }
