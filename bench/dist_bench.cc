@@ -1,16 +1,19 @@
 // Data-parallel step time and memory per rank, for each sharding level
-// (--shardings none,optimizer,gradients) at each world size (--ranks 1,2,4;
+// (--shardings none,optimizer,gradients,full) at each world size (--ranks 1,2,4;
 // Gloo on loopback, --threads each) on the built-in presets, side by side
 // with one process's. Per row: seconds per step, tokens/s, the collective
-// time backward did not hide ("exposed": the time GradientSync waited), and
-// the bytes one rank holds of parameters, of gradients at their peak and of
-// AdamW's state, each the largest over the ranks, and the last two as a
-// fraction of one process's. Measured, not derived: the parameters' and the
-// optimizer state's tensors summed after the run, the gradients' peak as
-// GradientSync samples it inside backward (the distinct storages of the
-// .grads, the buckets' flat copies and the owned sums) or, in one process,
-// the .grads summed after backward.
-// Each rank trains --batch windows, so N ranks do N times the work of one in
+// time compute did not hide ("exposed": the time GradientSync waited, and
+// with full sharding the time the parameter gathers waited), and
+// the bytes one rank holds of parameters between steps, of other ranks'
+// parameters gathered at once in a step (full sharding's working set), of
+// gradients at their peak and of AdamW's state, each the largest over the
+// ranks, with parameters, gradients and state as a fraction of one process's.
+// Measured, not derived: the parameters' storages and the optimizer state's
+// tensors summed after the run (a fully sharded rank's others' parameters
+// are freed then), the gathered peak as ParameterSharding counts it, the gradients' peak
+// as GradientSync samples it inside backward (the distinct storages of the .grads, the
+// buckets' flat copies and the owned sums) or, in one process, the .grads summed after
+// backward. Each rank trains --batch windows, so N ranks do N times the work of one in
 // each step; the scaling figure is tokens/s of N ranks over tokens/s of 1.
 // On this 2-core machine more than two one-thread ranks share the cores, so
 // the times at 4 ranks measure contention, not scaling; the bytes do not
@@ -19,7 +22,7 @@
 // being flattened, being filled), so on models this small the buckets must
 // be small for the share to show.
 //
-// Usage: dist_bench [--presets tiny,small] [--shardings none,optimizer,gradients]
+// Usage: dist_bench [--presets tiny,small] [--shardings none,optimizer,gradients,full]
 //                   [--ranks 1,2,4] [--batch 2] [--seq 64] [--steps 3]
 //                   [--warmup 1] [--threads 1] [--bucket_kb 1024]
 // Run without RANK in the environment it is the launcher: it starts itself
@@ -53,17 +56,18 @@ namespace memprofd {
 namespace {
 
 std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
-  std::map<std::string, std::string> args = {{"presets", "tiny,small"},
-                                             {"shardings", "none,optimizer,gradients"},
-                                             {"ranks", "1,2,4"},
-                                             {"batch", "2"},
-                                             {"seq", "64"},
-                                             {"steps", "3"},
-                                             {"warmup", "1"},
-                                             {"threads", "1"},
-                                             {"bucket_kb", "1024"},
-                                             {"preset", ""},
-                                             {"sharding", "none"}};
+  std::map<std::string, std::string> args = {
+      {"presets", "tiny,small"},
+      {"shardings", "none,optimizer,gradients,full"},
+      {"ranks", "1,2,4"},
+      {"batch", "2"},
+      {"seq", "64"},
+      {"steps", "3"},
+      {"warmup", "1"},
+      {"threads", "1"},
+      {"bucket_kb", "1024"},
+      {"preset", ""},
+      {"sharding", "none"}};
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string key = argv[i];
     if (key.rfind("--", 0) == 0) args[key.substr(2)] = argv[i + 1];
@@ -117,7 +121,8 @@ class GradientBytesListener : public StepListener {
 };
 
 // One rank: prints "RESULT <rank> <seconds per step> <exposed seconds per
-// step> <parameter bytes> <gradient peak bytes> <optimizer state bytes>".
+// step> <parameter bytes> <gradient peak bytes> <optimizer state bytes>
+// <gathered parameter peak bytes>".
 int RunRank(const std::map<std::string, std::string>& args) {
   at::set_num_threads(static_cast<int>(IntArg(args, "threads")));
   absl::StatusOr<WorldSpec> world = ReadWorldSpec(ProcessEnvironment());
@@ -169,6 +174,7 @@ int RunRank(const std::map<std::string, std::string>& args) {
   at::Generator generator = MakeDataGenerator(3);
   double seconds = 0, exposed = 0;
   int64_t grad_peak = grad_bytes.peak();
+  int64_t gathered_peak = 0;
   for (int64_t s = 0; s < steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepReport> report =
@@ -182,15 +188,20 @@ int RunRank(const std::map<std::string, std::string>& args) {
     if (dp != nullptr) {
       exposed += dp->last_step().exposed_seconds;
       grad_peak = std::max(grad_peak, dp->last_step().peak_bytes);
+      if (const ParameterShardingStats* p = dp->parameter_stats()) {
+        gathered_peak = std::max(gathered_peak, p->peak_gathered_bytes);
+        exposed += p->exposed_seconds;
+      }
     }
   }
   grad_peak = std::max(grad_peak, grad_bytes.peak());
   std::vector<at::Tensor> state;
   for (const auto& [name, t] : trainer.NamedOptimizerState()) state.push_back(t);
   std::printf(
-      "RESULT %d %.6f %.6f %lld %lld %lld\n", world->rank, seconds / steps,
+      "RESULT %d %.6f %.6f %lld %lld %lld %lld\n", world->rank, seconds / steps,
       exposed / steps, static_cast<long long>(StorageBytes((*model)->Parameters())),
-      static_cast<long long>(grad_peak), static_cast<long long>(StorageBytes(state)));
+      static_cast<long long>(grad_peak), static_cast<long long>(StorageBytes(state)),
+      static_cast<long long>(gathered_peak));
   std::fflush(stdout);
   return 0;
 }
@@ -200,6 +211,7 @@ struct Figures {
   double step_seconds = 0;      // the slowest rank's
   double exposed_seconds = 0;   // the most any rank waited
   int64_t parameter_bytes = 0;  // each the largest over the ranks
+  int64_t gathered_peak_bytes = 0;
   int64_t gradient_peak_bytes = 0;
   int64_t optimizer_bytes = 0;
 };
@@ -228,9 +240,9 @@ Figures Launch(const std::string& self, const std::map<std::string, std::string>
   while (pipe != nullptr && fgets(line, sizeof(line), pipe) != nullptr) {
     int rank = 0;
     double step = 0, exposed = 0;
-    long long params = 0, grads = 0, state = 0;
-    if (std::sscanf(line, "RESULT %d %lf %lf %lld %lld %lld", &rank, &step, &exposed,
-                    &params, &grads, &state) != 6) {
+    long long params = 0, grads = 0, state = 0, gathered = 0;
+    if (std::sscanf(line, "RESULT %d %lf %lf %lld %lld %lld %lld", &rank, &step, &exposed,
+                    &params, &grads, &state, &gathered) != 7) {
       other_output += line;
       continue;
     }
@@ -238,6 +250,8 @@ Figures Launch(const std::string& self, const std::map<std::string, std::string>
     figures.step_seconds = std::max(figures.step_seconds, step);
     figures.exposed_seconds = std::max(figures.exposed_seconds, exposed);
     figures.parameter_bytes = std::max<int64_t>(figures.parameter_bytes, params);
+    figures.gathered_peak_bytes =
+        std::max<int64_t>(figures.gathered_peak_bytes, gathered);
     figures.gradient_peak_bytes = std::max<int64_t>(figures.gradient_peak_bytes, grads);
     figures.optimizer_bytes = std::max<int64_t>(figures.optimizer_bytes, state);
   }
@@ -281,9 +295,10 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
       args.at("batch").c_str(), args.at("seq").c_str(), args.at("steps").c_str(),
       args.at("warmup").c_str(), args.at("threads").c_str(), args.at("bucket_kb").c_str(),
       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  std::printf("%-6s %-9s %5s %8s %9s %9s %8s %11s %11s %8s %11s %8s %7s\n", "preset",
-              "sharding", "ranks", "s/step", "tokens/s", "exposed", "exp/step",
-              "params MiB", "grads MiB", "grads/1", "optim MiB", "optim/1", "scaling");
+  std::printf("%-6s %-9s %5s %8s %9s %9s %8s %11s %8s %12s %11s %8s %11s %8s %7s\n",
+              "preset", "sharding", "ranks", "s/step", "tokens/s", "exposed", "exp/step",
+              "params MiB", "params/1", "gathered MiB", "grads MiB", "grads/1",
+              "optim MiB", "optim/1", "scaling");
   const int64_t tokens = IntArg(args, "batch") * IntArg(args, "seq");
   int port = 29600 + static_cast<int>(getpid() % 2000);
   int failures = 0;
@@ -299,11 +314,16 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
     auto row = [&](const std::string& level, int world, const Figures& f) {
       const double rate = f.step_seconds > 0 ? world * tokens / f.step_seconds : 0;
       std::printf(
-          "%-6s %-9s %5d %8.4f %9.0f %9.4f %7.1f%% %11.2f %11.2f %8.2f %11.2f %8.2f "
-          "%7.2f\n",
+          "%-6s %-9s %5d %8.4f %9.0f %9.4f %7.1f%% %11.2f %8.2f %12.2f %11.2f %8.2f "
+          "%11.2f "
+          "%8.2f %7.2f\n",
           preset.c_str(), level.c_str(), world, f.step_seconds, rate, f.exposed_seconds,
           f.step_seconds > 0 ? 100 * f.exposed_seconds / f.step_seconds : 0,
-          MiB(f.parameter_bytes), MiB(f.gradient_peak_bytes),
+          MiB(f.parameter_bytes),
+          one.parameter_bytes > 0
+              ? static_cast<double>(f.parameter_bytes) / one.parameter_bytes
+              : 0,
+          MiB(f.gathered_peak_bytes), MiB(f.gradient_peak_bytes),
           one.gradient_peak_bytes > 0
               ? static_cast<double>(f.gradient_peak_bytes) / one.gradient_peak_bytes
               : 0,
