@@ -31,6 +31,8 @@ import urllib.request
 
 import numpy as np
 
+from kit_checks import all_passed, check, checks
+
 p = argparse.ArgumentParser()
 p.add_argument("--memprofd", required=True)
 p.add_argument("--memprofctl", required=True)
@@ -48,13 +50,6 @@ p.add_argument("--out", required=True)
 args = p.parse_args()
 
 os.makedirs(args.work, exist_ok=True)
-checks = []
-
-
-def check(name, ok, detail=""):
-    checks.append({"name": name, "ok": bool(ok), "detail": str(detail)})
-    print("%-5s %s %s" % ("ok" if ok else "FAIL", name, detail), flush=True)
-    return ok
 
 
 # ---- start the daemon, on free ports, and wait for its model ----
@@ -324,4 +319,4 @@ json.dump({"device": status["device"], "build": status.get("build"), "preset": a
            "memory_dump": record[0]["memory_dump"] if record else None,
            "memory": memory, "checks": checks},
           open(args.out, "w"), indent=1)
-sys.exit(0 if all(c["ok"] for c in checks) else 1)
+sys.exit(0 if all_passed() else 1)

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from kit_checks import all_passed, check, checks
+
 p = argparse.ArgumentParser()
 p.add_argument("--memprofd", required=True)
 p.add_argument("--memprofctl", required=True)
@@ -47,13 +49,6 @@ if args.gpus < 2 and not args.cpu:
     sys.exit(0)
 
 os.makedirs(args.work, exist_ok=True)
-checks = []
-
-
-def check(name, ok, detail=""):
-    checks.append({"name": name, "ok": bool(ok), "detail": str(detail)})
-    print("%-5s %s %s" % ("ok" if ok else "FAIL", name, detail), flush=True)
-    return ok
 
 
 def free_port():
@@ -171,4 +166,4 @@ for level in args.shardings.split(","):
 
 results["checks"] = checks
 json.dump(results, open(args.out, "w"), indent=1)
-sys.exit(0 if all(c["ok"] for c in checks) else 1)
+sys.exit(0 if all_passed() else 1)
