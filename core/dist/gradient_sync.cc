@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
+#include "core/dist/accumulator_hooks.h"
 #include "core/memory/tagging.h"
 
 namespace memprofd {
@@ -30,23 +31,6 @@ struct GradientSync::Bucket {
   bool stale = false;
   at::Tensor flat;
   PendingCollective reduce;
-};
-
-// Runs after a parameter's AccumulateGrad: its .grad is final for this
-// backward.
-class GradientSync::ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  ReadyHook(GradientSync* sync, size_t parameter) : sync_(sync), parameter_(parameter) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list&) override {
-    sync_->OnGradientReady(parameter_);
-    return outputs;
-  }
-
- private:
-  GradientSync* const sync_;
-  const size_t parameter_;
 };
 
 GradientSync::GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
@@ -114,21 +98,13 @@ absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
   }
   sync->stats_.buckets = static_cast<int64_t>(sync->buckets_.size());
   sync->owned_sums_.resize(params.size());
-  for (size_t k = 0; k < params.size(); ++k) {
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(params[k]);
-    sync->hook_keys_.push_back(
-        accumulator->add_post_hook(std::make_unique<ReadyHook>(sync.get(), k)));
-    sync->accumulators_.push_back(std::move(accumulator));
-  }
+  GradientSync* raw = sync.get();
+  sync->hooks_ = std::make_unique<AccumulatorHooks>(
+      params, [raw](size_t k) { raw->OnGradientReady(k); });
   return sync;
 }
 
-GradientSync::~GradientSync() {
-  for (size_t k = 0; k < accumulators_.size(); ++k) {
-    accumulators_[k]->del_post_hook(hook_keys_[k]);
-  }
-}
+GradientSync::~GradientSync() = default;
 
 int64_t GradientSync::num_buckets() const {
   return static_cast<int64_t>(buckets_.size());

@@ -58,11 +58,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/dist/accumulator_hooks.h"
 #include "core/dist/process_group.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace memprofd {
 
@@ -131,7 +128,6 @@ class GradientSync {
 
  private:
   struct Bucket;
-  class ReadyHook;
   GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
                std::vector<int> owners);
   void OnGradientReady(size_t parameter);
@@ -152,11 +148,8 @@ class GradientSync {
   const std::vector<at::Tensor> parameters_;
   const std::vector<int> owners_;  // per parameter; empty unless sharded
   std::vector<Bucket> buckets_;
-  std::vector<size_t> bucket_of_;  // parameter index -> bucket index
-  // The accumulators the hooks sit on, kept alive (a leaf holds its own only
-  // weakly) with the key to remove each hook.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
+  std::vector<size_t> bucket_of_;            // parameter index -> bucket index
+  std::unique_ptr<AccumulatorHooks> hooks_;  // OnGradientReady per parameter
   bool armed_ = false;
   absl::Status hook_status_;  // the step's first failure (inside backward too)
   // Sharded: indices of buckets whose reduce started and is not consumed, in

@@ -1,10 +1,8 @@
 #include "core/dist/parameter_sharding.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/CPUAllocator.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
@@ -26,24 +24,6 @@ c10::StorageImpl* StorageOf(const at::Tensor& t) {
 }
 
 }  // namespace
-
-// Runs after a parameter's AccumulateGrad: every node that reads the
-// parameter has run, so a non-owner may free it.
-class ParameterSharding::FreeHook : public torch::autograd::FunctionPostHook {
- public:
-  FreeHook(ParameterSharding* sharding, size_t index)
-      : sharding_(sharding), index_(index) {}
-  torch::autograd::variable_list operator()(
-      const torch::autograd::variable_list& outputs,
-      const torch::autograd::variable_list&) override {
-    sharding_->OnGradientAccumulated(index_);
-    return outputs;
-  }
-
- private:
-  ParameterSharding* const sharding_;
-  const size_t index_;
-};
 
 ParameterSharding::ParameterSharding(ProcessGroup* group, LlamaModel* model,
                                      std::vector<at::Tensor> params,
@@ -103,24 +83,34 @@ absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
     (sharding->owners_[k] == group->rank() ? sharding->stats_.owned_bytes
                                            : sharding->stats_.gathered_bytes) +=
         sharding->nbytes_[k];
-    std::shared_ptr<torch::autograd::Node> accumulator =
-        torch::autograd::impl::grad_accumulator(p);
-    sharding->hook_keys_.push_back(
-        accumulator->add_post_hook(std::make_unique<FreeHook>(sharding.get(), k)));
-    sharding->accumulators_.push_back(std::move(accumulator));
   }
+  // Each unit's parameters, once: the embedding, each decoder layer, then
+  // the final norm and lm_head (the last two of the state dict; the
+  // embedding itself when the head is tied).
+  const auto named = model->NamedParameters();
+  std::vector<std::vector<at::Tensor>> units = {{named.front().second}};
+  for (int64_t i = 0; i < model->num_layers(); ++i)
+    units.push_back(model->LayerParameters(i));
+  units.push_back({named[named.size() - 2].second, named.back().second});
+  for (const std::vector<at::Tensor>& tensors : units) {
+    std::vector<size_t> indices;
+    for (size_t k = 0; k < params.size(); ++k) {
+      for (const at::Tensor& t : tensors) {
+        if (params[k].unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          indices.push_back(k);
+          break;
+        }
+      }
+    }
+    sharding->units_.push_back(std::move(indices));
+  }
+  ParameterSharding* raw = sharding.get();
+  sharding->hooks_ =
+      std::make_unique<AccumulatorHooks>(params, [raw](size_t k) { raw->FreeOne(k); });
   return sharding;
 }
 
-ParameterSharding::~ParameterSharding() {
-  for (size_t k = 0; k < accumulators_.size(); ++k) {
-    accumulators_[k]->del_post_hook(hook_keys_[k]);
-  }
-}
-
-bool ParameterSharding::held(size_t index) const {
-  return held_.at(index) || owners_.at(index) == group_->rank();
-}
+ParameterSharding::~ParameterSharding() = default;
 
 void ParameterSharding::ResetPeak() {
   stats_.peak_gathered_bytes = stats_.gathered_bytes;
@@ -129,34 +119,17 @@ void ParameterSharding::ResetPeak() {
   stats_.exposed_seconds = 0;
 }
 
-std::vector<size_t> ParameterSharding::UnitParameters(const ModelUnit& unit) const {
-  std::vector<at::Tensor> tensors;
+const std::vector<size_t>& ParameterSharding::UnitParameters(
+    const ModelUnit& unit) const {
   switch (unit.kind) {
     case ModelUnit::Kind::kEmbedding:
-      tensors = {model_->NamedParameters().front().second};
-      break;
+      return units_.front();
     case ModelUnit::Kind::kLayer:
-      tensors = model_->LayerParameters(unit.layer);
+      return units_.at(static_cast<size_t>(unit.layer) + 1);
+    case ModelUnit::Kind::kHead:
       break;
-    case ModelUnit::Kind::kHead: {
-      // The final norm and lm_head: the last two of the state dict (the
-      // embedding itself when the head is tied).
-      const auto named = model_->NamedParameters();
-      tensors = {named[named.size() - 2].second, named.back().second};
-      break;
-    }
   }
-  std::vector<size_t> indices;
-  for (const at::Tensor& t : tensors) {
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (params_[k].unsafeGetTensorImpl() == t.unsafeGetTensorImpl() &&
-          std::find(indices.begin(), indices.end(), k) == indices.end()) {
-        indices.push_back(k);
-      }
-    }
-  }
-  std::sort(indices.begin(), indices.end());
-  return indices;
+  return units_.back();
 }
 
 std::optional<ModelUnit> ParameterSharding::NextUnit(const ModelUnit& unit,
@@ -241,7 +214,7 @@ void ParameterSharding::FreeOne(size_t k) {
 absl::Status ParameterSharding::Gather(const ModelUnit& unit, bool backward) {
   if (backward && unit.kind == ModelUnit::Kind::kEmbedding) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<size_t> unit_params = UnitParameters(unit);
+  const std::vector<size_t>& unit_params = UnitParameters(unit);
   for (size_t k : unit_params) {
     if (!held_[k]) RETURN_IF_ERROR(StartGather(k));
   }
@@ -281,7 +254,5 @@ absl::Status ParameterSharding::GatherAll() {
 void ParameterSharding::ReleaseAll() {
   for (size_t k = 0; k < params_.size(); ++k) FreeOne(k);
 }
-
-void ParameterSharding::OnGradientAccumulated(size_t index) { FreeOne(index); }
 
 }  // namespace memprofd

@@ -54,12 +54,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/dist/accumulator_hooks.h"
 #include "core/dist/process_group.h"
 #include "core/train/step_listener.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace memprofd {
 
@@ -109,18 +106,14 @@ class ParameterSharding {
   // Frees every parameter this rank does not own.
   void ReleaseAll();
 
-  // Whether this rank holds parameter `index` (of model->Parameters()) now
-  // (its broadcast may still be in flight).
-  bool held(size_t index) const;
   const ParameterShardingStats& stats() const { return stats_; }
   void ResetPeak();
 
  private:
-  class FreeHook;
   ParameterSharding(ProcessGroup* group, LlamaModel* model,
                     std::vector<at::Tensor> params, std::vector<int> owners);
-  // Parameter indices of `unit`, in model order.
-  std::vector<size_t> UnitParameters(const ModelUnit& unit) const;
+  // Parameter indices of `unit`, in model order (units_'s entry).
+  const std::vector<size_t>& UnitParameters(const ModelUnit& unit) const;
   // The unit that runs after `unit` in forward, or in backward; nullopt for
   // none (the head in forward; the first layer in backward, since the
   // embedding is not gathered for its backward).
@@ -130,7 +123,6 @@ class ParameterSharding {
   absl::Status StartGather(size_t index);
   absl::Status Complete(size_t index);
   void FreeOne(size_t index);
-  void OnGradientAccumulated(size_t index);
 
   ProcessGroup* const group_;
   LlamaModel* const model_;
@@ -142,9 +134,9 @@ class ParameterSharding {
   std::vector<PendingCollective> pending_;
   std::vector<at::Tensor> aliases_;
   std::vector<int64_t> modules_;  // each parameter's ModuleId, for tagging
-  // The accumulators the hooks sit on, kept alive, with the key to remove each.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::vector<uintptr_t> hook_keys_;
+  // Each unit's parameter indices: the embedding, each layer, the head.
+  std::vector<std::vector<size_t>> units_;
+  std::unique_ptr<AccumulatorHooks> hooks_;  // frees each after its gradient
   ParameterShardingStats stats_;
 };
 
