@@ -448,9 +448,10 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   absl::StatusOr<TrainResult> result =
       resume ? trainer->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
              : trainer->Run(train, data, {}, cancelled, eval_data, listeners);
-  // Fully sharded: the model whole again on every rank, as outside a run
-  // (after a failed step too: the ranks are still in step unless the run is
-  // broken, which the check below finds).
+  // Fully sharded: the model whole again on every rank, as outside a run,
+  // when the ranks are still in step: the run succeeded or was cancelled,
+  // or its options were refused alike on every rank before any collective.
+  // Otherwise the run is broken and the daemon stops (below).
   absl::Status whole = data_parallel != nullptr && run.failure().ok() &&
                                (result.ok() || absl::IsInvalidArgument(result.status()))
                            ? data_parallel->Finish()
