@@ -366,6 +366,7 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& m, SnapshotMode m
   p.set_throughput_bytes_per_second(m.throughput_bytes_per_second);
   p.set_peak_extra_host_bytes(m.peak_extra_host_bytes);
   p.set_peak_extra_device_bytes(m.peak_extra_device_bytes);
+  p.set_peak_gathered_bytes(m.peak_gathered_bytes);
   p.set_global_step(m.global_step);
   p.set_create_time_us(UnixMicros(m.create_time));
   p.set_mode(mode == SnapshotMode::kAsync ? v1::SNAPSHOT_MODE_ASYNC

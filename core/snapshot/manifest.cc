@@ -32,6 +32,7 @@ std::string ManifestToJson(const SnapshotManifest& m) {
       {"throughput_bytes_per_second", m.throughput_bytes_per_second},
       {"peak_extra_host_bytes", m.peak_extra_host_bytes},
       {"peak_extra_device_bytes", m.peak_extra_device_bytes},
+      {"peak_gathered_bytes", m.peak_gathered_bytes},
       {"staging_bytes", m.staging_bytes},
       {"global_step", m.global_step},
       {"kind", m.kind},
@@ -100,6 +101,11 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   if (JsonFind(v, "optimizer_bytes") != nullptr &&
       !get_int("optimizer_bytes", &m.optimizer_bytes)) {
     return bad("optimizer_bytes is not an integer");
+  }
+  // Optional: manifests from before fully sharded runs do not have it.
+  if (JsonFind(v, "peak_gathered_bytes") != nullptr &&
+      !get_int("peak_gathered_bytes", &m.peak_gathered_bytes)) {
+    return bad("peak_gathered_bytes is not an integer");
   }
   const Json* tied = JsonFind(v, "dropped_tied_lm_head");
   if (tied == nullptr || !tied->is_boolean())

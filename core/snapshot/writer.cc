@@ -7,8 +7,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <system_error>
@@ -132,21 +134,25 @@ absl::Status RenameNoReplace(const std::string& from, const std::string& to) {
 absl::StatusOr<SnapshotManifest> SnapshotWriter::Write(
     absl::string_view name, const TensorList& tensors, absl::string_view config_json,
     const SnapshotOptions& options, const SnapshotProgressFn& progress,
-    const SnapshotCancelFn& cancel) const {
-  return WriteImpl(name, tensors, config_json, nullptr, options, progress, cancel);
+    const SnapshotCancelFn& cancel, TensorAccess* access) const {
+  return WriteImpl(name, tensors, config_json, nullptr, options, progress, cancel,
+                   access);
 }
 
 absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteCheckpoint(
     absl::string_view name, const TensorList& tensors, absl::string_view config_json,
     const CheckpointPayload& checkpoint, const SnapshotOptions& options,
-    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const {
-  return WriteImpl(name, tensors, config_json, &checkpoint, options, progress, cancel);
+    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel,
+    TensorAccess* access) const {
+  return WriteImpl(name, tensors, config_json, &checkpoint, options, progress, cancel,
+                   access);
 }
 
 absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     absl::string_view name, const TensorList& tensors, absl::string_view config_json,
     const CheckpointPayload* checkpoint, const SnapshotOptions& options,
-    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const {
+    const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel,
+    TensorAccess* access) const {
   const absl::Time start = absl::Now();
   std::optional<PhaseScope> phase;
   if (options.enter_snapshot_phase) phase.emplace(Phase::kSnapshot);
@@ -166,7 +172,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   std::set<std::string> seen;
   bool dropped_head = false;
   bool on_device = false;
-  for (const auto& [tensor_name, tensor] : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [tensor_name, tensor] = tensors[i];
     if (!seen.insert(tensor_name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor name ", tensor_name, " appears twice in the state dict"));
@@ -177,8 +184,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     }
     RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(tensor_name, tensor));
     on_device = on_device || !tensor.device().is_cpu();
-    items.push_back(
-        {tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype)});
+    items.push_back({tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype),
+                     static_cast<int64_t>(i)});
   }
   ASSIGN_OR_RETURN(const std::string config, ConfigText(config_json, options.dtype));
 
@@ -288,6 +295,24 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
       SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint : SnapshotKind::kWeights));
   manifest.optimizer_bytes = checkpoint ? opt_plan.total_size : 0;
 
+  // Tensors the access gathers for the write: one held at a time.
+  int64_t gathered = 0;
+  std::map<int64_t, int64_t> acquired;  // source index -> bytes
+  snapshot::internal::TensorHooks hooks;
+  hooks.before = [&](const snapshot::internal::ShardTensor& t) -> absl::Status {
+    if (t.source < 0) return absl::OkStatus();
+    ASSIGN_OR_RETURN(const int64_t bytes, access->Acquire(static_cast<size_t>(t.source)));
+    acquired[t.source] = bytes;
+    gathered += bytes;
+    manifest.peak_gathered_bytes = std::max(manifest.peak_gathered_bytes, gathered);
+    return absl::OkStatus();
+  };
+  hooks.after = [&](const snapshot::internal::ShardTensor& t) {
+    if (t.source < 0) return;
+    access->Release(static_cast<size_t>(t.source));
+    gathered -= acquired[t.source];
+    acquired.erase(t.source);
+  };
   int64_t done = 0;
   auto check_cancel = [&]() -> absl::Status {
     if (cancel && cancel()) {
@@ -315,7 +340,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
                                                    progress(done, total_bytes);
                                                  return check_cancel();
                                                },
-                                               metadata));
+                                               metadata, access ? &hooks : nullptr));
       manifest.files.push_back({shard.file_name, size});
     }
     return absl::OkStatus();
@@ -385,11 +410,17 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
 }
 
 absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tensors,
-                                                         const SnapshotOptions& options) {
+                                                         const SnapshotOptions& options,
+                                                         TensorAccess* access) {
   AsyncSnapshotSource out;
-  for (const auto& [name, source] : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& [name, source] = tensors[i];
     if (options.tie_word_embeddings && name == kTiedHead) continue;
     RETURN_IF_ERROR(snapshot::internal::CheckTensorWritable(name, source));
+    if (access != nullptr) RETURN_IF_ERROR(access->Acquire(i).status());
+    absl::Cleanup release = [&] {
+      if (access != nullptr) access->Release(i);
+    };
     // C++17 lambdas cannot capture a structured binding (clang refuses it).
     const at::Tensor& tensor = source;
     at::Tensor copy;

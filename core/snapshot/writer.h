@@ -27,6 +27,24 @@ using SnapshotProgressFn = std::function<void(int64_t bytes_written, int64_t tot
 // Polled before every chunk; true stops the snapshot with CANCELLED.
 using SnapshotCancelFn = std::function<bool()>;
 
+// How the writer reaches tensors that are not resident all the time: the
+// parameters of a fully sharded data-parallel run, each kept whole by its
+// owner rank alone, which rank 0 gathers one at a time as it writes them.
+// The writer acquires each weight (its index in the TensorList given to
+// Write) just before reading its first byte and releases it as soon as its
+// bytes are written, so that at most one acquired tensor is held at a time.
+// The order is the writer's (the files' layout); the access follows it.
+class TensorAccess {
+ public:
+  virtual ~TensorAccess() = default;
+  // Makes tensors[index]'s data readable. The bytes this allocated for it
+  // (0: it was resident), counted into the manifest's peak_gathered_bytes;
+  // an error stops the write.
+  virtual absl::StatusOr<int64_t> Acquire(size_t index) = 0;
+  // Frees what Acquire allocated; called once per successful Acquire.
+  virtual void Release(size_t index) = 0;
+};
+
 // Writes snapshots under one root directory. Memory: the only host memory it
 // allocates is the staging buffer (options.staging_bytes, at most once per
 // snapshot, only when some tensor needs it: see StagingBuffer), whatever the
@@ -57,13 +75,12 @@ class SnapshotWriter {
   //   or written, or a tensor has no data (meta);
   // - RESOURCE_EXHAUSTED: disk full or file too large (ENOSPC, EFBIG), or
   //   the staging buffer cannot be allocated;
-  // - CANCELLED: `cancel` returned true.
-  absl::StatusOr<SnapshotManifest> Write(absl::string_view name,
-                                         const TensorList& tensors,
-                                         absl::string_view config_json,
-                                         const SnapshotOptions& options,
-                                         const SnapshotProgressFn& progress = nullptr,
-                                         const SnapshotCancelFn& cancel = nullptr) const;
+  // - CANCELLED: `cancel` returned true;
+  // - `access`'s errors (null: every tensor is resident).
+  absl::StatusOr<SnapshotManifest> Write(
+      absl::string_view name, const TensorList& tensors, absl::string_view config_json,
+      const SnapshotOptions& options, const SnapshotProgressFn& progress = nullptr,
+      const SnapshotCancelFn& cancel = nullptr, TensorAccess* access = nullptr) const;
 
   // The same, as a checkpoint: the weights as above, then the optimizer
   // tensors of `checkpoint` sharded as the weights are (optimizer.safetensors,
@@ -78,7 +95,7 @@ class SnapshotWriter {
       absl::string_view name, const TensorList& tensors, absl::string_view config_json,
       const CheckpointPayload& checkpoint, const SnapshotOptions& options,
       const SnapshotProgressFn& progress = nullptr,
-      const SnapshotCancelFn& cancel = nullptr) const;
+      const SnapshotCancelFn& cancel = nullptr, TensorAccess* access = nullptr) const;
 
   const std::string& root() const { return root_; }
 
@@ -86,7 +103,8 @@ class SnapshotWriter {
   absl::StatusOr<SnapshotManifest> WriteImpl(
       absl::string_view name, const TensorList& tensors, absl::string_view config_json,
       const CheckpointPayload* checkpoint, const SnapshotOptions& options,
-      const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel) const;
+      const SnapshotProgressFn& progress, const SnapshotCancelFn& cancel,
+      TensorAccess* access) const;
 
   std::string root_;
 };
@@ -108,9 +126,11 @@ struct AsyncSnapshotSource {
 // host temporary of its own size, freed at once). Call on the owner thread at a step
 // boundary. INVALID_ARGUMENT / FAILED_PRECONDITION as Write for tensors it
 // cannot save; RESOURCE_EXHAUSTED when host memory runs out (the copies made
-// so far are freed).
+// so far are freed); `access`'s errors (each tensor is acquired for its copy
+// and released after it, as Write does).
 absl::StatusOr<AsyncSnapshotSource> CopyForAsyncSnapshot(const TensorList& tensors,
-                                                         const SnapshotOptions& options);
+                                                         const SnapshotOptions& options,
+                                                         TensorAccess* access = nullptr);
 
 }  // namespace snapshot
 }  // namespace memprofd

@@ -3,8 +3,14 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "core/snapshot/loader.h"
 #include "core/snapshot/writer.h"
@@ -187,6 +193,125 @@ TEST_F(MemoryTest, MixedPlacementStaysWithinStagingForModelsFourTimesApart) {
   }
   EXPECT_GE(sizes[1], 4 * sizes[0]);
   EXPECT_EQ(extras[0], extras[1]);
+}
+
+// Tensors the writer reaches through a TensorAccess, as rank 0 reaches a
+// fully sharded model's parameters: each "sharded" tensor's storage is freed
+// (0 bytes, as ParameterSharding frees a parameter another rank owns), and
+// Acquire refills it from `sources` (standing in for the owner's copy, which
+// lives on another rank) into a fresh allocation, Release frees it again.
+class RefillingAccess final : public TensorAccess {
+ public:
+  RefillingAccess(const TensorList& sharded, const TensorList& sources)
+      : sharded_(sharded), sources_(sources) {}
+
+  absl::StatusOr<int64_t> Acquire(size_t index) override {
+    if (static_cast<int>(order.size()) == fail_at) {
+      return absl::UnavailableError("the owner rank went away");
+    }
+    order.push_back(sharded_[index].first);
+    ++held;
+    most_held = std::max(most_held, held);
+    c10::StorageImpl* storage = sharded_[index].second.storage().unsafeGetStorageImpl();
+    const at::Tensor& source = sources_[index].second;
+    const size_t bytes = source.nbytes();
+    storage->set_data_ptr_noswap(c10::GetCPUAllocator()->allocate(bytes));
+    storage->set_nbytes(bytes);
+    std::memcpy(storage->mutable_data(), source.data_ptr(), bytes);
+    return static_cast<int64_t>(bytes);
+  }
+  void Release(size_t index) override {
+    --held;
+    ++released;
+    Free(sharded_[index].second);
+  }
+  static void Free(const at::Tensor& t) {
+    c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
+    storage->set_nbytes(0);
+  }
+
+  std::vector<std::string> order;  // names acquired, in order
+  int held = 0, most_held = 0, released = 0;
+  int fail_at = -1;  // the Acquire (0-based) that fails; -1: none
+
+ private:
+  const TensorList& sharded_;
+  const TensorList& sources_;
+};
+
+TEST_F(MemoryTest, TensorsGatheredOneAtATimeAddAtMostTheLargest) {
+  const TensorList sources = testing::MakeModel(4, 3, 128, 256);
+  TensorList sharded;
+  int64_t largest = 0;
+  for (const auto& [name, t] : sources) {
+    at::Tensor empty = t.clone();
+    RefillingAccess::Free(empty);
+    sharded.emplace_back(name, empty);
+    largest = std::max<int64_t>(largest, t.nbytes());
+  }
+  SnapshotOptions o;
+  o.staging_bytes = 64 << 10;
+  o.max_shard_size = 200 << 10;  // several files: the layout decides the order
+  RefillingAccess access(sharded, sources);
+  const int64_t baseline = counting_->current();
+  counting_->ResetPeak();
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root_.path())
+          .Write("gathered", sharded, "{}", o, nullptr, nullptr, &access);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(counting_->current(), baseline) << "a gathered tensor was not freed";
+  EXPECT_GT(m->num_shards, 1);
+  // Each tensor once, one held at a time, each let go.
+  EXPECT_EQ(access.order.size(), sources.size());
+  EXPECT_EQ(std::set<std::string>(access.order.begin(), access.order.end()).size(),
+            sources.size());
+  EXPECT_EQ(access.most_held, 1);
+  EXPECT_EQ(access.released, static_cast<int>(sources.size()));
+  // Extra memory: the one tensor held (no staging: float32 kept as it is).
+  EXPECT_EQ(m->peak_gathered_bytes, largest);
+  EXPECT_EQ(m->peak_extra_host_bytes, 0);
+  EXPECT_EQ(counting_->peak() - baseline, largest);
+  auto back = LoadSafetensorsDirectory(root_.Join("gathered"));
+  ASSERT_TRUE(back.ok()) << back.status();
+  std::map<std::string, at::Tensor> by_name(back->tensors.begin(), back->tensors.end());
+  for (const auto& [name, t] : sources) {
+    EXPECT_TRUE(testing::BitEqual(t, by_name.at(name))) << name;
+  }
+  // The async mode's host copies go through the same access.
+  RefillingAccess copying(sharded, sources);
+  absl::StatusOr<AsyncSnapshotSource> copies =
+      CopyForAsyncSnapshot(sharded, SnapshotOptions(), &copying);
+  ASSERT_TRUE(copies.ok()) << copies.status();
+  EXPECT_EQ(copying.most_held, 1);
+  EXPECT_EQ(copying.released, static_cast<int>(sources.size()));
+  for (size_t i = 0; i < sources.size(); ++i) {
+    EXPECT_TRUE(testing::BitEqual(sources[i].second, copies->tensors[i].second))
+        << sources[i].first;
+  }
+}
+
+TEST_F(MemoryTest, AFailedGatherStopsTheWriteAndPublishesNothing) {
+  const TensorList sources = testing::MakeModel(5, 2, 64, 128);
+  TensorList sharded;
+  for (const auto& [name, t] : sources) {
+    at::Tensor empty = t.clone();
+    RefillingAccess::Free(empty);
+    sharded.emplace_back(name, empty);
+  }
+  RefillingAccess access(sharded, sources);
+  access.fail_at = 2;
+  const int64_t baseline = counting_->current();
+  absl::StatusOr<SnapshotManifest> m =
+      SnapshotWriter(root_.path())
+          .Write("broken", sharded, "{}", SnapshotOptions(), nullptr, nullptr, &access);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kUnavailable) << m.status();
+  EXPECT_NE(m.status().message().find("owner rank"), std::string::npos) << m.status();
+  EXPECT_EQ(access.order.size(), 2u);
+  EXPECT_EQ(access.released, 2);  // what was acquired was let go
+  EXPECT_EQ(counting_->current(), baseline);
+  EXPECT_FALSE(std::filesystem::exists(root_.Join("broken")));
 }
 
 }  // namespace

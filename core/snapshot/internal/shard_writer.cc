@@ -29,7 +29,8 @@ absl::StatusOr<int64_t> WriteShard(const std::string& path,
                                    const std::vector<ShardTensor>& tensors,
                                    StagingBuffer& staging,
                                    absl::FunctionRef<absl::Status(int64_t)> after_chunk,
-                                   const std::map<std::string, std::string>& metadata) {
+                                   const std::map<std::string, std::string>& metadata,
+                                   const TensorHooks* hooks) {
   std::vector<snapshot::TensorSpec> specs;
   std::map<std::string, const ShardTensor*> by_name;
   for (const ShardTensor& t : tensors) {
@@ -49,11 +50,14 @@ absl::StatusOr<int64_t> WriteShard(const std::string& path,
   for (const snapshot::TensorEntry& entry : layout.entries) {
     const ShardTensor& t = *by_name.at(entry.name);
     const int64_t before = file.bytes_written();
-    RETURN_IF_ERROR(
+    if (hooks != nullptr && hooks->before) RETURN_IF_ERROR(hooks->before(t));
+    absl::Status streamed =
         staging.Stream(t.tensor, t.out_dtype, [&](const void* data, size_t size) {
           RETURN_IF_ERROR(file.Write(data, size));
           return after_chunk(static_cast<int64_t>(size));
-        }));
+        });
+    if (hooks != nullptr && hooks->after) hooks->after(t);
+    RETURN_IF_ERROR(streamed);
     if (file.bytes_written() - before != static_cast<int64_t>(entry.bytes())) {
       return absl::InternalError(absl::StrCat("tensor ", entry.name, " streamed ",
                                               file.bytes_written() - before,
