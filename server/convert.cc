@@ -477,6 +477,10 @@ v1::DataParallelStatus ToProto(const WorldSpec& world,
   p.set_allreduce_bytes(counters.allreduce_bytes);
   p.set_allreduce_exposed_seconds(counters.allreduce_exposed_seconds);
   p.set_sharding(std::string(ShardingName(counters.sharding)));
+  p.set_owned_parameter_bytes(counters.owned_parameter_bytes);
+  p.set_peak_gathered_parameter_bytes(counters.peak_gathered_parameter_bytes);
+  p.set_parameter_gathers(counters.parameter_gathers);
+  p.set_gather_exposed_seconds(counters.gather_exposed_seconds);
   return p;
 }
 

@@ -325,6 +325,29 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                              "over all steps.",
                              MetricType::Counter),
                      dp.allreduce_exposed_seconds_total);
+    if (dp.sharding == Sharding::kFull) {
+      Families::Sample(out.Add("memprofd_dp_owned_parameter_bytes",
+                               "Bytes of the parameters this rank owns and keeps whole "
+                               "(full sharding).",
+                               MetricType::Gauge),
+                       static_cast<double>(dp.owned_parameter_bytes));
+      Families::Sample(
+          out.Add("memprofd_dp_gathered_parameter_bytes_peak",
+                  "The most bytes of other ranks' parameters held at once in "
+                  "the last step (full sharding's gathered working set).",
+                  MetricType::Gauge),
+          static_cast<double>(dp.peak_gathered_parameter_bytes));
+      Families::Sample(out.Add("memprofd_dp_parameter_gathers",
+                               "Parameter broadcasts from their owners in the last step "
+                               "(full sharding).",
+                               MetricType::Gauge),
+                       static_cast<double>(dp.parameter_gathers));
+      Families::Sample(out.Add("memprofd_dp_gather_exposed_seconds_total",
+                               "Time spent waiting for parameter gathers, not hidden by "
+                               "compute, over all steps (full sharding).",
+                               MetricType::Counter),
+                       dp.gather_exposed_seconds_total);
+    }
   }
   std::vector<MetricFamily> families = out.Take();
   for (MetricFamily& f : histograms_->Collect()) families.push_back(std::move(f));

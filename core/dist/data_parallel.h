@@ -37,8 +37,10 @@
 // owners before its forward and again before its backward (BeforeUnit),
 // frees them after its forward and, in backward, each one as its gradient
 // is accumulated. The update needs no broadcast: an owner's parameter is
-// the only copy. Evaluations and boundary work inside the run (snapshots,
-// checkpoints) see the whole model (WholeModel around them), and Finish
+// the only copy. Evaluations inside the run see the whole model
+// (GatherWholeModel around them), snapshots and checkpoints at its step
+// boundaries read the parameters one at a time (parameter_sharding()'s
+// stream, which RankCoordinator leads), and Finish
 // makes it whole again at the run's end, so the daemon outside a run holds
 // the model as before. Its results equal kGradients' bit for bit: the same
 // arithmetic on the same values.
@@ -98,6 +100,9 @@ class DataParallel : public StepListener {
   // collective's status on failure (the run is broken; the parameters other
   // ranks own stay freed on this rank).
   absl::Status Finish() { return GatherWholeModel(); }
+  // kFull: the run's parameters, sharded (for what reads them at a step
+  // boundary: ParameterSharding's stream); null at the other levels.
+  ParameterSharding* parameter_sharding() const { return params_.get(); }
   // kFull: the parameter figures (owned bytes, gathered working set); null
   // at the other levels.
   const ParameterShardingStats* parameter_stats() const {

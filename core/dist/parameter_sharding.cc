@@ -255,4 +255,56 @@ void ParameterSharding::ReleaseAll() {
   for (size_t k = 0; k < params_.size(); ++k) FreeOne(k);
 }
 
+absl::Status ParameterSharding::GatherOne(size_t k) {
+  if (held_[k]) return absl::OkStatus();
+  RETURN_IF_ERROR(StartGather(k));
+  return Complete(k);
+}
+
+absl::StatusOr<int64_t> ParameterSharding::BroadcastStreamIndex(int64_t index) {
+  at::Tensor value;
+  RETURN_IF_ERROR(TorchBoundary("the parameter stream's index", [&] {
+    value = at::full({1}, index, params_.front().options().dtype(at::kLong));
+  }));
+  RETURN_IF_ERROR(group_->Broadcast(value, 0));
+  int64_t out = -1;
+  RETURN_IF_ERROR(TorchBoundary("the parameter stream's index",
+                                [&] { out = value.item<int64_t>(); }));
+  return out;
+}
+
+absl::StatusOr<int64_t> ParameterSharding::StreamParameter(size_t k) {
+  if (k >= params_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter stream: index ", k, " of ",
+                                                   params_.size(), " parameters"));
+  }
+  RETURN_IF_ERROR(BroadcastStreamIndex(static_cast<int64_t>(k)).status());
+  const bool gathered = !held_[k] && owners_[k] != group_->rank();
+  RETURN_IF_ERROR(GatherOne(k));
+  return gathered ? nbytes_[k] : 0;
+}
+
+absl::Status ParameterSharding::EndStream() { return BroadcastStreamIndex(-1).status(); }
+
+absl::Status ParameterSharding::FollowStream() {
+  for (;;) {
+    ASSIGN_OR_RETURN(const int64_t k, BroadcastStreamIndex(-1));
+    if (k < 0) return absl::OkStatus();
+    if (k >= static_cast<int64_t>(params_.size())) {
+      return absl::InternalError(absl::StrCat("rank 0 streams parameter ", k, " of ",
+                                              params_.size(),
+                                              ": do all ranks hold the same model?"));
+    }
+    RETURN_IF_ERROR(GatherOne(static_cast<size_t>(k)));
+    FreeOne(static_cast<size_t>(k));
+  }
+}
+
+std::optional<size_t> ParameterSharding::IndexOf(const at::Tensor& p) const {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].unsafeGetTensorImpl() == p.unsafeGetTensorImpl()) return k;
+  }
+  return std::nullopt;
+}
+
 }  // namespace memprofd

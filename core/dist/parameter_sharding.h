@@ -36,6 +36,22 @@
 // flight (the exposed time). So a rank holds at most two units of others'
 // parameters at once, besides the head between its forward and its backward.
 //
+// A reader on rank 0 that needs the parameters one at a time (the snapshot
+// writer at a step boundary, which must never hold a second copy of the
+// model) streams them:
+//
+//   StreamParameter(k)  rank 0 broadcasts the index k, then every rank takes
+//                       parameter k from its owner; rank 0 reads it and
+//                       ReleaseParameter(k)s it.
+//   EndStream()         rank 0 broadcasts -1.
+//   FollowStream()      every other rank: joins each of rank 0's broadcasts,
+//                       holding each parameter only while it travels, until
+//                       the -1.
+//
+// So the order is rank 0's alone (the writer's file layout decides it), the
+// collectives match on every rank, and each rank holds at most one of the
+// others' parameters at a time.
+//
 // Every rank calls Gather with the same units in the same order (the same
 // model and step): which parameters a call broadcasts, and in what order,
 // depends only on that order, so the ranks' collectives match. The
@@ -106,6 +122,21 @@ class ParameterSharding {
   // Frees every parameter this rank does not own.
   void ReleaseAll();
 
+  // The parameter stream (above). Call only where the model is sharded (no
+  // unit gathered: at a step boundary). StreamParameter: rank 0 only;
+  // returns the bytes it allocated to hold parameter k (0 when this rank
+  // owns it); INVALID_ARGUMENT for k out of range, else the collectives'
+  // status (the run is then broken). FollowStream: the other ranks; the
+  // collectives' status, or INTERNAL for an index out of range.
+  absl::StatusOr<int64_t> StreamParameter(size_t k);
+  void ReleaseParameter(size_t k) { FreeOne(k); }
+  absl::Status EndStream();
+  absl::Status FollowStream();
+  // The index of parameter `p` (the same tensor) in model->Parameters();
+  // nullopt for a tensor that is not one of them.
+  std::optional<size_t> IndexOf(const at::Tensor& p) const;
+  size_t num_parameters() const { return params_.size(); }
+
   const ParameterShardingStats& stats() const { return stats_; }
   void ResetPeak();
 
@@ -122,6 +153,10 @@ class ParameterSharding {
   // owner; Complete waits for it.
   absl::Status StartGather(size_t index);
   absl::Status Complete(size_t index);
+  // StartGather and Complete, unless the parameter is held.
+  absl::Status GatherOne(size_t index);
+  // Rank 0's stream index (-1: the end), broadcast from rank 0.
+  absl::StatusOr<int64_t> BroadcastStreamIndex(int64_t index);
   void FreeOne(size_t index);
 
   ProcessGroup* const group_;

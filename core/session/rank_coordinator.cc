@@ -25,13 +25,16 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
 #include "core/common/log.h"
 #include "core/common/option_status.h"
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
+#include "core/dist/parameter_sharding.h"
 #include "core/dist/process_group.h"
+#include "core/snapshot/writer.h"
 #include "core/train/trainer_state.h"
 
 namespace memprofd {
@@ -396,9 +399,8 @@ std::string RankCoordinator::LoadCommand(const LoadModelSpec& spec) const {
                        {"init_weights", spec.init_weights}});
 }
 
-absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(
-    bool cancel_requested, const std::function<absl::Status()>& before_work,
-    const std::function<absl::Status()>& after_work) {
+absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested,
+                                                       ParameterSharding* sharded) {
   const bool leader = !follower();
   // [any rank cancelled, rank 0 has boundary work]
   at::Tensor flags = at::tensor({int64_t{cancel_requested ? 1 : 0},
@@ -407,10 +409,10 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(
   RETURN_IF_ERROR(group_->AllReduceSum(flags));
   const int64_t boundary = boundaries_++;
   if (flags[1].item<int64_t>() > 0) {
-    if (before_work) RETURN_IF_ERROR(before_work());
+    sharded_ = sharded;
+    absl::Cleanup forget = [this] { sharded_ = nullptr; };
     if (!leader) {
       RETURN_IF_ERROR(FollowBoundary(boundary));
-      if (after_work) RETURN_IF_ERROR(after_work());
       return flags[0].item<int64_t>() > 0;
     }
     current_boundary_ = boundary;
@@ -427,9 +429,85 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(
     RETURN_IF_ERROR(
         group_->SetKey(BoundaryEventKey(boundary, boundary_events_++), DumpJson(end)));
     RETURN_IF_ERROR(failure);
-    if (after_work) RETURN_IF_ERROR(after_work());
   }
   return flags[0].item<int64_t>() > 0;
+}
+
+absl::Status RankCoordinator::PublishBoundaryEvent(const std::string& event) {
+  absl::Status published =
+      group_->SetKey(BoundaryEventKey(current_boundary_, boundary_events_++), event);
+  FailBoundary(published);
+  return published;
+}
+
+void RankCoordinator::FailBoundary(const absl::Status& status) {
+  if (!status.ok() && current_boundary_ >= 0 && boundary_failure_.ok()) {
+    boundary_failure_ = status;
+  }
+}
+
+// Rank 0's side of the parameter stream, for the snapshot writer: each
+// weight it acquires is broadcast from its owner (ParameterSharding's
+// stream) while the followers join in FollowBoundary; destroying it ends
+// the stream. After a failed collective nothing more is sent (the run is
+// broken, and the boundary fails with it).
+class BoundaryParameterStream : public snapshot::TensorAccess {
+ public:
+  BoundaryParameterStream(RankCoordinator* ranks, ParameterSharding* sharded,
+                          std::vector<std::optional<size_t>> index_of)
+      : ranks_(ranks), sharded_(sharded), index_of_(std::move(index_of)) {}
+  ~BoundaryParameterStream() override {
+    if (!broken_) ranks_->FailBoundary(sharded_->EndStream());
+  }
+
+  absl::StatusOr<int64_t> Acquire(size_t index) override {
+    if (broken_) {
+      return absl::AbortedError("the parameter stream broke at an earlier parameter");
+    }
+    if (index >= index_of_.size() || !index_of_[index]) return 0;  // not a parameter
+    absl::StatusOr<int64_t> bytes = sharded_->StreamParameter(*index_of_[index]);
+    if (!bytes.ok()) {
+      broken_ = true;
+      ranks_->FailBoundary(bytes.status());
+    }
+    return bytes;
+  }
+  void Release(size_t index) override {
+    if (index < index_of_.size() && index_of_[index]) {
+      sharded_->ReleaseParameter(*index_of_[index]);
+    }
+  }
+
+ private:
+  RankCoordinator* const ranks_;
+  ParameterSharding* const sharded_;
+  const std::vector<std::optional<size_t>> index_of_;
+  bool broken_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> RankCoordinator::StreamParameters(
+    const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+  if (sharded_ == nullptr || current_boundary_ < 0) return nullptr;
+  std::vector<std::optional<size_t>> index_of;
+  for (const auto& [name, tensor] : weights)
+    index_of.push_back(sharded_->IndexOf(tensor));
+  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "parameters"}})));
+  return std::make_unique<BoundaryParameterStream>(this, sharded_, std::move(index_of));
+}
+
+absl::Status RankCoordinator::GatherModelForBoundary() {
+  if (sharded_ == nullptr || current_boundary_ < 0) return absl::OkStatus();
+  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "gather_model"}})));
+  absl::Status gathered = sharded_->GatherAll();
+  FailBoundary(gathered);
+  return gathered;
+}
+
+void RankCoordinator::ShardModelAfterBoundary() {
+  if (sharded_ == nullptr || current_boundary_ < 0) return;
+  if (PublishBoundaryEvent(DumpJson(Json{{"kind", "shard_model"}})).ok()) {
+    sharded_->ReleaseAll();
+  }
 }
 
 absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
@@ -451,11 +529,30 @@ absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
           failure.code(),
           absl::StrCat("rank 0's work at a step boundary failed: ", failure.message()));
     }
-    if (kind != "optimizer_shard") {
+    if (kind == "optimizer_shard") {
+      RETURN_IF_ERROR(
+          AnswerOptimizerShard(StringField(v, "dir"), IntField(v, "id").value_or(-1)));
+      continue;
+    }
+    // The events of a fully sharded run: rank 0 publishes them only when its
+    // SyncStepBoundary was given the sharded parameters, as every rank's was.
+    const bool model_event =
+        kind == "parameters" || kind == "gather_model" || kind == "shard_model";
+    if (!model_event) {
       return BadCommand(absl::StrCat("unknown step-boundary event '", kind, "'"));
     }
-    RETURN_IF_ERROR(
-        AnswerOptimizerShard(StringField(v, "dir"), IntField(v, "id").value_or(-1)));
+    if (sharded_ == nullptr) {
+      return absl::InternalError(absl::StrCat(
+          "rank 0 sent the step-boundary event '", kind,
+          "' of a fully sharded run, but this rank's parameters are not sharded"));
+    }
+    if (kind == "parameters") {
+      RETURN_IF_ERROR(sharded_->FollowStream());
+    } else if (kind == "gather_model") {
+      RETURN_IF_ERROR(sharded_->GatherAll());
+    } else {
+      sharded_->ReleaseAll();
+    }
   }
 }
 

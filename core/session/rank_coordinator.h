@@ -17,8 +17,13 @@
 //   "mem/<rank>"        a follower's memory, about once a second
 //   "boundary/<n>/<k>"  rank 0's k-th event of step boundary n, JSON: {"kind":
 //                       "optimizer_shard", "dir", "id"} (write your optimizer
-//                       shard into dir), then one {"kind": "done"} or
-//                       {"kind": "failed", "code", "error"} ending it
+//                       shard into dir); and in a fully sharded run
+//                       {"kind": "parameters"} (follow rank 0's parameter
+//                       stream: ParameterSharding::FollowStream), {"kind":
+//                       "gather_model"} and {"kind": "shard_model"} (make
+//                       the model whole, and shard it again); then one
+//                       {"kind": "done"} or {"kind": "failed", "code",
+//                       "error"} ending it
 //   "shard/<id>/<rank>" a follower's answer to gather `id`, JSON {"code",
 //                       "error"}: code 0 when its optimizer file is written
 //   "bye/<rank>"        a follower read "shutdown"
@@ -61,6 +66,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -73,10 +79,18 @@
 #include "core/memory/memory_stats.h"
 #include "core/session/session_types.h"
 
+namespace memprofd {}  // namespace memprofd
+namespace at {
+class Tensor;
+}
 namespace memprofd {
 
+class ParameterSharding;
 class ProcessGroup;
 class StoreChannel;
+namespace snapshot {
+class TensorAccess;
+}
 
 class RankCoordinator {
  public:
@@ -171,14 +185,29 @@ class RankCoordinator {
   // tells all whether to stop (`cancel_requested` on any rank) and whether
   // rank 0 has boundary work (snapshots, evaluations), which rank 0 then
   // runs and the followers wait for. True: stop. The collective's error, or
-  // the wait's, naming what was waited for. When there is boundary work,
-  // every rank calls `before_work` first and `after_work` once it is done
-  // (fully sharded data parallel makes the model whole for a snapshot and
-  // shards it again: collectives every rank takes part in); their errors
-  // fail the boundary.
-  absl::StatusOr<bool> SyncStepBoundary(
-      bool cancel_requested, const std::function<absl::Status()>& before_work = nullptr,
-      const std::function<absl::Status()>& after_work = nullptr);
+  // the wait's, naming what was waited for. `sharded`: the run's parameters
+  // when they are sharded (fully sharded data parallel; null otherwise),
+  // for the boundary work that reads them (StreamParameters,
+  // GatherModelForBoundary) and the followers' part in it.
+  absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested,
+                                        ParameterSharding* sharded = nullptr);
+
+  // Rank 0, owner thread, in boundary work at a step boundary of a run whose
+  // parameters are sharded: has every rank stream the parameters with this
+  // one (ParameterSharding's stream), for a writer reading `weights` (the
+  // model's named parameters) through the returned access, one gathered
+  // at a time. Destroying the access ends the stream on every rank,
+  // whatever the writer did. Null (and nothing happens) elsewhere: not at
+  // such a boundary, or on a single process. The store's error when the
+  // followers cannot be told. A failed collective of the stream fails the
+  // boundary (SyncStepBoundary returns it on every rank).
+  absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> StreamParameters(
+      const std::vector<std::pair<std::string, at::Tensor>>& weights);
+  // Rank 0, owner thread, in boundary work (an evaluation): the model whole
+  // on every rank, and sharded again after. OK at once where the parameters
+  // are not sharded or not at a step boundary. Failures fail the boundary.
+  absl::Status GatherModelForBoundary();
+  void ShardModelAfterBoundary();
 
   // Rank 0, owner thread, while it writes a checkpoint of a run whose
   // optimizer state is sharded: has every follower write its optimizer
@@ -224,6 +253,12 @@ class RankCoordinator {
   // boundary work: follows its events until it is done. The wait's error,
   // or rank 0's failure of the boundary.
   absl::Status FollowBoundary(int64_t boundary);
+  // Rank 0, owner thread, during boundary work: publishes the next event of
+  // the current boundary; the store's error (which fails the boundary).
+  absl::Status PublishBoundaryEvent(const std::string& event);
+  // Rank 0: records the boundary's first failure.
+  void FailBoundary(const absl::Status& status);
+  friend class BoundaryParameterStream;
 
   const WorldSpec world_;
   const std::string device_;
@@ -246,6 +281,9 @@ class RankCoordinator {
   int64_t current_boundary_ = -1;
   int64_t boundary_events_ = 0;
   absl::Status boundary_failure_;
+  // Every rank, owner thread: the run's sharded parameters during a step
+  // boundary (SyncStepBoundary's `sharded`); null otherwise.
+  ParameterSharding* sharded_ = nullptr;
   int64_t gathers_ = 0;
 
   mutable absl::Mutex mu_;

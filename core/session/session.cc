@@ -25,6 +25,7 @@
 #include "core/session/runtime.h"
 #include "core/session/snapshot_scheduler.h"
 #include "core/snapshot/snapshot_store.h"
+#include "core/snapshot/writer.h"
 
 namespace memprofd {
 namespace {
@@ -254,6 +255,10 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   snapshots.gather_optimizer_shards = [this](const std::string& dir) {
     return ranks_->GatherOptimizerShards(dir);
   };
+  snapshots.stream_parameters =
+      [this](const std::vector<std::pair<std::string, at::Tensor>>& weights) {
+        return ranks_->StreamParameters(weights);
+      };
   snapshots.count_snapshot =
       [this](const absl::StatusOr<snapshot::SnapshotManifest>& manifest) {
         absl::MutexLock lock(&mu_);

@@ -81,8 +81,16 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   // The trainer sets the attention implementation of every step; restore
   // what it was so that an evaluation between two steps changes nothing.
   const AttentionImplementation attention = model->attention_implementation();
-  absl::StatusOr<EvalResult> result =
-      EvaluateModel(*model, data, options, [&op] { return op->cancel_requested(); });
+  // At a step boundary of a fully sharded run, every rank makes the model
+  // whole for it, and shards it again after.
+  absl::StatusOr<EvalResult> result = absl::UnknownError("not evaluated");
+  if (absl::Status whole = ranks_->GatherModelForBoundary(); !whole.ok()) {
+    result = whole;
+  } else {
+    result =
+        EvaluateModel(*model, data, options, [&op] { return op->cancel_requested(); });
+    ranks_->ShardModelAfterBoundary();
+  }
   model->set_attention_implementation(attention);
   if (!result.ok()) {
     op->Finish(result.status());

@@ -282,12 +282,10 @@ class Session::TrainingRun : public StepListener {
       return false;  // the cancel is the run's cheap predicate
     }
     RETURN_IF_ERROR(failure_);
-    // Fully sharded: a snapshot or checkpoint at this boundary reads the
-    // whole model, gathered on every rank for it and sharded again after.
-    DataParallel* dp = data_parallel_;
-    return session_->ranks_->SyncStepBoundary(
-        op_->cancel_requested(), [dp] { return dp->GatherWholeModel(); },
-        [dp] { return dp->ShardModel(); });
+    // Fully sharded: snapshots at this boundary stream the parameters, and
+    // evaluations gather the whole model, every rank taking part.
+    return session_->ranks_->SyncStepBoundary(op_->cancel_requested(),
+                                              data_parallel_->parameter_sharding());
   }
 
   void OnStepFailed(const absl::Status& status, int64_t global_step) override {
@@ -365,6 +363,13 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
       dp.buckets_overlapped = sync.buckets_started_in_backward;
       dp.allreduce_exposed_seconds = sync.exposed_seconds;
       dp.allreduce_exposed_seconds_total += sync.exposed_seconds;
+      if (const ParameterShardingStats* p = data_parallel_->parameter_stats()) {
+        dp.owned_parameter_bytes = p->owned_bytes;
+        dp.peak_gathered_parameter_bytes = p->peak_gathered_bytes;
+        dp.parameter_gathers = p->broadcasts;
+        dp.gather_exposed_seconds = p->exposed_seconds;
+        dp.gather_exposed_seconds_total += p->exposed_seconds;
+      }
       if (drift) {
         dp.parameter_drift = drift;
         dp.drift_checks_total += 1;

@@ -210,12 +210,24 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
       }
     }
   }
+  // A fully sharded run's parameters are gathered one at a time as they
+  // are read, every rank taking part, until `access` goes.
+  const snapshot::TensorList weights = model.NamedParameters();
+  absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> access =
+      callbacks_.stream_parameters(weights);
+  if (!access.ok()) {
+    if (checkpoint) RemoveSideDirectory(*checkpoint);
+    FinishSnapshot(op, access.status(), s.mode);
+    return;
+  }
   if (s.mode == SnapshotMode::kAsync) {
     // Copy every tensor to host memory now (the consistent point), then
     // write in the background while training goes on.
     absl::StatusOr<snapshot::AsyncSnapshotSource> copy =
-        snapshot::CopyForAsyncSnapshot(model.NamedParameters(), s.options);
+        snapshot::CopyForAsyncSnapshot(weights, s.options, access->get());
+    access->reset();
     if (!copy.ok()) {
+      if (checkpoint) RemoveSideDirectory(*checkpoint);
       FinishSnapshot(op, copy.status(), s.mode);
       return;
     }
@@ -225,6 +237,7 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
       absl::StatusOr<snapshot::AsyncSnapshotSource> opt_copy =
           snapshot::CopyForAsyncSnapshot(checkpoint->optimizer_tensors, keep);
       if (!opt_copy.ok()) {
+        RemoveSideDirectory(*checkpoint);
         FinishSnapshot(op, opt_copy.status(), s.mode);
         return;
       }
@@ -249,10 +262,11 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   };
   auto cancel = [&op] { return op->cancel_requested(); };
   absl::StatusOr<snapshot::SnapshotManifest> manifest =
-      checkpoint ? writer.WriteCheckpoint(s.name, model.NamedParameters(), config_json,
-                                          *checkpoint, s.options, progress, cancel)
-                 : writer.Write(s.name, model.NamedParameters(), config_json, s.options,
-                                progress, cancel);
+      checkpoint ? writer.WriteCheckpoint(s.name, weights, config_json, *checkpoint,
+                                          s.options, progress, cancel, access->get())
+                 : writer.Write(s.name, weights, config_json, s.options, progress, cancel,
+                                access->get());
+  access->reset();
   if (checkpoint) RemoveSideDirectory(*checkpoint);
   FinishSnapshot(op, std::move(manifest), s.mode);
 }

@@ -71,7 +71,8 @@ class LlamaModel;
 class Trainer;
 namespace snapshot {
 struct CheckpointPayload;
-}
+class TensorAccess;
+}  // namespace snapshot
 
 class SnapshotScheduler {
  public:
@@ -96,6 +97,14 @@ class SnapshotScheduler {
     // every other rank write its optimizer state into `dir` and waits for
     // them (RankCoordinator::GatherOptimizerShards).
     std::function<absl::Status(const std::string& dir)> gather_optimizer_shards;
+    // Rank 0, owner thread: the access a snapshot reads `weights` (the
+    // model's named parameters) through, at a step boundary of a run whose
+    // parameters are sharded, each gathered from its owner as it is written
+    // (RankCoordinator::StreamParameters); destroying it ends the stream.
+    // Null: every weight is resident.
+    std::function<absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>>(
+        const std::vector<std::pair<std::string, at::Tensor>>& weights)>
+        stream_parameters;
   };
 
   // `options` (snapshot_root, snapshot_staging_bytes, snapshot_every_steps,

@@ -11,7 +11,10 @@ through rank 0 with the real memprofctl, and checks:
     global batch (2 x batch_size) within 1e-4 relative (NCCL sums in another
     order than one GPU's reductions; float32);
   - the sharded levels' losses equal the unsharded ranks' within 1e-5;
-  - the ranks' step peaks (rank 0's reports carry its own) fall with the level.
+  - the ranks' step peaks (rank 0's reports carry its own) fall with the level;
+  - with full sharding, the weights snapshot taken at a step boundary mid-run
+    held at most the largest tensor gathered at once (its manifest's
+    peak_gathered_bytes, against the tensors its safetensors header lists).
 Writes the figures to --out (JSON). Standard library and numpy only.
 
   drive_nccl.py --memprofd M --memprofctl C --work DIR --out nccl.json --gpus N
@@ -19,6 +22,7 @@ Writes the figures to --out (JSON). Standard library and numpy only.
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -138,10 +142,31 @@ finally:
 results["runs"]["one process"] = one
 print("one process x batch %d: losses %s" % (2 * args.batch_size, [round(r["loss"], 6) for r in one]))
 
+def largest_tensor_bytes(directory):
+    """The largest tensor of a snapshot, from its safetensors headers."""
+    largest = 0
+    for name in os.listdir(directory):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(directory, name), "rb") as f:
+            header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        for key, entry in header.items():
+            if key != "__metadata__":
+                largest = max(largest, entry["data_offsets"][1] - entry["data_offsets"][0])
+    return largest
+
+
+SNAPSHOT_STEP = 2  # a weights snapshot at this step boundary of the full run
 for level in args.shardings.split(","):
     tag = "nccl-" + level
+    extra = ["--sharding=" + level]
+    if level == "full":
+        extra += ["--snapshot_every_steps=%d" % SNAPSHOT_STEP, "--auto_snapshot_kind=weights"]
+        for rank in range(2):  # an earlier run's snapshot would not be taken again
+            shutil.rmtree(os.path.join(args.work, "%s-snapshots-%d" % (tag, rank)),
+                          ignore_errors=True)
     try:
-        procs, addr = start(tag, 2, "cpu" if args.cpu else "cuda", ["--sharding=" + level])
+        procs, addr = start(tag, 2, "cpu" if args.cpu else "cuda", extra)
         try:
             reports = train(addr, args.batch_size, tokens_path)
         finally:
@@ -153,6 +178,16 @@ for level in args.shardings.split(","):
     worst = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(reports, one))
     check("2 ranks, sharding %s: global loss = one process's" % level,
           len(reports) == len(one) and worst <= 1e-4, "worst relative gap %.2e" % worst)
+    if level == "full":
+        directory = os.path.join(args.work, tag + "-snapshots-0", "step-%d" % SNAPSHOT_STEP)
+        try:
+            manifest = json.load(open(os.path.join(directory, "memprofd_manifest.json")))
+            gathered, largest = manifest["peak_gathered_bytes"], largest_tensor_bytes(directory)
+            check("sharding full: a mid-run snapshot gathers one tensor at a time",
+                  0 < gathered <= largest, "%d bytes gathered at most, largest tensor %d"
+                  % (gathered, largest))
+        except (OSError, KeyError, ValueError) as e:
+            check("sharding full: a mid-run snapshot gathers one tensor at a time", False, e)
     peak = max(float(r["peak_allocated_bytes"]) for r in reports)
     print("  sharding %s: rank 0 peak %.1f MiB, step %.3f s" % (
         level, peak / 2**20, sorted(r["step_seconds"] for r in reports)[len(reports) // 2]))

@@ -384,27 +384,49 @@ class EquivalenceTest(unittest.TestCase):
 
 class ShardingTest(unittest.TestCase):
     """--sharding: 2 fully sharded ranks (ZeRO-3: each keeps its own
-    parameters, gradients and AdamW state only) train as 2 unsharded ones, and
-    the model is whole again after the run; ranks started with different
-    levels, or with an unknown level, do not start."""
-    STEPS = 4
+    parameters, gradients and AdamW state only) train as 2 unsharded ones;
+    the checkpoints taken at their step boundaries, written by rank 0 from
+    parameters gathered one at a time, hold the unsharded run's weights and
+    load in transformers with its loss; an evaluation asked for mid-run sees
+    the whole model; the model is whole again after the run. Ranks started
+    with different levels, or with an unknown level, do not start."""
+    STEPS = 8
+    EVERY = 4
 
     def test_fully_sharded_ranks_train_as_unsharded_ones(self):
         root = tempfile.TemporaryDirectory(prefix="memprofd-sharding-")
         self.addCleanup(root.cleanup)
         runs = {level: start_ranks(2, "--sharding=" + level,
-                                   "--snapshot_root=" + os.path.join(root.name, level))
+                                   "--snapshot_root=" + os.path.join(root.name, level),
+                                   "--snapshot_every_steps=%d" % self.EVERY)
                 for level in ("none", "full")}
         try:
-            reports, statuses, weights_after = {}, {}, {}
+            reports, statuses, weights_after, evals, periodic = {}, {}, {}, {}, {}
             for level, ranks in runs.items():
-                op = wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2).id)
+                leader = ranks[0]
+                train_op = train(leader, steps=self.STEPS, batch_size=2)
+                stream = leader.stub.StreamStepReports(
+                    pb.StreamStepReportsRequest(operation_id=train_op.id), timeout=300)
+                for r in stream:
+                    if r.step >= 1:
+                        stream.cancel()
+                        break
+                # Queued for the next step boundary of the run.
+                eval_id = leader.call("Evaluate", pb.EvaluateRequest(
+                    batch_size=2, seq_len=32, max_batches=2)).id
+                op = wait_done(leader, train_op.id)
                 self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                evaluated = wait_done(leader, eval_id)
+                self.assertEqual(evaluated.state, pb.OPERATION_STATE_SUCCEEDED,
+                                 evaluated.error.message)
+                evals[level] = evaluated.evaluate
                 reports[level] = [step_reports(d) for d in ranks]
                 statuses[level] = [status_at_steps(d, self.STEPS) for d in ranks]
+                listed = leader.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots
+                periodic[level] = {m.name: m for m in listed}
                 # Written by rank 0 after the run: the whole model, every
                 # parameter back from the rank that owns it.
-                weights_after[level] = weights(snapshot(ranks[0], "after-" + level).directory)
+                weights_after[level] = weights(snapshot(leader, "after-" + level).directory)
             sharded = runs["full"]
             metrics = [d.metrics_text() for d in sharded]
             ctl = sharded[1].ctl("status")
@@ -422,6 +444,19 @@ class ShardingTest(unittest.TestCase):
                 # between replicas to check.
                 self.assertEqual(status.data_parallel.has_parameter_drift, level == "none")
                 self.assertEqual(sorted(reports[level][rank]), steps)
+                # The parameter gathers of the last step: full sharding only.
+                dp = status.data_parallel
+                if level == "full":
+                    self.assertGreater(dp.owned_parameter_bytes, 0)
+                    self.assertGreater(dp.peak_gathered_parameter_bytes, 0)
+                    self.assertGreater(dp.parameter_gathers, 0)
+                    self.assertGreaterEqual(dp.gather_exposed_seconds, 0)
+                else:
+                    self.assertEqual((dp.owned_parameter_bytes, dp.parameter_gathers), (0, 0))
+        owned = [s.data_parallel.owned_parameter_bytes for s in statuses["full"]]
+        model_bytes = sum(t.numel() * t.element_size() for t in weights_after["none"].values())
+        # Each parameter is owned by one rank (the tied head is the embedding).
+        self.assertEqual(sum(owned), model_bytes)
         gaps = [abs(reports["full"][rank][k].loss - reports["none"][0][k].loss)
                 / reports["none"][0][k].loss for rank in (0, 1) for k in steps]
         gap = max_difference(weights_after["full"], weights_after["none"])
@@ -429,7 +464,51 @@ class ShardingTest(unittest.TestCase):
               "%.3g, largest weight difference after the run %.3g" % (self.STEPS, max(gaps), gap))
         self.assertLess(max(gaps), 1e-6)
         self.assertLess(gap, 1e-6)
-        for text in metrics:
+
+        # The checkpoints at the step boundaries: the unsharded run's weights,
+        # and in transformers its loss.
+        names = ["step-%d" % k for k in range(self.EVERY, self.STEPS, self.EVERY)]
+        largest = max(t.numel() * t.element_size() for t in weights_after["none"].values())
+        import torch
+        import transformers
+        from transformers import AutoModelForCausalLM
+        transformers.logging.set_verbosity_error()
+        ids = torch.arange(3, 35, dtype=torch.int64).unsqueeze(0)
+        for name in names:
+            full, none = periodic["full"][name], periodic["none"][name]
+            self.assertEqual(full.kind, pb.SNAPSHOT_KIND_CHECKPOINT)
+            self.assertEqual(max_difference(weights(full.directory), weights(none.directory)),
+                             0.0, name)
+            losses = {}
+            for level, m in (("full", full), ("none", none)):
+                model = AutoModelForCausalLM.from_pretrained(m.directory).float().eval()
+                with torch.no_grad():
+                    losses[level] = model(input_ids=ids, labels=ids).loss.item()
+            self.assertEqual(losses["full"], losses["none"], name)
+            # Rank 0 held one gathered parameter at a time while writing:
+            # at most the largest tensor. float32 host tensors are written
+            # from their own memory, so no staging buffer either.
+            self.assertGreater(full.peak_gathered_bytes, 0, name)
+            self.assertLessEqual(full.peak_gathered_bytes, largest, name)
+            self.assertEqual(none.peak_gathered_bytes, 0, name)
+            self.assertEqual(full.peak_extra_host_bytes, 0, name)
+            print("%s of the fully sharded run: transformers' loss %.6f (unsharded %.6f); "
+                  "gathered at most %d bytes at once while writing (largest tensor %d)"
+                  % (name, losses["full"], losses["none"], full.peak_gathered_bytes, largest))
+
+        # The evaluation ran between two steps of the run, on the whole model.
+        for level, result in evals.items():
+            self.assertGreater(result.tokens, 0, level)
+            self.assertTrue(0 < result.loss < 100, (level, result.loss))
+        self.assertLess(evals["full"].global_step, self.STEPS)
+        if evals["full"].global_step == evals["none"].global_step:
+            self.assertAlmostEqual(evals["full"].loss, evals["none"].loss, delta=1e-6)
+
+        for rank, text in enumerate(metrics):
+            self.assertEqual(metric(text, "memprofd_dp_owned_parameter_bytes"), owned[rank])
+            self.assertGreater(metric(text, "memprofd_dp_gathered_parameter_bytes_peak"), 0)
+            self.assertGreater(metric(text, "memprofd_dp_parameter_gathers"), 0)
+            self.assertGreaterEqual(metric(text, "memprofd_dp_gather_exposed_seconds_total"), 0)
             self.assertEqual(metric(text, "memprofd_dp_sharding_info"), 1.0)
             self.assertRegex(text, r'memprofd_dp_sharding_info\{[^}]*level="full"')
         self.assertEqual(ctl.returncode, 0, ctl.stderr)
