@@ -194,15 +194,18 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
 
 namespace {
 
-// The plan of a training step of `config` as this session's device runs it.
-plan::PlanSpec TrainingPlanSpec(const std::string& device, const LlamaConfig& config,
-                                const ValidTrainOptions& train,
+// The plan of a training step of `config` as this session's device runs it,
+// on each rank of its data-parallel run (one process: world 1).
+plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions& options,
+                                const LlamaConfig& config, const ValidTrainOptions& train,
                                 const offload::OffloadOptions& offload) {
   plan::PlanSpec spec;
   spec.model = config;
   spec.train = train.get();
   spec.offload = offload;
   spec.target = TargetOf(device);
+  spec.world_size = options.world.world_size;
+  spec.sharding = options.sharding;
   return spec;
 }
 
@@ -227,7 +230,7 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
     absl::StatusOr<plan::MemoryPlan> planned =
         PlanGuarded<plan::MemoryPlan>("calibration plan", [&] {
           return plan::PlanTrainingStep(
-              TrainingPlanSpec(device_, config, train, offload));
+              TrainingPlanSpec(device_, options_, config, train, offload));
         });
     if (planned.ok()) plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
   }
@@ -256,7 +259,7 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
   op->SetProgress(
       0, train->steps, "steps",
       absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
-  const plan::PlanSpec base = TrainingPlanSpec(device_, config, train, offload);
+  const plan::PlanSpec base = TrainingPlanSpec(device_, options_, config, train, offload);
   absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
       "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
   if (!choice.ok()) {

@@ -98,11 +98,6 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
           "grad_accumulation_steps (its data stream goes on with them), so there is "
           "nothing to choose; resume without a budget, or train a new run under it");
     }
-    if (world().world_size > 1) {
-      return absl::UnimplementedError(
-          "memory_budget_bytes in a data-parallel run: the plan covers one process's "
-          "step, not the gradient synchronisation's buckets; train without a budget");
-    }
   }
   std::optional<ModelSummary> model = Model();
   if (!model) {
@@ -175,38 +170,44 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
                   const offload::OffloadOptions& offload_options) {
       // Data parallel: the followers get the merged options and the
       // request's own offload fields (each merges them over its own flags),
-      // published by the owner thread when it starts the run, in the order
-      // it runs things.
-      return owner_->Post(
-          [this, op, valid, offload_options, vocab_size, resumed_tokens, in_request,
-           resume, plan, command = ranks_->TrainCommand(valid, offload_request, resume)] {
-            absl::StatusOr<TrainingData> read =
-                in_request
-                    ? absl::StatusOr<TrainingData>(*in_request)
-                    : ReadTrainingData(valid, vocab_size, resumed_tokens,
-                                       ClientDataAccess(data_roots_, options_, op));
-            if (!read.ok()) {
-              {
-                absl::MutexLock lock(&mu_);
-                training_active_ = false;
-              }
-              op->Finish(read.status());
-              return;
+      // with whether to offload, and where, as a budget chose it; published
+      // by the owner thread when it starts the run, in the order it runs
+      // things.
+      offload::OffloadOverrides followers_offload = offload_request;
+      if (!plan->budget_choice.empty()) {
+        followers_offload.enabled = offload_options.enabled;
+        followers_offload.target = offload_options.target;
+      }
+      return owner_->Post([this, op, valid, offload_options, vocab_size, resumed_tokens,
+                           in_request, resume, plan,
+                           command =
+                               ranks_->TrainCommand(valid, followers_offload, resume)] {
+        absl::StatusOr<TrainingData> read =
+            in_request ? absl::StatusOr<TrainingData>(*in_request)
+                       : ReadTrainingData(valid, vocab_size, resumed_tokens,
+                                          ClientDataAccess(data_roots_, options_, op));
+        if (!read.ok()) {
+          {
+            absl::MutexLock lock(&mu_);
+            training_active_ = false;
+          }
+          op->Finish(read.status());
+          return;
+        }
+        if (!command.empty()) {
+          if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
+            {
+              absl::MutexLock lock(&mu_);
+              training_active_ = false;
             }
-            if (!command.empty()) {
-              if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
-                {
-                  absl::MutexLock lock(&mu_);
-                  training_active_ = false;
-                }
-                op->Finish(s);
-                ranks_->FailRun(s);
-                return;
-              }
-            }
-            RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
-                        resume, plan);
-          });
+            op->Finish(s);
+            ranks_->FailRun(s);
+            return;
+          }
+        }
+        RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
+                    resume, plan);
+      });
     };
   };
   std::shared_ptr<Operation> op;

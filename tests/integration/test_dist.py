@@ -552,6 +552,67 @@ class ShardingTest(unittest.TestCase):
             d.close()
 
 
+class BudgetTest(unittest.TestCase):
+    """Train under memory_budget_bytes on 2 gradient-sharded ranks: rank 0
+    plans each candidate for every rank of the run, both ranks train the
+    configuration it chose with each step's peak under the budget (one the
+    request's own configuration exceeds), and a budget below the model state
+    is refused before any rank starts."""
+
+    BATCH = 8
+
+    def plan(self, leader, **train_fields):
+        planned = wait_done(leader, leader.call("PlanMemory", pb.PlanMemoryRequest(
+            train=pb.TrainRequest(batch_size=self.BATCH, seq_len=RUN["seq_len"],
+                                  **train_fields),
+            world_size=2, sharding="gradients")).id)
+        self.assertEqual(planned.state, pb.OPERATION_STATE_SUCCEEDED, planned.error.message)
+        return planned.plan
+
+    def test_every_rank_trains_under_a_budget_its_request_exceeds(self):
+        ranks = start_ranks(2, "--sharding=gradients")
+        leader, follower = ranks
+        try:
+            # The request's own configuration does not fit; checkpointing
+            # every layer does (on the micro model the model state and the
+            # gradient buckets dominate, so halfway to the model state would
+            # fit nothing).
+            p = self.plan(leader)
+            smaller = self.plan(leader, gradient_checkpointing=True)
+            self.assertLess(smaller.peak_allocated_bytes, p.peak_allocated_bytes)
+            budget = (smaller.peak_allocated_bytes + p.peak_allocated_bytes) // 2
+            op = wait_done(leader, train(leader, steps=3, batch_size=self.BATCH,
+                                         memory_budget_bytes=budget).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            t = op.train
+            self.assertTrue(t.budget_choice)
+            self.assertLessEqual(t.planned_peak_bytes, budget)
+            peaks = []
+            for d in ranks:
+                reports = step_reports(d)
+                self.assertEqual(sorted(reports), [1, 2, 3])
+                for r in reports.values():
+                    self.assertLessEqual(r.peak_allocated_bytes, budget, t.budget_choice)
+                peaks.append(max(r.peak_allocated_bytes for r in reports.values()))
+            print("\n2 gradient-sharded ranks, budget %d (model state %d, unconstrained "
+                  "peak %d per rank): %s, planned %d, measured peaks %s"
+                  % (budget, p.model_state_bytes, p.peak_allocated_bytes, t.budget_choice,
+                     t.planned_peak_bytes, peaks))
+
+            refused = wait_done(leader, train(leader, steps=3, batch_size=self.BATCH,
+                                              memory_budget_bytes=p.model_state_bytes // 2).id)
+            self.assertEqual(refused.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(refused.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             refused.error.message)
+            # The follower was never told to train it.
+            ops = follower.call("ListOperations", pb.ListOperationsRequest(
+                kind=pb.OPERATION_KIND_TRAIN)).operations
+            self.assertEqual(len(ops), 1)
+            self.assertEqual(status_at_steps(follower, 3).model.steps_trained, 3)
+        finally:
+            close_all(ranks)
+
+
 class RankFailureTest(unittest.TestCase):
     # Long enough that rank 1 is killed mid-run however fast the steps are
     # (micro steps take tens of milliseconds); a checkpoint every 5.
