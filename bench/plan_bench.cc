@@ -1,8 +1,9 @@
 // plan_bench: the memory planner against the steps it plans.
 //
 // Accuracy: for the tiny and small presets, batch {1, 8}, sequence {128, 512},
-// gradient checkpointing off/on, attention sdpa/eager and offloading off/on
-// (to disk on the CPU, to host on a GPU), the plan's peak
+// gradient checkpointing off/on, attention sdpa/eager, offloading off/on
+// (to disk on the CPU, to host on a GPU) and, on the CPU, float32 and bf16
+// autocast (bf16 plans model the CPU's autocast only), the plan's peak
 // (a dry run on the meta device) beside the measured peak of the same two
 // training steps run for real on the device (calibration.h), every cell and
 // the worst. On the CPU the allocator has no cache, so both count the same
@@ -14,9 +15,11 @@
 // seconds and the process's RSS growth.
 //
 // Usage: plan_bench [device=cpu|cuda] [presets=tiny,small] [shapes=1] [BxT]
+//                   [dtypes=fp32,bf16]
 //   BxT (e.g. 4x512): that batch and sequence only, instead of the grid's
-//   {1, 8} x {128, 512} (the GPU kit plans the 1B preset at its own 4 x 512,
-//   and its dry run at 1 x 128).
+//   {1, 8} x {128, 512} ("grid": the grid; the GPU kit plans the 1B preset at
+//   its own 4 x 512, and its dry run at 1 x 128). dtypes: the precisions of
+//   the grid (bf16 cells only on the CPU).
 //   On CUDA (the GPU check) the plan targets CUDA (blocks rounded as the
 //   caching allocator rounds them) and is compared with
 //   torch.cuda.max_memory_allocated's count, read by the recorder.
@@ -81,11 +84,13 @@ struct Cell {
   std::string label;
   PlanSpec spec;
   bool eager = false;
+  bool bf16 = false;
 };
 
 std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
                        c10::Device device, const std::vector<int64_t>& batches,
-                       const std::vector<int64_t>& seqs) {
+                       const std::vector<int64_t>& seqs,
+                       const std::vector<MixedPrecision>& precisions) {
   std::vector<Cell> cells;
   for (int64_t batch : batches) {
     for (int64_t seq : seqs) {
@@ -93,30 +98,36 @@ std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
         for (AttentionImplementation attention :
              {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
           for (bool offloaded : {false, true}) {
-            Cell cell;
-            cell.spec.model = config;
-            cell.spec.train.batch_size = batch;
-            cell.spec.train.seq_len = seq;
-            cell.spec.train.gradient_checkpointing = ckpt;
-            cell.spec.train.attn_implementation = attention;
-            cell.spec.target =
-                device.is_cuda() ? PlanSpec::Target::kCuda : PlanSpec::Target::kCpu;
-            // Offloading to host on a GPU, to disk on the CPU (where host
-            // moves nothing).
-            cell.spec.offload.enabled = offloaded;
-            cell.spec.offload.target =
-                device.is_cuda() ? offload::Target::kHost : offload::Target::kDisk;
-            cell.eager = attention == AttentionImplementation::kEager;
-            char label[96];
-            std::snprintf(label, sizeof(label), "%-8s %5lld %5lld %5s %-6s %-7s",
-                          name.c_str(), static_cast<long long>(batch),
-                          static_cast<long long>(seq), ckpt ? "on" : "off",
-                          std::string(AttentionImplementationName(attention)).c_str(),
-                          !offloaded         ? "off"
-                          : device.is_cuda() ? "host"
-                                             : "disk");
-            cell.label = label;
-            cells.push_back(std::move(cell));
+            for (MixedPrecision precision : precisions) {
+              if (precision == MixedPrecision::kBf16 && device.is_cuda()) continue;
+              Cell cell;
+              cell.spec.train.mixed_precision = precision;
+              cell.bf16 = precision == MixedPrecision::kBf16;
+              cell.spec.model = config;
+              cell.spec.train.batch_size = batch;
+              cell.spec.train.seq_len = seq;
+              cell.spec.train.gradient_checkpointing = ckpt;
+              cell.spec.train.attn_implementation = attention;
+              cell.spec.target =
+                  device.is_cuda() ? PlanSpec::Target::kCuda : PlanSpec::Target::kCpu;
+              // Offloading to host on a GPU, to disk on the CPU (where host
+              // moves nothing).
+              cell.spec.offload.enabled = offloaded;
+              cell.spec.offload.target =
+                  device.is_cuda() ? offload::Target::kHost : offload::Target::kDisk;
+              cell.eager = attention == AttentionImplementation::kEager;
+              char label[96];
+              std::snprintf(label, sizeof(label), "%-8s %5lld %5lld %5s %-6s %-7s %-5s",
+                            name.c_str(), static_cast<long long>(batch),
+                            static_cast<long long>(seq), ckpt ? "on" : "off",
+                            std::string(AttentionImplementationName(attention)).c_str(),
+                            !offloaded         ? "off"
+                            : device.is_cuda() ? "host"
+                                               : "disk",
+                            precision == MixedPrecision::kBf16 ? "bf16" : "fp32");
+              cell.label = label;
+              cells.push_back(std::move(cell));
+            }
           }
         }
       }
@@ -126,12 +137,14 @@ std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
 }
 
 int Accuracy(const std::vector<std::string>& presets, c10::Device device,
-             const std::vector<int64_t>& batches, const std::vector<int64_t>& seqs) {
-  std::printf("%-8s %5s %5s %5s %-6s %-7s %14s %14s %9s %8s\n", "preset", "batch", "seq",
-              "ckpt", "attn", "offload", "planned MiB", "measured MiB", "error",
-              "plan s");
+             const std::vector<int64_t>& batches, const std::vector<int64_t>& seqs,
+             const std::vector<MixedPrecision>& precisions) {
+  std::printf("%-8s %5s %5s %5s %-6s %-7s %-5s %14s %14s %9s %8s\n", "preset", "batch",
+              "seq", "ckpt", "attn", "offload", "dtype", "planned MiB", "measured MiB",
+              "error", "plan s");
   double worst = 0;
   double worst_eager = 0;
+  double worst_bf16 = 0;
   std::string worst_cell;
   for (const std::string& name : presets) {
     absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(name);
@@ -140,7 +153,7 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
                    std::string(config.status().message()).c_str());
       return 2;
     }
-    for (const Cell& cell : Grid(*config, name, device, batches, seqs)) {
+    for (const Cell& cell : Grid(*config, name, device, batches, seqs, precisions)) {
       absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
       absl::StatusOr<std::vector<MeasuredStep>> measured =
           MeasureTrainingSteps(cell.spec, device);
@@ -164,10 +177,13 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
         worst_cell = cell.label;
       }
       if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
+      if (cell.bf16 && std::abs(error) > std::abs(worst_bf16)) worst_bf16 = error;
     }
   }
-  std::printf("worst: %+.3f%% (%s); worst with eager attention: %+.3f%%\n", worst * 100,
-              worst_cell.c_str(), worst_eager * 100);
+  std::printf(
+      "worst: %+.3f%% (%s); worst with eager attention: %+.3f%%; worst in bf16: "
+      "%+.3f%%\n",
+      worst * 100, worst_cell.c_str(), worst_eager * 100, worst_bf16 * 100);
   return 0;
 }
 
@@ -218,7 +234,7 @@ int main(int argc, char** argv) {
   const bool shapes = argc > 3 ? std::string(argv[3]) != "0" : true;
   std::vector<int64_t> batches = {1, 8};
   std::vector<int64_t> seqs = {128, 512};
-  if (argc > 4) {
+  if (argc > 4 && std::string(argv[4]) != "grid") {
     long long b = 0, t = 0;
     if (std::sscanf(argv[4], "%lldx%lld", &b, &t) != 2 || b < 1 || t < 1) {
       std::fprintf(stderr, "plan_bench: BxT must look like 4x512, not \"%s\"\n", argv[4]);
@@ -226,6 +242,16 @@ int main(int argc, char** argv) {
     }
     batches = {b};
     seqs = {t};
+  }
+  std::vector<MixedPrecision> precisions;
+  for (absl::string_view dtype :
+       absl::StrSplit(argc > 5 ? argv[5] : "fp32,bf16", ',', absl::SkipEmpty())) {
+    if (dtype != "fp32" && dtype != "bf16") {
+      std::fprintf(stderr, "plan_bench: dtypes are fp32 and bf16, not \"%s\"\n",
+                   std::string(dtype).c_str());
+      return 2;
+    }
+    precisions.push_back(dtype == "bf16" ? MixedPrecision::kBf16 : MixedPrecision::kNo);
   }
   if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
     std::fprintf(stderr, "plan_bench: %s\n", std::string(s.message()).c_str());
@@ -237,6 +263,7 @@ int main(int argc, char** argv) {
 #endif
   std::printf("plan_bench on %s, LibTorch %s, %d threads\n", device.str().c_str(),
               TORCH_VERSION, at::get_num_threads());
-  if (int rc = plan::Accuracy(presets, device, batches, seqs); rc != 0) return rc;
+  if (int rc = plan::Accuracy(presets, device, batches, seqs, precisions); rc != 0)
+    return rc;
   return shapes ? plan::Speed() : 0;
 }

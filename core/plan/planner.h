@@ -48,9 +48,9 @@ struct PlanSpec {
   // batch_size, seq_len, grad_accumulation_steps, gradient_checkpointing,
   // attn_implementation, loss_chunk_tokens, max_grad_norm and the optimizer
   // fields are planned; data, steps and evaluation are ignored (the plan
-  // draws from a synthetic window). mixed_precision bf16 is refused
-  // (UNIMPLEMENTED: autocast has no meta dispatch key, so a meta run would
-  // plan float32 silently).
+  // draws from a synthetic window). mixed_precision bf16 runs the dry run
+  // under the CPU's autocast policy (core/train/meta_autocast.h), for the
+  // cpu target only (UNIMPLEMENTED for cuda, whose policy differs).
   TrainOptions train;
   // The activation offloader's options (off by default). The dry run's
   // offloader decides what it would move exactly as a real one, and its

@@ -14,6 +14,7 @@
 #include "core/offload/step_listener.h"
 #include "core/train/data.h"
 #include "core/train/memory_tags.h"
+#include "core/train/meta_autocast.h"
 #include "core/train/trainer.h"
 
 namespace memprofd::plan::internal {
@@ -70,11 +71,17 @@ absl::Status CheckDataParallelPlan(const PlanSpec& spec) {
 namespace memprofd::plan::internal {
 
 absl::Status CheckPlannable(const PlanSpec& spec) {
-  if (spec.train.mixed_precision != MixedPrecision::kNo) {
-    return absl::UnimplementedError(
-        "plan: mixed_precision bf16 cannot be planned yet (autocast has no dispatch key "
-        "on the meta device, so the dry run would plan float32); plan with "
-        "mixed_precision no");
+  if (spec.train.mixed_precision == MixedPrecision::kBf16) {
+    // The dry run applies the CPU's autocast policy (meta_autocast.h); CUDA's
+    // casts other ops (softmax, pow, rsqrt, ... in float32) and is not
+    // modelled.
+    if (spec.target != PlanSpec::Target::kCpu) {
+      return absl::UnimplementedError(
+          "plan: mixed_precision bf16 is planned for the cpu target only (the dry run "
+          "follows the CPU's autocast policy; CUDA's differs and is not modelled yet); "
+          "plan bf16 with target cpu, or plan mixed_precision no for cuda");
+    }
+    RETURN_IF_ERROR(EnableMetaAutocast());
   }
   RETURN_IF_ERROR(offload::ValidateOffloadOptions(spec.offload));
   if (spec.capacity_bytes < 0) {

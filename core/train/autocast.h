@@ -7,9 +7,13 @@
 #include <c10/core/DeviceType.h>
 #include <c10/core/ScalarType.h>
 
+#include <memory>
+
 #include "core/train/eval_options.h"
 
 namespace memprofd {
+
+class MetaAutocastScope;
 
 // While alive, ops on `device_type` autocast as torch.autocast(device_type,
 // dtype=bfloat16) does (the same op lists: matmuls and linear in bf16,
@@ -22,6 +26,10 @@ namespace memprofd {
 // Autocast state is thread-local: a scope covers the ops of the thread that
 // made it. Backward runs outside it, as in PyTorch (gradient checkpointing
 // re-enters it for its recomputation). Not copyable; one thread.
+//
+// On the meta device (a dry run, core/plan) it enters MetaAutocastScope
+// instead: the CPU's autocast policy applied to meta tensors
+// (meta_autocast.h; EnableMetaAutocast must have succeeded).
 class AutocastScope {
  public:
   AutocastScope(MixedPrecision precision, c10::DeviceType device_type);
@@ -32,13 +40,14 @@ class AutocastScope {
  private:
   const bool active_;
   const c10::DeviceType device_type_;
+  std::unique_ptr<MetaAutocastScope> meta_;  // the meta device's
   bool previous_enabled_ = false;
   c10::ScalarType previous_dtype_ = c10::ScalarType::Undefined;
 };
 
-// Whether the thread's autocast is on for `device_type`; false for a device
-// type autocast has no dispatch key for (meta: a dry run, core/plan), where
-// asking LibTorch would throw.
+// Whether the thread's autocast is on for `device_type` (for meta, whether
+// MetaAutocastOn); false for another device type autocast has no dispatch
+// key for, where asking LibTorch would throw.
 bool AutocastOn(c10::DeviceType device_type);
 
 // The thread's autocast state on `device_type`, as a MixedPrecision: kBf16

@@ -146,8 +146,10 @@ class PlanTest(harness.DaemonTestCase):
         self.assertIn("resume", self.refused(grpc.StatusCode.INVALID_ARGUMENT,
                                              train=pb.TrainRequest(resume=True)))
 
-        # Found while running: what the planner cannot plan yet...
-        error = self.failed(train=pb.TrainRequest(mixed_precision="bf16", **SMALL))
+        # Found while running: what the planner cannot plan yet (bf16 for
+        # a CUDA target, whose autocast policy is not modelled)...
+        error = self.failed(train=pb.TrainRequest(mixed_precision="bf16", **SMALL),
+                            target="cuda")
         self.assertEqual(error.code, grpc.StatusCode.UNIMPLEMENTED.value[0])
         self.assertIn("bf16", error.message)
         # ...and directories: outside the roots (confined as LoadModel's are),
@@ -191,8 +193,17 @@ class PlanTest(harness.DaemonTestCase):
         self.assertEqual(got["fits"], False)
         self.assertEqual(int(got["headroom_bytes"]), 1000 - want.peak_allocated_bytes)
         self.assertEqual(got["target"], "cpu")
-        # The loaded model by default; the operation's failure as exit 4.
-        r = self.d.ctl("plan", "--batch_size=2", "--seq_len=32", "--mixed_precision=bf16")
+        # The loaded model by default, in bf16 (the CPU's autocast: at this
+        # size the weights' bf16 copies outweigh the halved activations, so
+        # the peak differs from float32's); the operation's failure as exit 4.
+        r = self.d.ctl("plan", "--batch_size=2", "--seq_len=32", "--mixed_precision=bf16",
+                       "--json")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        fp32 = self.plan(train=pb.TrainRequest(**SMALL))
+        self.assertNotEqual(int(json.loads(r.stdout)["peak_allocated_bytes"]),
+                            fp32.peak_allocated_bytes)
+        r = self.d.ctl("plan", "--batch_size=2", "--seq_len=32", "--mixed_precision=bf16",
+                       "--target=cuda")
         self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
         self.assertIn("bf16", r.stderr)
         r = self.d.ctl("plan", "--batch_size=0")

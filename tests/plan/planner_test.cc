@@ -81,6 +81,53 @@ TEST_F(PlannerTest, SdpaPlanMatchesTheCpuStepsFlashKernel) {
       0.01);
 }
 
+// bf16: the dry run under the CPU's autocast policy (meta_autocast.h)
+// against the real step under LibTorch's CPU autocast.
+PlanSpec Bf16(PlanSpec spec) {
+  spec.train.mixed_precision = MixedPrecision::kBf16;
+  return spec;
+}
+
+TEST_F(PlannerTest, Bf16EagerPlanMatchesTheCpuStep) {
+  ExpectPlanMatchesCpu(
+      Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kEager)),
+      0.01);
+}
+
+TEST_F(PlannerTest, Bf16SdpaCheckpointedPlanMatchesTheCpuStep) {
+  ExpectPlanMatchesCpu(
+      Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, true, AttentionImplementation::kSdpa)),
+      0.01);
+}
+
+// What bf16 changes, planned and measured: the matmuls' outputs and what
+// autograd saves of them in bfloat16, and the weights' bfloat16 copies
+// autocast caches for the forward. The plans' difference follows the real
+// steps' (without the meta autocast the plans would not differ at all).
+TEST_F(PlannerTest, Bf16ChangesThePlanAsItChangesTheStep) {
+  const PlanSpec fp32 =
+      Spec(testing::PresetConfig("tiny"), 4, 256, false, AttentionImplementation::kEager);
+  int64_t planned[2] = {0, 0}, measured[2] = {0, 0};
+  for (int k = 0; k < 2; ++k) {
+    const PlanSpec spec = k == 0 ? fp32 : Bf16(fp32);
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    planned[k] = plan->peak_allocated_bytes;
+    absl::StatusOr<std::vector<MeasuredStep>> steps =
+        MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+    ASSERT_TRUE(steps.ok()) << steps.status();
+    for (const MeasuredStep& s : *steps)
+      measured[k] = std::max(measured[k], s.peak_allocated_bytes);
+  }
+  const int64_t planned_change = planned[1] - planned[0];
+  const int64_t measured_change = measured[1] - measured[0];
+  std::cout << "tiny 4 x 256 eager, bf16 against float32: planned " << planned_change
+            << " B, measured " << measured_change << " B\n";
+  ASSERT_NE(measured_change, 0);
+  EXPECT_NEAR(static_cast<double>(planned_change) / static_cast<double>(measured_change),
+              1.0, 0.05);
+}
+
 PlanSpec DiskOffloaded(PlanSpec spec) {
   spec.offload.enabled = true;
   spec.offload.target = offload::Target::kDisk;
@@ -197,8 +244,10 @@ TEST_F(PlannerTest, CudaTargetRoundsEachBlockAsTheCachingAllocator) {
 TEST_F(PlannerTest, RefusesWhatItCannotPlanAndBadFields) {
   PlanSpec spec =
       Spec(testing::SmallLlamaConfig(), 2, 16, false, AttentionImplementation::kEager);
-  spec.train.mixed_precision = MixedPrecision::kBf16;
+  spec.train.mixed_precision = MixedPrecision::kBf16;  // CUDA's autocast: not modelled
+  spec.target = PlanSpec::Target::kCuda;
   EXPECT_EQ(PlanTrainingStep(spec).status().code(), absl::StatusCode::kUnimplemented);
+  spec.target = PlanSpec::Target::kCpu;
   spec.train.mixed_precision = MixedPrecision::kNo;
   spec.offload.enabled = true;
   spec.offload.min_offload_bytes = -1;

@@ -116,7 +116,8 @@ TEST(SessionPlanTest, WhatIsFoundWhileRunningFailsTheOperation) {
   EXPECT_THAT(v.error.message(), HasSubstr("hf_config_dir"));
 
   spec = SmallPlan();
-  spec.train.train.mixed_precision = "bf16";
+  spec.train.train.mixed_precision = "bf16";  // planned for the cpu target only
+  spec.target = "cuda";
   op = session->StartPlan(spec);
   ASSERT_TRUE(op.ok()) << op.status();
   v = WaitDone(**op);
