@@ -85,7 +85,7 @@ int Usage(const std::string& message) {
       "        [--mixed_precision no|bf16] [--loss_chunk_tokens N]  the model's loss\n"
       "        and perplexity, no gradients\n"
       "  plan [--preset NAME | --hf_config DIR] [--target cpu|cuda] [--capacity BYTES]\n"
-      "       [--world_size N --sharding none|optimizer|gradients]\n"
+      "       [--world_size N --sharding none|optimizer|gradients|full]\n"
       "       [train's flags: --batch_size B --seq_len T --gradient_checkpointing\n"
       "        --grad_accumulation_steps K --attn_implementation A\n"
       "        --loss_chunk_tokens N --mixed_precision M --offload ...]\n"

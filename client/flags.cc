@@ -114,7 +114,7 @@ ABSL_FLAG(int32_t, world_size, 1,
           "--batch_size windows [1]");
 ABSL_FLAG(std::string, sharding, "none",
           "plan: the data-parallel run's sharding, as memprofd's --sharding: none, "
-          "optimizer or gradients [none]");
+          "optimizer, gradients or full [none]");
 
 ABSL_FLAG(std::string, max_shard_size, "",
           "snapshot: shard size as transformers writes it (5GB, 500MB) or bytes");
