@@ -390,7 +390,9 @@ class ShardingTest(unittest.TestCase):
     load in transformers with its loss; an evaluation asked for mid-run sees
     the whole model; the model is whole again after the run. Ranks started
     with different levels, or with an unknown level, do not start."""
-    STEPS = 8
+    # Long enough that an evaluation asked for after step 1 runs inside the
+    # run, and that two checkpoints (steps 4 and 8) fall at its boundaries.
+    STEPS = 12
     EVERY = 4
 
     def test_fully_sharded_ranks_train_as_unsharded_ones(self):
