@@ -64,6 +64,10 @@ void PrintPlan(const std::string& id, const v1::MemoryPlan& p) {
     std::printf("the offloader moves %s off the device in that step\n",
                 Bytes(p.offloaded_bytes()).c_str());
   }
+  if (p.reserved_bytes() > 0) {
+    std::printf("the caching allocator reserves %s (simulated)\n",
+                Bytes(p.reserved_bytes()).c_str());
+  }
   std::printf("categories at the peak\n");
   for (const v1::CategoryBytes& c : p.categories_at_peak()) {
     if (c.bytes() == 0) continue;

@@ -70,6 +70,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_headroom_bytes(m.headroom_bytes);
   p.set_offloaded_bytes(m.offloaded_bytes);
   p.set_allocations(m.allocations);
+  p.set_reserved_bytes(m.reserved_bytes);
   p.set_seconds(m.seconds);
   p.set_world_size(m.world_size);
   p.set_sharding(std::string(ShardingName(m.sharding)));

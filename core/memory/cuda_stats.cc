@@ -401,6 +401,14 @@ void ResetCudaPeaks() {
   }
 }
 
+void EmptyCudaCache() {
+  if (!AllocatorReady(CudaDeviceCount())) return;
+  try {
+    cca::emptyCache();
+  } catch (const std::exception&) {
+  }
+}
+
 absl::Status SetCudaHistory(bool enabled, int64_t max_entries) {
   HeldHistory& h = Held();
   absl::MutexLock lock(&h.mu);

@@ -50,6 +50,11 @@ bool CudaMemInfo(int device, int64_t* free_bytes, int64_t* total_bytes);
 // Resets the peaks of every initialised device to their current values.
 void ResetCudaPeaks();
 
+// Gives the caching allocator's unused cached segments back to the driver
+// (torch.cuda.empty_cache), so that what it reserves next starts from what
+// is in use. Thread-safe; nothing without an initialised allocator.
+void EmptyCudaCache();
+
 // Turns the allocator's own trace recording on or off, keeping up to
 // max_entries (at least 1) per device. What was recorded stays, for
 // CaptureCudaSnapshot(), until ClearCudaHistory(), although the allocator

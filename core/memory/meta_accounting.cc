@@ -22,7 +22,8 @@ std::shared_ptr<MetaAllocationSink>& ThisThreadSink() {
 
 void FreeMetaBlock(void* context) {
   auto* block = static_cast<MetaBlock*>(context);
-  block->sink->OnFree(block->bytes, block->attribution);
+  block->sink->OnFree(block->bytes, block->attribution,
+                      reinterpret_cast<uint64_t>(block));
   delete block;
 }
 
@@ -35,7 +36,7 @@ class AccountingMetaAllocator final : public c10::Allocator {
     if (sink == nullptr) return base_->allocate(n);
     auto* block = new MetaBlock{base_->allocate(n), static_cast<int64_t>(n),
                                 CurrentAttribution(), sink};
-    sink->OnAlloc(block->bytes, block->attribution);
+    sink->OnAlloc(block->bytes, block->attribution, reinterpret_cast<uint64_t>(block));
     void* data = block->inner.get();
     return {data, block, &FreeMetaBlock, c10::Device(c10::DeviceType::Meta)};
   }

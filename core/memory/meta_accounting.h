@@ -36,8 +36,10 @@ namespace memory {
 class MetaAllocationSink {
  public:
   virtual ~MetaAllocationSink() = default;
-  virtual void OnAlloc(int64_t bytes, const Attribution& block) = 0;
-  virtual void OnFree(int64_t bytes, const Attribution& block) = 0;
+  // `id` names the storage until its free (unique among live ones): for a
+  // sink that replays the allocator's blocks.
+  virtual void OnAlloc(int64_t bytes, const Attribution& block, uint64_t id) = 0;
+  virtual void OnFree(int64_t bytes, const Attribution& block, uint64_t id) = 0;
   // The block of `bytes` attributed to `from` is now attributed to `to`.
   virtual void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to) = 0;
 };

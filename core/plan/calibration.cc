@@ -25,11 +25,24 @@ absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& s
   // on CUDA they are sampled now (a previous model's bytes may still be the
   // recorder's last fold).
   int64_t before_model = recorder.CurrentBytes(index);
+  int64_t reserved_before_model = 0;
+  auto sample_reserved = [&](bool peak) -> int64_t {
+#ifdef MEMPROFD_WITH_CUDA
+    for (const memory::CudaDeviceSample& s : memory::SampleCudaDevices()) {
+      if (s.device == index) return peak ? s.peak_reserved_bytes : s.reserved_bytes;
+    }
+#endif
+    (void)peak;
+    return 0;
+  };
 #ifdef MEMPROFD_WITH_CUDA
   if (device.is_cuda()) {
+    // An earlier run's cached segments would serve this one's blocks.
+    memory::EmptyCudaCache();
     for (const memory::CudaDeviceSample& s : memory::SampleCudaDevices()) {
       if (s.device == index) before_model = s.allocated_bytes;
     }
+    reserved_before_model = sample_reserved(false);
   }
 #endif
   std::vector<MeasuredStep> steps;
@@ -38,13 +51,16 @@ absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& s
       [&](int64_t) {
 #ifdef MEMPROFD_WITH_CUDA
         // The caching allocator's own peak too, or the first boundary's fold
-        // would bring the model's creation into the step.
+        // would bring the model's creation into the step. (Its reserve never
+        // shrinks, so the reserved peak still covers the model's creation.)
         if (device.is_cuda()) memory::ResetCudaPeaks();
 #endif
         recorder.ResetPeak();
       },
       [&](int64_t step, const offload::OffloadStats&) {
-        steps.push_back({step, recorder.PeakBytes(index) - before_model});
+        const int64_t reserved =
+            device.is_cuda() ? sample_reserved(true) - reserved_before_model : 0;
+        steps.push_back({step, recorder.PeakBytes(index) - before_model, reserved});
       });
   if (!run.ok()) return run;
   return steps;

@@ -23,6 +23,11 @@ struct MeasuredStep {
   // it held before the model was made (the process's own bytes, the token
   // window).
   int64_t peak_allocated_bytes = 0;
+  // On CUDA, the most bytes the caching allocator reserved from the device
+  // up to the end of the step (torch.cuda.max_memory_reserved), above what
+  // it reserved before the model was made, its cache emptied first; model
+  // creation included, as a plan's reserved_bytes includes it. 0 on a CPU.
+  int64_t peak_reserved_bytes = 0;
 };
 
 // Makes spec.model on `device` (CPU, or CUDA with the CUDA accounting

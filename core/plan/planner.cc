@@ -16,6 +16,7 @@
 #include "core/memory/meta_accounting.h"
 #include "core/memory/op_attribution.h"
 #include "core/model/llama.h"
+#include "core/plan/caching_allocator_model.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
 
@@ -31,8 +32,11 @@ constexpr int kTopHolders = 10;
 class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
  public:
   // `granule`: each block counts as its size rounded up to a multiple of it
-  // (1: as requested).
-  explicit Ledger(int64_t granule) : granule_(granule) {}
+  // (1: as requested). `cuda`: also replay the blocks through a model of
+  // the CUDA caching allocator, for the reserved bytes.
+  Ledger(int64_t granule, bool cuda)
+      : granule_(granule),
+        cuda_(cuda ? std::make_unique<CachingAllocatorModel>() : nullptr) {}
 
   struct StepPeaks {
     int64_t step = 0;
@@ -45,14 +49,16 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     std::array<int64_t, kNumCategories> categories_at_end{};
   };
 
-  void OnAlloc(int64_t bytes, const Attribution& block) override {
+  void OnAlloc(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++allocations_;
     Add(Rounded(bytes), block);
+    if (cuda_ != nullptr) cuda_->Allocate(id, bytes);
   }
-  void OnFree(int64_t bytes, const Attribution& block) override {
+  void OnFree(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
     Add(-Rounded(bytes), block);
+    if (cuda_ != nullptr) cuda_->Free(id);
   }
   void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -100,6 +106,11 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     std::lock_guard<std::mutex> lock(mu_);
     return allocations_;
   }
+  // The modelled caching allocator's reserved bytes (0 without the model).
+  int64_t reserved() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cuda_ != nullptr ? cuda_->reserved_bytes() : 0;
+  }
 
  private:
   int64_t Rounded(int64_t bytes) const {
@@ -145,6 +156,7 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   }
 
   const int64_t granule_;
+  const std::unique_ptr<CachingAllocatorModel> cuda_;
   mutable std::mutex mu_;
   int64_t live_ = 0;
   int64_t allocations_ = 0;
@@ -253,8 +265,8 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
   int64_t parameters = 0;
   // The CUDA caching allocator hands out multiples of 512 bytes (its
   // kMinBlockSize); an empty request takes no block.
-  auto ledger =
-      std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda ? 512 : 1);
+  const bool cuda = spec.target == PlanSpec::Target::kCuda;
+  auto ledger = std::make_shared<Ledger>(cuda ? 512 : 1, cuda);
   PhaseDomain domain;
   domain.listener = ledger.get();
   {
@@ -295,6 +307,7 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
       std::max<int64_t>(1, std::min<int64_t>(spec.train.grad_accumulation_steps,
                                              internal::kPlannedMicroBatches));
   plan.allocations = ledger->allocations();
+  plan.reserved_bytes = ledger->reserved();
   return plan;
 }
 

@@ -161,6 +161,12 @@ struct MemoryPlan {
   // Bytes the offloader would move off the device per micro-batch of the
   // peak step (0 without offloading).
   int64_t offloaded_bytes = 0;
+  // For a cuda target, the bytes the caching allocator would reserve from
+  // the device (torch.cuda.max_memory_reserved), simulated by replaying the
+  // dry run's blocks, model creation included, through the allocator's
+  // rules (caching_allocator_model.h); 0 for the cpu target, which caches
+  // nothing.
+  int64_t reserved_bytes = 0;
   // Storages the dry run allocated, and its wall time.
   int64_t allocations = 0;
   double seconds = 0;

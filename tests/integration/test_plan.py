@@ -132,6 +132,11 @@ class PlanTest(harness.DaemonTestCase):
         self.assertEqual(cuda.target, "cuda")
         self.assertTrue(cuda.fits)
         self.assertEqual(cuda.peak_allocated_bytes % 512, 0)
+        # The simulated caching allocator's reserve: whole 2 MiB-multiple
+        # segments, at least what is handed out; a CPU plan reserves nothing.
+        self.assertGreaterEqual(cuda.reserved_bytes, cuda.peak_allocated_bytes)
+        self.assertEqual(cuda.reserved_bytes % (2 << 20), 0)
+        self.assertEqual(roomy.reserved_bytes, 0)
 
     def test_3_bad_input_at_once_or_as_the_failed_operation(self):
         self.assertIn("batch_size", self.refused(

@@ -19,13 +19,13 @@ namespace {
 
 class CountingSink final : public MetaAllocationSink {
  public:
-  void OnAlloc(int64_t bytes, const Attribution& block) override {
+  void OnAlloc(int64_t bytes, const Attribution& block, uint64_t /*id*/) override {
     std::lock_guard<std::mutex> lock(mu);
     live += bytes;
     ++allocs;
     last = block;
   }
-  void OnFree(int64_t bytes, const Attribution& block) override {
+  void OnFree(int64_t bytes, const Attribution& block, uint64_t /*id*/) override {
     std::lock_guard<std::mutex> lock(mu);
     live -= bytes;
     ++frees;

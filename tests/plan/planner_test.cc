@@ -239,6 +239,12 @@ TEST_F(PlannerTest, CudaTargetRoundsEachBlockAsTheCachingAllocator) {
   ASSERT_TRUE(cpu.ok() && cuda.ok());
   EXPECT_EQ(cuda->peak_allocated_bytes % 512, 0);
   EXPECT_GT(cuda->peak_allocated_bytes, cpu->peak_allocated_bytes);
+  // The reserved bytes come from replaying the blocks through the caching
+  // allocator's model: whole segments (multiples of 2 MiB), at least the
+  // peak handed out; a CPU caches nothing.
+  EXPECT_GE(cuda->reserved_bytes, cuda->peak_allocated_bytes);
+  EXPECT_EQ(cuda->reserved_bytes % (2 << 20), 0);
+  EXPECT_EQ(cpu->reserved_bytes, 0);
 }
 
 TEST_F(PlannerTest, RefusesWhatItCannotPlanAndBadFields) {
