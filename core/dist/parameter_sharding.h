@@ -135,7 +135,6 @@ class ParameterSharding {
   // The index of parameter `p` (the same tensor) in model->Parameters();
   // nullopt for a tensor that is not one of them.
   std::optional<size_t> IndexOf(const at::Tensor& p) const;
-  size_t num_parameters() const { return params_.size(); }
 
   const ParameterShardingStats& stats() const { return stats_; }
   void ResetPeak();

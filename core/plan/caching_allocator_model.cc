@@ -43,7 +43,7 @@ CachingAllocatorModel::Block* CachingAllocatorModel::NewSegment(int64_t size,
                                                                 bool small) {
   auto* b = new Block;
   b->size = size;
-  b->segment = segments_++;
+  b->segment = segments();
   b->small = small;
   segment_heads_.push_back(b);
   reserved_ += size;

@@ -58,7 +58,7 @@ class CachingAllocatorModel {
   // out whole counts whole, as torch.cuda.memory_allocated counts it.
   int64_t allocated_bytes() const { return allocated_; }
   int64_t peak_allocated_bytes() const { return peak_allocated_; }
-  int64_t segments() const { return segments_; }
+  int64_t segments() const { return static_cast<int64_t>(segment_heads_.size()); }
 
  private:
   struct Block;
@@ -80,7 +80,6 @@ class CachingAllocatorModel {
   int64_t reserved_ = 0;
   int64_t allocated_ = 0;
   int64_t peak_allocated_ = 0;
-  int64_t segments_ = 0;
 };
 
 }  // namespace memprofd::plan

@@ -487,7 +487,7 @@ class BoundaryParameterStream : public snapshot::TensorAccess {
 
 absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> RankCoordinator::StreamParameters(
     const std::vector<std::pair<std::string, at::Tensor>>& weights) {
-  if (sharded_ == nullptr || current_boundary_ < 0) return nullptr;
+  if (!AtShardedBoundary()) return nullptr;
   std::vector<std::optional<size_t>> index_of;
   for (const auto& [name, tensor] : weights)
     index_of.push_back(sharded_->IndexOf(tensor));
@@ -496,7 +496,7 @@ absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> RankCoordinator::StreamP
 }
 
 absl::Status RankCoordinator::GatherModelForBoundary() {
-  if (sharded_ == nullptr || current_boundary_ < 0) return absl::OkStatus();
+  if (!AtShardedBoundary()) return absl::OkStatus();
   RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "gather_model"}})));
   absl::Status gathered = sharded_->GatherAll();
   FailBoundary(gathered);
@@ -504,7 +504,7 @@ absl::Status RankCoordinator::GatherModelForBoundary() {
 }
 
 void RankCoordinator::ShardModelAfterBoundary() {
-  if (sharded_ == nullptr || current_boundary_ < 0) return;
+  if (!AtShardedBoundary()) return;
   if (PublishBoundaryEvent(DumpJson(Json{{"kind", "shard_model"}})).ok()) {
     sharded_->ReleaseAll();
   }

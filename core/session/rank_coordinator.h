@@ -79,7 +79,6 @@
 #include "core/memory/memory_stats.h"
 #include "core/session/session_types.h"
 
-namespace memprofd {}  // namespace memprofd
 namespace at {
 class Tensor;
 }
@@ -258,6 +257,9 @@ class RankCoordinator {
   absl::Status PublishBoundaryEvent(const std::string& event);
   // Rank 0: records the boundary's first failure.
   void FailBoundary(const absl::Status& status);
+  // Rank 0, owner thread: boundary work runs now, in a run whose parameters
+  // are sharded (what StreamParameters and GatherModelForBoundary need).
+  bool AtShardedBoundary() const { return sharded_ != nullptr && current_boundary_ >= 0; }
   friend class BoundaryParameterStream;
 
   const WorldSpec world_;

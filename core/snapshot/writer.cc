@@ -295,23 +295,17 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
       SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint : SnapshotKind::kWeights));
   manifest.optimizer_bytes = checkpoint ? opt_plan.total_size : 0;
 
-  // Tensors the access gathers for the write: one held at a time.
-  int64_t gathered = 0;
-  std::map<int64_t, int64_t> acquired;  // source index -> bytes
+  // Tensors the access gathers for the write. The hooks bracket each
+  // tensor's bytes, so one is held at a time: the peak is the largest.
   snapshot::internal::TensorHooks hooks;
   hooks.before = [&](const snapshot::internal::ShardTensor& t) -> absl::Status {
     if (t.source < 0) return absl::OkStatus();
     ASSIGN_OR_RETURN(const int64_t bytes, access->Acquire(static_cast<size_t>(t.source)));
-    acquired[t.source] = bytes;
-    gathered += bytes;
-    manifest.peak_gathered_bytes = std::max(manifest.peak_gathered_bytes, gathered);
+    manifest.peak_gathered_bytes = std::max(manifest.peak_gathered_bytes, bytes);
     return absl::OkStatus();
   };
   hooks.after = [&](const snapshot::internal::ShardTensor& t) {
-    if (t.source < 0) return;
-    access->Release(static_cast<size_t>(t.source));
-    gathered -= acquired[t.source];
-    acquired.erase(t.source);
+    if (t.source >= 0) access->Release(static_cast<size_t>(t.source));
   };
   int64_t done = 0;
   auto check_cancel = [&]() -> absl::Status {

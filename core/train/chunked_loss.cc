@@ -11,6 +11,7 @@
 #include "core/model/llama.h"
 #include "core/train/autocast.h"
 #include "core/train/eval_options.h"
+#include "core/train/meta_autocast.h"
 
 namespace memprofd {
 
@@ -26,13 +27,10 @@ constexpr int64_t kIgnoreIndex = -100;
 // unchunked linear's), else the weight's.
 at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weight) {
   const c10::DeviceType device = hidden.device().type();
-  if (device == c10::DeviceType::Meta) {
-    // A dry run's autocast is the CPU's policy (meta_autocast.h): bfloat16.
-    auto eligible = [](const at::Tensor& t) {
-      return t.is_floating_point() && t.scalar_type() != at::kDouble;
-    };
-    return AutocastOn(device) && eligible(hidden) && eligible(weight)
-               ? at::kBFloat16
+  if (device == c10::DeviceType::Meta) {  // a dry run's autocast (meta_autocast.h)
+    return AutocastOn(device) && MetaAutocastEligible(hidden) &&
+                   MetaAutocastEligible(weight)
+               ? kMetaAutocastDtype
                : weight.scalar_type();
   }
   if (AutocastOn(device) && at::autocast::is_autocast_eligible(hidden, device) &&

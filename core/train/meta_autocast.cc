@@ -8,7 +8,6 @@
 
 #include <set>
 #include <string>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -70,14 +69,9 @@ struct CachedCast {
 thread_local int nesting = 0;
 thread_local std::unordered_map<c10::TensorImpl*, CachedCast> cache;
 
-bool Eligible(const at::Tensor& t) {
-  return t.defined() && t.is_meta() && t.is_floating_point() &&
-         t.scalar_type() != at::kDouble;
-}
-
 at::Tensor Cast(at::ScalarType to, const at::Tensor& t) {
-  if (!Eligible(t) || t.scalar_type() == to) return t;
-  const bool cacheable = to == at::kBFloat16 && t.scalar_type() == at::kFloat &&
+  if (!MetaAutocastEligible(t) || t.scalar_type() == to) return t;
+  const bool cacheable = to == kMetaAutocastDtype && t.scalar_type() == at::kFloat &&
                          t.requires_grad() && t.is_leaf() && !t.is_view() &&
                          at::autocast::is_autocast_cache_enabled();
   if (!cacheable) return t.to(to);
@@ -124,11 +118,11 @@ template <Policy kPolicy>
 void Kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
             torch::jit::Stack* stack) {
   const size_t arguments = op.schema().arguments().size();
-  at::ScalarType to = kPolicy == Policy::kFloat32 ? at::kFloat : at::kBFloat16;
+  at::ScalarType to = kPolicy == Policy::kFloat32 ? at::kFloat : kMetaAutocastDtype;
   if (kPolicy == Policy::kPromote) {
     // The widest floating type among the eligible arguments (float32 wins).
     CastArguments(stack, arguments, [&](const at::Tensor& t) {
-      if (Eligible(t) && t.scalar_type() == at::kFloat) to = at::kFloat;
+      if (MetaAutocastEligible(t) && t.scalar_type() == at::kFloat) to = at::kFloat;
       return t;
     });
   }
@@ -223,6 +217,11 @@ MetaAutocastScope::~MetaAutocastScope() {
   if (--nesting == 0) cache.clear();
   c10::impl::tls_set_dispatch_key_included(kKey, previous_included_);
   c10::impl::tls_set_dispatch_key_excluded(kKey, previous_excluded_);
+}
+
+bool MetaAutocastEligible(const at::Tensor& t) {
+  return t.defined() && t.is_meta() && t.is_floating_point() &&
+         t.scalar_type() != at::kDouble;
 }
 
 bool MetaAutocastOn() {

@@ -33,7 +33,13 @@
 // Thread-safety: the state is thread-local (as autocast's is); registration
 // happens once, under a lock.
 
+#include <c10/core/ScalarType.h>
+
 #include "absl/status/status.h"
+
+namespace at {
+class Tensor;
+}
 
 namespace memprofd {
 
@@ -59,6 +65,11 @@ class MetaAutocastScope {
 
 // Whether this thread's meta ops autocast now.
 bool MetaAutocastOn();
+
+// What the lower-precision ops are cast to, and whether a tensor is one the
+// casts apply to (a floating meta tensor other than float64).
+inline constexpr c10::ScalarType kMetaAutocastDtype = c10::ScalarType::BFloat16;
+bool MetaAutocastEligible(const at::Tensor& t);
 
 }  // namespace memprofd
 

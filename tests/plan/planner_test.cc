@@ -89,15 +89,15 @@ PlanSpec Bf16(PlanSpec spec) {
 }
 
 TEST_F(PlannerTest, Bf16EagerPlanMatchesTheCpuStep) {
-  ExpectPlanMatchesCpu(
-      Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, false, AttentionImplementation::kEager)),
-      0.01);
+  ExpectPlanMatchesCpu(Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, false,
+                                 AttentionImplementation::kEager)),
+                       0.01);
 }
 
 TEST_F(PlannerTest, Bf16SdpaCheckpointedPlanMatchesTheCpuStep) {
-  ExpectPlanMatchesCpu(
-      Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, true, AttentionImplementation::kSdpa)),
-      0.01);
+  ExpectPlanMatchesCpu(Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, true,
+                                 AttentionImplementation::kSdpa)),
+                       0.01);
 }
 
 // What bf16 changes, planned and measured: the matmuls' outputs and what
