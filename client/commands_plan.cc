@@ -61,8 +61,10 @@ void PrintPlan(const std::string& id, const v1::MemoryPlan& p) {
               Bytes(p.model_state_bytes()).c_str(), Bytes(p.activation_bytes()).c_str(),
               Bytes(p.resident_between_steps_bytes()).c_str());
   if (p.offloaded_bytes() > 0) {
-    std::printf("the offloader moves %s off the device in that step\n",
-                Bytes(p.offloaded_bytes()).c_str());
+    std::printf(
+        "the offloader moves %s off the device in that step; its copies in flight may "
+        "add up to %s to the peak\n",
+        Bytes(p.offloaded_bytes()).c_str(), Bytes(p.offload_in_flight_bytes()).c_str());
   }
   if (p.reserved_bytes() > 0) {
     std::printf("the caching allocator reserves %s (simulated)\n",

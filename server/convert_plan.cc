@@ -69,6 +69,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_fits(m.fits);
   p.set_headroom_bytes(m.headroom_bytes);
   p.set_offloaded_bytes(m.offloaded_bytes);
+  p.set_offload_in_flight_bytes(m.offload_in_flight_bytes);
   p.set_allocations(m.allocations);
   p.set_reserved_bytes(m.reserved_bytes);
   p.set_seconds(m.seconds);

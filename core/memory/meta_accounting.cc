@@ -88,7 +88,8 @@ bool RetagMetaBlock(const c10::DataPtr& p, ModuleId module, Category category) {
   Attribution to = block->attribution;
   to.module = module;
   to.category = category;
-  block->sink->OnRetag(block->bytes, block->attribution, to);
+  block->sink->OnRetag(block->bytes, block->attribution, to,
+                       reinterpret_cast<uint64_t>(block));
   block->attribution = to;
   return true;
 }

@@ -40,8 +40,10 @@ class MetaAllocationSink {
   // sink that replays the allocator's blocks.
   virtual void OnAlloc(int64_t bytes, const Attribution& block, uint64_t id) = 0;
   virtual void OnFree(int64_t bytes, const Attribution& block, uint64_t id) = 0;
-  // The block of `bytes` attributed to `from` is now attributed to `to`.
-  virtual void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to) = 0;
+  // The block of `bytes` (allocation `id`) attributed to `from` is now
+  // attributed to `to`.
+  virtual void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to,
+                       uint64_t id) = 0;
 };
 
 // Wraps the meta allocator (once; idempotent, thread-safe). INTERNAL when

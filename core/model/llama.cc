@@ -104,6 +104,41 @@ at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) co
          (xf * torch::rsqrt(variance + config_.rms_norm_eps)).to(x.scalar_type());
 }
 
+at::Tensor LlamaModel::MetaSdpa(const at::Tensor& q, const at::Tensor& k,
+                                const at::Tensor& v,
+                                const std::optional<at::Tensor>& mask,
+                                bool windowed) const {
+  const bool gqa = k.size(1) != q.size(1);
+  MetaSdpaKernel kernel = meta_sdpa_kernel_;
+  if (windowed && kernel != MetaSdpaKernel::kCpuFlash) kernel = MetaSdpaKernel::kMath;
+  switch (kernel) {
+    case MetaSdpaKernel::kCpuFlash:
+      return std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+          q, k, v, /*dropout_p=*/0.0, /*is_causal=*/!windowed, mask));
+    case MetaSdpaKernel::kCudaFlash:
+      // Flash attention takes grouped key/value heads as they are.
+      return std::get<0>(at::_scaled_dot_product_flash_attention(
+          q, k, v, /*dropout_p=*/0.0, /*is_causal=*/true, /*return_debug_mask=*/false));
+    case MetaSdpaKernel::kCudaEfficient: {
+      // The log-sum-exp is kept only when backward will need it, as SDPA
+      // decides; grouped heads are repeated first, as SDPA repeats them for
+      // the kernels that do not take them.
+      const bool lse = at::GradMode::is_enabled() &&
+                       (q.requires_grad() || k.requires_grad() || v.requires_grad());
+      const int64_t n_rep = q.size(1) / k.size(1);
+      return std::get<0>(at::_scaled_dot_product_efficient_attention(
+          q, gqa ? k.repeat_interleave(n_rep, 1) : k,
+          gqa ? v.repeat_interleave(n_rep, 1) : v, /*attn_bias=*/std::nullopt, lse,
+          /*dropout_p=*/0.0, /*is_causal=*/true));
+    }
+    case MetaSdpaKernel::kMath:
+      break;
+  }
+  return at::scaled_dot_product_attention(q, k, v, mask, /*dropout_p=*/0.0,
+                                          /*is_causal=*/!windowed,
+                                          /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
+}
+
 at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules& m,
                                  int64_t window, const at::Tensor& h) const {
   ModuleScope module(m.self_attn);
@@ -149,12 +184,11 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
     // which SDPA's causal flag cannot express.
     std::optional<at::Tensor> mask;
     if (windowed) mask = SlidingWindowMask(t, window, h.device());
-    at::Tensor out = q.is_meta() && meta_sdpa_kernel_ == MetaSdpaKernel::kCpuFlash
-                         ? std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
-                               q, k, v, /*dropout_p=*/0.0, /*is_causal=*/!windowed, mask))
-                         : at::scaled_dot_product_attention(
-                               q, k, v, mask, /*dropout_p=*/0.0, /*is_causal=*/!windowed,
-                               /*scale=*/std::nullopt, /*enable_gqa=*/kv_heads != heads);
+    at::Tensor out = q.is_meta() ? MetaSdpa(q, k, v, mask, windowed)
+                                 : at::scaled_dot_product_attention(
+                                       q, k, v, mask, /*dropout_p=*/0.0,
+                                       /*is_causal=*/!windowed, /*scale=*/std::nullopt,
+                                       /*enable_gqa=*/kv_heads != heads);
     at::Tensor merged = out.transpose(1, 2).reshape({b, t, heads * d});
     ModuleScope proj(m.o_proj);
     return torch::linear(merged, w.o_proj, w.o_bias);

@@ -173,10 +173,12 @@ class LlamaModel {
   // What SDPA runs when the model is on the meta device (a dry run,
   // core/plan). LibTorch picks SDPA's kernel per device type and has no
   // choice for meta, so it takes the math path there, which allocates what
-  // no CPU or GPU kernel does; a dry run planning a CPU step asks for the
-  // CPU's flash kernel (its Meta kernel is core/plan's) when the CPU would
-  // pick it for this model. No effect off the meta device.
-  enum class MetaSdpaKernel { kMath, kCpuFlash };
+  // no fused kernel does; a dry run asks instead for the kernel its target
+  // would pick (their Meta kernels are core/plan's): the CPU's flash
+  // attention, or CUDA's flash or memory-efficient attention. A layer whose
+  // sliding window is shorter than the sequence (an explicit mask) takes the
+  // math path with any CUDA kernel. No effect off the meta device.
+  enum class MetaSdpaKernel { kMath, kCpuFlash, kCudaFlash, kCudaEfficient };
   void set_meta_sdpa_kernel(MetaSdpaKernel kernel) { meta_sdpa_kernel_ = kernel; }
 
   // Rebinds `module`'s weights to the tensors of `weights` (by parameter
@@ -230,6 +232,11 @@ class LlamaModel {
   // `window`: the layer's sliding window (config.LayerWindow), 0 for none.
   at::Tensor Attention(const LlamaLayerWeights& w, const LayerModules& m, int64_t window,
                        const at::Tensor& h) const;
+  // SDPA on the meta device: the kernel meta_sdpa_kernel_ names (above),
+  // causal unless `windowed` (then `mask` is the window's, and a CUDA
+  // kernel falls back to the math path).
+  at::Tensor MetaSdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                      const std::optional<at::Tensor>& mask, bool windowed) const;
 
   const LlamaConfig config_;
   const c10::Device device_;

@@ -15,7 +15,7 @@ namespace memprofd::offload {
 absl::Status InstallOffloadEngine() { return internal::InstallEngine(); }
 
 absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
-    const OffloadOptions& options, c10::Device compute) {
+    const OffloadOptions& options, c10::Device compute, MetaCopies meta_copies) {
   RETURN_IF_ERROR(ValidateOffloadOptions(options));
   if (compute.is_cuda()) {
     if (!internal::DeviceCopyHasCuda()) {
@@ -37,8 +37,10 @@ absl::StatusOr<std::unique_ptr<Offloader>> Offloader::Create(
   if (needs_spill) {
     ASSIGN_OR_RETURN(spill, internal::SpillFile::Open(options.spill_dir));
   }
-  return std::unique_ptr<Offloader>(new Offloader(
-      std::make_shared<internal::SavedTensorStore>(options, compute, std::move(spill))));
+  return std::unique_ptr<Offloader>(
+      new Offloader(std::make_shared<internal::SavedTensorStore>(
+          options, compute, std::move(spill),
+          compute.is_meta() && meta_copies == MetaCopies::kInFlight)));
 }
 
 Offloader::Offloader(std::shared_ptr<internal::SavedTensorStore> store)

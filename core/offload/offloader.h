@@ -46,10 +46,13 @@ absl::Status InstallOffloadEngine();
 
 // On the meta device (a dry run, core/plan: tensors with shapes and no data)
 // the offloader decides and accounts as on a real device, but its copies are
-// counted, not made: a copy out completes at once, releasing the device
-// storage as a finished copy does, and a reload allocates the buffer without
-// reading anything; no spill file, no read-ahead (prefetch_depth is 0 there:
-// a read-ahead thread's allocations would escape the dry run's accounting).
+// counted, not made, and a reload allocates the buffer without reading
+// anything; no spill file, no read-ahead (prefetch_depth is 0 there: a
+// read-ahead thread's allocations would escape the dry run's accounting).
+// When a copy out completes is the dry run's to say (MetaCopies): at once,
+// releasing the device storage as a finished copy does, or as late as a real
+// step allows: in flight, its source held, until max_copies_in_flight later
+// copies have started, a reload needs it or the step ends.
 //
 // One offloader per training session. Thread-safety: Create, BeginStep,
 // EndStep and the destructor belong to the owner thread (the one running
@@ -58,6 +61,9 @@ absl::Status InstallOffloadEngine();
 // autograd threads (unpack) and synchronize internally. Saved tensors packed
 // by an offloader stay valid after it is destroyed (they own what they need),
 // but no OffloadScope on it may be open then.
+// When a dry run's copies out complete (above); ignored off the meta device.
+enum class MetaCopies { kAtOnce, kInFlight };
+
 class Offloader {
  public:
   // Installs the engine and, for the disk target (or the host target with a
@@ -65,8 +71,9 @@ class Offloader {
   // bad options or a compute device that is neither CPU nor CUDA (or CUDA in a
   // build without it); the spill file's errno as a status when it cannot be
   // created (pick another spill_dir).
-  static absl::StatusOr<std::unique_ptr<Offloader>> Create(const OffloadOptions& options,
-                                                           c10::Device compute);
+  static absl::StatusOr<std::unique_ptr<Offloader>> Create(
+      const OffloadOptions& options, c10::Device compute,
+      MetaCopies meta_copies = MetaCopies::kAtOnce);
   ~Offloader();
   Offloader(const Offloader&) = delete;
   Offloader& operator=(const Offloader&) = delete;

@@ -50,8 +50,8 @@ CachingAllocatorModel::Block* CachingAllocatorModel::NewSegment(int64_t size,
   return b;
 }
 
-void CachingAllocatorModel::Allocate(uint64_t id, int64_t bytes) {
-  if (bytes <= 0) return;
+int64_t CachingAllocatorModel::Allocate(uint64_t id, int64_t bytes) {
+  if (bytes <= 0) return 0;
   const int64_t size = std::max(kMinBlockSize, RoundUp(bytes, kMinBlockSize));
   const bool small = size <= kSmallSize;
   Pool& pool = small ? small_ : large_;
@@ -87,6 +87,7 @@ void CachingAllocatorModel::Allocate(uint64_t id, int64_t bytes) {
   allocated_ += b->size;
   peak_allocated_ = std::max(peak_allocated_, allocated_);
   live_[id] = b;
+  return b->size;
 }
 
 void CachingAllocatorModel::Free(uint64_t id) {

@@ -47,8 +47,10 @@ class CachingAllocatorModel {
   ~CachingAllocatorModel();
 
   // A block of `bytes` for the allocation `id` (ids are unique among live
-  // allocations; a request of 0 bytes takes no block).
-  void Allocate(uint64_t id, int64_t bytes);
+  // allocations; a request of 0 bytes takes no block). Returns the block's
+  // size: the request rounded up, or more when a free block is handed out
+  // whole (what torch.cuda.memory_allocated counts for it); 0 for none.
+  int64_t Allocate(uint64_t id, int64_t bytes);
   // Frees allocation `id`'s block; unknown ids are ignored.
   void Free(uint64_t id);
 

@@ -19,7 +19,12 @@
 // - aten::abs.out: Tensor::norm() (the gradient norm) through norm.Scalar;
 // - aten::_scaled_dot_product_flash_attention_for_cpu and its backward: the
 //   CPU's SDPA kernel, which a dry run planning a CPU step asks for
-//   explicitly (LlamaModel::set_meta_sdpa_kernel).
+//   explicitly (LlamaModel::set_meta_sdpa_kernel);
+// - aten::_scaled_dot_product_flash_attention, _efficient_attention and
+//   their backwards: CUDA's SDPA kernels, which a dry run planning a CUDA
+//   step asks for the same way (their shapes are those the CUDA kernels
+//   allocate; what they allocate inside themselves and free, such as flash
+//   backward's float32 accumulator, is not seen).
 // Each kernel only checks its arguments and allocates its outputs with the
 // CPU kernel's shapes and dtypes; none reads data (meta tensors have none).
 
@@ -32,6 +37,7 @@
 #include <ATen/native/Resize.h>
 #include <torch/library.h>
 
+#include <array>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -123,6 +129,82 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForCpuBackwardMeta(
   return {zeros_transposed(query), zeros_transposed(key), zeros_transposed(value)};
 }
 
+// CUDA's flash attention (what SDPA runs there for bf16 without a mask; a
+// dry run planning a CUDA step asks for it when the target would pick it):
+// the output in [B, T, H, D] memory seen as [B, H, T, D], the float32
+// log-sum-exp [B, H, T], no cumulative sequence lengths (dense inputs), the
+// sequence lengths, the RNG state (a seed pair and an offset, uint64) and an
+// empty debug mask. Key and value may have fewer heads (the kernel takes
+// grouped heads as they are). Backward: gradients shaped as the inputs.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, c10::SymInt, c10::SymInt,
+           at::Tensor, at::Tensor, at::Tensor>
+CudaFlashAttentionMeta(const at::Tensor& query, const at::Tensor& key,
+                       const at::Tensor& value, double /*dropout_p*/, bool /*is_causal*/,
+                       bool /*return_debug_mask*/, std::optional<double> /*scale*/) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "_scaled_dot_product_flash_attention: expected 4-D query, key, value");
+  const int64_t b = query.size(0), h = query.size(1), t = query.size(2),
+                d = query.size(3);
+  at::Tensor output = at::empty({b, t, h, d}, query.options()).transpose(1, 2);
+  at::Tensor logsumexp = at::empty({b, h, t}, query.options().dtype(at::kFloat));
+  at::Tensor seed = at::empty({2}, query.options().dtype(at::kUInt64));
+  at::Tensor offset = at::empty({}, query.options().dtype(at::kUInt64));
+  at::Tensor debug = at::empty({0}, query.options());
+  return {std::move(output), std::move(logsumexp), at::Tensor(),
+          at::Tensor(),      c10::SymInt(t),       c10::SymInt(key.size(2)),
+          std::move(seed),   std::move(offset),    std::move(debug)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> CudaFlashAttentionBackwardMeta(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& /*out*/, const at::Tensor& /*logsumexp*/,
+    const at::Tensor& /*cum_seq_q*/, const at::Tensor& /*cum_seq_k*/,
+    c10::SymInt /*max_q*/, c10::SymInt /*max_k*/, double /*dropout_p*/,
+    bool /*is_causal*/, const at::Tensor& /*philox_seed*/,
+    const at::Tensor& /*philox_offset*/, std::optional<double> /*scale*/) {
+  if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+  return {at::empty_like(query), at::empty_like(key), at::empty_like(value)};
+}
+
+// CUDA's memory-efficient attention (float32, or with a mask): the output in
+// [B, T, H, D] memory seen as [B, H, T, D], the float32 log-sum-exp
+// [B, H, T rounded up to 32] when asked for (training) and [B, H, 0]
+// otherwise, and a seed and an offset (int64 scalars). Backward: gradients
+// in [B, T, H, D] memory, as the inputs' shapes; no bias gradient.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> CudaEfficientAttentionMeta(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& /*attn_bias*/, bool compute_log_sumexp,
+    double /*dropout_p*/, bool /*is_causal*/, std::optional<double> /*scale*/) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+              "_scaled_dot_product_efficient_attention: expected 4-D query, key, value");
+  const int64_t b = query.size(0), h = query.size(1), t = query.size(2);
+  constexpr int64_t kAlign = 32;
+  at::Tensor output =
+      at::empty({b, t, h, value.size(3)}, query.options()).transpose(1, 2);
+  at::Tensor logsumexp =
+      at::empty({b, h, compute_log_sumexp ? (t + kAlign - 1) / kAlign * kAlign : 0},
+                query.options().dtype(at::kFloat));
+  at::Tensor seed = at::empty({}, query.options().dtype(at::kLong));
+  at::Tensor offset = at::empty({}, query.options().dtype(at::kLong));
+  return {std::move(output), std::move(logsumexp), std::move(seed), std::move(offset)};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+CudaEfficientAttentionBackwardMeta(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& /*attn_bias*/, const at::Tensor& /*out*/,
+    const at::Tensor& /*logsumexp*/, const at::Tensor& /*philox_seed*/,
+    const at::Tensor& /*philox_offset*/, double /*dropout_p*/,
+    std::array<bool, 4> /*grad_input_mask*/, bool /*is_causal*/,
+    std::optional<double> /*scale*/) {
+  if (!grad_out.defined())
+    return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  auto transposed = [](const at::Tensor& x) {
+    return at::empty(x.transpose(1, 2).sizes(), x.options()).transpose(1, 2);
+  };
+  return {transposed(query), transposed(key), transposed(value), at::Tensor()};
+}
+
 void FusedAdamWMeta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,
                     at::TensorList exp_avg_sqs, at::TensorList max_exp_avg_sqs,
                     at::TensorList state_steps, double /*lr*/, double /*beta1*/,
@@ -159,6 +241,10 @@ constexpr const char* kOps[][2] = {
     {"aten::abs", "out"},
     {"aten::_scaled_dot_product_flash_attention_for_cpu", ""},
     {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", ""},
+    {"aten::_scaled_dot_product_flash_attention", ""},
+    {"aten::_scaled_dot_product_flash_attention_backward", ""},
+    {"aten::_scaled_dot_product_efficient_attention", ""},
+    {"aten::_scaled_dot_product_efficient_attention_backward", ""},
 };
 
 }  // namespace
@@ -175,6 +261,12 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
          TORCH_FN(FlashAttentionForCpuMeta));
   m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",
          TORCH_FN(FlashAttentionForCpuBackwardMeta));
+  m.impl("_scaled_dot_product_flash_attention", TORCH_FN(CudaFlashAttentionMeta));
+  m.impl("_scaled_dot_product_flash_attention_backward",
+         TORCH_FN(CudaFlashAttentionBackwardMeta));
+  m.impl("_scaled_dot_product_efficient_attention", TORCH_FN(CudaEfficientAttentionMeta));
+  m.impl("_scaled_dot_product_efficient_attention_backward",
+         TORCH_FN(CudaEfficientAttentionBackwardMeta));
 }
 
 absl::Status RegisterMetaKernels() {

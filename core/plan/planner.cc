@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,8 +33,10 @@ constexpr int kTopHolders = 10;
 class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
  public:
   // `granule`: each block counts as its size rounded up to a multiple of it
-  // (1: as requested). `cuda`: also replay the blocks through a model of
-  // the CUDA caching allocator, for the reserved bytes.
+  // (1: as requested). `cuda`: instead replay the blocks through a model of
+  // the CUDA caching allocator, each counting as the block it hands out
+  // (rounded up to 512 bytes, or a whole cached block it does not split, as
+  // torch.cuda.memory_allocated counts it), and for the reserved bytes.
   Ledger(int64_t granule, bool cuda)
       : granule_(granule),
         cuda_(cuda ? std::make_unique<CachingAllocatorModel>() : nullptr) {}
@@ -52,17 +55,25 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   void OnAlloc(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
     ++allocations_;
+    if (cuda_ != nullptr) {
+      // The block the caching allocator hands out, whole when it does not
+      // split it.
+      const int64_t handed_out = cuda_->Allocate(id, bytes);
+      blocks_[id] = handed_out;
+      Add(handed_out, block);
+      return;
+    }
     Add(Rounded(bytes), block);
-    if (cuda_ != nullptr) cuda_->Allocate(id, bytes);
   }
   void OnFree(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Add(-Rounded(bytes), block);
     if (cuda_ != nullptr) cuda_->Free(id);
+    Add(-Counted(bytes, id, /*forget=*/true), block);
   }
-  void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to) override {
+  void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to,
+               uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
-    bytes = Rounded(bytes);
+    bytes = Counted(bytes, id, /*forget=*/false);
     const bool at_peak = in_step_ && live_ == step_.peak;
     Move(bytes, from, to, &categories_, &modules_);
     if (at_peak) {
@@ -116,6 +127,16 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   int64_t Rounded(int64_t bytes) const {
     return bytes <= 0 ? 0 : (bytes + granule_ - 1) / granule_ * granule_;
   }
+  // The bytes allocation `id` (of `bytes` requested) counts for: its
+  // block's as the caching allocator model handed it out, else rounded.
+  // Called with mu_ held.
+  int64_t Counted(int64_t bytes, uint64_t id, bool forget) {
+    auto it = blocks_.find(id);
+    if (it == blocks_.end()) return Rounded(bytes);
+    const int64_t counted = it->second;
+    if (forget) blocks_.erase(it);
+    return counted;
+  }
   static void Grow(std::vector<int64_t>* v, size_t index) {
     if (v->size() <= index) v->resize(index + 1, 0);
   }
@@ -158,6 +179,8 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   const int64_t granule_;
   const std::unique_ptr<CachingAllocatorModel> cuda_;
   mutable std::mutex mu_;
+  // With the model: each live allocation's block bytes, by id.
+  std::unordered_map<uint64_t, int64_t> blocks_;
   int64_t live_ = 0;
   int64_t allocations_ = 0;
   std::array<int64_t, kNumCategories> categories_{};
@@ -218,30 +241,67 @@ MemoryPlan PlanOf(const Ledger::StepPeaks& s) {
   return plan;
 }
 
-// The SDPA kernel the target would run: on the CPU, the one LibTorch's CPU
-// choice picks for this model's heads (asked with tiny CPU tensors: the
-// choice depends on head counts, head size and dtype, not on batch or
-// length); on CUDA, the math path for now (the CUDA choice and its kernels'
-// shapes are not modelled yet).
-LlamaModel::MetaSdpaKernel SdpaKernelFor(const PlanSpec& spec) {
-  if (spec.target != PlanSpec::Target::kCpu) return LlamaModel::MetaSdpaKernel::kMath;
-  const LlamaConfig& c = spec.model;
-  const int64_t d = c.head_dim();
-  if (d <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0) {
-    return LlamaModel::MetaSdpaKernel::kMath;
-  }
-  const at::Tensor q = at::zeros({1, c.num_attention_heads, 8, d});
-  const at::Tensor kv = at::zeros({1, c.num_key_value_heads, 8, d});
-  const int64_t choice = at::_fused_sdp_choice(
+}  // namespace
+
+namespace internal {
+namespace {
+
+// LibTorch's SDPBackend values, as _fused_sdp_choice returns them.
+constexpr int64_t kSdpMath = 0;
+constexpr int64_t kSdpFlash = 1;
+constexpr int64_t kSdpEfficient = 2;
+
+// The backend `device`'s SDPA picks for this model's heads at `dtype`, asked
+// with tiny tensors on that device (the choice depends on head counts, head
+// size, dtype and the device, not on batch or length): causal, no mask.
+int64_t AskSdpChoice(const LlamaConfig& c, at::ScalarType dtype, c10::Device device) {
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+  const at::Tensor q = at::zeros({1, c.num_attention_heads, 8, c.head_dim()}, options);
+  const at::Tensor kv = at::zeros({1, c.num_key_value_heads, 8, c.head_dim()}, options);
+  return at::_fused_sdp_choice(
       q, kv, kv, /*attn_mask=*/std::nullopt, /*dropout_p=*/0.0,
       /*is_causal=*/true, /*scale=*/std::nullopt,
       /*enable_gqa=*/c.num_key_value_heads != c.num_attention_heads);
-  constexpr int64_t kFlashAttention = 1;  // sdp::SDPBackend::flash_attention
-  return choice == kFlashAttention ? LlamaModel::MetaSdpaKernel::kCpuFlash
-                                   : LlamaModel::MetaSdpaKernel::kMath;
+}
+
+// CUDA's choice without a GPU to ask: SdpaKernelFor's rule.
+int64_t CudaSdpRule(const LlamaConfig& c, at::ScalarType dtype) {
+  const int64_t d = c.head_dim();
+  const bool low_precision = dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (low_precision && d <= 256) return kSdpFlash;
+  const bool grouped = c.num_key_value_heads != c.num_attention_heads;
+  if (!grouped && d % (low_precision ? 8 : 4) == 0) return kSdpEfficient;
+  return kSdpMath;
 }
 
 }  // namespace
+
+LlamaModel::MetaSdpaKernel SdpaKernelFor(const PlanSpec& spec) {
+  const LlamaConfig& c = spec.model;
+  if (c.head_dim() <= 0 || c.num_attention_heads <= 0 || c.num_key_value_heads <= 0) {
+    return LlamaModel::MetaSdpaKernel::kMath;
+  }
+  const at::ScalarType dtype =
+      spec.train.mixed_precision == MixedPrecision::kBf16 ? at::kBFloat16 : at::kFloat;
+  if (spec.target == PlanSpec::Target::kCpu) {
+    return AskSdpChoice(c, at::kFloat, c10::Device(c10::DeviceType::CPU)) == kSdpFlash
+               ? LlamaModel::MetaSdpaKernel::kCpuFlash
+               : LlamaModel::MetaSdpaKernel::kMath;
+  }
+  const int64_t choice =
+      at::hasCUDA() ? AskSdpChoice(c, dtype, c10::Device(c10::DeviceType::CUDA, 0))
+                    : CudaSdpRule(c, dtype);
+  switch (choice) {
+    case kSdpMath:
+      return LlamaModel::MetaSdpaKernel::kMath;
+    case kSdpEfficient:
+      return LlamaModel::MetaSdpaKernel::kCudaEfficient;
+    default:
+      return LlamaModel::MetaSdpaKernel::kCudaFlash;
+  }
+}
+
+}  // namespace internal
 
 absl::string_view TargetName(PlanSpec::Target target) {
   return target == PlanSpec::Target::kCuda ? "cuda" : "cpu";
@@ -256,11 +316,13 @@ absl::StatusOr<PlanSpec::Target> ParseTarget(absl::string_view name) {
 
 namespace {
 
-// One rank's dry run: rank group->rank() of spec.world_size (group null for
-// one process). `trainable` gets the numel of each trainable parameter, each
-// storage once, in model order (as OptimizerSharding partitions them).
-absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
-                                    std::vector<int64_t>* trainable) {
+// One dry run of rank group->rank() of spec.world_size (group null for one
+// process), the offloader's copies completing as `meta_copies` says.
+// `trainable` gets the numel of each trainable parameter, each storage once,
+// in model order (as OptimizerSharding partitions them).
+absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
+                                  std::vector<int64_t>* trainable,
+                                  offload::MetaCopies meta_copies) {
   std::array<int64_t, internal::kPlannedSteps> moved{};
   int64_t parameters = 0;
   // The CUDA caching allocator hands out multiples of 512 bytes (its
@@ -273,7 +335,7 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
     PhaseDomainScope in_domain(&domain);
     memory::MetaAccountingScope accounting(ledger);
     memory::ThreadOpAttribution ops;
-    const LlamaModel::MetaSdpaKernel sdpa = SdpaKernelFor(spec);
+    const LlamaModel::MetaSdpaKernel sdpa = internal::SdpaKernelFor(spec);
     RETURN_IF_ERROR(internal::RunPlannedSteps(
         spec, c10::Device(c10::DeviceType::Meta), group,
         [sdpa, &parameters, trainable](LlamaModel& model) {
@@ -291,7 +353,8 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
         /*before_step=*/{},
         [&moved](int64_t step, const offload::OffloadStats& stats) {
           moved[static_cast<size_t>(step - 1)] = stats.bytes_out;
-        }));
+        },
+        meta_copies));
   }
   const std::vector<Ledger::StepPeaks> steps = ledger->steps();
   if (steps.empty()) return absl::InternalError("plan: the dry run recorded no step");
@@ -308,6 +371,25 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
                                              internal::kPlannedMicroBatches));
   plan.allocations = ledger->allocations();
   plan.reserved_bytes = ledger->reserved();
+  return plan;
+}
+
+// One rank's plan: its dry run with the copies out completing at once and,
+// when the step offloads something, a second one with them held in flight
+// as long as a real step may hold them, whose extra peak is
+// offload_in_flight_bytes.
+absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
+                                    std::vector<int64_t>* trainable) {
+  ASSIGN_OR_RETURN(MemoryPlan plan,
+                   DryRun(spec, group, trainable, offload::MetaCopies::kAtOnce));
+  if (plan.offloaded_bytes > 0) {
+    std::vector<int64_t> unused;
+    ASSIGN_OR_RETURN(const MemoryPlan held,
+                     DryRun(spec, group, &unused, offload::MetaCopies::kInFlight));
+    plan.offload_in_flight_bytes =
+        std::max<int64_t>(0, held.peak_allocated_bytes - plan.peak_allocated_bytes);
+    plan.allocations += held.allocations;
+  }
   return plan;
 }
 
@@ -376,7 +458,8 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   plan.allocations = allocations;
   plan.capacity_bytes = spec.capacity_bytes;
   if (spec.capacity_bytes > 0) {
-    plan.headroom_bytes = spec.capacity_bytes - plan.peak_allocated_bytes;
+    plan.headroom_bytes =
+        spec.capacity_bytes - plan.peak_allocated_bytes - plan.offload_in_flight_bytes;
     plan.fits = plan.headroom_bytes >= 0;
   }
   plan.seconds =

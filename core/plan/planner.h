@@ -17,9 +17,10 @@
 //
 // What a meta run cannot see, and so the plan does not count: what a kernel
 // allocates inside itself and frees before it returns (CPU flash attention's
-// per-thread buffers, BLAS workspaces), memory outside the allocator
-// (the CUDA context, cuBLAS workspaces), and a caching allocator's rounding
-// (the plan is allocated bytes, not reserved).
+// per-thread buffers, CUDA flash backward's float32 accumulator, BLAS
+// workspaces) and memory outside the allocator (the CUDA context, cuBLAS
+// workspaces). A caching allocator's reserve is simulated beside the plan
+// (MemoryPlan::reserved_bytes).
 //
 // Thread-safety: PlanTrainingStep may run on any thread, beside a training
 // on another: its phases and steps are its own (PhaseDomain), its meta
@@ -49,18 +50,20 @@ struct PlanSpec {
   // attn_implementation, loss_chunk_tokens, max_grad_norm and the optimizer
   // fields are planned; data, steps and evaluation are ignored (the plan
   // draws from a synthetic window). mixed_precision bf16 runs the dry run
-  // under the CPU's autocast policy (core/train/meta_autocast.h), for the
-  // cpu target only (UNIMPLEMENTED for cuda, whose policy differs).
+  // under the target device's autocast policy (core/train/meta_autocast.h).
   TrainOptions train;
   // The activation offloader's options (off by default). The dry run's
   // offloader decides what it would move exactly as a real one, and its
-  // copies complete at once (offloader.h): the plan counts no copy in flight
-  // and no read-ahead. The host target moves nothing on a CPU.
+  // copies complete at once (offloader.h), or, for
+  // MemoryPlan::offload_in_flight_bytes, as late as a real step's may; no
+  // read-ahead is planned. The host target moves nothing on a CPU.
   offload::OffloadOptions offload;
-  // The device the step would run on. On CUDA each allocation counts as the
-  // caching allocator hands it out (rounded up to 512 bytes), as
-  // torch.cuda.max_memory_allocated counts it; reserved bytes (segments) are
-  // not modelled yet.
+  // The device the step would run on: its SDPA kernel choice
+  // (internal::SdpaKernelFor) and autocast policy are followed. On CUDA each
+  // allocation counts as the caching allocator hands it out (rounded up to
+  // 512 bytes, or a whole cached block it does not split:
+  // caching_allocator_model.h), as torch.cuda.max_memory_allocated counts
+  // it, and the reserved bytes are simulated (MemoryPlan::reserved_bytes).
   enum class Target { kCpu, kCuda };
   Target target = Target::kCpu;
   // The device's capacity in bytes, for the verdict (0: no verdict).
@@ -155,12 +158,20 @@ struct MemoryPlan {
   // The verdict, when capacity_bytes was given.
   int64_t capacity_bytes = 0;
   bool fits = true;
-  int64_t headroom_bytes = 0;  // capacity - peak (negative: short by that much)
+  // capacity - peak - offload_in_flight_bytes (negative: short by that much)
+  int64_t headroom_bytes = 0;
   // The model's parameters (LlamaModel::NumParameters of the dry run's model).
   int64_t parameter_count = 0;
   // Bytes the offloader would move off the device per micro-batch of the
   // peak step (0 without offloading).
   int64_t offloaded_bytes = 0;
+  // The most the offloader's copies in flight may add to the peak: the plan
+  // above counts each copy out as done at once (as when the link or disk
+  // keeps up with compute); a second dry run holds each copy's source as
+  // long as a real step may (until max_copies_in_flight later copies have
+  // started, or backward needs it), and this is how much higher its peak
+  // is. The verdict (fits, headroom_bytes) counts it. 0 without offloading.
+  int64_t offload_in_flight_bytes = 0;
   // For a cuda target, the bytes the caching allocator would reserve from
   // the device (torch.cuda.max_memory_reserved), simulated by replaying the
   // dry run's blocks, model creation included, through the allocator's
@@ -176,8 +187,7 @@ struct MemoryPlan {
 // rank of spec.world_size. INVALID_ARGUMENT for a world_size out of range,
 // for training fields a Train would refuse (ValidTrainOptions::Check) or a
 // model config LlamaModel::Create refuses, or offload options
-// ValidateOffloadOptions refuses; UNIMPLEMENTED for bf16 (above) and for a
-// sharding level not built; INTERNAL naming the op
+// ValidateOffloadOptions refuses; INTERNAL naming the op
 // when a kernel has no Meta implementation (the planner's meta_kernels.cc lacks one for
 // this LibTorch).
 absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec);

@@ -72,15 +72,7 @@ namespace memprofd::plan::internal {
 
 absl::Status CheckPlannable(const PlanSpec& spec) {
   if (spec.train.mixed_precision == MixedPrecision::kBf16) {
-    // The dry run applies the CPU's autocast policy (meta_autocast.h); CUDA's
-    // casts other ops (softmax, pow, rsqrt, ... in float32) and is not
-    // modelled.
-    if (spec.target != PlanSpec::Target::kCpu) {
-      return absl::UnimplementedError(
-          "plan: mixed_precision bf16 is planned for the cpu target only (the dry run "
-          "follows the CPU's autocast policy; CUDA's differs and is not modelled yet); "
-          "plan bf16 with target cpu, or plan mixed_precision no for cuda");
-    }
+    // The dry run follows the target's autocast policy (meta_autocast.h).
     RETURN_IF_ERROR(EnableMetaAutocast());
   }
   RETURN_IF_ERROR(offload::ValidateOffloadOptions(spec.offload));
@@ -98,7 +90,8 @@ absl::Status RunPlannedSteps(
     const PlanSpec& spec, c10::Device device, ProcessGroup* group,
     const std::function<void(LlamaModel&)>& prepare_model,
     const std::function<void(int64_t)>& before_step,
-    const std::function<void(int64_t, const offload::OffloadStats&)>& after_step) {
+    const std::function<void(int64_t, const offload::OffloadStats&)>& after_step,
+    offload::MetaCopies meta_copies) {
   RETURN_IF_ERROR(CheckPlannable(spec));
   const bool data_parallel = spec.world_size > 1;
   if (data_parallel && (group == nullptr || group->world_size() != spec.world_size)) {
@@ -106,6 +99,10 @@ absl::Status RunPlannedSteps(
         "plan: the steps of a rank of ", spec.world_size, " need a group of that size"));
   }
   const TrainOptions options = PlannedOptions(spec);
+  // A bf16 step autocasts as its target device would.
+  MetaAutocastTargetScope autocast_target(spec.target == PlanSpec::Target::kCuda
+                                              ? MetaAutocastTarget::kCuda
+                                              : MetaAutocastTarget::kCpu);
   ASSIGN_OR_RETURN(const ValidTrainOptions valid,
                    ValidTrainOptions::Check(options, spec.model.max_position_embeddings));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
@@ -115,8 +112,9 @@ absl::Status RunPlannedSteps(
   TagModelMemory(*model);
   if (prepare_model) prepare_model(*model);
   Trainer trainer(model.get());
-  ASSIGN_OR_RETURN(std::unique_ptr<offload::Offloader> offloader,
-                   offload::Offloader::Create(OffloadOptionsFor(spec), device));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<offload::Offloader> offloader,
+      offload::Offloader::Create(OffloadOptionsFor(spec), device, meta_copies));
   offload::OffloadStepListener listener(offloader.get(), model.get());
   StepListeners listeners = {&listener};
   std::unique_ptr<DataParallel> ranks;

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,12 +20,15 @@ namespace {
 // The key the kernels sit on: one no backend of this process uses.
 constexpr c10::DispatchKey kKey = c10::DispatchKey::AutocastXLA;
 
-enum class Policy { kLowerPrecision, kFloat32, kPromote };
+// What an autocast kernel does with an op's floating arguments. kNone: the
+// op runs as it is (it has no autocast kernel on that device).
+enum class Policy { kNone, kLowerPrecision, kFloat32, kFloat32SetOptDtype, kPromote };
 
 // The CPU autocast's lower-precision and promote ops (by name; every
-// overload LibTorch registers for CPU autocast has its name's policy). Every
-// other op with a CPU autocast kernel is float32.
-const std::set<std::string>& LowerPrecisionOps() {
+// overload LibTorch registers for CPU autocast has its name's policy; its
+// lists live in autocast_mode.cpp, not in a header). Every other op with a
+// CPU autocast kernel is float32.
+const std::set<std::string>& CpuLowerPrecisionOps() {
   static const auto* ops = new std::set<std::string>{
       "aten::conv1d",
       "aten::conv2d",
@@ -53,11 +57,76 @@ const std::set<std::string>& LowerPrecisionOps() {
   return *ops;
 }
 
-const std::set<std::string>& PromoteOps() {
+const std::set<std::string>& CpuPromoteOps() {
   static const auto* ops =
       new std::set<std::string>{"aten::stack", "aten::cat", "aten::index_copy"};
   return *ops;
 }
+
+// CUDA's lists are LibTorch's own (ATen/autocast_mode.h names each entry as
+// `op` or `op, overload`); stringized here and read back as operator names.
+#define MEMPROFD_AUTOCAST_ENTRY(...) #__VA_ARGS__,
+
+c10::OperatorName EntryName(const std::string& entry) {
+  const size_t comma = entry.find(',');
+  if (comma == std::string::npos) return {"aten::" + entry, ""};
+  size_t overload = comma + 1;
+  while (overload < entry.size() && entry[overload] == ' ') ++overload;
+  return {"aten::" + entry.substr(0, comma), entry.substr(overload)};
+}
+
+using OperatorNames = std::unordered_set<c10::OperatorName>;
+
+OperatorNames EntryNames(const std::vector<std::string>& entries) {
+  OperatorNames names;
+  for (const std::string& e : entries) names.insert(EntryName(e));
+  return names;
+}
+
+// The policy CUDA's autocast gives the op `name` (which has a kernel on
+// AutocastCUDA): LibTorch's lower-precision, set-opt-dtype and promote lists,
+// the cuDNN convolutions (lower precision, registered beside the list), the
+// two it registers with kernels of their own (the banned
+// binary_cross_entropy, _cudnn_rnn's reflattening cast) run as they are, and
+// everything else (the float32 list and norm's overloads) float32.
+Policy CudaPolicy(const c10::OperatorName& name) {
+  static const auto* lower = new OperatorNames(EntryNames(
+      {AT_FORALL_LOWER_PRECISION_FP(MEMPROFD_AUTOCAST_ENTRY) "cudnn_convolution",
+       "cudnn_convolution_transpose"}));
+  static const auto* set_opt_dtype = new OperatorNames(
+      EntryNames({AT_FORALL_FP32_SET_OPT_DTYPE(MEMPROFD_AUTOCAST_ENTRY)}));
+  static const auto* promote =
+      new OperatorNames(EntryNames({AT_FORALL_PROMOTE(MEMPROFD_AUTOCAST_ENTRY)}));
+  if (lower->count(name) > 0) return Policy::kLowerPrecision;
+  if (set_opt_dtype->count(name) > 0) return Policy::kFloat32SetOptDtype;
+  if (promote->count(name) > 0) return Policy::kPromote;
+  if (name.name == "aten::binary_cross_entropy" || name.name == "aten::_cudnn_rnn") {
+    return Policy::kNone;
+  }
+  return Policy::kFloat32;
+}
+
+#undef MEMPROFD_AUTOCAST_ENTRY
+
+Policy CpuPolicy(const c10::OperatorName& name) {
+  if (CpuLowerPrecisionOps().count(name.name) > 0) return Policy::kLowerPrecision;
+  if (CpuPromoteOps().count(name.name) > 0) return Policy::kPromote;
+  return Policy::kFloat32;
+}
+
+// Each op with a kernel on kKey, and its policy under each target's autocast.
+struct OpPolicies {
+  Policy cpu = Policy::kNone;
+  Policy cuda = Policy::kNone;
+};
+// Written once by Register (under EnableMetaAutocast's static init), then
+// only read.
+std::unordered_map<c10::OperatorName, OpPolicies>& Policies() {
+  static auto* policies = new std::unordered_map<c10::OperatorName, OpPolicies>();
+  return *policies;
+}
+
+thread_local MetaAutocastTarget target = MetaAutocastTarget::kCpu;
 
 // This thread's autocast state: the nesting of scopes, and the cached
 // bfloat16 copies of weights by the source's TensorImpl (with a weak
@@ -114,23 +183,52 @@ void CastArguments(torch::jit::Stack* stack, size_t arguments, const CastFn& cas
   }
 }
 
-template <Policy kPolicy>
+// The first argument, when it is a tensor autocast would cast (what CUDA's
+// set-opt-dtype ops check before asking for float32).
+bool FirstArgumentEligible(const torch::jit::Stack& stack, size_t arguments) {
+  const c10::IValue& first = stack[stack.size() - arguments];
+  return first.isTensor() && MetaAutocastEligible(first.toTensor());
+}
+
 void Kernel(const c10::OperatorHandle& op, c10::DispatchKeySet,
             torch::jit::Stack* stack) {
   const size_t arguments = op.schema().arguments().size();
-  at::ScalarType to = kPolicy == Policy::kFloat32 ? at::kFloat : kMetaAutocastDtype;
-  if (kPolicy == Policy::kPromote) {
-    // The widest floating type among the eligible arguments (float32 wins).
-    CastArguments(stack, arguments, [&](const at::Tensor& t) {
-      if (MetaAutocastEligible(t) && t.scalar_type() == at::kFloat) to = at::kFloat;
-      return t;
-    });
+  const auto it = Policies().find(op.operator_name());
+  const Policy policy =
+      it == Policies().end()
+          ? Policy::kNone
+          : (target == MetaAutocastTarget::kCuda ? it->second.cuda : it->second.cpu);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
+  switch (policy) {
+    case Policy::kNone:
+      break;
+    case Policy::kFloat32SetOptDtype: {
+      // An unset dtype becomes float32: the op computes (and returns) float32
+      // from lower-precision input, as CUDA's autocast asks it to.
+      if (!FirstArgumentEligible(*stack, arguments)) break;
+      const std::optional<int> dtype = op.schema().argumentIndexWithName("dtype");
+      if (!dtype) break;
+      c10::IValue& value =
+          (*stack)[stack->size() - arguments + static_cast<size_t>(*dtype)];
+      if (value.isNone()) value = c10::IValue(at::kFloat);
+      break;
+    }
+    case Policy::kLowerPrecision:
+    case Policy::kFloat32:
+    case Policy::kPromote: {
+      at::ScalarType to = policy == Policy::kFloat32 ? at::kFloat : kMetaAutocastDtype;
+      if (policy == Policy::kPromote) {
+        // The widest floating type among the eligible arguments (float32 wins).
+        CastArguments(stack, arguments, [&](const at::Tensor& t) {
+          if (MetaAutocastEligible(t) && t.scalar_type() == at::kFloat) to = at::kFloat;
+          return t;
+        });
+      }
+      CastArguments(stack, arguments, [&](const at::Tensor& t) { return Cast(to, t); });
+      break;
+    }
   }
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(kKey);
-    CastArguments(stack, arguments, [&](const at::Tensor& t) { return Cast(to, t); });
-    op.callBoxed(stack);
-  }
+  op.callBoxed(stack);
 }
 
 absl::Status Register() {
@@ -140,45 +238,45 @@ absl::Status Register() {
         absl::StrCat("bf16 plans need the dispatch key ", c10::toString(kKey),
                      ", which something in this process already uses"));
   }
-  std::vector<c10::OperatorName> ops;
+  std::unordered_map<c10::OperatorName, OpPolicies>& policies = Policies();
   for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
     std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
-    if (!op || !op->hasKernelForDispatchKey(c10::DispatchKey::AutocastCPU)) continue;
+    if (!op) continue;
+    OpPolicies p;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::AutocastCPU))
+      p.cpu = CpuPolicy(name);
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::AutocastCUDA)) {
+      p.cuda = CudaPolicy(name);
+    }
+    if (p.cpu == Policy::kNone && p.cuda == Policy::kNone) continue;
     if (op->hasKernelForDispatchKey(kKey)) {
       return absl::FailedPreconditionError(
           absl::StrCat("bf16 plans need the dispatch key ", c10::toString(kKey),
                        ", where ", c10::toString(name), " already has a kernel"));
     }
-    ops.push_back(name);
+    policies.emplace(name, p);
   }
-  if (ops.empty()) {
+  if (policies.empty()) {
     return absl::FailedPreconditionError(
-        "bf16 plans follow the CPU's autocast, and this LibTorch has no CPU autocast "
+        "bf16 plans follow LibTorch's autocast, and this LibTorch has no autocast "
         "kernels");
   }
-  ops.push_back({"aten::_scaled_dot_product_flash_attention_for_cpu", ""});
+  // The dry run's stand-ins for scaled_dot_product_attention, which have no
+  // autocast kernel of their own.
+  policies[{"aten::_scaled_dot_product_flash_attention_for_cpu", ""}].cpu =
+      Policy::kLowerPrecision;
+  policies[{"aten::_scaled_dot_product_efficient_attention", ""}].cuda =
+      Policy::kLowerPrecision;
   // Never destroyed: the registrations last as long as the process.
   auto* fallthrough =
       new torch::Library(torch::Library::IMPL, "_", kKey, __FILE__, __LINE__);
   fallthrough->fallback(torch::CppFunction::makeFallthrough());
   auto* kernels =
       new torch::Library(torch::Library::IMPL, "aten", kKey, __FILE__, __LINE__);
-  for (const c10::OperatorName& name : ops) {
+  for (const auto& [name, p] : policies) {
     const std::string full =
         name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-    if (LowerPrecisionOps().count(name.name) > 0) {
-      kernels->impl(
-          full.c_str(),
-          torch::CppFunction::makeFromBoxedFunction<&Kernel<Policy::kLowerPrecision>>());
-    } else if (PromoteOps().count(name.name) > 0) {
-      kernels->impl(
-          full.c_str(),
-          torch::CppFunction::makeFromBoxedFunction<&Kernel<Policy::kPromote>>());
-    } else {
-      kernels->impl(
-          full.c_str(),
-          torch::CppFunction::makeFromBoxedFunction<&Kernel<Policy::kFloat32>>());
-    }
+    kernels->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&Kernel>());
   }
   return absl::OkStatus();
 }
@@ -223,6 +321,15 @@ bool MetaAutocastEligible(const at::Tensor& t) {
   return t.defined() && t.is_meta() && t.is_floating_point() &&
          t.scalar_type() != at::kDouble;
 }
+
+MetaAutocastTargetScope::MetaAutocastTargetScope(MetaAutocastTarget t)
+    : previous_(target) {
+  target = t;
+}
+
+MetaAutocastTargetScope::~MetaAutocastTargetScope() { target = previous_; }
+
+MetaAutocastTarget CurrentMetaAutocastTarget() { return target; }
 
 bool MetaAutocastOn() {
   return c10::impl::tls_is_dispatch_key_included(kKey) &&

@@ -2,36 +2,45 @@
 #define MEMPROFD_CORE_TRAIN_META_AUTOCAST_H_
 
 // Autocast for the meta device, so that a dry run (core/plan) of a bf16 step
-// allocates what the real step on the CPU allocates. LibTorch's autocast does
-// not reach meta tensors: it has no dispatch key for them, and its casts
-// check that a tensor is on the CPU. This applies the CPU's policy
-// (torch.autocast("cpu", dtype=torch.bfloat16)) to meta tensors instead:
+// allocates what the real step on its target device allocates. LibTorch's
+// autocast does not reach meta tensors: it has no dispatch key for them, and
+// its casts check the tensor's device. This applies the target's policy
+// (torch.autocast("cpu" or "cuda", dtype=torch.bfloat16)) to meta tensors
+// instead, on the ops that have an autocast kernel for that device:
 //
-// - the ops whose CPU autocast kernel runs them in lower precision (linear,
-//   matmul, mm, bmm, addmm, baddbmm, scaled_dot_product_attention, the
-//   convolutions, ...) get their floating meta arguments cast to bfloat16,
-//   and the bfloat16 copy of a float32 weight (a leaf that requires grad, not
-//   a view) is cached until the outermost scope ends, as autocast caches it;
-// - the promote ops (cat, stack, index_copy) get them cast to the widest
-//   floating type among them;
-// - every other op with a CPU autocast kernel (the losses, prod, cdist, ...)
+// - lower-precision ops (CPU: linear, matmul, mm, bmm, addmm, baddbmm,
+//   scaled_dot_product_attention, the convolutions, ...; CUDA: the same
+//   family and einsum, addmv, ...) get their floating meta arguments cast to
+//   bfloat16, and the bfloat16 copy of a float32 weight (a leaf that
+//   requires grad, not a view) is cached until the outermost scope ends, as
+//   autocast caches it;
+// - promote ops (CPU: cat, stack, index_copy; CUDA: addcmul, addcdiv,
+//   index_put, ...) get them cast to the widest floating type among them;
+// - CUDA's set-opt-dtype ops (softmax, log_softmax, sum, prod, cumsum,
+//   linalg_vector_norm, ...) get dtype=float32 when the caller left it unset
+//   and their first argument is a floating tensor;
+// - every other op with an autocast kernel for the target (CPU: the losses,
+//   prod, cdist, ...; CUDA: exp, log, pow, rsqrt, the norms and losses, ...)
 //   gets them cast to float32;
 // - every other op runs as it is.
 //
-// Which ops: those with a kernel on DispatchKey::AutocastCPU in this LibTorch,
-// read from the dispatcher when first enabled; the lower-precision and
-// promote ones are named in meta_autocast.cc, as LibTorch's CPU list names
-// them. The kernels sit on DispatchKey::AutocastXLA, which no backend in this
-// process uses (checked: no kernel and no fallback there before), included
-// in the thread's dispatch keys while a scope is alive.
+// Which ops: those with a kernel on DispatchKey::AutocastCPU or AutocastCUDA
+// in this LibTorch, read from the dispatcher when first enabled (both are
+// registered in a CPU-only build too). CUDA's policies come from LibTorch's
+// own lists (the AT_FORALL_* macros of ATen/autocast_mode.h); the CPU's,
+// which LibTorch keeps in a .cpp, are named in meta_autocast.cc. The kernels
+// sit on DispatchKey::AutocastXLA, which no backend in this process uses
+// (checked: no kernel and no fallback there before), included in the
+// thread's dispatch keys while a scope is alive.
 //
-// One more op gets the lower-precision policy: the CPU flash attention a dry
-// run calls in place of scaled_dot_product_attention
-// (LlamaModel::set_meta_sdpa_kernel), so that it sees what the real SDPA
-// would hand its kernel.
+// The stand-ins a dry run calls in place of scaled_dot_product_attention
+// (LlamaModel::set_meta_sdpa_kernel) get the lower-precision policy, so that
+// they see what the real SDPA would hand its kernel: the CPU's flash
+// attention under the CPU target, CUDA's memory-efficient attention under
+// the CUDA target (CUDA's flash attention has a CUDA autocast kernel).
 //
-// Thread-safety: the state is thread-local (as autocast's is); registration
-// happens once, under a lock.
+// Thread-safety: the state (scopes, cache, target) is thread-local, as
+// autocast's is; registration happens once, under a lock.
 
 #include <c10/core/ScalarType.h>
 
@@ -62,6 +71,24 @@ class MetaAutocastScope {
   bool previous_included_ = false;
   bool previous_excluded_ = true;
 };
+
+// Whose autocast policy this thread's meta ops follow.
+enum class MetaAutocastTarget { kCpu, kCuda };
+
+// While alive, this thread's meta autocast follows `target`'s policy (the
+// CPU's by default). A dry run sets it once, around the whole run: backward
+// on the meta device runs on the thread that called it, as on the CPU.
+class MetaAutocastTargetScope {
+ public:
+  explicit MetaAutocastTargetScope(MetaAutocastTarget target);
+  ~MetaAutocastTargetScope();
+  MetaAutocastTargetScope(const MetaAutocastTargetScope&) = delete;
+  MetaAutocastTargetScope& operator=(const MetaAutocastTargetScope&) = delete;
+
+ private:
+  const MetaAutocastTarget previous_;
+};
+MetaAutocastTarget CurrentMetaAutocastTarget();
 
 // Whether this thread's meta ops autocast now.
 bool MetaAutocastOn();

@@ -31,8 +31,8 @@ class CountingSink final : public MetaAllocationSink {
     ++frees;
     last_freed = block;
   }
-  void OnRetag(int64_t bytes, const Attribution& /*from*/,
-               const Attribution& to) override {
+  void OnRetag(int64_t bytes, const Attribution& /*from*/, const Attribution& to,
+               uint64_t /*id*/) override {
     std::lock_guard<std::mutex> lock(mu);
     retagged += bytes;
     last = to;

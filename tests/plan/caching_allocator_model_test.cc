@@ -46,15 +46,15 @@ TEST(CachingAllocatorModelTest,
   m.Free(1);
   // 11.5 MiB leaves 0.5 MiB, not more than 1 MiB: the whole block is handed
   // out and counted whole, and nothing new is reserved.
-  m.Allocate(2, 11 * kMiB + 512 * kKiB);
+  EXPECT_EQ(m.Allocate(2, 11 * kMiB + 512 * kKiB), 12 * kMiB);  // the block's size
   EXPECT_EQ(m.reserved_bytes(), 12 * kMiB);
   EXPECT_EQ(m.allocated_bytes(), 12 * kMiB);
   m.Free(2);
   // 10 MiB leaves 2 MiB: split; the 2 MiB rest serves a 1.5 MiB request,
   // whole again (0.5 MiB would be left).
-  m.Allocate(3, 10 * kMiB);
+  EXPECT_EQ(m.Allocate(3, 10 * kMiB), 10 * kMiB);
   EXPECT_EQ(m.allocated_bytes(), 10 * kMiB);
-  m.Allocate(4, 1536 * kKiB);
+  EXPECT_EQ(m.Allocate(4, 1536 * kKiB), 2 * kMiB);
   EXPECT_EQ(m.reserved_bytes(), 12 * kMiB);
   EXPECT_EQ(m.allocated_bytes(), 12 * kMiB);
 }

@@ -13,6 +13,7 @@
 
 #include "core/model/config.h"
 #include "core/model/llama.h"
+#include "core/train/meta_autocast.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
 
@@ -182,6 +183,82 @@ TEST_F(MetaKernelsTest, WhereSelfOutMatchesCpu) {
                 other.to(at::kMeta));
   at::where_out(cpu_out, condition, self, other);
   ExpectSameShape(meta_out, cpu_out);
+}
+
+// CUDA's flash attention on meta: the shapes and dtypes the CUDA kernel
+// returns (output in [B, T, H, D] memory, float32 log-sum-exp [B, H, T],
+// grouped key/value heads as they are), and its backward through autograd:
+// gradients shaped as the inputs.
+TEST_F(MetaKernelsTest, CudaFlashAttentionShapesAndBackward) {
+  const int64_t b = 2, h = 4, kv = 2, t = 40, d = 16;
+  const at::Tensor q = at::empty({b, h, t, d}, Meta(at::kBFloat16)).requires_grad_();
+  const at::Tensor k = at::empty({b, kv, t, d}, Meta(at::kBFloat16)).requires_grad_();
+  const at::Tensor v = at::empty({b, kv, t, d}, Meta(at::kBFloat16)).requires_grad_();
+  const auto out = at::_scaled_dot_product_flash_attention(q, k, v, 0.0, true, false);
+  const at::Tensor& output = std::get<0>(out);
+  EXPECT_EQ(output.sizes(), q.sizes());
+  EXPECT_EQ(output.scalar_type(), at::kBFloat16);
+  EXPECT_EQ(output.transpose(1, 2).is_contiguous(), true);  // [B, T, H, D] memory
+  EXPECT_EQ(std::get<1>(out).sizes(), (at::IntArrayRef{b, h, t}));
+  EXPECT_EQ(std::get<1>(out).scalar_type(), at::kFloat);
+  EXPECT_EQ(std::get<5>(out), t);
+  output.sum().backward();
+  EXPECT_EQ(q.grad().sizes(), q.sizes());
+  EXPECT_EQ(k.grad().sizes(), k.sizes());
+  EXPECT_EQ(v.grad().scalar_type(), at::kBFloat16);
+}
+
+// CUDA's memory-efficient attention on meta: the log-sum-exp's length is
+// rounded up to 32 when training needs it and 0 otherwise; backward through
+// autograd.
+TEST_F(MetaKernelsTest, CudaEfficientAttentionShapesAndBackward) {
+  const int64_t b = 2, h = 4, t = 40, d = 16;
+  const at::Tensor q = at::empty({b, h, t, d}, Meta()).requires_grad_();
+  const at::Tensor k = at::empty({b, h, t, d}, Meta()).requires_grad_();
+  const at::Tensor v = at::empty({b, h, t, d}, Meta()).requires_grad_();
+  const auto out =
+      at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt, true, 0.0, true);
+  EXPECT_EQ(std::get<0>(out).sizes(), q.sizes());
+  EXPECT_EQ(std::get<1>(out).sizes(), (at::IntArrayRef{b, h, 64}));
+  const auto no_lse = at::_scaled_dot_product_efficient_attention(q, k, v, std::nullopt,
+                                                                  false, 0.0, true);
+  EXPECT_EQ(std::get<1>(no_lse).size(2), 0);
+  std::get<0>(out).sum().backward();
+  EXPECT_EQ(q.grad().sizes(), q.sizes());
+  EXPECT_EQ(v.grad().sizes(), v.sizes());
+}
+
+// The meta autocast under the CUDA target follows CUDA's policy: matmuls in
+// bf16, softmax and sum computing float32 (an unset dtype set to float32, a
+// set one kept), rsqrt and pow in float32; under the CPU target the same
+// ops that have no CPU autocast kernel run as they are.
+TEST_F(MetaKernelsTest, MetaAutocastFollowsTheTargetsPolicy) {
+  ASSERT_TRUE(EnableMetaAutocast().ok());
+  const at::Tensor x = at::empty({4, 8}, Meta());
+  const at::Tensor w = at::empty({8, 8}, Meta());
+  const at::Tensor low = at::empty({4, 8}, Meta(at::kBFloat16));
+  {
+    MetaAutocastTargetScope cuda(MetaAutocastTarget::kCuda);
+    MetaAutocastScope autocast(true);
+    EXPECT_EQ(at::linear(x, w).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(at::softmax(low, -1).scalar_type(), at::kFloat);
+    EXPECT_EQ(at::softmax(low, -1, at::kBFloat16).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(at::sum(low).scalar_type(), at::kFloat);
+    EXPECT_EQ(at::rsqrt(low).scalar_type(), at::kFloat);
+    EXPECT_EQ(low.pow(2).scalar_type(), at::kFloat);
+    // Integer tensors are left alone.
+    EXPECT_EQ(at::sum(at::empty({4}, Meta(at::kLong))).scalar_type(), at::kLong);
+  }
+  {
+    MetaAutocastTargetScope cpu(MetaAutocastTarget::kCpu);
+    MetaAutocastScope autocast(true);
+    EXPECT_EQ(at::linear(x, w).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(at::softmax(low, -1).scalar_type(), at::kBFloat16);
+    EXPECT_EQ(at::rsqrt(low).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_EQ(CurrentMetaAutocastTarget(), MetaAutocastTarget::kCpu);
+  // Outside any scope nothing is cast.
+  EXPECT_EQ(at::linear(x, w).scalar_type(), at::kFloat);
 }
 
 TEST_F(MetaKernelsTest, RegisterMetaKernelsIsIdempotent) {

@@ -19,10 +19,17 @@ void SavedTensorStore::StartCopy(const std::shared_ptr<StorageRecord>& record,
   // record counts the copy as pending, so a failed pack leaves it consistent.
   const ByteSpan span = record->segments_[index].span;
   if (record->device_.is_meta()) {
-    // A dry run: the copy is counted and done at once; the record no longer
-    // holds the storage, as after a finished copy.
+    // A dry run: the copy is counted, not made. Done at once (the record no
+    // longer holds the storage, as after a finished copy), or held in
+    // flight with its source as a copy to host is, retired by the same rule.
     if (record->pending_++ == 0) AddResident(record->storage_nbytes_);
-    FinishCopy(record.get(), index, "");
+    if (!meta_copies_in_flight_) {
+      FinishCopy(record.get(), index, "");
+      return;
+    }
+    record->segments_[index].meta_source = storage;
+    copies_to_host_.push_back(CopyToHost{record, index});
+    RetireCopiesToHost(CopyWait::kOverLimit, to_release);
     return;
   }
   at::Tensor source;  // kByte view of the span, for device copies
@@ -87,11 +94,13 @@ void SavedTensorStore::RetireCopiesToHost(CopyWait wait,
     Segment& segment = front.record->segments_[front.segment];
     const bool over =
         static_cast<int>(copies_to_host_.size()) > options_.max_copies_in_flight;
-    if (!CopyFinished(segment.cuda_done)) {
+    const bool meta = static_cast<bool>(segment.meta_source);
+    if (meta || !CopyFinished(segment.cuda_done)) {
       if (wait != CopyWait::kAll && !over) break;
-      WaitCopy(segment.cuda_done);
+      if (!meta) WaitCopy(segment.cuda_done);
     }
     segment.cuda_done = nullptr;
+    segment.meta_source = c10::Storage();
     FinishCopy(front.record.get(), front.segment, "");
     to_release->push_back(std::move(front.record));
     copies_to_host_.pop_front();

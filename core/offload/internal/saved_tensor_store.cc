@@ -13,13 +13,15 @@
 namespace memprofd::offload::internal {
 
 SavedTensorStore::SavedTensorStore(const OffloadOptions& options, c10::Device compute,
-                                   std::unique_ptr<SpillFile> spill)
+                                   std::unique_ptr<SpillFile> spill,
+                                   bool meta_copies_in_flight)
     : options_(options),
       compute_(compute),
       prefetch_depth_(compute.is_meta()                         ? 0
                       : options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
                       : compute.is_cuda()                       ? kCudaPrefetchDepth
                                                                 : 0),
+      meta_copies_in_flight_(meta_copies_in_flight),
       spill_(std::move(spill)) {
   if (spill_ != nullptr) {
     writer_running_ = true;
@@ -155,7 +157,11 @@ OffloadStats SavedTensorStore::WithGauges(OffloadStats stats) const {
 }
 
 OffloadStats SavedTensorStore::EndStep() {
+  RecordsToReleaseUnlocked to_release;  // destroyed after the lock is released
   absl::MutexLock lock(&mu_);
+  // A dry run's copies still held in flight (of records backward never
+  // reloaded) end with the step, as a real step's have by then.
+  if (meta_copies_in_flight_) RetireCopiesToHost(CopyWait::kAll, &to_release);
   QuiesceReader();
   const OffloadStats step = WithGauges(step_);
   totals_.Add(step);

@@ -61,8 +61,10 @@ struct PackedTensor {
 // threads, the writer and the reader on their own threads.
 class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
  public:
+  // `meta_copies_in_flight`: a dry run's copies out stay in flight as long
+  // as a real step's may (Offloader's MetaCopies::kInFlight).
   SavedTensorStore(const OffloadOptions& options, c10::Device compute,
-                   std::unique_ptr<SpillFile> spill);
+                   std::unique_ptr<SpillFile> spill, bool meta_copies_in_flight = false);
   ~SavedTensorStore();
 
   const OffloadOptions& options() const { return options_; }
@@ -137,8 +139,10 @@ class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
     std::shared_ptr<StorageRecord> record;
     size_t segment;
   };
-  // Which CUDA copies to host RetireCopiesToHost waits for: only the oldest
-  // while more than max_copies_in_flight are in flight, or all of them.
+  // Which copies to host RetireCopiesToHost waits for: only the oldest
+  // while more than max_copies_in_flight are in flight, or all of them. (A
+  // dry run's copies held in flight wait there too, and count as finished
+  // only when waited for.)
   enum class CopyWait { kOverLimit, kAll };
   // Starts the copy of segment `index` of `record` (a span of `storage`): to
   // pinned host memory, or to the spill file through the writer.
@@ -190,6 +194,7 @@ class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
   const OffloadOptions options_;
   const c10::Device compute_;
   const int prefetch_depth_;  // options_.prefetch_depth, auto resolved
+  const bool meta_copies_in_flight_;
   const std::unique_ptr<SpillFile> spill_;
 
   mutable absl::Mutex mu_;

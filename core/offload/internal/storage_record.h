@@ -35,6 +35,9 @@ struct Segment {
   int64_t file_offset = -1;  // extent in the spill file, or -1
   std::string error;         // why the copy out failed, if it did
   CopyDone cuda_done;        // CUDA copy to `host` in flight
+  // A dry run's copy held in flight (MetaCopies::kInFlight): its source,
+  // alive until the copy is retired, as a real copy's is.
+  c10::Storage meta_source;
 };
 
 // Everything saved this step from one storage. Offloaded records own the
