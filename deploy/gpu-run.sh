@@ -202,7 +202,7 @@ if [[ $parts == *,bench,* ]]; then
   part offload_bench "$([ "$dry" = 1 ] && echo 150 || echo 90)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/offload_bench" "${bench_args[@]}"
 fi
 if [[ $parts == *,plan,* ]]; then
-  part plan_bench "$([ "$dry" = 1 ] && echo 150 || echo 120)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_args[@]}"
+  part plan_bench "$([ "$dry" = 1 ] && echo 150 || echo 180)" "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_args[@]}"
   # The daemon's own preset and batch (llama-1b at 4 x 512) on the GPU.
   if [ "$dry" = 0 ]; then
     part plan_bench_1b 150 "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_1b_args[@]}"

@@ -47,8 +47,11 @@ absl::Status InstallOffloadEngine();
 // On the meta device (a dry run, core/plan: tensors with shapes and no data)
 // the offloader decides and accounts as on a real device, but its copies are
 // counted, not made, and a reload allocates the buffer without reading
-// anything; no spill file, no read-ahead (prefetch_depth is 0 there: a
-// read-ahead thread's allocations would escape the dry run's accounting).
+// anything; no spill file. The read-ahead (prefetch_depth, kPrefetchAuto
+// meaning 0 there: give the target device's depth) loads on the unpacking
+// thread instead of a reader thread, whose allocations would escape the dry
+// run's accounting: each unpack brings back the next prefetch_depth records
+// at once, as a reader that keeps up does.
 // When a copy out completes is the dry run's to say (MetaCopies): at once,
 // releasing the device storage as a finished copy does, or as late as a real
 // step allows: in flight, its source held, until max_copies_in_flight later

@@ -55,8 +55,10 @@ struct PlanSpec {
   // The activation offloader's options (off by default). The dry run's
   // offloader decides what it would move exactly as a real one, and its
   // copies complete at once (offloader.h), or, for
-  // MemoryPlan::offload_in_flight_bytes, as late as a real step's may; no
-  // read-ahead is planned. The host target moves nothing on a CPU.
+  // MemoryPlan::offload_in_flight_bytes, as late as a real step's may. The
+  // backward read-ahead brings the next prefetch_depth records back at each
+  // reload, as a reader that keeps up does (automatic depth: the target's,
+  // 0 on a CPU and 2 on CUDA). The host target moves nothing on a CPU.
   offload::OffloadOptions offload;
   // The device the step would run on: its SDPA kernel choice
   // (internal::SdpaKernelFor) and autocast policy are followed. On CUDA each

@@ -40,13 +40,15 @@ TrainOptions PlannedOptions(const PlanSpec& spec) {
   return options;
 }
 
-// The offloader's options for the planned device: on a CPU the host target
-// is where the activations already are (nothing moves), which a meta run
-// cannot tell by itself.
+// The offloader's options for the planned device, which a meta run cannot
+// tell by itself: on a CPU the host target is where the activations already
+// are (nothing moves); the read-ahead's automatic depth is the device's.
 offload::OffloadOptions OffloadOptionsFor(const PlanSpec& spec) {
   offload::OffloadOptions options = spec.offload;
-  if (spec.target == PlanSpec::Target::kCpu && options.target == offload::Target::kHost) {
-    options.enabled = false;
+  const bool cpu = spec.target == PlanSpec::Target::kCpu;
+  if (cpu && options.target == offload::Target::kHost) options.enabled = false;
+  if (options.prefetch_depth == offload::kPrefetchAuto) {
+    options.prefetch_depth = cpu ? 0 : offload::kCudaPrefetchDepth;
   }
   return options;
 }

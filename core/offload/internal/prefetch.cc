@@ -11,8 +11,9 @@
 
 namespace memprofd::offload::internal {
 
-void SavedTensorStore::SchedulePrefetch(const StorageRecord& current,
-                                        RecordsToReleaseUnlocked* to_release) {
+void SavedTensorStore::SchedulePrefetch(
+    const StorageRecord& current, RecordsToReleaseUnlocked* to_release,
+    std::vector<std::shared_ptr<StorageRecord>>* load_now) {
   const int depth = prefetch_depth_;
   if (depth == 0 || stopping_ || current.sequence_ < 0 || current.step_id_ != step_id_) {
     return;
@@ -29,8 +30,12 @@ void SavedTensorStore::SchedulePrefetch(const StorageRecord& current,
     ++ahead;
     if (!record->prefetch_queued_ && !record->reloaded_.defined()) {
       record->prefetch_queued_ = true;
-      prefetch_queue_.push_back(record);
-      queued = true;
+      if (compute_.is_meta()) {
+        load_now->push_back(record);
+      } else {
+        prefetch_queue_.push_back(record);
+        queued = true;
+      }
     }
     to_release->push_back(std::move(record));
   }

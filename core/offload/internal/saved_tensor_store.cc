@@ -17,10 +17,9 @@ SavedTensorStore::SavedTensorStore(const OffloadOptions& options, c10::Device co
                                    bool meta_copies_in_flight)
     : options_(options),
       compute_(compute),
-      prefetch_depth_(compute.is_meta()                         ? 0
-                      : options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
-                      : compute.is_cuda()                       ? kCudaPrefetchDepth
-                                                                : 0),
+      prefetch_depth_(options.prefetch_depth != kPrefetchAuto ? options.prefetch_depth
+                      : compute.is_cuda()                     ? kCudaPrefetchDepth
+                                                              : 0),
       meta_copies_in_flight_(meta_copies_in_flight),
       spill_(std::move(spill)) {
   if (spill_ != nullptr) {

@@ -168,9 +168,13 @@ class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
   // --- Backward read-ahead (prefetch.cc) ---
   // Queues the read-ahead of the prefetch_depth live records offloaded just
   // before `current` in forward (the ones backward needs next); starts the
-  // reader thread the first time.
+  // reader thread the first time. A dry run (meta) has no reader thread: the
+  // records are added to `load_now` instead, for the caller to load at once
+  // on its own thread (its allocations then stay in the dry run's
+  // accounting), as a reader that keeps up would.
   void SchedulePrefetch(const StorageRecord& current,
-                        RecordsToReleaseUnlocked* to_release)
+                        RecordsToReleaseUnlocked* to_release,
+                        std::vector<std::shared_ptr<StorageRecord>>* load_now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the queued read-ahead and waits for the load under way: once
   // backward is over, what is left of it is of no use, and the reader must

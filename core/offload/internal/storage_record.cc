@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/common/attribution.h"
 #include "core/offload/internal/saved_tensor_store.h"
@@ -104,9 +106,15 @@ StorageRecord::Loaded StorageRecord::Load(bool prefetch) {
 void StorageRecord::Reload(at::Tensor* buffer, int64_t* base) {
   const auto started = std::chrono::steady_clock::now();
   {
-    SavedTensorStore::RecordsToReleaseUnlocked to_release;
-    absl::MutexLock lock(&store_->mu_);
-    store_->SchedulePrefetch(*this, &to_release);
+    std::vector<std::shared_ptr<StorageRecord>> load_now;  // a dry run's read-ahead
+    {
+      SavedTensorStore::RecordsToReleaseUnlocked to_release;
+      absl::MutexLock lock(&store_->mu_);
+      store_->SchedulePrefetch(*this, &to_release, &load_now);
+    }
+    for (const std::shared_ptr<StorageRecord>& record : load_now) {
+      record->Load(/*prefetch=*/true);
+    }
   }
   Loaded loaded = Load(/*prefetch=*/false);
   UseOnCurrentStream(loaded.done, loaded.buffer);
