@@ -28,8 +28,8 @@ class MetaAutocastScope;
 // re-enters it for its recomputation). Not copyable; one thread.
 //
 // On the meta device (a dry run, core/plan) it enters MetaAutocastScope
-// instead: the CPU's autocast policy applied to meta tensors
-// (meta_autocast.h; EnableMetaAutocast must have succeeded).
+// instead: the dry run's target device's autocast policy applied to meta
+// tensors (meta_autocast.h; EnableMetaAutocast must have succeeded).
 class AutocastScope {
  public:
   AutocastScope(MixedPrecision precision, c10::DeviceType device_type);

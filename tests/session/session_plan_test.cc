@@ -115,14 +115,14 @@ TEST(SessionPlanTest, WhatIsFoundWhileRunningFailsTheOperation) {
   EXPECT_EQ(v.error.code(), absl::StatusCode::kPermissionDenied) << v.error;
   EXPECT_THAT(v.error.message(), HasSubstr("hf_config_dir"));
 
+  // The session serves on: bf16 for a cuda target plans (CUDA's autocast).
   spec = SmallPlan();
-  spec.train.train.mixed_precision = "bf16";  // planned for the cpu target only
+  spec.train.train.mixed_precision = "bf16";
   spec.target = "cuda";
   op = session->StartPlan(spec);
   ASSERT_TRUE(op.ok()) << op.status();
   v = WaitDone(**op);
-  EXPECT_EQ(v.state, OperationState::kFailed);
-  EXPECT_EQ(v.error.code(), absl::StatusCode::kUnimplemented) << v.error;
+  EXPECT_EQ(v.state, OperationState::kSucceeded) << v.error;
 }
 
 TEST(SessionPlanTest, OnePlanAtATimeBesideATrainingThatGoesOn) {
