@@ -44,6 +44,9 @@ ABSL_FLAG(int32_t, bytes_per_token, 2,
 ABSL_FLAG(bool, gradient_checkpointing, false,
           "train: recompute each decoder layer in backward [false]");
 ABSL_FLAG(bool, checkpointing, false, "train: short for --gradient_checkpointing");
+ABSL_FLAG(int64_t, checkpoint_layers, 0,
+          "train: with --gradient_checkpointing, checkpoint the first N decoder layers "
+          "(0: all) [0]");
 ABSL_FLAG(std::string, attn_implementation, "sdpa",
           "train: sdpa (fused scaled_dot_product_attention) or eager [sdpa]");
 ABSL_FLAG(double, weight_decay, 0.0, "train: AdamW weight decay [0]");

@@ -63,6 +63,7 @@ ABSL_DECLARE_FLAG(std::string, indexed_data);
 ABSL_DECLARE_FLAG(std::string, indexed_windows);
 ABSL_DECLARE_FLAG(bool, gradient_checkpointing);
 ABSL_DECLARE_FLAG(bool, checkpointing);
+ABSL_DECLARE_FLAG(int64_t, checkpoint_layers);
 ABSL_DECLARE_FLAG(std::string, attn_implementation);
 ABSL_DECLARE_FLAG(double, weight_decay);
 ABSL_DECLARE_FLAG(double, beta1);

@@ -19,7 +19,13 @@ double RelativeStepTime(const PlanSpec& base, const BudgetCandidate& c,
                                ? options.offload_bytes_per_second
                            : cuda ? 2e10
                                   : 1e9;
-  double time = c.gradient_checkpointing ? 4.0 / 3.0 : 1.0;
+  // A step is 6 N tokens FLOPs; recomputing a layer's forward adds its 2:
+  // x 4/3 with every layer checkpointed, in proportion for some.
+  double time = 1.0;
+  if (c.num_layers > 0) {
+    time += static_cast<double>(c.checkpointed_layers) /
+            static_cast<double>(c.num_layers) / 3.0;
+  }
   const int64_t extra_micro = c.grad_accumulation_steps -
                               std::max<int64_t>(base.train.grad_accumulation_steps, 1);
   time *=
@@ -35,6 +41,19 @@ double RelativeStepTime(const PlanSpec& base, const BudgetCandidate& c,
     if (compute > 0) time += (1.0 - kOffloadHidden) * copies / compute;
   }
   return time;
+}
+
+// The checkpointing levels a budget tries for a model of `layers` decoder
+// layers: none, a quarter, half and three quarters of them (rounded, each
+// once), and all.
+std::vector<int64_t> CheckpointLevels(int64_t layers) {
+  std::vector<int64_t> levels = {0};
+  for (int64_t quarter = 1; quarter <= 3; ++quarter) {
+    const int64_t k = (layers * quarter + 2) / 4;
+    if (k > levels.back() && k < layers) levels.push_back(k);
+  }
+  if (layers > 0) levels.push_back(layers);
+  return levels;
 }
 
 // The category holding the most bytes at a plan's peak.
@@ -55,9 +74,14 @@ std::string BudgetCandidate::Describe(const PlanSpec& base) const {
           ? (base.offload.target == offload::Target::kHost ? "to host" : "to disk")
       : base.target == PlanSpec::Target::kCuda ? "to host"
                                                : "to disk";
+  const std::string checkpointing =
+      checkpointed_layers == 0 ? "off"
+      : checkpointed_layers >= num_layers
+          ? "on"
+          : absl::StrCat(checkpointed_layers, " of ", num_layers, " layers");
   return absl::StrCat("batch ", batch_size, " x ", grad_accumulation_steps,
-                      " accumulated, checkpointing ",
-                      gradient_checkpointing ? "on" : "off", ", offloading ", offload_to);
+                      " accumulated, checkpointing ", checkpointing, ", offloading ",
+                      offload_to);
 }
 
 absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t budget_bytes,
@@ -84,14 +108,20 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
   }
   offloaded.enabled = true;
 
+  // The train options that checkpoint the first k of the model's layers.
+  const int64_t layers = base.model.num_hidden_layers;
+  auto checkpoint = [layers](TrainOptions* train, int64_t k) {
+    train->gradient_checkpointing = k > 0;
+    train->checkpoint_layers = k > 0 && k < layers ? k : 0;
+  };
   BudgetChoice choice;
   for (int64_t m : micro_batches) {
-    for (bool ckpt : {false, true}) {
+    for (int64_t k : CheckpointLevels(layers)) {
       for (bool offload : {false, true}) {
         PlanSpec spec = base;
         spec.train.batch_size = m;
         spec.train.grad_accumulation_steps = accumulation * (batch / m);
-        spec.train.gradient_checkpointing = ckpt;
+        checkpoint(&spec.train, k);
         if (offload) {
           spec.offload = offloaded;
         } else {
@@ -103,7 +133,8 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
         BudgetCandidate c;
         c.batch_size = m;
         c.grad_accumulation_steps = spec.train.grad_accumulation_steps;
-        c.gradient_checkpointing = ckpt;
+        c.checkpointed_layers = k;
+        c.num_layers = layers;
         c.offload = offload;
         c.plan = *std::move(plan);
         c.fits = c.plan.fits;
@@ -122,7 +153,7 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
     choice.spec = base;
     choice.spec.train.batch_size = c.batch_size;
     choice.spec.train.grad_accumulation_steps = c.grad_accumulation_steps;
-    choice.spec.train.gradient_checkpointing = c.gradient_checkpointing;
+    checkpoint(&choice.spec.train, c.checkpointed_layers);
     if (c.offload) {
       choice.spec.offload = offloaded;
     } else {

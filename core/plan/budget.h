@@ -43,12 +43,15 @@ struct BudgetOptions {
 struct BudgetCandidate {
   int64_t batch_size = 0;  // the micro-batch
   int64_t grad_accumulation_steps = 0;
-  bool gradient_checkpointing = false;
+  // Decoder layers checkpointed, the first ones: 0 (off) to num_layers (all).
+  int64_t checkpointed_layers = 0;
+  int64_t num_layers = 0;
   bool offload = false;
   MemoryPlan plan;
   double relative_step_time = 0;  // the speed model's
   bool fits = false;
-  // "batch 4 x 2 accumulated, checkpointing on, offloading to disk".
+  // "batch 4 x 2 accumulated, checkpointing on, offloading to disk"
+  // ("checkpointing 8 of 16 layers" for some of them).
   std::string Describe(const PlanSpec& base) const;
 };
 
@@ -58,6 +61,10 @@ struct BudgetChoice {
   std::vector<BudgetCandidate> candidates;  // every one planned, fastest first
 };
 
+// The candidates: each micro-batch that divides base's batch_size (with the
+// accumulation keeping the effective batch) x checkpointing of none, the
+// first quarter, half, three quarters or all of the layers x offloading
+// off or on.
 // Plans the candidates of `base` (its batch_size, grad_accumulation_steps
 // and offload options are the request's; the offload target is base's, or
 // the target's default when base has offloading off) and returns the fastest

@@ -47,7 +47,8 @@ namespace memprofd::plan {
 struct PlanSpec {
   LlamaConfig model;
   // batch_size, seq_len, grad_accumulation_steps, gradient_checkpointing,
-  // attn_implementation, loss_chunk_tokens, max_grad_norm and the optimizer
+  // checkpoint_layers, attn_implementation, loss_chunk_tokens, max_grad_norm
+  // and the optimizer
   // fields are planned; data, steps and evaluation are ignored (the plan
   // draws from a synthetic window). mixed_precision bf16 runs the dry run
   // under the target device's autocast policy (core/train/meta_autocast.h).

@@ -42,6 +42,7 @@
   X(learning_rate, double, learning_rate)                      \
   X(seed, uint64_t, seed)                                      \
   X(gradient_checkpointing, bool, gradient_checkpointing)      \
+  X(checkpoint_layers, int64_t, checkpoint_layers)             \
   X(weight_decay, double, weight_decay)                        \
   X(beta1, double, beta1)                                      \
   X(beta2, double, beta2)                                      \

@@ -28,6 +28,11 @@ absl::Status NonNegativeFinite(absl::string_view field, double value) {
 
 }  // namespace
 
+bool CheckpointsLayer(const TrainOptions& options, int64_t layer) {
+  return options.gradient_checkpointing &&
+         (options.checkpoint_layers == 0 || layer < options.checkpoint_layers);
+}
+
 absl::Status ValidateTrainOptions(const TrainOptions& o,
                                   int64_t max_position_embeddings) {
   RETURN_IF_ERROR(AtLeastOne("steps", o.steps));
@@ -66,6 +71,15 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   if (!(o.adam_eps > 0) || !std::isfinite(o.adam_eps)) {
     return absl::InvalidArgumentError(
         absl::StrCat("adam_eps must be a finite number > 0, got ", o.adam_eps));
+  }
+  if (o.checkpoint_layers < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint_layers must be >= 0 (0: every layer), got ", o.checkpoint_layers));
+  }
+  if (o.checkpoint_layers > 0 && !o.gradient_checkpointing) {
+    return absl::InvalidArgumentError(
+        "checkpoint_layers is set but gradient_checkpointing is not: turn it on, or "
+        "leave checkpoint_layers unset");
   }
   RETURN_IF_ERROR(NonNegativeFinite("weight_decay", o.weight_decay));
   RETURN_IF_ERROR(NonNegativeFinite("max_grad_norm", o.max_grad_norm));

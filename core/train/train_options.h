@@ -30,6 +30,10 @@ inline constexpr int64_t kMaxGradAccumulationSteps = 4096;
 // ValidateTrainOptions(). Names follow memprofd.v1.TrainRequest's; a field a
 // request can set is listed in request_fields.h, which says where it is kept
 // here.
+struct TrainOptions;
+// Whether decoder layer `layer` (0-based) runs checkpointed under `options`.
+bool CheckpointsLayer(const TrainOptions& options, int64_t layer);
+
 struct TrainOptions {
   int64_t steps = 100;  // optimizer steps
   int64_t batch_size = 8;
@@ -42,6 +46,10 @@ struct TrainOptions {
   // Recompute each decoder layer in backward instead of keeping its
   // activations.
   bool gradient_checkpointing = false;
+  // With gradient_checkpointing: how many decoder layers, the first ones,
+  // are checkpointed (CheckpointsLayer); 0, or at least the model's layer
+  // count: all of them.
+  int64_t checkpoint_layers = 0;
   // How attention is computed (see AttentionImplementation).
   AttentionImplementation attn_implementation = AttentionImplementation::kSdpa;
   // AdamW (decoupled weight decay; applied to matrices and embeddings, not

@@ -270,9 +270,8 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
               batch_status = s;
               return;
             }
-            hidden = options.gradient_checkpointing
-                         ? CheckpointedLayer(*model_, i, hidden)
-                         : model_->Layer(i, hidden);
+            hidden = CheckpointsLayer(options, i) ? CheckpointedLayer(*model_, i, hidden)
+                                                  : model_->Layer(i, hidden);
             AfterUnitForward(listeners, ModelUnit::Layer(i), hidden);
           }
           if (absl::Status s = BeforeUnit(listeners, ModelUnit::Head(), false); !s.ok()) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include "core/memory/install.h"
@@ -85,6 +86,44 @@ TEST_F(BudgetTest, AGenerousBudgetKeepsTheRequest) {
   EXPECT_EQ(choice->spec.train.grad_accumulation_steps, 1);
   EXPECT_FALSE(choice->spec.train.gradient_checkpointing);
   EXPECT_FALSE(choice->spec.offload.enabled);
+}
+
+// Checkpointing part of the layers: half of them lowers the planned peak
+// between none and all, the chooser plans each level (a quarter, half,
+// three quarters, all), and a budget just above half the layers
+// checkpointed is met without checkpointing all of them. One sequence per
+// step, so that no micro-batch split is possible.
+TEST_F(BudgetTest, SomeLayersCheckpointedWhenThatIsEnough) {
+  PlanSpec request = Request();
+  request.train.batch_size = 1;
+  request.train.seq_len = request.model.max_position_embeddings;
+  const int64_t layers = request.model.num_hidden_layers;
+  ASSERT_GE(layers, 4);
+  std::vector<int64_t> peaks;
+  for (int64_t k : {int64_t{0}, layers / 2, layers}) {
+    PlanSpec spec = request;
+    spec.train.gradient_checkpointing = k > 0;
+    spec.train.checkpoint_layers = k < layers ? k : 0;
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    peaks.push_back(plan->peak_allocated_bytes);
+  }
+  EXPECT_GT(peaks[0], peaks[1]);
+  EXPECT_GT(peaks[1], peaks[2]);
+  // Just above half the layers checkpointed: no micro-batch split or
+  // offloading is as fast (the speed model: 1 + k / 3N).
+  absl::StatusOr<BudgetChoice> choice = ChooseUnderBudget(request, peaks[1] + 1);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  std::cout << "tiny 1x" << request.train.seq_len << " eager: peaks " << peaks[0]
+            << " (no checkpointing), " << peaks[1] << " (" << layers / 2 << " of "
+            << layers << " layers), " << peaks[2] << " (all); budget " << peaks[1] + 1
+            << ": chose " << choice->chosen.Describe(request) << "\n";
+  std::set<int64_t> levels;
+  for (const BudgetCandidate& c : choice->candidates)
+    levels.insert(c.checkpointed_layers);
+  EXPECT_EQ(levels.size(), 5u);  // 0, N/4, N/2, 3N/4, N
+  EXPECT_LT(choice->chosen.checkpointed_layers, layers);
+  EXPECT_LE(choice->chosen.plan.peak_allocated_bytes, peaks[1] + 1);
 }
 
 TEST_F(BudgetTest, NonPositiveBudgetIsInvalid) {

@@ -146,18 +146,38 @@ TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences)
 }
 
 TEST(TrainerTest, CheckpointingTrainsIdentically) {
-  std::vector<double> losses[2];
-  for (int checkpointing : {0, 1}) {
+  // Off, every layer, and the first one only (checkpoint_layers).
+  std::vector<double> losses[3];
+  for (int variant : {0, 1, 2}) {
     std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(4);
-    o.gradient_checkpointing = checkpointing;
+    o.gradient_checkpointing = variant > 0;
+    if (variant == 2) o.checkpoint_layers = 1;
     ASSERT_TRUE(
-        trainer
-            .Run(o, [&](const StepReport& s) { losses[checkpointing].push_back(s.loss); })
+        trainer.Run(o, [&](const StepReport& s) { losses[variant].push_back(s.loss); })
             .ok());
   }
   EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(losses[0], losses[2]);
+}
+
+TEST(TrainerTest, CheckpointLayersPicksTheFirstLayersAndIsChecked) {
+  TrainOptions o;
+  EXPECT_FALSE(CheckpointsLayer(o, 0));
+  o.gradient_checkpointing = true;
+  EXPECT_TRUE(CheckpointsLayer(o, 0));
+  EXPECT_TRUE(CheckpointsLayer(o, 7));  // 0: every layer
+  o.checkpoint_layers = 2;
+  EXPECT_TRUE(CheckpointsLayer(o, 1));
+  EXPECT_FALSE(CheckpointsLayer(o, 2));
+  EXPECT_TRUE(ValidateTrainOptions(o, 4096).ok());
+  o.checkpoint_layers = -1;
+  EXPECT_THAT(ValidateTrainOptions(o, 4096).message(), HasSubstr("checkpoint_layers"));
+  o.checkpoint_layers = 2;
+  o.gradient_checkpointing = false;
+  EXPECT_THAT(ValidateTrainOptions(o, 4096).message(),
+              HasSubstr("gradient_checkpointing"));
 }
 
 TEST(TrainerTest, ReportsEveryStep) {

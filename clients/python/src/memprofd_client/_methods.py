@@ -96,6 +96,7 @@ class _Api:
               seq_len: Optional[int] = None, learning_rate: Optional[float] = None,
               seed: Optional[int] = None, data: Optional[pb.DataSource] = None,
               gradient_checkpointing: Optional[bool] = None,
+              checkpoint_layers: Optional[int] = None,
               offload: Optional[pb.OffloadOptions] = None,
               weight_decay: Optional[float] = None, beta1: Optional[float] = None,
               beta2: Optional[float] = None, adam_eps: Optional[float] = None,
@@ -116,7 +117,8 @@ class _Api:
         return self._start("Train", _request(
             pb.TrainRequest, steps=steps, batch_size=batch_size, seq_len=seq_len,
             learning_rate=learning_rate, seed=seed, data=data,
-            gradient_checkpointing=gradient_checkpointing, offload=offload,
+            gradient_checkpointing=gradient_checkpointing,
+            checkpoint_layers=checkpoint_layers, offload=offload,
             weight_decay=weight_decay, beta1=beta1, beta2=beta2, adam_eps=adam_eps,
             max_grad_norm=max_grad_norm, grad_accumulation_steps=grad_accumulation_steps,
             attn_implementation=attn_implementation, lr_scheduler_type=lr_scheduler_type,
