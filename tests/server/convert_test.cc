@@ -236,6 +236,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
       {"learning_rate", "0.0125"},
       {"seed", "9"},
       {"gradient_checkpointing", "true"},
+      {"checkpoint_layers", "2"},
       {"weight_decay", "0.01"},
       {"beta1", "0.85"},
       {"beta2", "0.95"},
