@@ -94,6 +94,12 @@ at::Tensor& UnaryOutMeta(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 
+// A tensor shaped as `x` ([B, H, T, D]) laid out in [B, T, H, D] memory, as
+// the attention kernels allocate their outputs and gradients.
+at::Tensor EmptyHeadsInner(const at::Tensor& x) {
+  return at::empty(x.transpose(1, 2).sizes(), x.options()).transpose(1, 2);
+}
+
 // The CPU's flash attention (what SDPA runs on the CPU for every shape memprofd
 // trains; a dry run planning a CPU step calls it, LlamaModel::
 // set_meta_sdpa_kernel): the output in [B, T, H, D] memory seen as
@@ -107,11 +113,10 @@ std::tuple<at::Tensor, at::Tensor> FlashAttentionForCpuMeta(
   TORCH_CHECK(
       query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
       "_scaled_dot_product_flash_attention_for_cpu: expected 4-D query, key, value");
-  const int64_t b = query.size(0), h = query.size(1), t = query.size(2),
-                d = query.size(3);
+  const int64_t b = query.size(0), h = query.size(1), t = query.size(2);
   const at::ScalarType accumulate =
       at::isReducedFloatingType(query.scalar_type()) ? at::kFloat : query.scalar_type();
-  at::Tensor output = at::empty({b, t, h, d}, query.options()).transpose(1, 2);
+  at::Tensor output = EmptyHeadsInner(query);
   at::Tensor logsumexp =
       at::empty({b, t, h}, query.options().dtype(accumulate)).transpose(1, 2);
   return {std::move(output), std::move(logsumexp)};
@@ -123,10 +128,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> FlashAttentionForCpuBackwardMeta(
     double /*dropout_p*/, bool /*is_causal*/,
     const std::optional<at::Tensor>& /*attn_mask*/, std::optional<double> /*scale*/) {
   if (!grad_out.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
-  auto zeros_transposed = [](const at::Tensor& x) {
-    return at::empty(x.transpose(1, 2).sizes(), x.options()).transpose(1, 2);
-  };
-  return {zeros_transposed(query), zeros_transposed(key), zeros_transposed(value)};
+  return {EmptyHeadsInner(query), EmptyHeadsInner(key), EmptyHeadsInner(value)};
 }
 
 // CUDA's flash attention (what SDPA runs there for bf16 without a mask; a
@@ -143,9 +145,8 @@ CudaFlashAttentionMeta(const at::Tensor& query, const at::Tensor& key,
                        bool /*return_debug_mask*/, std::optional<double> /*scale*/) {
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
               "_scaled_dot_product_flash_attention: expected 4-D query, key, value");
-  const int64_t b = query.size(0), h = query.size(1), t = query.size(2),
-                d = query.size(3);
-  at::Tensor output = at::empty({b, t, h, d}, query.options()).transpose(1, 2);
+  const int64_t b = query.size(0), h = query.size(1), t = query.size(2);
+  at::Tensor output = EmptyHeadsInner(query);
   at::Tensor logsumexp = at::empty({b, h, t}, query.options().dtype(at::kFloat));
   at::Tensor seed = at::empty({2}, query.options().dtype(at::kUInt64));
   at::Tensor offset = at::empty({}, query.options().dtype(at::kUInt64));
@@ -199,10 +200,8 @@ CudaEfficientAttentionBackwardMeta(
     std::optional<double> /*scale*/) {
   if (!grad_out.defined())
     return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
-  auto transposed = [](const at::Tensor& x) {
-    return at::empty(x.transpose(1, 2).sizes(), x.options()).transpose(1, 2);
-  };
-  return {transposed(query), transposed(key), transposed(value), at::Tensor()};
+  return {EmptyHeadsInner(query), EmptyHeadsInner(key), EmptyHeadsInner(value),
+          at::Tensor()};
 }
 
 void FusedAdamWMeta(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs,

@@ -32,14 +32,12 @@ constexpr int kTopHolders = 10;
 // tells it the steps and phases.
 class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
  public:
-  // `granule`: each block counts as its size rounded up to a multiple of it
-  // (1: as requested). `cuda`: instead replay the blocks through a model of
-  // the CUDA caching allocator, each counting as the block it hands out
-  // (rounded up to 512 bytes, or a whole cached block it does not split, as
-  // torch.cuda.memory_allocated counts it), and for the reserved bytes.
-  Ledger(int64_t granule, bool cuda)
-      : granule_(granule),
-        cuda_(cuda ? std::make_unique<CachingAllocatorModel>() : nullptr) {}
+  // Each block counts as requested; with `cuda`, as the block a model of the
+  // CUDA caching allocator hands out for it (rounded up to 512 bytes, or a
+  // whole cached block it does not split, as torch.cuda.memory_allocated
+  // counts it), the model also giving the reserved bytes.
+  explicit Ledger(bool cuda)
+      : cuda_(cuda ? std::make_unique<CachingAllocatorModel>() : nullptr) {}
 
   struct StepPeaks {
     int64_t step = 0;
@@ -63,7 +61,7 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
       Add(handed_out, block);
       return;
     }
-    Add(Rounded(bytes), block);
+    Add(std::max<int64_t>(bytes, 0), block);
   }
   void OnFree(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -124,15 +122,12 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   }
 
  private:
-  int64_t Rounded(int64_t bytes) const {
-    return bytes <= 0 ? 0 : (bytes + granule_ - 1) / granule_ * granule_;
-  }
-  // The bytes allocation `id` (of `bytes` requested) counts for: its
-  // block's as the caching allocator model handed it out, else rounded.
-  // Called with mu_ held.
+  // The bytes allocation `id` (of `bytes` requested) counts for, as OnAlloc
+  // counted it: its block's with the caching allocator model, else as
+  // requested. Called with mu_ held.
   int64_t Counted(int64_t bytes, uint64_t id, bool forget) {
     auto it = blocks_.find(id);
-    if (it == blocks_.end()) return Rounded(bytes);
+    if (it == blocks_.end()) return std::max<int64_t>(bytes, 0);
     const int64_t counted = it->second;
     if (forget) blocks_.erase(it);
     return counted;
@@ -176,7 +171,6 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     mark = std::max(mark, categories_[static_cast<size_t>(category)]);
   }
 
-  const int64_t granule_;
   const std::unique_ptr<CachingAllocatorModel> cuda_;
   mutable std::mutex mu_;
   // With the model: each live allocation's block bytes, by id.
@@ -317,25 +311,23 @@ absl::StatusOr<PlanSpec::Target> ParseTarget(absl::string_view name) {
 namespace {
 
 // One dry run of rank group->rank() of spec.world_size (group null for one
-// process), the offloader's copies completing as `meta_copies` says.
+// process), SDPA as `sdpa`, the offloader's copies completing as
+// `meta_copies` says.
 // `trainable` gets the numel of each trainable parameter, each storage once,
 // in model order (as OptimizerSharding partitions them).
 absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
+                                  LlamaModel::MetaSdpaKernel sdpa,
                                   std::vector<int64_t>* trainable,
                                   offload::MetaCopies meta_copies) {
   std::array<int64_t, internal::kPlannedSteps> moved{};
   int64_t parameters = 0;
-  // The CUDA caching allocator hands out multiples of 512 bytes (its
-  // kMinBlockSize); an empty request takes no block.
-  const bool cuda = spec.target == PlanSpec::Target::kCuda;
-  auto ledger = std::make_shared<Ledger>(cuda ? 512 : 1, cuda);
+  auto ledger = std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda);
   PhaseDomain domain;
   domain.listener = ledger.get();
   {
     PhaseDomainScope in_domain(&domain);
     memory::MetaAccountingScope accounting(ledger);
     memory::ThreadOpAttribution ops;
-    const LlamaModel::MetaSdpaKernel sdpa = internal::SdpaKernelFor(spec);
     RETURN_IF_ERROR(internal::RunPlannedSteps(
         spec, c10::Device(c10::DeviceType::Meta), group,
         [sdpa, &parameters, trainable](LlamaModel& model) {
@@ -379,13 +371,14 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
 // as long as a real step may hold them, whose extra peak is
 // offload_in_flight_bytes.
 absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
+                                    LlamaModel::MetaSdpaKernel sdpa,
                                     std::vector<int64_t>* trainable) {
   ASSIGN_OR_RETURN(MemoryPlan plan,
-                   DryRun(spec, group, trainable, offload::MetaCopies::kAtOnce));
+                   DryRun(spec, group, sdpa, trainable, offload::MetaCopies::kAtOnce));
   if (plan.offloaded_bytes > 0) {
     std::vector<int64_t> unused;
     ASSIGN_OR_RETURN(const MemoryPlan held,
-                     DryRun(spec, group, &unused, offload::MetaCopies::kInFlight));
+                     DryRun(spec, group, sdpa, &unused, offload::MetaCopies::kInFlight));
     plan.offload_in_flight_bytes =
         std::max<int64_t>(0, held.peak_allocated_bytes - plan.peak_allocated_bytes);
     plan.allocations += held.allocations;
@@ -414,7 +407,9 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   // Rank 0 first: its dry run also gives the parameters to share out.
   std::unique_ptr<ProcessGroup> group =
       world > 1 ? ProcessGroup::ForPlan(0, world) : nullptr;
-  ASSIGN_OR_RETURN(MemoryPlan first, PlanRank(spec, group.get(), &trainable));
+  // The SDPA kernel the target picks, asked once for every dry run below.
+  const LlamaModel::MetaSdpaKernel sdpa = internal::SdpaKernelFor(spec);
+  ASSIGN_OR_RETURN(MemoryPlan first, PlanRank(spec, group.get(), sdpa, &trainable));
   int64_t total = 0;
   for (int64_t n : trainable) total += n;
   const std::vector<int64_t> shares =
@@ -442,7 +437,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     } else {
       group = ProcessGroup::ForPlan(r, world);
       std::vector<int64_t> unused;
-      ASSIGN_OR_RETURN(rank_plan, PlanRank(spec, group.get(), &unused));
+      ASSIGN_OR_RETURN(rank_plan, PlanRank(spec, group.get(), sdpa, &unused));
     }
     allocations += rank_plan.allocations;
     ranks.push_back({r, rank_plan.peak_allocated_bytes, rank_plan.peak_phase,
