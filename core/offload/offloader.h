@@ -53,9 +53,9 @@ absl::Status InstallOffloadEngine();
 // run's accounting: each unpack brings back the next prefetch_depth records
 // at once, as a reader that keeps up does.
 // When a copy out completes is the dry run's to say (MetaCopies): at once,
-// releasing the device storage as a finished copy does, or as late as a real
-// step allows: in flight, its source held, until max_copies_in_flight later
-// copies have started, a reload needs it or the step ends.
+// releasing the device storage as a finished copy does, or held in flight
+// with its source by the real offloader's limit: until max_copies_in_flight
+// later copies have started, a reload needs it or the step ends.
 //
 // One offloader per training session. Thread-safety: Create, BeginStep,
 // EndStep and the destructor belong to the owner thread (the one running

@@ -367,8 +367,8 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
 }
 
 // One rank's plan: its dry run with the copies out completing at once and,
-// when the step offloads something, a second one with them held in flight
-// as long as a real step may hold them, whose extra peak is
+// when the step offloads something, a second one with up to
+// max_copies_in_flight of them held in flight, whose extra peak is
 // offload_in_flight_bytes.
 absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
                                     LlamaModel::MetaSdpaKernel sdpa,

@@ -56,10 +56,11 @@ struct PlanSpec {
   // The activation offloader's options (off by default). The dry run's
   // offloader decides what it would move exactly as a real one, and its
   // copies complete at once (offloader.h), or, for
-  // MemoryPlan::offload_in_flight_bytes, as late as a real step's may. The
-  // backward read-ahead brings the next prefetch_depth records back at each
-  // reload, as a reader that keeps up does (automatic depth: the target's,
-  // 0 on a CPU and 2 on CUDA). The host target moves nothing on a CPU.
+  // MemoryPlan::offload_in_flight_bytes, up to max_copies_in_flight held in
+  // flight. The backward read-ahead brings the next prefetch_depth records
+  // back at each reload, as a reader that keeps up does (automatic depth:
+  // the target's, 0 on a CPU and 2 on CUDA). The host target moves nothing
+  // on a CPU.
   offload::OffloadOptions offload;
   // The device the step would run on: its SDPA kernel choice
   // (internal::SdpaKernelFor) and autocast policy are followed. On CUDA each
@@ -168,12 +169,13 @@ struct MemoryPlan {
   // Bytes the offloader would move off the device per micro-batch of the
   // peak step (0 without offloading).
   int64_t offloaded_bytes = 0;
-  // The most the offloader's copies in flight may add to the peak: the plan
-  // above counts each copy out as done at once (as when the link or disk
-  // keeps up with compute); a second dry run holds each copy's source as
-  // long as a real step may (until max_copies_in_flight later copies have
-  // started, or backward needs it), and this is how much higher its peak
-  // is. The verdict (fits, headroom_bytes) counts it. 0 without offloading.
+  // What the offloader's copies in flight may add to the peak, estimated:
+  // the plan above counts each copy out as done at once (as when the link or
+  // disk keeps up with compute); a second dry run holds each copy's source
+  // until max_copies_in_flight later copies have started or backward needs
+  // it, and this is how much higher its peak is (a real step on a busy CPU
+  // has gone past it: docs/known-limits.md). The verdict (fits,
+  // headroom_bytes) counts it. 0 without offloading.
   int64_t offload_in_flight_bytes = 0;
   // For a cuda target, the bytes the caching allocator would reserve from
   // the device (torch.cuda.max_memory_reserved), simulated by replaying the

@@ -61,8 +61,8 @@ struct PackedTensor {
 // threads, the writer and the reader on their own threads.
 class SavedTensorStore : public std::enable_shared_from_this<SavedTensorStore> {
  public:
-  // `meta_copies_in_flight`: a dry run's copies out stay in flight as long
-  // as a real step's may (Offloader's MetaCopies::kInFlight).
+  // `meta_copies_in_flight`: a dry run's copies out stay in flight by the
+  // real offloader's limit (Offloader's MetaCopies::kInFlight).
   SavedTensorStore(const OffloadOptions& options, c10::Device compute,
                    std::unique_ptr<SpillFile> spill, bool meta_copies_in_flight = false);
   ~SavedTensorStore();
