@@ -1,6 +1,7 @@
 #include "core/dist/process_group.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "core/common/log.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd {
 namespace {
@@ -275,6 +277,54 @@ absl::StatusOr<std::vector<at::Tensor>> ProcessGroup::AllGather(
     for (at::Tensor& out : outputs[0]) out.copy_(tensor);
   }
   return std::move(outputs[0]);
+}
+
+absl::Status ProcessGroup::CheckChunks(const char* what, const at::Tensor& whole,
+                                       const at::Tensor& chunk) const {
+  if (!whole.is_contiguous() || !chunk.is_contiguous() ||
+      whole.scalar_type() != chunk.scalar_type() ||
+      whole.numel() != chunk.numel() * world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " needs contiguous tensors of one dtype, the whole world_size (",
+        world_size(), ") times the chunk; got ", whole.numel(), " ",
+        c10::toString(whole.scalar_type()), " elements and ", chunk.numel(), " ",
+        c10::toString(chunk.scalar_type())));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartAllGatherInto(
+    const at::Tensor& output, const at::Tensor& input) {
+  RETURN_IF_ERROR(CheckChunks("all-gather into a tensor", output, input));
+  if (planning()) {
+    at::NoGradGuard no_grad;
+    output.view({world_size(), -1}).copy_(input.reshape({1, -1}));
+    return PendingCollective();
+  }
+  return Begin(absl::StrCat("all-gather of ", input.numel(), " elements per rank"), [&] {
+    at::Tensor out = output, in = input;
+    c10d::AllgatherOptions options;
+    options.timeout = impl_->timeout;
+    return impl_->backend->_allgather_base(out, in, options);
+  });
+}
+
+absl::StatusOr<PendingCollective> ProcessGroup::StartReduceScatterSum(
+    const at::Tensor& output, const at::Tensor& input) {
+  RETURN_IF_ERROR(CheckChunks("reduce-scatter", input, output));
+  if (planning()) {
+    at::NoGradGuard no_grad;
+    output.copy_(input.view({world_size(), -1})[rank()]);
+    return PendingCollective();
+  }
+  return Begin(absl::StrCat("reduce-scatter of ", output.numel(), " elements per rank"),
+               [&] {
+                 at::Tensor out = output, in = input;
+                 c10d::ReduceScatterOptions options;
+                 options.reduceOp = c10d::ReduceOp::SUM;
+                 options.timeout = impl_->timeout;
+                 return impl_->backend->_reduce_scatter_base(out, in, options);
+               });
 }
 
 absl::Status ProcessGroup::Barrier() {

@@ -111,9 +111,10 @@ class ProcessGroup {
   // A group for planning (core/plan's dry run of rank `rank` of
   // `world_size`): no backend, no store, no peers. Every collective completes
   // at once and moves nothing: an all-reduce, a reduce or a broadcast leaves
-  // the tensor as it is, and an all-gather returns world_size copies of this
+  // the tensor as it is, an all-gather returns world_size copies of this
   // rank's tensor (every rank of a plan is the same dry run, so the checks
-  // that compare ranks see them agree). On meta tensors nothing has values.
+  // that compare ranks see them agree), and a reduce-scatter gives this
+  // rank's chunk of its own input. On meta tensors nothing has values.
   // The store calls return FAILED_PRECONDITION. `rank` must be in
   // [0, world_size).
   static std::unique_ptr<ProcessGroup> ForPlan(int rank, int world_size);
@@ -146,6 +147,22 @@ class ProcessGroup {
   absl::Status Broadcast(const at::Tensor& tensor, int root);
   // Every rank's `tensor` (same shape on all), in rank order.
   absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor);
+  // c10d's all_gather_into_tensor: starts writing every rank's `input` (dense,
+  // contiguous, n elements, the same n and dtype on all) into `output`
+  // (dense, contiguous, world_size * n elements), rank r's at [r * n,
+  // (r + 1) * n). `input` may be output's own chunk of this rank.
+  // INVALID_ARGUMENT when the sizes or dtypes do not fit. A plan's group
+  // copies `input` into every chunk.
+  absl::StatusOr<PendingCollective> StartAllGatherInto(const at::Tensor& output,
+                                                       const at::Tensor& input);
+  // c10d's reduce_scatter_tensor with SUM: starts summing every rank's `input`
+  // (world_size * n elements) and writing chunk r of the sum, [r * n,
+  // (r + 1) * n), into rank r's `output` (n elements). `input`'s contents
+  // are unspecified afterwards (Gloo uses it as scratch). INVALID_ARGUMENT
+  // when the sizes or dtypes do not fit. A plan's group copies this rank's
+  // chunk of `input` into `output`.
+  absl::StatusOr<PendingCollective> StartReduceScatterSum(const at::Tensor& output,
+                                                          const at::Tensor& input);
   absl::Status Barrier();
 
   // The run's key-value store (this attempt's prefix), for what is not a
@@ -165,6 +182,10 @@ class ProcessGroup {
   // Starts `what` through `start` (which returns c10d's work).
   template <typename Start>
   absl::StatusOr<PendingCollective> Begin(const std::string& what, Start start);
+  // INVALID_ARGUMENT unless `whole` is world_size() times `chunk`, both
+  // contiguous and of one dtype.
+  absl::Status CheckChunks(const char* what, const at::Tensor& whole,
+                           const at::Tensor& chunk) const;
   // Begins `what` and waits for it.
   template <typename Start>
   absl::Status Run(const std::string& what, Start start);

@@ -1,6 +1,7 @@
 // One rank of a data-parallel test run, started by dist_test as a process per
 // rank with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT).
-//   --scenario=collectives  all-reduce, reduce, broadcast, all-gather, barrier;
+//   --scenario=collectives  all-reduce, reduce, broadcast, all-gather (into a
+//                           tensor too), reduce-scatter, barrier;
 //                           checks the values and prints "collectives ok".
 //   --scenario=train        trains the small test Llama for --steps steps with
 //                           GradientSync (when WORLD_SIZE > 1), prints
@@ -130,6 +131,51 @@ int Collectives(ProcessGroup& group) {
       std::cout << "all-gather slot " << r << " holds " << (*all)[r] << std::endl;
       return 1;
     }
+  }
+  // All-gather into one tensor: rank r's chunk is {r, r + 0.5}; rank r's
+  // input may be its own chunk of the output.
+  at::Tensor gathered = at::full({2 * world}, -1.0f);
+  at::Tensor mine = at::tensor({rank * 1.0f, rank + 0.5f});
+  for (at::Tensor input : {mine, gathered.narrow(0, 2 * rank, 2)}) {
+    if (!input.is_same(mine)) input.copy_(mine);
+    absl::StatusOr<PendingCollective> all_into =
+        group.StartAllGatherInto(gathered, input);
+    if (!all_into.ok()) return Fail(all_into.status());
+    if (absl::Status s = all_into->Wait(); !s.ok()) return Fail(s);
+    for (int r = 0; r < world; ++r) {
+      if (gathered[2 * r].item<float>() != r ||
+          gathered[2 * r + 1].item<float>() != r + 0.5f) {
+        std::cout << "all-gather into a tensor gave " << gathered << std::endl;
+        return 1;
+      }
+    }
+    gathered.fill_(-1);
+  }
+  // Reduce-scatter: every rank sends k + rank at element k; rank r gets
+  // chunk r of the sum, sum over ranks of (k + q) = world * k + world(world-1)/2.
+  at::Tensor scattered = at::empty({3});
+  at::Tensor input = at::arange(3 * world, at::kFloat) + rank;
+  absl::StatusOr<PendingCollective> scatter =
+      group.StartReduceScatterSum(scattered, input);
+  if (!scatter.ok()) return Fail(scatter.status());
+  if (absl::Status s = scatter->Wait(); !s.ok()) return Fail(s);
+  for (int k = 0; k < 3; ++k) {
+    const float want = world * (3.0f * rank + k) + world * (world - 1) / 2.0f;
+    if (scattered[k].item<float>() != want) {
+      std::cout << "reduce-scatter gave " << scattered << " on rank " << rank
+                << std::endl;
+      return 1;
+    }
+  }
+  // Sizes that do not fit are refused before anything is sent.
+  if (group.StartAllGatherInto(at::empty({2 * world + 1}), mine).status().code() !=
+          absl::StatusCode::kInvalidArgument ||
+      group.StartReduceScatterSum(at::empty({3}), at::empty({3 * world}, at::kDouble))
+              .status()
+              .code() != absl::StatusCode::kInvalidArgument) {
+    std::cout << "a chunked collective of mismatched sizes or dtypes was not refused"
+              << std::endl;
+    return 1;
   }
   if (absl::Status s = group.Barrier(); !s.ok()) return Fail(s);
   // The store: rank 0 publishes, the others pick it up; a missing key times
