@@ -151,8 +151,8 @@ int Collectives(ProcessGroup& group) {
     }
     gathered.fill_(-1);
   }
-  // Reduce-scatter: every rank sends k + rank at element k; rank r gets
-  // chunk r of the sum, sum over ranks of (k + q) = world * k + world(world-1)/2.
+  // Reduce-scatter: rank q sends j + q at element j; rank r gets chunk r of
+  // the sum, element k of it at j = 3r + k: world * j + world(world-1)/2.
   at::Tensor scattered = at::empty({3});
   at::Tensor input = at::arange(3 * world, at::kFloat) + rank;
   absl::StatusOr<PendingCollective> scatter =
