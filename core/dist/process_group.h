@@ -157,8 +157,11 @@ class ProcessGroup {
                                                        const at::Tensor& input);
   // c10d's reduce_scatter_tensor with SUM: starts summing every rank's `input`
   // (world_size * n elements) and writing chunk r of the sum, [r * n,
-  // (r + 1) * n), into rank r's `output` (n elements). `input`'s contents
-  // are unspecified afterwards (Gloo uses it as scratch). INVALID_ARGUMENT
+  // (r + 1) * n), into rank r's `output` (n elements), which holds it once
+  // Wait returns OK. `input`'s contents are unspecified afterwards: on Gloo,
+  // whose reduce-scatter would all-reduce a copy of the whole input, the
+  // input is all-reduced in place instead (the same traffic, no copy) and
+  // Wait copies the chunk out. INVALID_ARGUMENT
   // when the sizes or dtypes do not fit. A plan's group copies this rank's
   // chunk of `input` into `output`.
   absl::StatusOr<PendingCollective> StartReduceScatterSum(const at::Tensor& output,
