@@ -3,17 +3,17 @@
 // Gloo on loopback, --threads each) on the built-in presets, side by side
 // with one process's. Per row: seconds per step, tokens/s, the collective
 // time compute did not hide ("exposed": the time GradientSync waited, and
-// with full sharding the time the parameter gathers waited), and
-// the bytes one rank holds of parameters between steps, of other ranks'
+// with full sharding the time the parameter all-gathers waited), and
+// the bytes one rank holds of parameters between steps, of whole
 // parameters gathered at once in a step (full sharding's working set), of
 // gradients at their peak and of AdamW's state, each the largest over the
 // ranks, with parameters, gradients and state as a fraction of one process's.
-// Measured, not derived: the parameters' storages and the optimizer state's
-// tensors summed after the run (a fully sharded rank's others' parameters
-// are freed then), the gathered peak as ParameterSharding counts it, the gradients' peak
-// as GradientSync samples it inside backward (the distinct storages of the .grads, the
-// buckets' flat copies and the owned sums) or, in one process, the .grads summed after
-// backward. Each rank trains --batch windows, so N ranks do N times the work of one in
+// Measured, not derived: the parameters' storages (with full sharding, whose
+// parameters are freed between steps, the rank's shards) and the optimizer
+// state's tensors summed after the run, the gathered peak as
+// ParameterSharding counts it, the gradients' peak as GradientSync samples it
+// inside backward (the distinct storages of the .grads, the buckets' buffers
+// and the pieces' sums) or, in one process, the .grads summed after backward. Each rank trains --batch windows, so N ranks do N times the work of one in
 // each step; the scaling figure is tokens/s of N ranks over tokens/s of 1.
 // On this 2-core machine more than two one-thread ranks share the cores, so
 // the times at 4 ranks measure contention, not scaling; the bytes do not
@@ -50,6 +50,7 @@
 #include "core/dist/world.h"
 #include "core/model/config.h"
 #include "core/model/llama.h"
+#include "core/train/adamw.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
@@ -102,7 +103,8 @@ int64_t StorageBytes(const std::vector<at::Tensor>& tensors) {
 // DataParallel's, which drops or shards them), the most over the steps.
 class GradientBytesListener : public StepListener {
  public:
-  explicit GradientBytesListener(LlamaModel* model) : model_(model) {}
+  explicit GradientBytesListener(Trainer* trainer)
+      : trainer_(trainer), model_(trainer->model()) {}
   absl::Status AfterBackward() override {
     Sample();
     return absl::OkStatus();
@@ -112,10 +114,16 @@ class GradientBytesListener : public StepListener {
 
  private:
   void Sample() {
+    // The parameters' .grads and, sharded, their pieces'.
     std::vector<at::Tensor> grads;
-    for (const at::Tensor& p : model_->Parameters()) grads.push_back(p.grad());
+    for (const at::Tensor& p : model_->Parameters()) {
+      grads.push_back(p.grad());
+      const at::Tensor target = trainer_->optimizer()->TargetOf(p);
+      if (target.defined() && !target.is_same(p)) grads.push_back(target.grad());
+    }
     peak_ = std::max(peak_, StorageBytes(grads));
   }
+  Trainer* const trainer_;
   LlamaModel* const model_;
   int64_t peak_ = 0;
 };
@@ -164,7 +172,7 @@ int RunRank(const std::map<std::string, std::string>& args) {
   options.steps = IntArg(args, "warmup");
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(options.data, config->vocab_size);
-  GradientBytesListener grad_bytes(model->get());
+  GradientBytesListener grad_bytes(&trainer);
   StepListeners listeners;
   if (dp != nullptr) listeners.push_back(dp.get());
   listeners.push_back(&grad_bytes);
@@ -197,9 +205,15 @@ int RunRank(const std::map<std::string, std::string>& args) {
   grad_peak = std::max(grad_peak, grad_bytes.peak());
   std::vector<at::Tensor> state;
   for (const auto& [name, t] : trainer.NamedOptimizerState()) state.push_back(t);
+  // Full sharding: the parameters' storages are freed between steps, and
+  // the rank keeps its shards.
+  int64_t parameter_bytes = StorageBytes((*model)->Parameters());
+  if (dp != nullptr && dp->parameter_stats() != nullptr) {
+    parameter_bytes += dp->parameter_stats()->owned_bytes;
+  }
   std::printf(
       "RESULT %d %.6f %.6f %lld %lld %lld %lld\n", world->rank, seconds / steps,
-      exposed / steps, static_cast<long long>(StorageBytes((*model)->Parameters())),
+      exposed / steps, static_cast<long long>(parameter_bytes),
       static_cast<long long>(grad_peak), static_cast<long long>(StorageBytes(state)),
       static_cast<long long>(gathered_peak));
   std::fflush(stdout);

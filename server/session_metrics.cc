@@ -327,19 +327,19 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                      dp.allreduce_exposed_seconds_total);
     if (dp.sharding == Sharding::kFull) {
       Families::Sample(out.Add("memprofd_dp_owned_parameter_bytes",
-                               "Bytes of the parameters this rank owns and keeps whole "
+                               "Bytes of this rank's parameter shards, kept between uses "
                                "(full sharding).",
                                MetricType::Gauge),
                        static_cast<double>(dp.owned_parameter_bytes));
       Families::Sample(
           out.Add("memprofd_dp_gathered_parameter_bytes_peak",
-                  "The most bytes of other ranks' parameters held at once in "
-                  "the last step (full sharding's gathered working set).",
+                  "The most bytes of whole parameters held at once in the last "
+                  "step (full sharding's gathered working set).",
                   MetricType::Gauge),
           static_cast<double>(dp.peak_gathered_parameter_bytes));
       Families::Sample(out.Add("memprofd_dp_parameter_gathers",
-                               "Parameter broadcasts from their owners in the last step "
-                               "(full sharding).",
+                               "Parameter all-gathers from the ranks' shards in the last "
+                               "step (full sharding).",
                                MetricType::Gauge),
                        static_cast<double>(dp.parameter_gathers));
       Families::Sample(out.Add("memprofd_dp_gather_exposed_seconds_total",

@@ -10,6 +10,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/dist/model_sync.h"
+#include "core/train/adamw.h"
 
 namespace memprofd {
 
@@ -34,24 +35,41 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
   if (options.sharding == Sharding::kNone) {
     RETURN_IF_ERROR(TakeRankZeroOptimizerState(*group, trainer->NamedOptimizerState()));
   } else {
-    ASSIGN_OR_RETURN(sharding, OptimizerSharding::Create(group, model->NamedParameters(),
-                                                         trainer->NamedOptimizerState()));
+    ASSIGN_OR_RETURN(sharding, OptimizerSharding::Create(group, trainer));
   }
-  const std::vector<at::Tensor> parameters = model->Parameters();
-  // kGradients and kFull: the gradients go to the ranks that own the
-  // parameters; kFull: so do the parameters themselves.
-  const bool full = options.sharding == Sharding::kFull;
-  std::vector<int> owners;
-  if (options.sharding == Sharding::kGradients || full) {
-    for (const at::Tensor& p : parameters) owners.push_back(sharding->OwnerOf(p));
-  }
+  // kFull: the parameters are kept as shards, which the optimizer updates.
   std::unique_ptr<ParameterSharding> params;
-  if (full) {
-    ASSIGN_OR_RETURN(params, ParameterSharding::Create(group, model, owners));
+  if (options.sharding == Sharding::kFull) {
+    ASSIGN_OR_RETURN(params, ParameterSharding::Create(group, model));
+    const std::vector<at::Tensor> all = model->Parameters();
+    for (size_t k = 0; k < all.size(); ++k) {
+      if (!trainer->optimizer()->Retarget(all[k], params->PieceTarget(k))) {
+        return absl::InternalError(
+            absl::StrCat("full sharding: parameter ", k,
+                         " has no optimizer slot of its piece's size"));
+      }
+    }
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<GradientSync> sync,
-      GradientSync::Create(group, parameters, options.bucket_bytes, std::move(owners)));
+  // kGradients and kFull: the gradients are reduce-scattered to the pieces,
+  // unit by unit.
+  std::unique_ptr<GradientSync> sync;
+  if (options.sharding == Sharding::kGradients || options.sharding == Sharding::kFull) {
+    const std::vector<at::Tensor>& trainable = sharding->parameters();
+    std::vector<int> units(trainable.size(), -1);
+    const std::vector<std::vector<size_t>> unit_indices =
+        UnitParameterIndices(*model, trainable);
+    for (size_t u = 0; u < unit_indices.size(); ++u) {
+      for (size_t k : unit_indices[u]) {
+        if (units[k] < 0) units[k] = static_cast<int>(u);  // a tied head: the embedding's
+      }
+    }
+    ASSIGN_OR_RETURN(sync,
+                     GradientSync::Create(group, trainable, options.bucket_bytes,
+                                          sharding->PieceTargets(), std::move(units)));
+  } else {
+    ASSIGN_OR_RETURN(
+        sync, GradientSync::Create(group, model->Parameters(), options.bucket_bytes));
+  }
   if (params != nullptr) params->ReleaseAll();
   return std::unique_ptr<DataParallel>(
       new DataParallel(group, trainer, options.sharding, std::move(sync),
@@ -88,10 +106,18 @@ void DataParallel::BeforeBackward(bool last) {
   if (last || sync_->sharded()) sync_->Arm();
 }
 
-absl::Status DataParallel::AfterBackward() { return sync_->Finish(); }
+absl::Status DataParallel::AfterBackward() {
+  RETURN_IF_ERROR(sync_->Finish());
+  // kOptimizer: the gradients were averaged whole; the update reads the
+  // pieces'.
+  if (sharding_ != nullptr && !sync_->sharded()) sharding_->TakePieceGradients();
+  return absl::OkStatus();
+}
 
 absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
-  if (level_ != Sharding::kGradients && level_ != Sharding::kFull) return norm;
+  // Sharded, each rank's norm is over its pieces: the global one is the
+  // root of the ranks' sums of squares.
+  if (level_ == Sharding::kNone) return norm;
   // A non-finite norm stays non-finite in the sum, so every rank skips.
   at::Tensor squares;
   RETURN_IF_ERROR(TorchBoundary("the global gradient norm", [&] {
@@ -109,14 +135,13 @@ absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
 }
 
 void DataParallel::BeforeUpdate() {
-  if (sharding_ != nullptr) sharding_->DropForeignGradients();
   // kFull: what backward left gathered (a parameter that got no gradient)
   // goes too.
   if (params_ != nullptr) params_->ReleaseAll();
 }
 
 absl::Status DataParallel::AfterUpdate() {
-  // kFull: the owner's parameter is the only copy; nothing to share.
+  // kFull: the shards are the only copy; nothing to share.
   if (sharding_ == nullptr || params_ != nullptr) return absl::OkStatus();
   return sharding_->ShareUpdatedParameters();
 }
@@ -147,8 +172,8 @@ absl::Status DataParallel::OnStepEnd(StepReport& report) {
 absl::StatusOr<double> DataParallel::Drift() {
   if (!replicated()) {
     return absl::FailedPreconditionError(
-        "full sharding keeps one copy of each parameter: there are no replicas to "
-        "compare");
+        "full sharding keeps one copy of each parameter, split over the ranks: there "
+        "are no replicas to compare");
   }
   return ParameterDrift(*group_, trainer_->model()->NamedParameters());
 }

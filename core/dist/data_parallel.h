@@ -11,39 +11,38 @@
 // the step's report gets the global batch's loss and throughput (OnStepEnd).
 //
 // Sharding (DataParallelOptions::sharding) chooses how much of the training
-// state each rank keeps: kNone replicates everything; kOptimizer (ZeRO-1)
-// keeps AdamW's state only for the parameters this rank owns
-// (optimizer_sharding.h says which), drops the other gradients once the norm
-// and clipping have read them (BeforeUpdate), updates its own parameters and
-// broadcasts them to the other ranks (AfterUpdate), so the replicas stay
-// bit-identical to an unsharded run's while the optimizer state per rank
-// falls as 1/N. kGradients (ZeRO-2) owns, updates and broadcasts as
-// kOptimizer does, and also keeps only its own parameters' gradients:
-// GradientSync reduces each bucket of every micro-batch's backward to the
-// bucket's owner while backward goes on and frees it elsewhere
-// (gradient_sync.h), and the gradient norm that clipping and the non-finite
-// check use is combined across ranks (CombineGradNorm: the sum of the
-// ranks' squared norms, one all-reduce), so every rank clips and skips
-// alike. Its results equal an unsharded run's to float32 rounding (bit for
-// bit with 2 ranks, one micro-batch and no clipping). With either sharded
-// level the trainer's optimizer state holds this rank's shard only (a
-// checkpoint of the run needs every rank's part: Trainer::Restore's `owned`
-// takes a rank's part back), and optimizer state of parameters this rank
-// does not own, outside such a restore, is refused (Create: it trained
-// unsharded). kFull (ZeRO-3) does all kGradients does and also keeps only
-// this rank's own parameters between their uses (ParameterSharding): from
-// Create on, the others' storages are freed; each unit of the model (the
-// embedding, each decoder layer, the head) takes its parameters from their
-// owners before its forward and again before its backward (BeforeUnit),
-// frees them after its forward and, in backward, each one as its gradient
-// is accumulated. The update needs no broadcast: an owner's parameter is
-// the only copy. Evaluations inside the run see the whole model
-// (GatherWholeModel around them), snapshots and checkpoints at its step
-// boundaries read the parameters one at a time (parameter_sharding()'s
-// stream, which RankCoordinator leads), and Finish
-// makes it whole again at the run's end, so the daemon outside a run holds
-// the model as before. Its results equal kGradients' bit for bit: the same
-// arithmetic on the same values.
+// state each rank keeps. kNone replicates everything. Every other level
+// gives each rank a flat piece of every trainable parameter (equal chunks of
+// ceil(n / N) elements, core/train/flat_shard.h) and shards the trainer's
+// optimizer to it (optimizer_sharding.h): the rank keeps AdamW's state for
+// its pieces only and updates them alone, so the optimizer state per rank
+// falls as 1/N; the gradient norm that clipping and the non-finite check
+// use is the root of the ranks' summed squares (CombineGradNorm, one
+// all-reduce), so every rank clips and skips alike.
+//   kOptimizer (ZeRO-1): gradients are all-reduced whole, each piece takes
+// its part of them (AfterBackward), and after the update each parameter is
+// all-gathered from the ranks' pieces (AfterUpdate), so the replicas stay
+// bit-identical to an unsharded run's.
+//   kGradients (ZeRO-2) also keeps only its pieces' gradients: GradientSync
+// reduce-scatters each bucket of every micro-batch's backward while backward
+// goes on (gradient_sync.h). Its results equal an unsharded run's to float32
+// rounding (bit for bit with 2 ranks, one micro-batch and no clipping).
+//   kFull (ZeRO-3) does all kGradients does and also keeps only its shards of
+// the parameters between their uses (ParameterSharding): from Create on,
+// the parameters' storages are freed; each unit of the model (the
+// embedding, each decoder layer, the head) all-gathers its parameters before
+// its forward and again before its backward (BeforeUnit), frees them after
+// its forward and, in backward, each one as its gradient is accumulated. The
+// optimizer updates the shards in place, the only copy: nothing to share.
+// Evaluations inside the run see the whole model (GatherWholeModel around
+// them), snapshots and checkpoints at its step boundaries read the
+// parameters one at a time (parameter_sharding()'s stream, which
+// RankCoordinator leads), and Finish makes it whole again at the run's end,
+// so the daemon outside a run holds the model as before. Its results equal
+// kGradients' bit for bit: the same arithmetic on the same values.
+//   At every sharded level the trainer's optimizer state holds this rank's
+// pieces only (a checkpoint of the run needs every rank's part;
+// Trainer::Restore with a FlatShardSpec narrows a whole state back to them).
 //
 // Thread-safety: the trainer's owner thread only. The trainer, its model and
 // the group must outlive this.
@@ -71,7 +70,7 @@ struct DataParallelOptions {
 class DataParallel : public StepListener {
  public:
   // Makes every rank's model rank 0's, and with kNone its optimizer state
-  // too (sharded, each rank keeps its own shard, checked by
+  // too (sharded, the trainer's optimizer is sharded to this rank's pieces,
   // OptimizerSharding::Create), and installs the gradient hooks on the
   // trainer's model. The status of
   // TakeRankZeroParameters, TakeRankZeroOptimizerState, OptimizerSharding::Create or
@@ -125,15 +124,15 @@ class DataParallel : public StepListener {
   absl::Status AfterEvaluation() override { return ShardModel(); }
   void BeforeBackward(bool last) override;
   absl::Status AfterBackward() override;
-  // kGradients and kFull: the norm over every rank's share, sqrt of the sum of the
+  // Sharded: the norm over every rank's pieces, sqrt of the sum of the
   // ranks' squares (one all-reduce of a float64; its status on failure).
-  // Otherwise `norm`, which already covers every gradient.
+  // kNone: `norm`, which already covers every gradient.
   absl::StatusOr<double> CombineGradNorm(double norm) override;
-  // Sharded: drops the gradients of parameters other ranks own, so that
-  // the update is this rank's share alone. kNone: nothing.
+  // kFull: frees what backward left gathered. Otherwise nothing.
   void BeforeUpdate() override;
-  // Sharded: broadcasts each parameter from its owner (a collective per
-  // parameter; its status on failure). kNone: OK at once.
+  // kOptimizer and kGradients: all-gathers each parameter from the ranks'
+  // pieces (a collective per parameter; its status on failure). Otherwise
+  // OK at once.
   absl::Status AfterUpdate() override;
   // Replaces the report's loss, tokens and tokens/s by the global batch's
   // (one all-reduce of three numbers): the loss is the mean over every rank's

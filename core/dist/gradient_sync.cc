@@ -13,15 +13,21 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/attribution.h"
 #include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/memory/tagging.h"
+#include "core/train/flat_shard.h"
 
 namespace memprofd {
 
 struct GradientSync::Bucket {
   std::vector<size_t> parameters;  // indices into parameters_
-  int owner = -1;                  // sharded: the rank the bucket is reduced to
+  // Sharded: each parameter's column in a row of the rank-major layout, and
+  // a row's elements (the parameters' chunks, end to end).
+  std::vector<int64_t> columns;
+  int64_t row = 0;
   int64_t numel = 0;
   int64_t bytes = 0;
   int64_t pending = 0;  // gradients not yet ready this step
@@ -30,27 +36,35 @@ struct GradientSync::Bucket {
   // twice in one backward): it is reduced again in Finish.
   bool stale = false;
   at::Tensor flat;
+  at::Tensor row_sums;  // sharded: this rank's row of the reduce-scatter
   PendingCollective reduce;
 };
 
 GradientSync::GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
-                           std::vector<int> owners)
-    : group_(group), parameters_(std::move(parameters)), owners_(std::move(owners)) {}
+                           std::vector<at::Tensor> targets)
+    : group_(group), parameters_(std::move(parameters)), targets_(std::move(targets)) {}
 
 absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
     ProcessGroup* group, std::vector<at::Tensor> parameters, int64_t bucket_bytes,
-    std::vector<int> owners) {
+    std::vector<at::Tensor> targets, std::vector<int> units) {
   if (bucket_bytes <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("bucket size must be positive, got ", bucket_bytes, " bytes"));
   }
-  if (!owners.empty() && owners.size() != parameters.size()) {
+  if (!targets.empty() && targets.size() != parameters.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("gradient sharding needs an owner per parameter: got ",
-                     owners.size(), " owners for ", parameters.size(), " parameters"));
+        absl::StrCat("gradient sharding needs a piece per parameter: got ",
+                     targets.size(), " pieces for ", parameters.size(), " parameters"));
+  }
+  if (!units.empty() && units.size() != parameters.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient buckets need a unit per "
+                     "parameter: got ",
+                     units.size(), " for ", parameters.size()));
   }
   std::vector<at::Tensor> trainable;
-  std::vector<int> trainable_owners;
+  std::vector<at::Tensor> trainable_targets;
+  std::vector<int> trainable_units;
   for (size_t k = 0; k < parameters.size(); ++k) {
     at::Tensor& p = parameters[k];
     if (!p.requires_grad()) continue;
@@ -59,36 +73,42 @@ absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
           absl::StrCat("data-parallel gradients must share one device; found ",
                        trainable.front().device().str(), " and ", p.device().str()));
     }
-    if (!owners.empty()) {
-      if (owners[k] < 0 || owners[k] >= group->world_size()) {
-        return absl::InvalidArgumentError(absl::StrCat("parameter ", k, "'s owner ",
-                                                       owners[k], " is not a rank (0 to ",
-                                                       group->world_size() - 1, ")"));
+    if (!targets.empty()) {
+      const FlatChunk piece = ChunkOf(p.numel(), group->rank(), group->world_size());
+      if (!targets[k].defined() || targets[k].dim() != 1 ||
+          targets[k].numel() != piece.length || !p.is_contiguous()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parameter ", k, " (", p.numel(),
+                         " elements) needs a contiguous layout and a "
+                         "1-D piece of ",
+                         piece.length, " elements for rank ", group->rank(), " of ",
+                         group->world_size()));
       }
-      trainable_owners.push_back(owners[k]);
+      trainable_targets.push_back(targets[k]);
     }
+    trainable_units.push_back(units.empty() ? 0 : units[k]);
     trainable.push_back(std::move(p));
   }
   std::unique_ptr<GradientSync> sync(
-      new GradientSync(group, std::move(trainable), std::move(trainable_owners)));
+      new GradientSync(group, std::move(trainable), std::move(trainable_targets)));
   const std::vector<at::Tensor>& params = sync->parameters_;
   sync->bucket_of_.resize(params.size());
   // Reverse order: the last layers' gradients come first in backward. A
-  // bucket holds one dtype (and, sharded, one owner's parameters) and closes
-  // when it passes the cap.
+  // bucket holds one dtype and one unit, and closes when it passes the cap.
   for (size_t k = params.size(); k-- > 0;) {
     const at::Tensor& p = params[k];
-    const int owner = sync->sharded() ? sync->owners_[k] : -1;
     const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    const size_t last =
+        sync->buckets_.empty() ? 0 : sync->buckets_.back().parameters.front();
     if (sync->buckets_.empty() || sync->buckets_.back().bytes >= bucket_bytes ||
-        params[sync->buckets_.back().parameters.front()].scalar_type() !=
-            p.scalar_type() ||
-        sync->buckets_.back().owner != owner) {
+        params[last].scalar_type() != p.scalar_type() ||
+        trainable_units[last] != trainable_units[k]) {
       sync->buckets_.emplace_back();
-      sync->buckets_.back().owner = owner;
     }
     Bucket& bucket = sync->buckets_.back();
     bucket.parameters.push_back(k);
+    bucket.columns.push_back(bucket.row);
+    bucket.row += ChunkOf(p.numel(), 0, group->world_size()).chunk;
     bucket.numel += p.numel();
     bucket.bytes += bytes;
     sync->bucket_of_[k] = sync->buckets_.size() - 1;
@@ -97,7 +117,7 @@ absl::StatusOr<std::unique_ptr<GradientSync>> GradientSync::Create(
         std::max(sync->stats_.largest_bucket_bytes, bucket.bytes);
   }
   sync->stats_.buckets = static_cast<int64_t>(sync->buckets_.size());
-  sync->owned_sums_.resize(params.size());
+  sync->piece_sums_.resize(params.size());
   GradientSync* raw = sync.get();
   sync->hooks_ = std::make_unique<AccumulatorHooks>(
       params, [raw](size_t k) { raw->OnGradientReady(k); });
@@ -119,18 +139,19 @@ void GradientSync::BeginStep() {
   armed_ = false;
   hook_status_ = absl::OkStatus();
   in_flight_.clear();
-  owned_sums_.assign(parameters_.size(), at::Tensor());
+  piece_sums_.assign(parameters_.size(), at::Tensor());
   for (Bucket& bucket : buckets_) {
     bucket.started = false;
     bucket.stale = false;
     bucket.flat = at::Tensor();
+    bucket.row_sums = at::Tensor();
     bucket.reduce = PendingCollective();
   }
 }
 
 void GradientSync::Arm() {
   if (sharded() && armed_) {
-    // The previous micro-batch's backward: its sums go to the owners before
+    // The previous micro-batch's backward: its sums reach the pieces before
     // this backward's gradients arrive.
     absl::Status status = CompleteRound();
     if (hook_status_.ok()) hook_status_ = status;
@@ -153,8 +174,11 @@ void GradientSync::SampleBytes() {
     if (seen.insert(storage).second) bytes += static_cast<int64_t>(storage->nbytes());
   };
   for (const at::Tensor& p : parameters_) add(p.grad());
-  for (const Bucket& bucket : buckets_) add(bucket.flat);
-  for (const at::Tensor& sum : owned_sums_) add(sum);
+  for (const Bucket& bucket : buckets_) {
+    add(bucket.flat);
+    add(bucket.row_sums);
+  }
+  for (const at::Tensor& sum : piece_sums_) add(sum);
   stats_.peak_bytes = std::max(stats_.peak_bytes, bytes);
 }
 
@@ -176,38 +200,24 @@ void GradientSync::OnGradientReady(size_t parameter) {
 
 absl::Status GradientSync::StartBucket(size_t b) {
   Bucket& bucket = buckets_[b];
-  std::vector<at::Tensor> pieces;
-  pieces.reserve(bucket.parameters.size());
-  for (size_t k : bucket.parameters) {
-    const at::Tensor& p = parameters_[k];
-    const at::Tensor& grad = p.grad();
-    pieces.push_back(grad.defined() ? grad.detach().reshape({-1})
-                                    : at::zeros({p.numel()}, p.options()));
-  }
-  {
-    at::NoGradGuard no_grad;
-    const at::Tensor& only = parameters_[bucket.parameters.front()].grad();
-    // Sharded, a one-parameter bucket is reduced in its gradient's own
-    // storage: no copy, and nothing left behind when the .grad is dropped.
-    bucket.flat =
-        sharded() && pieces.size() == 1 && only.defined() && only.is_contiguous()
-            ? pieces.front()
-            : at::cat(pieces);
-  }
-  pieces.clear();
-  SampleBytes();
   if (sharded()) {
-    // The flat copy holds the gradients now (on the owner it becomes them):
-    // the memory report counts it as gradients, as the trainer tags .grads.
-    const at::Tensor& first = parameters_[bucket.parameters.front()];
-    if (std::optional<Attribution> owner = memory::StorageAttribution(first)) {
-      memory::TagStorage(bucket.flat, owner->module, Category::kGradients);
+    RETURN_IF_ERROR(LayOutRows(b));
+  } else {
+    std::vector<at::Tensor> pieces;
+    pieces.reserve(bucket.parameters.size());
+    for (size_t k : bucket.parameters) {
+      const at::Tensor& p = parameters_[k];
+      const at::Tensor& grad = p.grad();
+      pieces.push_back(grad.defined() ? grad.detach().reshape({-1})
+                                      : at::zeros({p.numel()}, p.options()));
     }
-    for (size_t k : bucket.parameters) parameters_[k].mutable_grad() = at::Tensor();
+    at::NoGradGuard no_grad;
+    bucket.flat = at::cat(pieces);
   }
+  SampleBytes();
   bucket.started = true;
   absl::StatusOr<PendingCollective> pending =
-      sharded() ? group_->StartReduceSum(bucket.flat, bucket.owner)
+      sharded() ? group_->StartReduceScatterSum(bucket.row_sums, bucket.flat)
                 : group_->StartAllReduceSum(bucket.flat);
   if (!pending.ok()) return pending.status();
   bucket.reduce = std::move(*pending);
@@ -215,26 +225,68 @@ absl::Status GradientSync::StartBucket(size_t b) {
   return absl::OkStatus();
 }
 
+absl::Status GradientSync::LayOutRows(size_t b) {
+  Bucket& bucket = buckets_[b];
+  const int64_t world = group_->world_size();
+  const at::Tensor& first = parameters_[bucket.parameters.front()];
+  return TorchBoundary("laying out a gradient bucket", [&] {
+    at::NoGradGuard no_grad;
+    // The buffers hold the gradients now: the memory report counts them as
+    // gradients, as the trainer tags .grads.
+    const std::optional<Attribution> a = memory::StorageAttribution(first);
+    ModuleScope module(a ? a->module : 0);
+    CategoryScope category(Category::kGradients);
+    bucket.row_sums = at::empty({bucket.row}, first.options());
+    // One parameter that the ranks divide: its gradient, read flat, is the
+    // rank-major layout already, and is reduce-scattered in its own storage
+    // (no copy; nothing left once the .grad is dropped).
+    const at::Tensor& only = first.grad();
+    if (bucket.parameters.size() == 1 && only.defined() && only.is_contiguous() &&
+        first.numel() == world * bucket.row) {
+      bucket.flat = only.detach().view({-1});
+      first.mutable_grad() = at::Tensor();
+      return;
+    }
+    bucket.flat = at::zeros({world * bucket.row}, first.options());
+    const at::Tensor rows = bucket.flat.view({world, bucket.row});
+    for (size_t i = 0; i < bucket.parameters.size(); ++i) {
+      const at::Tensor& p = parameters_[bucket.parameters[i]];
+      const at::Tensor& grad = p.grad();
+      const int64_t chunk = ChunkOf(p.numel(), 0, static_cast<int>(world)).chunk;
+      if (!grad.defined() || chunk == 0) continue;  // zeros
+      // Piece r of the gradient into row r, the padding left zero: the
+      // gradient's first full chunks in one copy, the short one after.
+      const at::Tensor g = grad.detach().reshape({-1});
+      const at::Tensor column = rows.narrow(1, bucket.columns[i], chunk);
+      const int64_t full = p.numel() / chunk;
+      column.narrow(0, 0, full).copy_(g.narrow(0, 0, full * chunk).view({full, chunk}));
+      if (const int64_t rest = p.numel() - full * chunk; rest > 0) {
+        column[full].narrow(0, 0, rest).copy_(g.narrow(0, full * chunk, rest));
+      }
+    }
+    for (size_t k : bucket.parameters) parameters_[k].mutable_grad() = at::Tensor();
+  });
+}
+
 absl::Status GradientSync::ConsumeBucket(size_t b) {
   Bucket& bucket = buckets_[b];
   RETURN_IF_ERROR(bucket.reduce.Wait());
-  if (bucket.owner == group_->rank()) {
-    at::NoGradGuard no_grad;
-    int64_t offset = 0;
-    for (size_t k : bucket.parameters) {
-      const at::Tensor& p = parameters_[k];
-      at::Tensor sum = bucket.flat.narrow(0, offset, p.numel()).view(p.sizes());
-      offset += p.numel();
-      // The first sum is kept as it is (a view of the flat copy, all of
-      // which this rank owns); later micro-batches' are added to it.
-      if (owned_sums_[k].defined()) {
-        owned_sums_[k].add_(sum);
-      } else {
-        owned_sums_[k] = sum;
-      }
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < bucket.parameters.size(); ++i) {
+    const size_t k = bucket.parameters[i];
+    const int64_t length = targets_[k].numel();
+    if (length == 0) continue;
+    at::Tensor sum = bucket.row_sums.narrow(0, bucket.columns[i], length);
+    // The first sum is kept as it is (a view of the row); later
+    // micro-batches' are added to it.
+    if (piece_sums_[k].defined()) {
+      piece_sums_[k].add_(sum);
+    } else {
+      piece_sums_[k] = sum;
     }
   }
   bucket.flat = at::Tensor();
+  bucket.row_sums = at::Tensor();
   return absl::OkStatus();
 }
 
@@ -309,15 +361,13 @@ absl::Status GradientSync::Finish() {
   const double world = static_cast<double>(group_->world_size());
   if (sharded()) {
     for (size_t k = 0; k < parameters_.size(); ++k) {
-      const at::Tensor& p = parameters_[k];
-      if (owners_[k] != group_->rank()) {
-        p.mutable_grad() = at::Tensor();
-        continue;
-      }
-      at::Tensor& sum = owned_sums_[k];
-      if (!sum.defined()) sum = at::zeros_like(p);
+      parameters_[k].mutable_grad() = at::Tensor();
+      at::Tensor target = targets_[k];
+      if (target.numel() == 0) continue;
+      at::Tensor& sum = piece_sums_[k];
+      if (!sum.defined()) sum = at::zeros_like(target);
       sum.div_(world);
-      p.mutable_grad() = std::move(sum);
+      target.mutable_grad() = std::move(sum);
       sum = at::Tensor();
     }
     SampleBytes();

@@ -15,36 +15,27 @@
 // bit-identical, and equal (to float rounding) to one process's gradients
 // over the union of the ranks' batches.
 //
-// Sharded (ZeRO-2: Create with `owners`, the rank that owns each parameter,
-// a contiguous run per rank as OptimizerSharding's BalancedOwners gives):
-// each rank ends a step holding only the averaged gradients of the
-// parameters it owns. A bucket never crosses an owner boundary (so there are
-// at most ranks - 1 more buckets than unsharded), and a ready bucket is
-// SUM-reduced to its owner (c10d reduce) rather than all-reduced; as soon as
-// it is flattened, the bucket's `.grad`s are set to none on every rank, and
-// once its reduce completes (checked at every later gradient-ready hook, and
-// waited for when more than kMaxBucketsInFlight are in flight) the owner
-// adds the sum into its owned gradients and every other rank frees the flat
-// copy. So a rank's gradient bytes stay near its share plus the buckets in
-// flight and the one being filled, also inside backward. Every micro-batch's
-// backward is reduced (Arm before each): the owner accumulates the sums, the
-// others hold nothing between micro-batches.
-//   Why reduce to the owner and not reduce_scatter: the owners are
-// contiguous runs in model order, and backward produces gradients in about
-// the reverse order, so one owner's gradients arrive together and the
-// others' much later. A reduce_scatter needs a flat buffer holding a piece of
-// every rank's share, so it could start only once gradients of every owner
-// are ready (near the end of backward: no overlap, and every rank would hold
-// its whole local gradient meanwhile), or the owners would have to be
-// interleaved, which would split AdamW's state and the parameter broadcast
-// of ZeRO-1 into pieces. Reducing owner-aligned buckets keeps ZeRO-1's
-// partition, overlaps with backward and moves the same bytes per rank as
-// DDP's all-reduce at most (a reduce is half an all-reduce's traffic).
-//   Without accumulation and with 2 ranks, the averaged gradients are bit
-// for bit the all-reduce's (a + b is the same sum either way); with more
-// ranks or micro-batches the terms are added in another order (the owner's
-// per-micro-batch sums are added, not the ranks' accumulated gradients), a
-// few float32 ulps apart.
+// Sharded (ZeRO-2 and ZeRO-3: Create with `targets`, the optimizer's target
+// for each parameter's flat piece, core/train/flat_shard.h): each rank ends a
+// step holding only the averaged gradients of its pieces, as the targets'
+// `.grad`s. A ready bucket is laid out rank-major, as FSDP2 lays out its
+// reduce-scatter input: a flat buffer of N rows, row r holding piece r of
+// every parameter of the bucket, each padded with zeros to its chunk; it is
+// SUM-reduce-scattered (c10d reduce_scatter_tensor), so that rank r receives
+// row r, the sums of its pieces. As soon as the bucket is laid out, its
+// `.grad`s are set to none on every rank; once its reduce-scatter completes
+// (checked at every later gradient-ready hook, and waited for when more
+// than kMaxBucketsInFlight are in flight) the rank adds its row into its
+// pieces' sums and frees the buffer. So a rank's gradient bytes stay near
+// its share plus the buckets in flight and the one being filled, also inside
+// backward. Every micro-batch's backward is reduced (Arm before each): the
+// sums accumulate, nothing else is held between micro-batches. A bucket
+// moves the bytes of one all-reduce's reduce-scatter half (plus padding):
+// half the traffic of DDP's all-reduce.
+//   With 2 ranks and no accumulation the averaged gradients are bit for bit
+// the all-reduce's (a + b either way); with more ranks or micro-batches the
+// terms are added in another order (per-micro-batch sums are added, not the
+// ranks' accumulated gradients), a few float32 ulps apart.
 //
 // Thread-safety: none; the owner thread calls everything, and the hooks run
 // on it (inside backward). The group and the parameters must outlive this.
@@ -76,7 +67,7 @@ struct GradientSyncStats {
   double exposed_seconds = 0;
   // The most gradient bytes this rank held at once during the step: the
   // distinct storages of its `.grad`s, of the buckets' flat copies and,
-  // sharded, of its owned sums, sampled at every gradient-ready hook, after
+  // sharded, of its pieces' sums, sampled at every gradient-ready hook, after
   // each flattening and at the end of Finish.
   int64_t peak_bytes = 0;
   // The largest bucket's bytes (at most the cap plus a parameter).
@@ -93,14 +84,20 @@ class GradientSync {
   static constexpr int kMaxBucketsInFlight = 2;
 
   // Buckets `parameters` (those with requires_grad; all on one device) and
-  // installs the hooks. With `owners` (one per parameter, aligned with
-  // `parameters`, non-decreasing over the trainable ones) the sync is
-  // sharded (above). INVALID_ARGUMENT for a non-positive bucket size,
-  // parameters of mixed devices, or owners of another count or outside the
-  // group's ranks.
+  // installs the hooks. With `targets` (one per parameter, aligned with
+  // `parameters`: 1-D, as many elements as this rank's piece of it, which may
+  // be none) the sync is sharded (above). With `units` (one per parameter,
+  // aligned with `parameters`) a bucket never holds parameters of two units:
+  // sharded runs pass the model's units (an embedding, a decoder layer, the
+  // head), so that each unit's gradients are reduce-scattered as soon as
+  // backward finishes it, as FSDP does, and a small model still makes
+  // several buckets. INVALID_ARGUMENT for a non-positive bucket size,
+  // parameters of mixed devices or non-contiguous ones when sharded, or
+  // targets or units of another count, or targets of another size.
   static absl::StatusOr<std::unique_ptr<GradientSync>> Create(
       ProcessGroup* group, std::vector<at::Tensor> parameters,
-      int64_t bucket_bytes = kDefaultBucketBytes, std::vector<int> owners = {});
+      int64_t bucket_bytes = kDefaultBucketBytes, std::vector<at::Tensor> targets = {},
+      std::vector<int> units = {});
   ~GradientSync();  // removes the hooks
   GradientSync(const GradientSync&) = delete;
   GradientSync& operator=(const GradientSync&) = delete;
@@ -116,7 +113,7 @@ class GradientSync {
   void Arm();
   // After the step's last backward: starts the buckets that did not start (a
   // parameter without a gradient counts as zeros), waits for all, averages.
-  // Sharded, the averages are the owned parameters' `.grad`s and the others'
+  // Sharded, the averages are the targets' `.grad`s and the parameters'
   // are none. Every rank must call it once per step. The collective's status
   // on failure (a peer died or hangs: UNAVAILABLE or DEADLINE_EXCEEDED naming
   // this rank); the gradients are then unspecified and the step must fail.
@@ -124,16 +121,19 @@ class GradientSync {
 
   const GradientSyncStats& last_step() const { return stats_; }
   int64_t num_buckets() const;
-  bool sharded() const { return !owners_.empty(); }
+  bool sharded() const { return !targets_.empty(); }
 
  private:
   struct Bucket;
   GradientSync(ProcessGroup* group, std::vector<at::Tensor> parameters,
-               std::vector<int> owners);
+               std::vector<at::Tensor> targets);
   void OnGradientReady(size_t parameter);
   absl::Status StartBucket(size_t bucket);
-  // Sharded: waits for a started bucket's reduce; the owner adds the sum
-  // into its owned sums; the flat copy is released.
+  // Sharded: fills the bucket's rank-major buffer from its `.grad`s (then
+  // set to none) and makes its row's output.
+  absl::Status LayOutRows(size_t bucket);
+  // Sharded: waits for a started bucket's reduce-scatter, adds this rank's
+  // row into its pieces' sums, releases the buffer.
   absl::Status ConsumeBucket(size_t bucket);
   // Sharded: consumes the reduces that finished, and the oldest while more
   // than kMaxBucketsInFlight are in flight.
@@ -146,16 +146,16 @@ class GradientSync {
 
   ProcessGroup* const group_;
   const std::vector<at::Tensor> parameters_;
-  const std::vector<int> owners_;  // per parameter; empty unless sharded
+  const std::vector<at::Tensor> targets_;  // per parameter; empty unless sharded
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;            // parameter index -> bucket index
   std::unique_ptr<AccumulatorHooks> hooks_;  // OnGradientReady per parameter
   bool armed_ = false;
   absl::Status hook_status_;  // the step's first failure (inside backward too)
-  // Sharded: indices of buckets whose reduce started and is not consumed, in
-  // start order; and the sum so far of each owned parameter's gradient.
+  // Sharded: indices of buckets whose reduce-scatter started and is not
+  // consumed, in start order; and the sum so far of each piece's gradient.
   std::vector<size_t> in_flight_;
-  std::vector<at::Tensor> owned_sums_;
+  std::vector<at::Tensor> piece_sums_;
   GradientSyncStats stats_;
 };
 

@@ -1,87 +1,87 @@
 #ifndef MEMPROFD_CORE_DIST_OPTIMIZER_SHARDING_H_
 #define MEMPROFD_CORE_DIST_OPTIMIZER_SHARDING_H_
 
-// Optimizer-state sharding (ZeRO-1) for data parallel: each rank owns a
-// contiguous run of the trainable parameters and is the only one that keeps
-// AdamW state for them and updates them; the others take the updated values
-// from it. Gradients are still all-reduced whole (GradientSync), so the
-// gradient norm and clipping see every gradient on every rank; only the
-// update and its state are split.
+// Optimizer-state sharding for data parallel, the part every sharded level
+// shares: each rank keeps AdamW's state for, and updates, its flat piece of
+// every trainable parameter (core/train/flat_shard.h: equal chunks of
+// ceil(n / N) elements, the last ones shorter or empty), through the
+// trainer's sharded optimizer (FusedAdamW::ShardFlat).
 //
-// The partition (BalancedOwners): the trainable parameters, each storage
-// once (a tied head is the embedding), in model (state-dict) order, are laid
-// end to end by numel; rank r owns the parameters whose midpoint falls in
-// [r * T / N, (r + 1) * T / N) of the total T. So every rank owns a
-// contiguous run, and at most T / N + the largest parameter's numel; a rank
-// may own nothing when one parameter is larger than a share.
+//   optimizer (ZeRO-1)  gradients are still all-reduced whole (GradientSync);
+//                       TakePieceGradients gives each piece its part of the
+//                       averaged gradient; after the update,
+//                       ShareUpdatedParameters all-gathers each parameter
+//                       from the ranks' pieces (c10d all_gather_into_tensor,
+//                       the pieces padded to equal chunks).
+//   gradients (ZeRO-2)  GradientSync reduce-scatters the pieces' gradients
+//                       straight to them; the parameters are shared as above.
+//   full (ZeRO-3)       the pieces live in ParameterSharding's shards and are
+//                       the only copy: nothing to share.
+//
+// The gradient norm is then a sum over every rank's pieces
+// (DataParallel::CombineGradNorm), and clipping scales the pieces.
 //
 // Invariant, checked by tests/dist: after ShareUpdatedParameters, every
-// rank's parameters are bit-identical to an unsharded run's (the same fused
-// AdamW arithmetic on the same averaged gradients, by the owner, then copied
-// exactly), and the ranks' optimizer state together is exactly the unsharded
-// run's, each parameter's on its owner only.
+// rank's parameters are bit-identical to an unsharded run's given the same
+// gradients (AdamW is element-wise, so updating pieces is updating the
+// whole), and the ranks' optimizer state laid end to end is exactly the
+// unsharded run's.
 //
 // Thread-safety: none; the trainer's owner thread calls everything (its calls
 // are collectives, in the same order on every rank). The group and the
-// parameters must outlive this.
+// trainer must outlive this.
 
 #include <ATen/core/Tensor.h>
 
-#include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "core/dist/model_sync.h"
 #include "core/dist/process_group.h"
 
 namespace memprofd {
 
-// The owner of each parameter of `numels` (in order) among `ranks` ranks,
-// by the rule above: non-decreasing, each in [0, ranks).
-std::vector<int> BalancedOwners(const std::vector<int64_t>& numels, int ranks);
+class FusedAdamW;
+class Trainer;
 
 class OptimizerSharding {
  public:
-  // Partitions the trainable ones among `parameters` (NamedParameters: a tied
-  // head is skipped) over the group's ranks and checks, with one all-gather,
-  // that the optimizer state each rank holds (Trainer::NamedOptimizerState)
-  // suits the partition: none on every rank (a fresh start), or on every
-  // rank the state of exactly the parameters it owns (a sharded run going
-  // on). FAILED_PRECONDITION naming the rank otherwise: state of parameters
-  // the rank does not own (it resumed an unsharded checkpoint or trained
-  // unsharded; resuming into a sharded run is not supported yet: start it
-  // fresh), or state on some ranks and not on others. The collective's
-  // status when a rank fails.
-  static absl::StatusOr<std::unique_ptr<OptimizerSharding>> Create(
-      ProcessGroup* group, const NamedTensors& parameters,
-      const NamedTensors& optimizer_state);
+  // Shards `trainer`'s optimizer for the group's rank (Trainer::ShardOptimizer;
+  // the state it holds, of an unsharded run or a restored checkpoint, is
+  // narrowed to the pieces). The optimizer is made if there is none. The
+  // trainer's status on failure.
+  static absl::StatusOr<std::unique_ptr<OptimizerSharding>> Create(ProcessGroup* group,
+                                                                   Trainer* trainer);
   OptimizerSharding(const OptimizerSharding&) = delete;
   OptimizerSharding& operator=(const OptimizerSharding&) = delete;
 
-  // Drops (sets to none) the gradients of the parameters other ranks own, so
-  // that the optimizer update, which skips parameters without a gradient,
-  // updates and keeps state for this rank's alone, and their memory is free
-  // during it.
-  void DropForeignGradients();
-  // Broadcasts each parameter from its owner, in model order, in place. Every
+  // The trainable parameters (each storage once, model order) and, aligned,
+  // the optimizer's target for each: this rank's piece (empty when it owns
+  // no element of it).
+  const std::vector<at::Tensor>& parameters() const { return parameters_; }
+  std::vector<at::Tensor> PieceTargets() const;
+
+  // ZeRO-1, after the gradients are averaged whole: each piece's gradient
+  // becomes a copy of its part of the parameter's, and the parameter's
+  // `.grad` is dropped (freed), so the norm, clipping and the update see the
+  // pieces alone, and the update runs beside 1/N of the gradients.
+  void TakePieceGradients();
+  // All-gathers each parameter from the ranks' pieces, in model order, in
+  // place; a parameter whose size the ranks do not divide travels through a
+  // padded buffer of its size rounded up (the most extra memory held). Every
   // rank calls it once after each update. The collective's status on failure
   // (UNAVAILABLE or DEADLINE_EXCEEDED within the group's timeout); the ranks'
   // parameters are then unspecified and the run must fail.
   absl::Status ShareUpdatedParameters();
 
-  // The owner of `parameter` (one of the model's trainable parameters, the
-  // same tensor), or -1 for a tensor the partition does not hold.
-  int OwnerOf(const at::Tensor& parameter) const;
-
  private:
-  OptimizerSharding(ProcessGroup* group, std::vector<at::Tensor> parameters,
-                    std::vector<int> owners);
+  OptimizerSharding(ProcessGroup* group, FusedAdamW* optimizer,
+                    std::vector<at::Tensor> parameters);
 
   ProcessGroup* const group_;
+  FusedAdamW* const optimizer_;               // the trainer's
   const std::vector<at::Tensor> parameters_;  // trainable, distinct, model order
-  const std::vector<int> owners_;             // the owning rank of each
 };
 
 }  // namespace memprofd

@@ -25,73 +25,16 @@ c10::StorageImpl* StorageOf(const at::Tensor& t) {
 
 }  // namespace
 
-ParameterSharding::ParameterSharding(ProcessGroup* group, LlamaModel* model,
-                                     std::vector<at::Tensor> params,
-                                     std::vector<int> owners)
-    : group_(group),
-      model_(model),
-      params_(std::move(params)),
-      owners_(std::move(owners)),
-      held_(params_.size(), true),
-      pending_(params_.size()),
-      aliases_(params_.size()) {}
-
-absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
-    ProcessGroup* group, LlamaModel* model, std::vector<int> owners) {
-  if (model->has_placement()) {
-    return absl::FailedPreconditionError(
-        "full sharding needs every module on the compute device, and this model has "
-        "modules placed on cpu or disk: load it without module placement, or use "
-        "sharding=gradients");
-  }
-  std::vector<at::Tensor> params = model->Parameters();
-  if (owners.size() != params.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("full sharding got ", owners.size(),
-                                                   " owners for ", params.size(),
-                                                   " parameters"));
-  }
-  std::unordered_map<const c10::StorageImpl*, size_t> storages;
-  for (size_t k = 0; k < params.size(); ++k) {
-    const at::Tensor& p = params[k];
-    if (owners[k] < 0 || owners[k] >= group->world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "full sharding: parameter ", k, " has owner ", owners[k], ", not a rank"));
-    }
-    if (!p.requires_grad()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("full sharding: parameter ", k,
-                       " is frozen; every parameter of a fully sharded run must train"));
-    }
-    // A parameter is freed by resizing its storage: it must be the only
-    // tensor there, whole.
-    if (!storages.emplace(StorageOf(p), k).second || p.storage_offset() != 0 ||
-        !p.is_contiguous() ||
-        static_cast<int64_t>(p.storage().nbytes()) != p.numel() * p.element_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("full sharding: parameter ", k,
-                       " does not have a storage of its own; reload the model"));
-    }
-  }
-  std::unique_ptr<ParameterSharding> sharding(
-      new ParameterSharding(group, model, params, std::move(owners)));
-  for (size_t k = 0; k < params.size(); ++k) {
-    const at::Tensor& p = params[k];
-    sharding->nbytes_.push_back(static_cast<int64_t>(p.storage().nbytes()));
-    const std::optional<Attribution> a = memory::StorageAttribution(p);
-    sharding->modules_.push_back(a ? a->module : 0);
-    // Whole to begin with: what others own counts as gathered until freed.
-    (sharding->owners_[k] == group->rank() ? sharding->stats_.owned_bytes
-                                           : sharding->stats_.gathered_bytes) +=
-        sharding->nbytes_[k];
-  }
-  // Each unit's parameters, once: the embedding, each decoder layer, then
-  // the final norm and lm_head (the last two of the state dict; the
-  // embedding itself when the head is tied).
-  const auto named = model->NamedParameters();
+std::vector<std::vector<size_t>> UnitParameterIndices(
+    const LlamaModel& model, const std::vector<at::Tensor>& params) {
+  // The embedding, each decoder layer, then the final norm and lm_head (the
+  // last two of the state dict; the embedding itself when the head is tied).
+  const auto named = model.NamedParameters();
   std::vector<std::vector<at::Tensor>> units = {{named.front().second}};
-  for (int64_t i = 0; i < model->num_layers(); ++i)
-    units.push_back(model->LayerParameters(i));
+  for (int64_t i = 0; i < model.num_layers(); ++i)
+    units.push_back(model.LayerParameters(i));
   units.push_back({named[named.size() - 2].second, named.back().second});
+  std::vector<std::vector<size_t>> out;
   for (const std::vector<at::Tensor>& tensors : units) {
     std::vector<size_t> indices;
     for (size_t k = 0; k < params.size(); ++k) {
@@ -102,8 +45,73 @@ absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
         }
       }
     }
-    sharding->units_.push_back(std::move(indices));
+    out.push_back(std::move(indices));
   }
+  return out;
+}
+
+ParameterSharding::ParameterSharding(ProcessGroup* group, LlamaModel* model,
+                                     std::vector<at::Tensor> params)
+    : group_(group),
+      model_(model),
+      params_(std::move(params)),
+      held_(params_.size(), true),
+      pending_(params_.size()),
+      aliases_(params_.size()) {}
+
+absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
+    ProcessGroup* group, LlamaModel* model) {
+  if (model->has_placement()) {
+    return absl::FailedPreconditionError(
+        "full sharding needs every module on the compute device, and this model has "
+        "modules placed on cpu or disk: load it without module placement, or use "
+        "sharding=gradients");
+  }
+  std::vector<at::Tensor> params = model->Parameters();
+  std::unordered_map<const c10::StorageImpl*, size_t> storages;
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    if (!p.requires_grad()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("full sharding: parameter ", k,
+                       " is frozen; every parameter of a fully sharded run must train"));
+    }
+    // A parameter is freed by resizing its storage: it must be the only
+    // tensor there, from its start (a gathered one's storage keeps the
+    // padding after it).
+    if (!storages.emplace(StorageOf(p), k).second || p.storage_offset() != 0 ||
+        !p.is_contiguous() ||
+        static_cast<int64_t>(p.storage().nbytes()) < p.numel() * p.element_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("full sharding: parameter ", k,
+                       " does not have a storage of its own; reload the model"));
+    }
+  }
+  std::unique_ptr<ParameterSharding> sharding(
+      new ParameterSharding(group, model, params));
+  const int world = group->world_size();
+  for (size_t k = 0; k < params.size(); ++k) {
+    const at::Tensor& p = params[k];
+    const FlatChunk piece = ChunkOf(p.numel(), group->rank(), world);
+    sharding->pieces_.push_back(piece);
+    sharding->nbytes_.push_back(piece.chunk * world * p.element_size());
+    const std::optional<Attribution> a = memory::StorageAttribution(p);
+    sharding->modules_.push_back(a ? a->module : 0);
+    // Whole to begin with: counted as gathered until freed.
+    sharding->stats_.gathered_bytes += static_cast<int64_t>(p.storage().nbytes());
+    at::Tensor shard;
+    RETURN_IF_ERROR(TorchBoundary("copying a parameter's shard", [&] {
+      at::NoGradGuard no_grad;
+      ModuleScope module(a ? a->module : 0);
+      CategoryScope category(Category::kParameters);
+      shard = at::zeros({piece.chunk}, p.options());
+      shard.narrow(0, 0, piece.length)
+          .copy_(p.detach().view({-1}).narrow(0, piece.begin, piece.length));
+    }));
+    sharding->stats_.owned_bytes += piece.chunk * p.element_size();
+    sharding->shards_.push_back(std::move(shard));
+  }
+  sharding->units_ = UnitParameterIndices(*model, params);
   ParameterSharding* raw = sharding.get();
   sharding->hooks_ =
       std::make_unique<AccumulatorHooks>(params, [raw](size_t k) { raw->FreeOne(k); });
@@ -114,7 +122,7 @@ ParameterSharding::~ParameterSharding() = default;
 
 void ParameterSharding::ResetPeak() {
   stats_.peak_gathered_bytes = stats_.gathered_bytes;
-  stats_.broadcasts = 0;
+  stats_.gathers = 0;
   stats_.prefetched = 0;
   stats_.exposed_seconds = 0;
 }
@@ -153,40 +161,43 @@ std::optional<ModelUnit> ParameterSharding::NextUnit(const ModelUnit& unit,
   return std::nullopt;
 }
 
+at::Tensor ParameterSharding::PieceTarget(size_t k) const {
+  const at::Tensor& shard = shards_[k];
+  at::Tensor target = at::empty({0}, shard.options());
+  at::NoGradGuard no_grad;
+  target.set_(shard.storage(), 0, {pieces_[k].length}, {1});
+  return target;
+}
+
 absl::Status ParameterSharding::StartGather(size_t k) {
   const at::Tensor& p = params_[k];
-  const bool owner = owners_[k] == group_->rank();
   RETURN_IF_ERROR(TorchBoundary("gathering a parameter", [&] {
     at::NoGradGuard no_grad;
     c10::StorageImpl* storage = StorageOf(p);
-    if (!owner) {
-      c10::Allocator* allocator = storage->allocator();
-      if (allocator == nullptr) allocator = c10::GetAllocator(storage->device_type());
-      storage->set_data_ptr_noswap(allocator->allocate(nbytes_[k]));
-      storage->set_nbytes(nbytes_[k]);
-      memory::TagStorage(p, static_cast<ModuleId>(modules_[k]),
-                         Category::kGatheredParameters);
-    }
-    // A tensor of its own over the storage: the broadcast bumps its version
-    // counter, not the parameter's.
+    c10::Allocator* allocator = storage->allocator();
+    if (allocator == nullptr) allocator = c10::GetAllocator(storage->device_type());
+    storage->set_data_ptr_noswap(allocator->allocate(nbytes_[k]));
+    storage->set_nbytes(nbytes_[k]);
+    memory::TagStorage(p, static_cast<ModuleId>(modules_[k]),
+                       Category::kGatheredParameters);
+    // A tensor of its own over the whole storage, padding included: the
+    // all-gather bumps its version counter, not the parameter's.
     aliases_[k] = at::empty({0}, p.options());
-    aliases_[k].set_(p.storage(), 0, p.sizes(), p.strides());
+    aliases_[k].set_(p.storage(), 0, {nbytes_[k] / p.element_size()}, {1});
   }));
   held_[k] = true;
-  if (!owner) {
-    stats_.gathered_bytes += nbytes_[k];
-    stats_.peak_gathered_bytes =
-        std::max(stats_.peak_gathered_bytes, stats_.gathered_bytes);
-  }
+  stats_.gathered_bytes += nbytes_[k];
+  stats_.peak_gathered_bytes =
+      std::max(stats_.peak_gathered_bytes, stats_.gathered_bytes);
   absl::StatusOr<PendingCollective> started =
-      group_->StartBroadcast(aliases_[k], owners_[k]);
+      group_->StartAllGatherInto(aliases_[k], shards_[k]);
   if (!started.ok()) {
     aliases_[k] = at::Tensor();
     FreeOne(k);
     return started.status();
   }
   pending_[k] = *std::move(started);
-  ++stats_.broadcasts;
+  ++stats_.gathers;
   return absl::OkStatus();
 }
 
@@ -198,17 +209,17 @@ absl::Status ParameterSharding::Complete(size_t k) {
 }
 
 void ParameterSharding::FreeOne(size_t k) {
-  // Never free a buffer a broadcast may still write; a failure here breaks
+  // Never free a buffer an all-gather may still write; a failure here breaks
   // the run, and the next collective reports it.
   if (aliases_[k].defined()) Complete(k).IgnoreError();
   const bool was_held = held_[k];
   held_[k] = false;
-  if (owners_[k] == group_->rank()) return;
   c10::StorageImpl* storage = StorageOf(params_[k]);
-  if (storage->nbytes() == 0) return;
+  const int64_t bytes = static_cast<int64_t>(storage->nbytes());
+  if (bytes == 0) return;
   storage->set_data_ptr_noswap(c10::DataPtr(nullptr, storage->device()));
   storage->set_nbytes(0);
-  if (was_held) stats_.gathered_bytes -= nbytes_[k];
+  if (was_held) stats_.gathered_bytes -= bytes;
 }
 
 absl::Status ParameterSharding::Gather(const ModelUnit& unit, bool backward) {
@@ -279,7 +290,7 @@ absl::StatusOr<int64_t> ParameterSharding::StreamParameter(size_t k) {
                                                    params_.size(), " parameters"));
   }
   RETURN_IF_ERROR(BroadcastStreamIndex(static_cast<int64_t>(k)).status());
-  const bool gathered = !held_[k] && owners_[k] != group_->rank();
+  const bool gathered = !held_[k];
   RETURN_IF_ERROR(GatherOne(k));
   return gathered ? nbytes_[k] : 0;
 }

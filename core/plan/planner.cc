@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
-#include "core/dist/optimizer_sharding.h"
 #include "core/dist/process_group.h"
 #include "core/memory/meta_accounting.h"
 #include "core/memory/op_attribution.h"
@@ -20,6 +19,7 @@
 #include "core/plan/caching_allocator_model.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
+#include "core/train/flat_shard.h"
 
 namespace memprofd::plan {
 namespace {
@@ -386,11 +386,13 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
   return plan;
 }
 
-// The numel each of `ranks` ranks owns under BalancedOwners.
+// The numel each of `ranks` ranks owns: its flat piece of every parameter.
 std::vector<int64_t> Shares(const std::vector<int64_t>& trainable, int ranks) {
   std::vector<int64_t> shares(static_cast<size_t>(ranks), 0);
-  const std::vector<int> owners = BalancedOwners(trainable, ranks);
-  for (size_t k = 0; k < trainable.size(); ++k) shares[owners[k]] += trainable[k];
+  for (int r = 0; r < ranks; ++r) {
+    for (int64_t n : trainable)
+      shares[static_cast<size_t>(r)] += ChunkOf(n, r, ranks).length;
+  }
   return shares;
 }
 
@@ -418,12 +420,11 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   if (world <= kMaxRanksPlannedEach) {
     for (int r = 0; r < world; ++r) planned.push_back(r);
   } else {
-    const auto [low, high] = std::minmax_element(shares.begin(), shares.end());
-    // And the last rank: backward produces its parameters' gradients first,
-    // so with gradient sharding it holds its share longest (at 8 ranks of
-    // an 8B shape, the last rank peaks highest without the largest share).
-    planned = {static_cast<int>(low - shares.begin()),
-               static_cast<int>(high - shares.begin()), world - 1};
+    // Rank 0 holds the largest share (every piece but the last ranks' is
+    // ceil(n / N)); the smallest is one of the last ranks'. And the last
+    // rank itself.
+    const auto low = std::min_element(shares.begin(), shares.end());
+    planned = {0, static_cast<int>(low - shares.begin()), world - 1};
     std::sort(planned.begin(), planned.end());
     planned.erase(std::unique(planned.begin(), planned.end()), planned.end());
   }

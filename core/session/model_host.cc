@@ -223,16 +223,13 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
                                           (std::filesystem::path(spec.hf_directory) /
                                            snapshot::kTrainerStateFile)
                                               .string()));
-    // A rank of a run with its optimizer state sharded keeps the state of the
-    // parameters it owns now, wherever the checkpoint held it: the files of
-    // a sharded checkpoint are assembled whole, so any world size re-shards,
+    // A rank of a run with its optimizer state sharded keeps the state of
+    // its pieces now, wherever the checkpoint held it: the files of a
+    // sharded checkpoint are assembled whole, so any world size re-shards,
     // and an unsharded checkpoint shards alike.
-    std::optional<std::set<std::string>> owned;
-    if (OptimizerStateSharded(options_)) {
-      owned = OwnedParameters(*model, options_.world.rank, options_.world.world_size);
-    }
+    const std::optional<FlatShardSpec> shard = OptimizerShard(options_);
     RETURN_IF_ERROR(
-        trainer->Restore(state, checkpoint.optimizer_tensors, owned ? &*owned : nullptr));
+        trainer->Restore(state, checkpoint.optimizer_tensors, shard ? &*shard : nullptr));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));
   }
   // The old model (and the optimizer state that points at it) goes first.

@@ -51,7 +51,7 @@ absl::Status Session::AlignWithRankZero() {
   if (host_->model() == nullptr) return absl::OkStatus();
   ProcessGroup& group = *ranks_->group();
   RETURN_IF_ERROR(TakeRankZeroParameters(group, host_->model()->NamedParameters()));
-  // Sharded, each rank holds its own part (DataParallel checks it).
+  // Sharded, each rank holds its own pieces.
   if (!OptimizerStateSharded(options_)) {
     RETURN_IF_ERROR(
         TakeRankZeroOptimizerState(group, host_->trainer()->NamedOptimizerState()));

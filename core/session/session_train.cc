@@ -182,25 +182,25 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
                            in_request, resume, plan,
                            command =
                                ranks_->TrainCommand(valid, followers_offload, resume)] {
+        // The run never started: the training's place is free again.
+        auto fail = [this, &op](const absl::Status& status) {
+          {
+            absl::MutexLock lock(&mu_);
+            training_active_ = false;
+          }
+          op->Finish(status);
+        };
         absl::StatusOr<TrainingData> read =
             in_request ? absl::StatusOr<TrainingData>(*in_request)
                        : ReadTrainingData(valid, vocab_size, resumed_tokens,
                                           ClientDataAccess(data_roots_, options_, op));
         if (!read.ok()) {
-          {
-            absl::MutexLock lock(&mu_);
-            training_active_ = false;
-          }
-          op->Finish(read.status());
+          fail(read.status());
           return;
         }
         if (!command.empty()) {
           if (absl::Status s = ranks_->PublishCommand(command); !s.ok()) {
-            {
-              absl::MutexLock lock(&mu_);
-              training_active_ = false;
-            }
-            op->Finish(s);
+            fail(s);
             ranks_->FailRun(s);
             return;
           }
@@ -367,7 +367,7 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
       if (const ParameterShardingStats* p = data_parallel_->parameter_stats()) {
         dp.owned_parameter_bytes = p->owned_bytes;
         dp.peak_gathered_parameter_bytes = p->peak_gathered_bytes;
-        dp.parameter_gathers = p->broadcasts;
+        dp.parameter_gathers = p->gathers;
         dp.gather_exposed_seconds = p->exposed_seconds;
         dp.gather_exposed_seconds_total += p->exposed_seconds;
       }

@@ -268,9 +268,9 @@ struct DataParallelCounters {
   int64_t buckets_overlapped = 0;
   double allreduce_exposed_seconds = 0;
   double allreduce_exposed_seconds_total = 0;
-  // Full sharding (ParameterShardingStats), the last step's: the parameter
-  // bytes this rank owns, the most of others' it held at once, the
-  // broadcasts that brought them, and the time spent waiting for them.
+  // Full sharding (ParameterShardingStats), the last step's: the bytes of
+  // this rank's parameter shards, the most whole parameters it held at once,
+  // the all-gathers that brought them, and the time spent waiting for them.
   int64_t owned_parameter_bytes = 0;
   int64_t peak_gathered_parameter_bytes = 0;
   int64_t parameter_gathers = 0;

@@ -67,7 +67,7 @@ absl::Status SnapshotScheduler::GatherOptimizerShards(
   snapshot::OptimizerShardingDescription sharding;
   sharding.world_size = options_.world.world_size;
   sharding.level = std::string(ShardingName(RunSharding(options_)));
-  sharding.owners = OptimizerOwners(model, sharding.world_size);
+  sharding.parameters = ShardedParameters(model);
   checkpoint->sharding = std::move(sharding);
   return absl::OkStatus();
 }

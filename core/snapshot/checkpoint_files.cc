@@ -1,5 +1,6 @@
 #include "core/snapshot/checkpoint_files.h"
 
+#include <ATen/ATen.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -13,9 +14,11 @@
 #include "absl/strings/str_format.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/torch_boundary.h"
 #include "core/snapshot/internal/file_io.h"
 #include "core/snapshot/internal/shard_writer.h"
 #include "core/snapshot/internal/staging.h"
+#include "core/train/flat_shard.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -66,6 +69,7 @@ absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path) {
 }
 
 constexpr char kShardingFormat[] = "memprofd-optimizer-sharding";
+constexpr char kFlatLayout[] = "flat";
 
 // The parameter an optimizer tensor ("<param>.exp_avg") belongs to.
 std::string ParameterOf(const std::string& tensor) {
@@ -73,14 +77,19 @@ std::string ParameterOf(const std::string& tensor) {
   return dot == std::string::npos ? tensor : tensor.substr(0, dot);
 }
 
-// Appends every rank file the description names to `out`, checking that
-// each holds only parameters the description gives to its rank.
+// Appends every rank file the description names to `out`, each parameter's
+// state assembled whole: its moments are the ranks' flat pieces end to end
+// (core/train/flat_shard.h), reshaped to the parameter's shape, its step
+// the first rank's. DATA_LOSS for a file that is missing, a tensor the
+// description does not name or that appears twice, a piece of the wrong
+// size, or a parameter with state on some ranks and not on others.
 absl::Status AppendRankFiles(const fs::path& root,
                              const OptimizerShardingDescription& sharding,
                              LoadedCheckpoint* out) {
-  std::map<std::string, int> owner;
-  for (const auto& [param, rank] : sharding.owners) owner[param] = rank;
-  std::set<std::string> seen;
+  std::map<std::string, const std::vector<int64_t>*> shapes;
+  for (const auto& [param, shape] : sharding.parameters) shapes[param] = &shape;
+  // Each tensor's piece on each rank that holds one.
+  std::map<std::string, std::map<int, at::Tensor>> pieces;
   for (int r = 0; r < sharding.world_size; ++r) {
     const fs::path path = root / RankOptimizerFileName(r, sharding.world_size);
     std::error_code ec;
@@ -89,23 +98,55 @@ absl::Status AppendRankFiles(const fs::path& root,
           "rank ", r, "'s optimizer file ", path.string(), " named by ",
           kOptimizerShardingFile, " is missing; the checkpoint is incomplete"));
     }
-    const size_t before = out->optimizer_tensors.size();
-    RETURN_IF_ERROR(AppendOptimizerFile(path, out));
-    for (size_t i = before; i < out->optimizer_tensors.size(); ++i) {
-      const std::string& name = out->optimizer_tensors[i].first;
-      auto it = owner.find(ParameterOf(name));
-      if (it == owner.end() || it->second != r) {
+    LoadedCheckpoint file;
+    RETURN_IF_ERROR(AppendOptimizerFile(path, &file));
+    for (const auto& [k, v] : file.optimizer_metadata) out->optimizer_metadata[k] = v;
+    for (auto& [name, tensor] : file.optimizer_tensors) {
+      if (shapes.count(ParameterOf(name)) == 0) {
         return absl::DataLossError(absl::StrCat(
             path.string(), " holds ", name, ", which ", kOptimizerShardingFile,
-            it == owner.end() ? " does not name"
-                              : absl::StrCat(" gives to rank ", it->second),
-            "; take the checkpoint again"));
+            " does not name; take the checkpoint again"));
       }
-      if (!seen.insert(name).second) {
+      if (!pieces[name].emplace(r, std::move(tensor)).second) {
         return absl::DataLossError(
             absl::StrCat("optimizer tensor ", name, " appears twice in ", root.string()));
       }
     }
+  }
+  for (auto& [name, by_rank] : pieces) {
+    const std::vector<int64_t>& shape = *shapes.at(ParameterOf(name));
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    auto damaged = [&](absl::string_view why) {
+      return absl::DataLossError(absl::StrCat("the sharded optimizer state ", name,
+                                              " in ", root.string(), " ", why,
+                                              "; take the checkpoint again"));
+    };
+    if (absl::EndsWith(name, ".step")) {
+      if (by_rank.begin()->second.numel() != 1) return damaged("is not a scalar");
+      out->optimizer_tensors.emplace_back(name, by_rank.begin()->second);
+      continue;
+    }
+    std::vector<at::Tensor> parts;
+    for (int r = 0; r < sharding.world_size; ++r) {
+      const int64_t length = ChunkOf(numel, r, sharding.world_size).length;
+      auto it = by_rank.find(r);
+      if (length == 0) {
+        if (it != by_rank.end()) return damaged(absl::StrCat("has a piece on rank ", r));
+        continue;
+      }
+      if (it == by_rank.end()) return damaged(absl::StrCat("lacks rank ", r, "'s piece"));
+      if (it->second.dim() != 1 || it->second.numel() != length) {
+        return damaged(absl::StrCat("has a piece of ", it->second.numel(),
+                                    " elements on rank ", r, " where the parameter's ",
+                                    numel, " elements give it ", length));
+      }
+      parts.push_back(it->second);
+    }
+    at::Tensor whole;
+    RETURN_IF_ERROR(TorchBoundary("assembling the sharded optimizer state",
+                                  [&] { whole = at::cat(parts).view(shape); }));
+    out->optimizer_tensors.emplace_back(name, std::move(whole));
   }
   return absl::OkStatus();
 }
@@ -118,18 +159,16 @@ std::string RankOptimizerFileName(int rank, int world_size) {
 }
 
 std::string OptimizerShardingToJson(const OptimizerShardingDescription& d) {
-  Json owners = Json::array();
-  for (const auto& [param, rank] : d.owners) {
-    owners.push_back({{"parameter", param}, {"rank", rank}});
+  Json parameters = Json::array();
+  for (const auto& [param, shape] : d.parameters) {
+    parameters.push_back({{"parameter", param}, {"shape", shape}});
   }
   Json files = Json::array();
   for (int r = 0; r < d.world_size; ++r)
     files.push_back(RankOptimizerFileName(r, d.world_size));
-  const Json v = {{"format", kShardingFormat},
-                  {"world_size", d.world_size},
-                  {"level", d.level},
-                  {"files", std::move(files)},
-                  {"owners", std::move(owners)}};
+  const Json v = {{"format", kShardingFormat}, {"world_size", d.world_size},
+                  {"level", d.level},          {"layout", kFlatLayout},
+                  {"files", std::move(files)}, {"parameters", std::move(parameters)}};
   return DumpJson(v, 2) + "\n";
 }
 
@@ -148,6 +187,15 @@ absl::StatusOr<OptimizerShardingDescription> OptimizerShardingFromJson(
       format->get<std::string>() != kShardingFormat) {
     return bad(absl::StrCat("format is not \"", kShardingFormat, "\""));
   }
+  const Json* layout = JsonFind(*v, "layout");
+  if (layout == nullptr || !layout->is_string() ||
+      layout->get<std::string>() != kFlatLayout) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "optimizer sharding description ", path,
+        " does not describe flat pieces (layout \"", kFlatLayout,
+        "\"): an earlier memprofd wrote it with whole parameters per rank, "
+        "which this one does not read; resume from a checkpoint this version wrote"));
+  }
   OptimizerShardingDescription d;
   const Json* world = JsonFind(*v, "world_size");
   int64_t world_size = 0;
@@ -159,17 +207,27 @@ absl::StatusOr<OptimizerShardingDescription> OptimizerShardingFromJson(
   const Json* level = JsonFind(*v, "level");
   if (level == nullptr || !level->is_string()) return bad("level is not a string");
   d.level = level->get<std::string>();
-  const Json* owners = JsonFind(*v, "owners");
-  if (owners == nullptr || !owners->is_array()) return bad("owners is not an array");
-  for (const Json& o : *owners) {
+  const Json* parameters = JsonFind(*v, "parameters");
+  if (parameters == nullptr || !parameters->is_array()) {
+    return bad("parameters is not an array");
+  }
+  for (const Json& o : *parameters) {
     const Json* param = o.is_object() ? JsonFind(o, "parameter") : nullptr;
-    const Json* rank = o.is_object() ? JsonFind(o, "rank") : nullptr;
-    int64_t r = -1;
-    if (param == nullptr || !param->is_string() || rank == nullptr ||
-        !JsonToInt64(*rank, &r) || r < 0 || r >= world_size) {
-      return bad("an owners entry is not {parameter, rank} with rank below world_size");
+    const Json* shape = o.is_object() ? JsonFind(o, "shape") : nullptr;
+    std::vector<int64_t> dims;
+    bool ok = param != nullptr && param->is_string() && shape != nullptr &&
+              shape->is_array() && shape->size() <= 8;
+    for (size_t i = 0; ok && i < shape->size(); ++i) {
+      int64_t dim = -1;
+      ok = JsonToInt64((*shape)[i], &dim) && dim >= 0 && dim <= (int64_t{1} << 40);
+      dims.push_back(dim);
     }
-    d.owners.emplace_back(param->get<std::string>(), static_cast<int>(r));
+    if (!ok) {
+      return bad(
+          "a parameters entry is not {parameter, shape} with at most 8 dimensions "
+          "of at most 2^40");
+    }
+    d.parameters.emplace_back(param->get<std::string>(), std::move(dims));
   }
   return d;
 }

@@ -10,14 +10,16 @@
 //   accelerate): tensors "<param>.exp_avg", "<param>.exp_avg_sq" and
 //   "<param>.step", the optimizer's hyperparameters in __metadata__;
 // - trainer_state.json (core/train/trainer_state.h).
-// A checkpoint of a data-parallel run whose optimizer state is sharded
-// (ZeRO-1: each rank holds the AdamW state of the parameters it owns) has,
-// instead of the optimizer files above, one file per rank,
-// optimizer-rank-0000R-of-0000N.safetensors (the same tensor names, the
-// rank's parameters only, never split by max_shard_size), and
-// optimizer_sharding.json, the description: the world size, the level and
-// the owning rank of every trainable parameter. LoadCheckpointFiles
-// assembles the whole state from the rank files, whatever world reads it.
+// A checkpoint of a data-parallel run whose optimizer state is sharded (each
+// rank holds the AdamW state of its flat piece of every parameter,
+// core/train/flat_shard.h) has, instead of the optimizer files above, one
+// file per rank, optimizer-rank-0000R-of-0000N.safetensors (the same tensor
+// names, each moment the rank's piece, 1-D; a rank whose piece of a
+// parameter is empty has none of its tensors; never split by
+// max_shard_size), and optimizer_sharding.json, the description: the world
+// size, the level, the layout ("flat") and the name and shape of every
+// trainable parameter. LoadCheckpointFiles assembles the whole state from
+// the rank files, whatever world reads it.
 
 #include <cstdint>
 #include <map>
@@ -44,8 +46,8 @@ struct OptimizerShardingDescription {
   int world_size = 1;
   // The sharding level's name (core/dist/sharding.h: "optimizer").
   std::string level;
-  // The owning rank of each trainable parameter, in model order.
-  std::vector<std::pair<std::string, int>> owners;
+  // Each trainable parameter's name and shape, in model order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> parameters;
 };
 
 // "optimizer-rank-0000R-of-0000N.safetensors": rank `rank`'s file among
@@ -53,7 +55,9 @@ struct OptimizerShardingDescription {
 std::string RankOptimizerFileName(int rank, int world_size);
 // optimizer_sharding.json's text, and its reader: DATA_LOSS naming `path`
 // when the text is not the description (not JSON, a field missing or of the
-// wrong type, an owner outside [0, world_size)).
+// wrong type, a shape that is not a short list of sizes);
+// FAILED_PRECONDITION for a description of another layout (an earlier
+// version's, with whole parameters per rank).
 std::string OptimizerShardingToJson(const OptimizerShardingDescription& description);
 absl::StatusOr<OptimizerShardingDescription> OptimizerShardingFromJson(
     absl::string_view text, absl::string_view path);
@@ -101,8 +105,8 @@ struct LoadedCheckpoint {
 // weights-only snapshot or a plain Hugging Face directory); DATA_LOSS
 // naming the file for a corrupt or truncated optimizer file or index, a
 // shard the index names that is missing, or a tensor in two shards, and
-// for a sharded checkpoint a rank file that is missing or holds a parameter
-// the description gives to another rank;
+// for a sharded checkpoint a rank file that is missing, a tensor the
+// description does not name, or a piece missing or of the wrong size;
 // INVALID_ARGUMENT for dtypes memprofd does not handle. Thread-safe.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir);
 

@@ -47,7 +47,7 @@ struct SnapshotManifest {
   // one chunk); 0 for CPU and disk sources.
   int64_t peak_extra_device_bytes = 0;
   // Bytes of tensors held only while they were written (a fully sharded
-  // run's parameters, gathered from the ranks that own them), at their
+  // run's parameters, all-gathered from the ranks' shards), at their
   // peak: at most the largest tensor, as one is held at a time. On the
   // compute device.
   int64_t peak_gathered_bytes = 0;

@@ -28,8 +28,8 @@ using SnapshotProgressFn = std::function<void(int64_t bytes_written, int64_t tot
 using SnapshotCancelFn = std::function<bool()>;
 
 // How the writer reaches tensors that are not resident all the time: the
-// parameters of a fully sharded data-parallel run, each kept whole by its
-// owner rank alone, which rank 0 gathers one at a time as it writes them.
+// parameters of a fully sharded data-parallel run, each kept as flat shards
+// over the ranks, which rank 0 gathers one at a time as it writes them.
 // The writer acquires each weight (its index in the TensorList given to
 // Write) just before reading its first byte and releases it as soon as its
 // bytes are written, so that at most one acquired tensor is held at a time.

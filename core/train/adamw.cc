@@ -19,7 +19,12 @@ FusedAdamW::FusedAdamW(std::vector<std::vector<at::Tensor>> groups,
   for (size_t g = 0; g < groups.size(); ++g) {
     Group group;
     group.options = options[g];
-    for (at::Tensor& p : groups[g]) group.slots.push_back(Slot{std::move(p), {}, {}, {}});
+    for (at::Tensor& p : groups[g]) {
+      Slot slot;
+      slot.target = p;
+      slot.param = std::move(p);
+      group.slots.push_back(std::move(slot));
+    }
     groups_.push_back(std::move(group));
   }
 }
@@ -38,19 +43,19 @@ void FusedAdamW::Step() {
     };
     std::map<std::string, Lists> by_device;
     for (Slot& s : group.slots) {
-      const at::Tensor& grad = s.param.grad();
-      if (!grad.defined()) continue;
+      const at::Tensor& grad = s.target.grad();
+      if (!grad.defined() || s.target.numel() == 0) continue;
       if (!s.exp_avg.defined()) {
         // Optimizer state, attributed to the parameter it belongs to.
         const std::optional<Attribution> param = memory::StorageAttribution(s.param);
         ModuleScope module(param ? param->module : 0);
         CategoryScope category(Category::kOptimizerState);
-        s.exp_avg = at::zeros_like(s.param, at::MemoryFormat::Preserve);
-        s.exp_avg_sq = at::zeros_like(s.param, at::MemoryFormat::Preserve);
+        s.exp_avg = at::zeros_like(s.target, at::MemoryFormat::Preserve);
+        s.exp_avg_sq = at::zeros_like(s.target, at::MemoryFormat::Preserve);
         s.step = at::zeros({}, s.param.options().dtype(at::kFloat));
       }
-      Lists& l = by_device[s.param.device().str()];
-      l.params.push_back(s.param);
+      Lists& l = by_device[s.target.device().str()];
+      l.params.push_back(s.target);
       l.grads.push_back(grad);
       l.exp_avgs.push_back(s.exp_avg);
       l.exp_avg_sqs.push_back(s.exp_avg_sq);
@@ -69,6 +74,69 @@ void FusedAdamW::Step() {
   }
 }
 
+void FusedAdamW::ShardFlat(const FlatShardSpec& spec) {
+  if (shard_) {
+    TORCH_CHECK(shard_->rank == spec.rank && shard_->world_size == spec.world_size,
+                "the optimizer is sharded for rank ", shard_->rank, " of ",
+                shard_->world_size, " already");
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (Group& group : groups_) {
+    for (Slot& s : group.slots) {
+      TORCH_CHECK(s.param.is_contiguous(),
+                  "a sharded optimizer needs contiguous "
+                  "parameters");
+      const FlatChunk piece = ChunkOf(s.param.numel(), spec.rank, spec.world_size);
+      // A tensor of its own over the piece's memory: a leaf, so that it
+      // takes a .grad, and the update bumps its version counter, not the
+      // parameter's.
+      at::Tensor target = at::empty({0}, s.param.options());
+      target.set_(s.param.storage(), s.param.storage_offset() + piece.begin,
+                  {piece.length}, {1});
+      s.target = std::move(target);
+      s.begin = piece.begin;
+      if (!s.exp_avg.defined()) continue;
+      if (piece.length == 0) {
+        s.exp_avg = s.exp_avg_sq = s.step = at::Tensor();
+        continue;
+      }
+      const std::optional<Attribution> param = memory::StorageAttribution(s.param);
+      ModuleScope module(param ? param->module : 0);
+      CategoryScope category(Category::kOptimizerState);
+      s.exp_avg = s.exp_avg.reshape({-1}).narrow(0, piece.begin, piece.length).clone();
+      s.exp_avg_sq =
+          s.exp_avg_sq.reshape({-1}).narrow(0, piece.begin, piece.length).clone();
+    }
+  }
+  shard_ = spec;
+}
+
+FusedAdamW::Slot* FusedAdamW::Find(const at::Tensor& param) {
+  for (Group& group : groups_) {
+    for (Slot& s : group.slots) {
+      if (s.param.unsafeGetTensorImpl() == param.unsafeGetTensorImpl()) return &s;
+    }
+  }
+  return nullptr;
+}
+
+const FusedAdamW::Slot* FusedAdamW::Find(const at::Tensor& param) const {
+  return const_cast<FusedAdamW*>(this)->Find(param);
+}
+
+bool FusedAdamW::Retarget(const at::Tensor& param, const at::Tensor& target) {
+  Slot* s = Find(param);
+  if (s == nullptr || !target.sizes().equals(s->target.sizes())) return false;
+  s->target = target;
+  return true;
+}
+
+at::Tensor FusedAdamW::TargetOf(const at::Tensor& param) const {
+  const Slot* s = Find(param);
+  return s != nullptr ? s->target : at::Tensor();
+}
+
 std::vector<at::Tensor> FusedAdamW::State() const {
   std::vector<at::Tensor> out;
   for (const Group& group : groups_) {
@@ -82,38 +150,41 @@ std::vector<at::Tensor> FusedAdamW::State() const {
 }
 
 std::optional<FusedAdamW::ParamState> FusedAdamW::StateOf(const at::Tensor& param) const {
-  for (const Group& group : groups_) {
-    for (const Slot& s : group.slots) {
-      if (s.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
-      if (!s.exp_avg.defined()) return std::nullopt;
-      return ParamState{s.exp_avg, s.exp_avg_sq, s.step};
-    }
-  }
-  return std::nullopt;
+  const Slot* s = Find(param);
+  if (s == nullptr || !s->exp_avg.defined()) return std::nullopt;
+  return ParamState{s->exp_avg, s->exp_avg_sq, s->step};
 }
 
 bool FusedAdamW::SetStateOf(const at::Tensor& param, const ParamState& state) {
-  for (Group& group : groups_) {
-    for (Slot& s : group.slots) {
-      if (s.param.unsafeGetTensorImpl() != param.unsafeGetTensorImpl()) continue;
-      if (!state.exp_avg.sizes().equals(s.param.sizes()) ||
-          !state.exp_avg_sq.sizes().equals(s.param.sizes()) || state.step.numel() != 1) {
-        return false;
-      }
-      torch::NoGradGuard no_grad;
-      at::Tensor exp_avg = at::empty_like(s.param, at::MemoryFormat::Preserve);
-      at::Tensor exp_avg_sq = at::empty_like(s.param, at::MemoryFormat::Preserve);
-      at::Tensor step = at::empty({}, s.param.options().dtype(at::kFloat));
-      exp_avg.copy_(state.exp_avg);
-      exp_avg_sq.copy_(state.exp_avg_sq);
-      step.copy_(state.step.reshape({}));
-      s.exp_avg = std::move(exp_avg);
-      s.exp_avg_sq = std::move(exp_avg_sq);
-      s.step = std::move(step);
-      return true;
+  Slot* s = Find(param);
+  if (s == nullptr || state.step.numel() != 1) return false;
+  // The moments as given (shaped as the target), or narrowed to the piece
+  // (shaped as the whole parameter, sharded).
+  auto piece_of = [&](const at::Tensor& moment) -> std::optional<at::Tensor> {
+    if (moment.sizes().equals(s->target.sizes())) return moment;
+    if (shard_ && moment.sizes().equals(s->param.sizes())) {
+      return moment.reshape({-1}).narrow(0, s->begin, s->target.numel());
     }
+    return std::nullopt;
+  };
+  const std::optional<at::Tensor> exp_avg = piece_of(state.exp_avg);
+  const std::optional<at::Tensor> exp_avg_sq = piece_of(state.exp_avg_sq);
+  if (!exp_avg || !exp_avg_sq) return false;
+  if (s->target.numel() == 0) {
+    s->exp_avg = s->exp_avg_sq = s->step = at::Tensor();
+    return true;
   }
-  return false;
+  torch::NoGradGuard no_grad;
+  at::Tensor m = at::empty_like(s->target, at::MemoryFormat::Preserve);
+  at::Tensor v = at::empty_like(s->target, at::MemoryFormat::Preserve);
+  at::Tensor step = at::empty({}, s->param.options().dtype(at::kFloat));
+  m.copy_(*exp_avg);
+  v.copy_(*exp_avg_sq);
+  step.copy_(state.step.reshape({}));
+  s->exp_avg = std::move(m);
+  s->exp_avg_sq = std::move(v);
+  s->step = std::move(step);
+  return true;
 }
 
 int FusedAdamW::GroupOf(const at::Tensor& param) const {

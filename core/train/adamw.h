@@ -9,6 +9,14 @@
 // results equal torch::optim::AdamW's within float rounding, and are
 // bit-identical from run to run.
 //
+// Sharded (ShardFlat, every sharded data-parallel level): each parameter's
+// slot updates only this rank's flat piece of it (core/train/flat_shard.h),
+// through a target: a tensor of its own, 1-D, over the piece's memory (the
+// parameter's storage at first; Retarget moves it to a shard kept elsewhere,
+// as full sharding keeps its parameters). The target's `.grad` is the
+// piece's gradient, its state the piece's moments. AdamW is element-wise, so
+// the pieces' updates are bit for bit the whole parameter's.
+//
 // Thread-safety: none; the trainer's thread only.
 
 #include <ATen/core/Tensor.h>
@@ -16,6 +24,8 @@
 #include <cstddef>
 #include <optional>
 #include <vector>
+
+#include "core/train/flat_shard.h"
 
 namespace memprofd {
 
@@ -35,17 +45,34 @@ class FusedAdamW {
   // Options of group `group` from the next step on; the state is kept.
   void set_options(size_t group, const Options& options);
 
-  // One update of every parameter that has a gradient (the others, as in
-  // torch.optim, keep their value and their state). A parameter's moments
-  // are made, zeroed, at its first update. Throws c10::Error like any ATen
+  // One update of every target that has a gradient (the others, as in
+  // torch.optim, keep their value and their state). A target's moments are
+  // made, zeroed, at its first update. Throws c10::Error like any ATen
   // call; run it inside TorchBoundary.
   void Step();
+
+  // Shards every slot (above) for `spec.rank` of `spec.world_size`: the
+  // state already made is narrowed to the piece (copied, the rest freed), a
+  // slot whose piece is empty keeps none. Once only; later calls with the
+  // same spec do nothing, and any other spec is a programming error.
+  // Parameters must be contiguous. Throws c10::Error like any ATen call.
+  void ShardFlat(const FlatShardSpec& spec);
+  const std::optional<FlatShardSpec>& shard() const { return shard_; }
+  // Makes `target` (1-D, as many elements as the piece, holding its values)
+  // the tensor `param`'s slot updates. False, nothing changed, when `param`
+  // is not one of the optimizer's or the sizes differ.
+  bool Retarget(const at::Tensor& param, const at::Tensor& target);
+  // The tensor updated for `param`: the parameter itself unsharded, its
+  // piece's target sharded (an empty tensor for an empty piece); undefined
+  // when `param` is not one of the optimizer's.
+  at::Tensor TargetOf(const at::Tensor& param) const;
 
   // The state tensors (both moments of each updated parameter).
   std::vector<at::Tensor> State() const;
 
-  // One parameter's state: its two moments (shaped as the parameter) and its
-  // step count, a float32 scalar on the parameter's device, as
+  // One parameter's state: its two moments (shaped as the target: the
+  // parameter, or its flat piece) and its step count, a float32 scalar on the
+  // parameter's device, as
   // torch.optim.AdamW(fused=True) keeps it (the kernel reads it for the bias
   // corrections; restoring its exact bits is what makes a resumed run's
   // updates equal the uninterrupted ones).
@@ -58,9 +85,12 @@ class FusedAdamW {
   // when it is not one of the optimizer's parameters or has had no update.
   std::optional<ParamState> StateOf(const at::Tensor& param) const;
   // Replaces the state of `param` with copies of `state` made on the
-  // parameter's device (moments in its dtype, the step in float32). False,
-  // and nothing changed, when `param` is not one of the optimizer's or the
-  // shapes differ. Throws c10::Error like any ATen call.
+  // parameter's device (moments in its dtype, the step in float32). Moments
+  // shaped as the whole parameter are narrowed to a sharded slot's piece
+  // (how a checkpoint assembled whole resumes at any world size); a slot
+  // with an empty piece keeps none. False, and nothing changed, when
+  // `param` is not one of the optimizer's or the shapes differ. Throws
+  // c10::Error like any ATen call.
   bool SetStateOf(const at::Tensor& param, const ParamState& state);
   // The options of group `group`, and which group holds `param` (-1: none).
   const Options& options(size_t group) const { return groups_.at(group).options; }
@@ -69,6 +99,8 @@ class FusedAdamW {
  private:
   struct Slot {
     at::Tensor param;
+    at::Tensor target;      // what Step updates: `param`, or its piece sharded
+    int64_t begin = 0;      // sharded: the piece's first element in `param`
     at::Tensor exp_avg;     // undefined until the first update
     at::Tensor exp_avg_sq;  // undefined until the first update
     at::Tensor step;        // float32 scalar on the parameter's device
@@ -77,7 +109,11 @@ class FusedAdamW {
     Options options;
     std::vector<Slot> slots;
   };
+  Slot* Find(const at::Tensor& param);
+  const Slot* Find(const at::Tensor& param) const;
+
   std::vector<Group> groups_;
+  std::optional<FlatShardSpec> shard_;
 };
 
 }  // namespace memprofd

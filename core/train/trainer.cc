@@ -131,7 +131,34 @@ Trainer::Trainer(LlamaModel* model) : model_(model) {}
 
 Trainer::~Trainer() = default;
 
-void Trainer::ResetOptimizer() { optimizer_.reset(); }
+FusedAdamW* Trainer::optimizer() {
+  if (optimizer_ == nullptr) {
+    // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
+    std::vector<at::Tensor> decay, no_decay;
+    // Frozen parameters (placed on disk) stay out of the optimizer.
+    for (const at::Tensor& p : model_->Parameters()) {
+      if (p.requires_grad()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+    }
+    optimizer_ = std::make_unique<FusedAdamW>(
+        std::vector<std::vector<at::Tensor>>{std::move(decay), std::move(no_decay)},
+        std::vector<FusedAdamW::Options>(2));
+    if (optimizer_shard_) optimizer_->ShardFlat(*optimizer_shard_);
+  }
+  return optimizer_.get();
+}
+
+absl::Status Trainer::ShardOptimizer(const FlatShardSpec& spec) {
+  if (optimizer_shard_ && (optimizer_shard_->rank != spec.rank ||
+                           optimizer_shard_->world_size != spec.world_size)) {
+    return absl::InternalError(absl::StrCat(
+        "the optimizer is sharded for rank ", optimizer_shard_->rank, " of ",
+        optimizer_shard_->world_size, ", not rank ", spec.rank, " of ", spec.world_size));
+  }
+  optimizer_shard_ = spec;
+  return TorchBoundary("sharding the optimizer state", [&] {
+    if (optimizer_ != nullptr) optimizer_->ShardFlat(spec);
+  });
+}
 
 void Trainer::ConfigureOptimizer(const TrainOptions& o, double learning_rate) {
   auto options_for = [&](bool decay) {
@@ -143,26 +170,28 @@ void Trainer::ConfigureOptimizer(const TrainOptions& o, double learning_rate) {
     options.weight_decay = decay ? o.weight_decay : 0.0;
     return options;
   };
-  if (optimizer_ == nullptr) {
-    // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
-    std::vector<at::Tensor> decay, no_decay;
-    // Frozen parameters (placed on disk) stay out of the optimizer.
-    for (const at::Tensor& p : model_->Parameters()) {
-      if (p.requires_grad()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
-    }
-    optimizer_ = std::make_unique<FusedAdamW>(
-        std::vector<std::vector<at::Tensor>>{std::move(decay), std::move(no_decay)},
-        std::vector<FusedAdamW::Options>{options_for(true), options_for(false)});
-    return;
-  }
-  optimizer_->set_options(0, options_for(true));
+  optimizer()->set_options(0, options_for(true));
   optimizer_->set_options(1, options_for(false));
+}
+
+std::vector<at::Tensor> Trainer::UpdateGradients() const {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& p : model_->Parameters()) {
+    const at::Tensor target = optimizer_ ? optimizer_->TargetOf(p) : at::Tensor();
+    const at::Tensor& grad = target.defined() ? target.grad() : p.grad();
+    if (grad.defined()) grads.push_back(grad);
+  }
+  return grads;
 }
 
 void Trainer::ClearGradients() {
   for (const at::Tensor& p : model_->Parameters()) {
     // set_to_none, as PyTorch's zero_grad(set_to_none=True): frees the memory.
     p.mutable_grad() = at::Tensor();
+    if (optimizer_ == nullptr) continue;
+    if (at::Tensor target = optimizer_->TargetOf(p); target.defined()) {
+      target.mutable_grad() = at::Tensor();
+    }
   }
 }
 
@@ -332,10 +361,9 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
 
     Clock::time_point t2 = Clock::now();
     PhaseScope phase(Phase::kOptimizer);
+    const std::vector<at::Tensor> grads = UpdateGradients();
     std::vector<at::Tensor> norms;
-    for (const at::Tensor& p : model_->Parameters()) {
-      if (p.grad().defined()) norms.push_back(p.grad().norm());
-    }
+    for (const at::Tensor& g : grads) norms.push_back(g.norm());
     double total = norms.empty() ? 0.0 : ValueOf(torch::stack(norms).norm());
     for (StepListener* l : listeners) {
       absl::StatusOr<double> combined = l->CombineGradNorm(total);
@@ -362,9 +390,7 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
       // torch.nn.utils.clip_grad_norm_'s coefficient.
       const double coef = options.max_grad_norm / (total + 1e-6);
       torch::NoGradGuard no_grad;
-      for (const at::Tensor& p : model_->Parameters()) {
-        if (p.grad().defined()) p.grad().mul_(coef);
-      }
+      for (const at::Tensor& g : grads) g.mul_(coef);
     }
     for (StepListener* l : listeners) l->BeforeUpdate();
     optimizer_->Step();
@@ -637,7 +663,7 @@ std::map<std::string, std::string> Trainer::OptimizerMetadata() const {
 absl::Status Trainer::Restore(
     const TrainerState& state,
     const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
-    const std::set<std::string>* owned) {
+    const FlatShardSpec* shard) {
   // Every check first: a failed restore leaves the trainer as it was.
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : optimizer) given[name] = &t;
@@ -677,16 +703,8 @@ absl::Status Trainer::Restore(
           "this model"));
     }
   }
-  if (owned != nullptr) {
-    // The name checks above saw every tensor; the state of parameters other
-    // ranks own goes no further.
-    for (auto it = given.begin(); it != given.end();) {
-      const size_t dot = it->first.rfind('.');
-      it = owned->count(it->first.substr(0, dot)) ? std::next(it) : given.erase(it);
-    }
-  }
   for (const auto& [name, p] : params) {
-    if (!p.requires_grad() || (owned != nullptr && owned->count(name) == 0)) continue;
+    if (!p.requires_grad()) continue;
     int present = 0;
     for (const char* part : kStateParts)
       present += given.count(absl::StrCat(name, ".", part));
@@ -729,10 +747,13 @@ absl::Status Trainer::Restore(
   }
 
   std::unique_ptr<FusedAdamW> saved_optimizer = std::move(optimizer_);
+  const std::optional<FlatShardSpec> saved_shard = optimizer_shard_;
+  if (shard != nullptr) optimizer_shard_ = *shard;
   absl::Status status = TorchBoundary("restoring the optimizer state", [&] {
     // The learning rate is set again by each step from the schedule.
     if (state.run)
       ConfigureOptimizer(state.run->options, state.run->options.learning_rate);
+    if (!given.empty()) this->optimizer();
     for (const auto& [name, p] : params) {
       if (given.count(absl::StrCat(name, ".exp_avg")) == 0) continue;
       FusedAdamW::ParamState s{*given.at(absl::StrCat(name, ".exp_avg")),
@@ -743,6 +764,7 @@ absl::Status Trainer::Restore(
   });
   if (!status.ok()) {
     optimizer_ = std::move(saved_optimizer);
+    optimizer_shard_ = saved_shard;
     return status;
   }
   global_step_ = state.global_step;

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "core/model/llama.h"
 #include "core/train/data.h"
+#include "core/train/flat_shard.h"
 #include "core/train/step_listener.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer_state.h"
@@ -154,13 +155,24 @@ class Trainer {
   // state although the checkpoint has trained; DATA_LOSS when the generator
   // state is not a CPU generator's. RESOURCE_EXHAUSTED when the copies do
   // not fit. Call once, on a fresh trainer, before any step.
-  // `owned` (optional): restore the optimizer state of these parameters only
-  // (a rank of a run with its optimizer state sharded keeps the state of the
-  // parameters it owns): the state of others is checked against the model
-  // and dropped, and only these must have state.
+  // `shard` (optional): this rank's place in a run with its optimizer state
+  // sharded (ShardOptimizer, before the state is set): each parameter keeps
+  // the state of its flat piece only, narrowed from the checkpoint's whole
+  // state, so any world size resumes any checkpoint.
   absl::Status Restore(const TrainerState& state,
                        const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
-                       const std::set<std::string>* owned = nullptr);
+                       const FlatShardSpec* shard = nullptr);
+
+  // Shards the optimizer (FusedAdamW::ShardFlat) for this rank, now if it
+  // exists and whenever it is made (the first step, Restore): a data-parallel
+  // run that shards the optimizer state calls it before its first step, with
+  // the same spec every time. INTERNAL for another spec than before.
+  absl::Status ShardOptimizer(const FlatShardSpec& spec);
+  // The optimizer, made (with default hyperparameters, which each step
+  // replaces) if there is none yet: for a data-parallel listener that
+  // feeds its pieces' gradients (FusedAdamW::TargetOf) or moves its
+  // targets (Retarget). The trainer keeps it.
+  FusedAdamW* optimizer();
 
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }
@@ -171,8 +183,6 @@ class Trainer {
   // sampler's generator_state is empty (State() fills it).
   const std::optional<RunState>& run() const { return run_; }
   LlamaModel* model() const { return model_; }
-  // Drops the optimizer state; the next step starts AdamW afresh.
-  void ResetOptimizer();
 
  private:
   // What one step is given besides its options and data.
@@ -213,10 +223,14 @@ class Trainer {
   // Creates the optimizer on first use; updates its hyperparameters after
   // (the learning rate: this step's, from the schedule).
   void ConfigureOptimizer(const TrainOptions& options, double learning_rate);
+  // The gradients the update reads, in model order: each trainable
+  // parameter's, or its piece's when the optimizer is sharded.
+  std::vector<at::Tensor> UpdateGradients() const;
   void ClearGradients();
 
   LlamaModel* const model_;
   std::unique_ptr<FusedAdamW> optimizer_;
+  std::optional<FlatShardSpec> optimizer_shard_;  // ShardOptimizer's
   int64_t nonfinite_steps_ = 0;
   int64_t global_step_ = 0;
   // The run ContinueRun continues (its sampler's generator_state is filled

@@ -6,8 +6,9 @@
 //   --scenario=train        trains the small test Llama for --steps steps with
 //                           GradientSync (when WORLD_SIZE > 1), prints
 //                           "step N loss L" per step, the sync's figures and
-//                           the bytes of optimizer state this rank holds
-//                           ("optimizer_state_bytes B"), and writes the final
+//                           the bytes of AdamW moments this rank holds
+//                           ("optimizer_state_bytes B largest_parameter_numel
+//                           N parameters P"), and writes the final
 //                           parameters, float32 in state-dict order, to
 //                           --out. --sharding=optimizer shards AdamW's state,
 //                           --sharding=gradients the gradients too, and the
@@ -19,10 +20,10 @@
 //                           steps with a new DataParallel, as the daemon's
 //                           next Train. --sharding=full also shards the
 //                           parameters; the rank prints "parameter_bytes
-//                           owned O peak_gathered G broadcasts B prefetched
-//                           P" (the last step's gathered working set, its
-//                           broadcasts and those started ahead of their
-//                           unit) and makes the model
+//                           owned O peak_gathered G gathers A prefetched
+//                           P" (its shards' bytes, the last step's gathered
+//                           working set, its all-gathers and those started
+//                           ahead of their unit) and makes the model
 //                           whole again before writing --out.
 //                           --offload=disk offloads saved activations to a
 //                           spill file in --spill_dir and prints "offload
@@ -44,6 +45,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -53,6 +55,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
+#include "core/train/adamw.h"
 #include "core/train/data.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
@@ -230,7 +233,8 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   // --grads_out writes are the averaged ones.
   class WorkerListener : public StepListener {
    public:
-    WorkerListener(int rank, LlamaModel* model) : rank_(rank), model_(model) {}
+    WorkerListener(int rank, Trainer* trainer)
+        : rank_(rank), trainer_(trainer), model_(trainer->model()) {}
     void OnStepBegin(int64_t step) override {
       if (step == absl::GetFlag(FLAGS_die_at_step) &&
           rank_ == absl::GetFlag(FLAGS_die_rank)) {
@@ -252,11 +256,16 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
       first_step_ = false;
       return absl::OkStatus();
     }
-    // After DataParallel's: the gradients the update reads.
+    // After DataParallel's: the gradients the update reads, the parameters'
+    // or, sharded, their pieces'.
     void BeforeUpdate() override {
       int64_t bytes = 0;
       for (const at::Tensor& p : model_->Parameters()) {
         if (p.grad().defined()) bytes += static_cast<int64_t>(p.grad().nbytes());
+        const at::Tensor target = trainer_->optimizer()->TargetOf(p);
+        if (target.defined() && !target.is_same(p) && target.grad().defined()) {
+          bytes += static_cast<int64_t>(target.grad().nbytes());
+        }
       }
       grad_bytes_at_update = std::max(grad_bytes_at_update, bytes);
     }
@@ -264,9 +273,10 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
 
    private:
     const int rank_;
+    Trainer* const trainer_;
     LlamaModel* const model_;
     bool first_step_ = true;
-  } worker(world.rank, model->get());
+  } worker(world.rank, &trainer);
   // Saved activations through the offloader (its listener first, as in the
   // daemon), accounting only unless --offload=disk.
   offload::OffloadOptions offload_options;
@@ -342,13 +352,16 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
         trainer.ContinueRun(options, **data, print_step, {}, nullptr, listeners);
     if (!result.ok()) return Fail(result.status());
   }
+  // The moments (each rank's step counts are copies of one number).
   int64_t state_bytes = 0;
-  for (const auto& [name, t] : trainer.NamedOptimizerState()) state_bytes += t.nbytes();
+  for (const auto& [name, t] : trainer.NamedOptimizerState()) {
+    if (!absl::EndsWith(name, ".step")) state_bytes += t.nbytes();
+  }
   int64_t largest = 0;
   for (const at::Tensor& p : (*model)->Parameters())
     largest = std::max(largest, p.numel());
   std::cout << "optimizer_state_bytes " << state_bytes << " largest_parameter_numel "
-            << largest << std::endl;
+            << largest << " parameters " << (*model)->Parameters().size() << std::endl;
   const offload::OffloadStats offloaded = (*offloader)->Totals();
   std::cout << "offload bytes_out " << offloaded.bytes_out << " parameter_skips "
             << offloaded.skipped_of(offload::SkipReason::kParameter) << std::endl;
@@ -368,8 +381,8 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
                                               named.back().second.nbytes());
       std::cout << "largest_unit_bytes " << largest_unit << std::endl;
       std::cout << "parameter_bytes owned " << p->owned_bytes << " peak_gathered "
-                << p->peak_gathered_bytes << " broadcasts " << p->broadcasts
-                << " prefetched " << p->prefetched << std::endl;
+                << p->peak_gathered_bytes << " gathers " << p->gathers << " prefetched "
+                << p->prefetched << std::endl;
     }
     if (absl::Status s = data_parallel->Finish(); !s.ok()) return Fail(s);
     const GradientSyncStats& stats = data_parallel->last_step();

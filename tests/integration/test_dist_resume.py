@@ -136,7 +136,13 @@ class ShardedResumeTest(unittest.TestCase):
             self.assertEqual(description["world_size"], 2)
             self.assertEqual(description["level"], self.LEVEL)
             self.assertEqual(description["files"], RANK_FILES)
-            self.assertEqual({o["rank"] for o in description["owners"]}, {0, 1})
+            # Each rank's file holds its flat piece of every parameter: the
+            # description names each parameter with its shape.
+            self.assertEqual(description["layout"], "flat")
+            self.assertTrue(description["parameters"])
+            for entry in description["parameters"]:
+                self.assertIsInstance(entry["parameter"], str)
+                self.assertTrue(all(isinstance(d, int) for d in entry["shape"]))
 
             # Both restarted, as a launcher would: each resumes its own part.
             ranks = start_ranks(root, self.LEVEL, *self.FLAGS)

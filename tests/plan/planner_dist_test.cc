@@ -1,5 +1,5 @@
-// Plans per rank of a data-parallel run: what each rank owns under
-// BalancedOwners against the AdamW state the dry run made for it, how the
+// Plans per rank of a data-parallel run: what each rank owns (its flat piece
+// of every parameter) against the AdamW state the dry run made for it, how the
 // peaks move with the world size at each sharding level, and each rank's
 // plan against the same two steps run by two real ranks over Gloo
 // (plan_dist_worker, one process per rank).
@@ -24,9 +24,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "core/dist/optimizer_sharding.h"
+#include "core/dist/gradient_sync.h"
+#include "core/dist/parameter_sharding.h"
 #include "core/memory/install.h"
 #include "core/plan/planner.h"
+#include "core/train/flat_shard.h"
 #include "tests/testing/command.h"
 #include "tests/testing/llama.h"
 
@@ -52,31 +54,35 @@ int64_t At(const std::array<int64_t, kNumCategories>& c, Category category) {
   return c[static_cast<size_t>(category)];
 }
 
-// Each rank's planned AdamW state is exactly that of the parameters
-// BalancedOwners gives it: two float32 moments of each and its float32 step.
-TEST_F(PlannerDistTest, OptimizerStatePerRankIsItsOwnedParametersAdamWState) {
+// The numel of each trainable parameter of tiny, each storage once.
+std::vector<int64_t> TinyTrainableNumels() {
   std::vector<int64_t> numels;
-  {
-    std::unique_ptr<LlamaModel> model =
-        testing::MakeLlama(testing::PresetConfig("tiny"), 0);
-    std::set<const void*> seen;
-    for (const auto& [name, p] : model->NamedParameters()) {
-      if (!seen.insert(p.unsafeGetTensorImpl()).second || !p.requires_grad()) continue;
-      numels.push_back(p.numel());
-    }
+  std::unique_ptr<LlamaModel> model =
+      testing::MakeLlama(testing::PresetConfig("tiny"), 0);
+  std::set<const void*> seen;
+  for (const auto& [name, p] : model->NamedParameters()) {
+    if (!seen.insert(p.unsafeGetTensorImpl()).second || !p.requires_grad()) continue;
+    numels.push_back(p.numel());
   }
+  return numels;
+}
+
+// Each rank's planned AdamW state is exactly that of its pieces: two float32
+// moments of each and a float32 step per non-empty piece.
+TEST_F(PlannerDistTest, OptimizerStatePerRankIsItsPiecesAdamWState) {
+  const std::vector<int64_t> numels = TinyTrainableNumels();
   for (int world : {2, 4}) {
     absl::StatusOr<MemoryPlan> plan =
         PlanTrainingStep(TinySpec(world, Sharding::kOptimizer));
     ASSERT_TRUE(plan.ok()) << plan.status();
     ASSERT_EQ(plan->ranks.size(), static_cast<size_t>(world));
-    const std::vector<int> owners = BalancedOwners(numels, world);
     for (int r = 0; r < world; ++r) {
       int64_t state = 0, owned = 0;
-      for (size_t k = 0; k < numels.size(); ++k) {
-        if (owners[k] != r) continue;
-        state += 2 * numels[k] * 4 + 4;
-        owned += numels[k];
+      for (int64_t n : numels) {
+        const int64_t length = ChunkOf(n, r, world).length;
+        if (length == 0) continue;
+        state += 2 * length * 4 + 4;
+        owned += length;
       }
       const RankPlan& rank = plan->ranks[static_cast<size_t>(r)];
       EXPECT_EQ(rank.rank, r);
@@ -138,21 +144,27 @@ TEST_F(PlannerDistTest, OneRankIsOneProcesssPlan) {
   EXPECT_EQ(plain->ranks[0].owned_parameter_count, plain->parameter_count);
 }
 
-// Beyond kMaxRanksPlannedEach, the ranks with the smallest and largest share,
-// and the last.
+// Beyond kMaxRanksPlannedEach, rank 0 (the largest share: the flat pieces
+// round up), the rank with the smallest (one of the last ranks, whose pieces
+// run short or empty), and the last rank. No rank owns more than 1/N of the
+// parameters plus one element per parameter.
 TEST_F(PlannerDistTest, ManyRanksPlanTheSmallestAndLargestShares) {
-  absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(TinySpec(16, Sharding::kOptimizer));
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  ASSERT_GE(plan->ranks.size(), 1u);
-  ASSERT_LE(plan->ranks.size(), 3u);
-  EXPECT_EQ(plan->ranks.back().rank, 15);
-  EXPECT_EQ(plan->world_size, 16);
-  int64_t low = plan->ranks.front().owned_parameter_count, high = low;
-  for (const RankPlan& r : plan->ranks) {
-    low = std::min(low, r.owned_parameter_count);
-    high = std::max(high, r.owned_parameter_count);
+  const int64_t parameters = static_cast<int64_t>(TinyTrainableNumels().size());
+  for (int world : {16, 24}) {
+    absl::StatusOr<MemoryPlan> plan =
+        PlanTrainingStep(TinySpec(world, Sharding::kOptimizer));
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_GE(plan->ranks.size(), 2u);
+    ASSERT_LE(plan->ranks.size(), 3u);
+    EXPECT_EQ(plan->ranks.front().rank, 0);
+    EXPECT_EQ(plan->ranks.back().rank, world - 1);
+    EXPECT_EQ(plan->world_size, world);
+    const int64_t high = plan->ranks.front().owned_parameter_count;
+    for (const RankPlan& r : plan->ranks) {
+      EXPECT_LE(r.owned_parameter_count, high) << "rank " << r.rank;
+    }
+    EXPECT_LE(high * world, plan->parameter_count + parameters * world);
   }
-  EXPECT_LT(low, high);
 }
 
 TEST_F(PlannerDistTest, RefusesBadWorldSizes) {
@@ -162,6 +174,21 @@ TEST_F(PlannerDistTest, RefusesBadWorldSizes) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The bytes of tiny's largest unit (embedding, decoder layer or head), in
+// float32: the largest gradient bucket of a sharded run.
+int64_t LargestUnitBytes() {
+  std::unique_ptr<LlamaModel> model =
+      testing::MakeLlama(testing::PresetConfig("tiny"), 0);
+  const std::vector<at::Tensor> params = model->Parameters();
+  int64_t largest = 0;
+  for (const std::vector<size_t>& unit : UnitParameterIndices(*model, params)) {
+    int64_t bytes = 0;
+    for (size_t k : unit) bytes += params[k].numel() * 4;
+    largest = std::max(largest, bytes);
+  }
+  return largest;
 }
 
 // A port nobody listens on now (the kernel's pick for port 0).
@@ -178,13 +205,13 @@ int FreePort() {
 }
 
 // Each rank's plan against the higher of its two steps' measured peaks, run
-// by two real ranks at each level: within 1%. With gradients reduced to
-// their owners (gradients, full) a real rank frees a bucket's flat copy as
-// soon as it sees the bucket's reduce finished, which depends on timing;
-// the plan counts the most a rank can hold (GradientSync's
-// kMaxBucketsInFlight buckets waiting), so there it may lie above the
-// measured peak by up to that many buckets: on tiny at 2 x 64 one is
-// 0.51 MB, up to 1.07% of a rank's peak, so up to 2.5% above (and 1% below).
+// by two real ranks at each level: within 1%. With gradients
+// reduce-scattered (gradients, full), one bucket per unit of the model, a
+// real rank frees a bucket's buffer as soon as it sees the bucket's
+// reduce-scatter finished, which depends on timing; the plan counts the
+// most a rank can hold (GradientSync's kMaxBucketsInFlight buckets
+// waiting), so there it may lie above the measured peak by up to that many
+// of the largest unit's gradients (on tiny, the embedding's).
 TEST_F(PlannerDistTest, EachRanksPlanMatchesTwoRealRanks) {
   const std::string worker =
       absl::StrCat(MEMPROFD_BINARY_DIR, "/tests/plan/plan_dist_worker");
@@ -222,8 +249,13 @@ TEST_F(PlannerDistTest, EachRanksPlanMatchesTwoRealRanks) {
       std::cout << ShardingName(level) << " rank " << r << " of 2: planned " << planned
                 << " B, measured " << measured << " B, error " << error * 100 << "%\n";
       const bool reduces = level == Sharding::kGradients || level == Sharding::kFull;
+      const double slack =
+          reduces ? 0.01 + static_cast<double>(GradientSync::kMaxBucketsInFlight *
+                                               LargestUnitBytes()) /
+                               static_cast<double>(measured)
+                  : 0.01;
       EXPECT_GE(error, -0.01) << ShardingName(level) << " rank " << r;
-      EXPECT_LE(error, reduces ? 0.025 : 0.01) << ShardingName(level) << " rank " << r;
+      EXPECT_LE(error, slack) << ShardingName(level) << " rank " << r;
     }
   }
 }

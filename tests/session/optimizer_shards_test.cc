@@ -1,7 +1,7 @@
-// Who owns which parameter's optimizer state (optimizer_shards.h), and the
+// How a run splits the optimizer state (optimizer_shards.h), and the
 // re-sharding a resume makes with it: a checkpoint written by 2 ranks
-// restored by 3 (and by 1) gives each rank exactly the state of the
-// parameters it owns now, bit for bit.
+// restored by 3 (and by 1) gives each rank exactly its flat pieces of the
+// state, bit for bit.
 
 #include "core/session/optimizer_shards.h"
 
@@ -9,12 +9,12 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "core/dist/optimizer_sharding.h"
 #include "core/model/llama.h"
 #include "core/train/trainer.h"
 #include "core/train/trainer_state.h"
@@ -45,37 +45,35 @@ TEST(OptimizerShardsTest, ShardedOnlyWithSeveralRanksAndALevel) {
   EXPECT_FALSE(OptimizerStateSharded(options));
 }
 
-TEST(OptimizerShardsTest, OwnersPartitionTheTrainableParametersAsBalancedOwners) {
+TEST(OptimizerShardsTest, TheShardIsThisRanksPlaceWhenSharded) {
+  SessionOptions options;
+  options.sharding = Sharding::kFull;
+  EXPECT_FALSE(OptimizerShard(options).has_value());
+  options.world.world_size = 4;
+  options.world.rank = 3;
+  const std::optional<FlatShardSpec> shard = OptimizerShard(options);
+  ASSERT_TRUE(shard.has_value());
+  EXPECT_EQ(shard->rank, 3);
+  EXPECT_EQ(shard->world_size, 4);
+}
+
+TEST(OptimizerShardsTest, ShardedParametersAreTheTrainableOnesEachStorageOnce) {
   std::unique_ptr<LlamaModel> model = MakeLlama(SmallLlamaConfig(), 3);
-  // Each storage once: the small model ties its head to the embedding.
-  std::vector<int64_t> numels;
+  // The small model ties its head to the embedding: it appears once.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> want;
   std::set<const void*> seen;
   for (const auto& [name, p] : model->NamedParameters()) {
     if (seen.insert(p.unsafeGetTensorImpl()).second && p.requires_grad())
-      numels.push_back(p.numel());
+      want.emplace_back(name, p.sizes().vec());
   }
-  for (int world : {1, 2, 3, 4}) {
-    SCOPED_TRACE(world);
-    const std::vector<std::pair<std::string, int>> owners =
-        OptimizerOwners(*model, world);
-    ASSERT_EQ(owners.size(), numels.size());
-    const std::vector<int> expected = BalancedOwners(numels, world);
-    std::set<std::string> all;
-    for (size_t k = 0; k < owners.size(); ++k) {
-      EXPECT_EQ(owners[k].second, expected[k]) << owners[k].first;
-      all.insert(owners[k].first);
-    }
-    size_t owned = 0;
-    for (int rank = 0; rank < world; ++rank) {
-      owned += OwnedParameters(*model, rank, world).size();
-    }
-    EXPECT_EQ(owned, all.size());  // each parameter on exactly one rank
-  }
+  EXPECT_LT(want.size(), model->NamedParameters().size());
+  EXPECT_EQ(ShardedParameters(*model), want);
 }
 
+// A checkpoint's whole state (as a checkpoint of 2 ranks holds it once
+// assembled) restored by 3 ranks and by 1: each rank's pieces, laid end to
+// end, are the whole state bit for bit.
 TEST(OptimizerShardsTest, ACheckpointOfTwoRanksReshardsOntoThreeAndOne) {
-  // The whole state of a trained model, as a checkpoint of 2 ranks holds it
-  // once assembled.
   std::unique_ptr<LlamaModel> trained = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(trained.get());
   TrainOptions options;
@@ -93,20 +91,32 @@ TEST(OptimizerShardsTest, ACheckpointOfTwoRanksReshardsOntoThreeAndOne) {
 
   for (int world : {3, 1}) {
     SCOPED_TRACE(world);
-    std::map<std::string, int> restored_on;
+    std::map<std::string, std::vector<at::Tensor>> pieces;
     for (int rank = 0; rank < world; ++rank) {
+      SessionOptions session;
+      session.sharding = Sharding::kOptimizer;
+      session.world.world_size = world;
+      session.world.rank = rank;
+      const std::optional<FlatShardSpec> shard = OptimizerShard(session);
+      EXPECT_EQ(shard.has_value(), world > 1);
       std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
-      const std::set<std::string> owned = OwnedParameters(*m, rank, world);
       Trainer restored(m.get());
-      ASSERT_TRUE(restored.Restore(*trainer_state, state, &owned).ok());
-      std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+      ASSERT_TRUE(
+          restored.Restore(*trainer_state, state, shard ? &*shard : nullptr).ok());
       for (const auto& [name, t] : restored.NamedOptimizerState()) {
-        ASSERT_EQ(owned.count(name.substr(0, name.rfind('.'))), 1u) << name;
-        EXPECT_TRUE(BitEqual(t, by_name.at(name))) << name;
-        EXPECT_EQ(restored_on.emplace(name, rank).second, true) << name;
+        pieces[name].push_back(t.detach().clone());
       }
     }
-    EXPECT_EQ(restored_on.size(), state.size());
+    ASSERT_EQ(pieces.size(), state.size());
+    for (const auto& [name, whole] : state) {
+      ASSERT_EQ(pieces.count(name), 1u) << name;
+      const std::vector<at::Tensor>& mine = pieces.at(name);
+      if (whole.dim() == 0) {  // a step: the same on every rank with a piece
+        for (const at::Tensor& t : mine) EXPECT_TRUE(BitEqual(t, whole)) << name;
+        continue;
+      }
+      EXPECT_TRUE(BitEqual(at::cat(mine).view(whole.sizes()), whole)) << name;
+    }
   }
 }
 

@@ -7,11 +7,13 @@
 #include <fstream>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
+#include "core/train/flat_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
@@ -165,35 +167,60 @@ TEST(CheckpointFilesTest, WeightsOnlyDirectoriesAndDamagedFilesAreRefused) {
   EXPECT_EQ(testing::ListDir(root.path()), (std::vector<std::string>{"c", "w"}));
 }
 
-// A sharded run's checkpoint: rank 1 writes its file beside the checkpoint,
-// rank 0's writer moves it in with its own and the description, and the
-// reader assembles the whole state from both, each tensor bit for bit.
+// `whole`'s optimizer tensors cut into the flat pieces of `world` ranks
+// (core/train/flat_shard.h), as each rank of a sharded run holds them: each
+// moment's piece 1-D, the step on every rank with a piece.
+std::vector<TensorList> Pieces(const TensorList& whole, int world) {
+  std::vector<TensorList> ranks(static_cast<size_t>(world));
+  for (const auto& [name, t] : whole) {
+    const std::string param = name.substr(0, name.rfind('.'));
+    int64_t numel = 0;
+    for (const auto& [n, m] : whole) {
+      if (n == param + ".exp_avg") numel = m.numel();
+    }
+    for (int r = 0; r < world; ++r) {
+      const FlatChunk piece = ChunkOf(numel, r, world);
+      if (piece.length == 0) continue;
+      ranks[r].emplace_back(
+          name, absl::EndsWith(name, ".step")
+                    ? t
+                    : t.reshape({-1}).narrow(0, piece.begin, piece.length).clone());
+    }
+  }
+  return ranks;
+}
+
+OptimizerShardingDescription Describe(const TensorList& model, int world) {
+  OptimizerShardingDescription sharding;
+  sharding.world_size = world;
+  sharding.level = "optimizer";
+  for (const auto& [name, t] : model)
+    sharding.parameters.emplace_back(name, t.sizes().vec());
+  return sharding;
+}
+
+// A sharded run's checkpoint (3 ranks, so that pieces differ in size): ranks
+// 1 and 2 write their files beside the checkpoint, rank 0's writer moves
+// them in with its own and the description, and the reader assembles the
+// whole state from the three, each tensor bit for bit.
 TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) {
   TempDir root;
   const TensorList model = testing::MakeModel(1, 2, 16, 64);
   const CheckpointPayload whole = MakePayload(model);
-  OptimizerShardingDescription sharding;
-  sharding.world_size = 2;
-  sharding.level = "optimizer";
-  for (size_t i = 0; i < model.size(); ++i) {
-    sharding.owners.emplace_back(model[i].first, i < model.size() / 2 ? 0 : 1);
-  }
-  std::map<std::string, int> owner(sharding.owners.begin(), sharding.owners.end());
+  const OptimizerShardingDescription sharding = Describe(model, 3);
+  const std::vector<TensorList> pieces = Pieces(whole.optimizer_tensors, 3);
   CheckpointPayload rank0 = whole;
-  rank0.optimizer_tensors.clear();
-  TensorList rank1;
-  for (const auto& [name, t] : whole.optimizer_tensors) {
-    const std::string param = name.substr(0, name.rfind('.'));
-    (owner.at(param) == 0 ? rank0.optimizer_tensors : rank1).emplace_back(name, t);
-  }
-  ASSERT_FALSE(rank1.empty());
+  rank0.optimizer_tensors = pieces[0];
   const std::string side = root.path() + "/.tmp-ck-ranks";
   std::filesystem::create_directories(side);
-  absl::StatusOr<int64_t> written =
-      WriteRankOptimizerFile(side, 1, 2, rank1, whole.optimizer_metadata, 1 << 20);
-  ASSERT_TRUE(written.ok()) << written.status();
+  for (int r = 1; r < 3; ++r) {
+    ASSERT_FALSE(pieces[r].empty());
+    absl::StatusOr<int64_t> written =
+        WriteRankOptimizerFile(side, r, 3, pieces[r], whole.optimizer_metadata, 1 << 20);
+    ASSERT_TRUE(written.ok()) << written.status();
+  }
   EXPECT_TRUE(
-      std::filesystem::exists(side + "/optimizer-rank-00001-of-00002.safetensors"));
+      std::filesystem::exists(side + "/optimizer-rank-00001-of-00003.safetensors"));
   rank0.sharding = sharding;
   rank0.other_ranks_dir = side;
 
@@ -203,8 +230,9 @@ TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) 
   std::vector<std::string> files;
   for (const SnapshotFile& f : m->files) files.push_back(f.name);
   EXPECT_THAT(files, ElementsAre("model.safetensors", "config.json",
-                                 "optimizer-rank-00000-of-00002.safetensors",
-                                 "optimizer-rank-00001-of-00002.safetensors",
+                                 "optimizer-rank-00000-of-00003.safetensors",
+                                 "optimizer-rank-00001-of-00003.safetensors",
+                                 "optimizer-rank-00002-of-00003.safetensors",
                                  "optimizer_sharding.json", "trainer_state.json"));
   EXPECT_TRUE(std::filesystem::is_empty(side));
   // The model part loads as a Hugging Face directory, as before.
@@ -215,9 +243,9 @@ TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) 
   absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_TRUE(back->sharding.has_value());
-  EXPECT_EQ(back->sharding->world_size, 2);
+  EXPECT_EQ(back->sharding->world_size, 3);
   EXPECT_EQ(back->sharding->level, "optimizer");
-  EXPECT_EQ(back->sharding->owners, sharding.owners);
+  EXPECT_EQ(back->sharding->parameters, sharding.parameters);
   EXPECT_EQ(back->optimizer_metadata.at("optimizer"), "AdamW");
   std::map<std::string, at::Tensor> read(back->optimizer_tensors.begin(),
                                          back->optimizer_tensors.end());
@@ -228,23 +256,20 @@ TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) 
   }
 
   // A rank file gone is DATA_LOSS naming the rank.
-  std::filesystem::remove(m->directory + "/optimizer-rank-00001-of-00002.safetensors");
+  std::filesystem::remove(m->directory + "/optimizer-rank-00001-of-00003.safetensors");
   absl::StatusOr<LoadedCheckpoint> partial = LoadCheckpointFiles(m->directory);
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(partial.status().message(), HasSubstr("rank 1's optimizer file"));
 }
 
-// Rank 0 never publishes a checkpoint without every rank's file, and a
-// description that gives a parameter to another rank than the file holding
-// it is refused.
-TEST(CheckpointFilesTest, ShardedCheckpointNeedsEveryRanksFileAndAMatchingDescription) {
+// Rank 0 never publishes a checkpoint without every rank's file; pieces that
+// do not fit the description, or a piece missing, are refused; and a
+// description of an earlier layout is refused as such.
+TEST(CheckpointFilesTest, ShardedCheckpointNeedsEveryRanksFileAndMatchingPieces) {
   TempDir root;
   const TensorList model = testing::MakeModel(1, 2, 16, 64);
-  CheckpointPayload rank0 = MakePayload(model);
-  OptimizerShardingDescription sharding;
-  sharding.world_size = 3;
-  sharding.level = "optimizer";
-  for (const auto& [name, t] : model) sharding.owners.emplace_back(name, 0);
+  CheckpointPayload rank0 = MakePayload(model);  // whole tensors: not pieces
+  const OptimizerShardingDescription sharding = Describe(model, 3);
   rank0.sharding = sharding;
   rank0.other_ranks_dir = root.path() + "/.tmp-ck-ranks";
   std::filesystem::create_directories(rank0.other_ranks_dir);
@@ -255,23 +280,38 @@ TEST(CheckpointFilesTest, ShardedCheckpointNeedsEveryRanksFileAndAMatchingDescri
   EXPECT_THAT(m.status().message(), HasSubstr("rank 2's optimizer file"));
   EXPECT_FALSE(std::filesystem::exists(root.path() + "/ck"));
 
-  // Both other files there, but the description gives rank 0's tensors to 1.
+  // Every file there, but rank 0's holds whole tensors.
   ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 1, 3, {}, {}, 1 << 20).ok());
   ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 2, 3, {}, {}, 1 << 20).ok());
-  rank0.sharding->owners[0].second = 1;
   m = SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, rank0, {});
   ASSERT_TRUE(m.ok()) << m.status();
   absl::StatusOr<LoadedCheckpoint> back = LoadCheckpointFiles(m->directory);
   EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(back.status().message(), HasSubstr("gives to rank 1"));
+  EXPECT_THAT(back.status().message(), HasSubstr("has a piece of"));
+
+  // Rank 0's pieces right, the others' missing.
+  rank0.optimizer_tensors = Pieces(rank0.optimizer_tensors, 3)[0];
+  ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 1, 3, {}, {}, 1 << 20).ok());
+  ASSERT_TRUE(WriteRankOptimizerFile(rank0.other_ranks_dir, 2, 3, {}, {}, 1 << 20).ok());
+  m = SnapshotWriter(root.path()).WriteCheckpoint("ck2", model, kConfig, rank0, {});
+  ASSERT_TRUE(m.ok()) << m.status();
+  back = LoadCheckpointFiles(m->directory);
+  EXPECT_EQ(back.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(back.status().message(), HasSubstr("lacks rank 1's piece"));
 
   // The description's reader names what is wrong.
   EXPECT_EQ(OptimizerShardingFromJson("{}", "x").status().code(),
             absl::StatusCode::kDataLoss);
+  const absl::StatusOr<OptimizerShardingDescription> old = OptimizerShardingFromJson(
+      R"({"format": "memprofd-optimizer-sharding", "world_size": 2, "level": "optimizer",
+          "owners": [{"parameter": "w", "rank": 1}]})",
+      "x");
+  EXPECT_EQ(old.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(old.status().message(), HasSubstr("whole parameters per rank"));
   absl::StatusOr<OptimizerShardingDescription> parsed =
       OptimizerShardingFromJson(OptimizerShardingToJson(sharding), "x");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
-  EXPECT_EQ(parsed->owners, sharding.owners);
+  EXPECT_EQ(parsed->parameters, sharding.parameters);
   EXPECT_EQ(RankOptimizerFileName(1, 3), "optimizer-rank-00001-of-00003.safetensors");
 }
 

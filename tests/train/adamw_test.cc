@@ -1,14 +1,19 @@
 // FusedAdamW against LibTorch's own torch::optim::AdamW (the per-tensor
 // implementation the trainer used before): the same trajectory within float
 // rounding, over several steps, two groups with different weight decay, and
-// a parameter without a gradient; and bit-identical from run to run.
+// a parameter without a gradient; bit-identical from run to run; and
+// sharded into flat pieces, bit for bit the whole update.
 
 #include "core/train/adamw.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <optional>
+#include <utility>
 #include <vector>
 
+#include "core/train/flat_shard.h"
 #include "gtest/gtest.h"
 
 namespace memprofd {
@@ -96,6 +101,79 @@ TEST(FusedAdamWTest, AParameterWithoutAGradientKeepsItsValueAndHasNoState) {
   opt.Step();
   EXPECT_TRUE(torch::equal(unused, before));
   EXPECT_EQ(opt.State().size(), 2u);
+}
+
+// Sharded after a few whole steps, each of 8 ranks updates its flat piece of
+// every parameter (the 5x5 one leaves rank 7 an empty piece): the pieces
+// end bit for bit where the whole parameters do, and the state made before
+// sharding is narrowed to them.
+TEST(FusedAdamWTest, ShardedPiecesUpdateBitForBitAsTheWhole) {
+  constexpr int kWorld = 8;
+  const std::vector<at::Tensor> whole = TrainFused();
+  FusedAdamW::Options decay;
+  decay.learning_rate = 1e-2;
+  decay.weight_decay = 0.1;
+  FusedAdamW::Options no_decay = decay;
+  no_decay.weight_decay = 0.0;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    std::vector<at::Tensor> p = MakeParams();
+    FusedAdamW opt({{p[0], p[2]}, {p[1]}}, {decay, no_decay});
+    for (int k = 0; k < kSteps; ++k) {
+      SetGrads(p, k);
+      if (k == 3) opt.ShardFlat({rank, kWorld});
+      if (k >= 3) {
+        for (at::Tensor& param : p) {
+          at::Tensor target = opt.TargetOf(param);
+          ASSERT_EQ(target.dim(), 1);
+          const FlatChunk piece = ChunkOf(param.numel(), rank, kWorld);
+          ASSERT_EQ(target.numel(), piece.length);
+          if (param.grad().defined() && piece.length > 0) {
+            target.mutable_grad() =
+                param.grad().reshape({-1}).narrow(0, piece.begin, piece.length);
+          }
+          param.mutable_grad() = at::Tensor();
+        }
+      }
+      opt.Step();
+      for (at::Tensor& param : p) {
+        if (at::Tensor t = opt.TargetOf(param); t.defined())
+          t.mutable_grad() = at::Tensor();
+      }
+    }
+    for (size_t i = 0; i < p.size(); ++i) {
+      const FlatChunk piece = ChunkOf(p[i].numel(), rank, kWorld);
+      const at::Tensor mine =
+          p[i].detach().reshape({-1}).narrow(0, piece.begin, piece.length);
+      const at::Tensor theirs =
+          whole[i].detach().reshape({-1}).narrow(0, piece.begin, piece.length);
+      EXPECT_TRUE(torch::equal(mine, theirs)) << "rank " << rank << " parameter " << i;
+      // An empty piece keeps no state; the others' state is the piece's.
+      const std::optional<FusedAdamW::ParamState> state = opt.StateOf(p[i]);
+      EXPECT_EQ(state.has_value(), piece.length > 0) << rank << " " << i;
+      if (state) EXPECT_EQ(state->exp_avg.numel(), piece.length);
+    }
+  }
+}
+
+TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedPieces) {
+  // 25 elements over 8 ranks: chunks of 4, the seventh rank's piece 1, the
+  // eighth's empty; the pieces cover every element once.
+  for (const auto& [numel, world] :
+       std::vector<std::pair<int64_t, int>>{{25, 8}, {64, 4}, {1, 3}, {561, 4}, {7, 7}}) {
+    int64_t covered = 0;
+    for (int r = 0; r < world; ++r) {
+      const FlatChunk c = ChunkOf(numel, r, world);
+      EXPECT_EQ(c.chunk, (numel + world - 1) / world);
+      EXPECT_EQ(c.begin, std::min(r * c.chunk, numel));
+      EXPECT_GE(c.length, 0);
+      EXPECT_LE(c.length, c.chunk);
+      if (c.length > 0) EXPECT_EQ(c.begin, covered);
+      covered += c.length;
+    }
+    EXPECT_EQ(covered, numel) << numel << " over " << world;
+  }
+  EXPECT_EQ(ChunkOf(25, 7, 8).length, 0);
+  EXPECT_EQ(ChunkOf(25, 6, 8).length, 1);
 }
 
 }  // namespace
