@@ -230,6 +230,33 @@ StateFigures StateBytes(const std::string& output) {
   return f;
 }
 
+// The final weights of `world` sharded ranks (in `sharded_dir`) against an
+// unsharded rank's (in `plain_dir`): every sharded rank's equal to rank 0's
+// bit for bit, and rank 0's within `tolerance` of the unsharded (0: bit for
+// bit). Returns the largest difference.
+double ExpectShardedWeights(const std::string& plain_dir, const std::string& sharded_dir,
+                            int world, double tolerance) {
+  const std::vector<float> p = Floats(plain_dir + "/params0.bin");
+  const std::vector<float> s0 = Floats(sharded_dir + "/params0.bin");
+  EXPECT_FALSE(p.empty());
+  EXPECT_EQ(s0.size(), p.size());
+  if (p.empty() || s0.size() != p.size()) return -1;
+  for (int r = 1; r < world; ++r) {
+    EXPECT_EQ(ReadFile(sharded_dir + "/params0.bin"),
+              ReadFile(absl::StrCat(sharded_dir, "/params", r, ".bin")))
+        << "rank " << r;
+  }
+  const double gap = MaxAbsDiff(s0, p);
+  if (tolerance == 0) {
+    EXPECT_EQ(ReadFile(sharded_dir + "/params0.bin"),
+              ReadFile(plain_dir + "/params0.bin"))
+        << "max |sharded - unsharded| = " << gap;
+  } else {
+    EXPECT_LE(gap, tolerance);
+  }
+  return gap;
+}
+
 // 2 ranks with optimizer sharding (`sharded`) against 2 unsharded ranks
 // (`unsharded`) on the same data, seed and steps:
 // - the per-step global losses are equal within 1e-6 relative;
@@ -269,20 +296,8 @@ void ExpectShardedMatchesUnsharded(const std::string& unsharded,
       loss_gap = std::max(loss_gap, std::fabs(sharded_loss - loss.first) / loss.first);
     }
   }
-  const std::vector<float> p = Floats(plain_dir.path() + "/params0.bin");
-  const std::vector<float> s0 = Floats(sharded_dir.path() + "/params0.bin");
-  ASSERT_FALSE(p.empty());
-  ASSERT_EQ(s0.size(), p.size());
-  EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
-            ReadFile(sharded_dir.path() + "/params1.bin"));
-  const double param_gap = MaxAbsDiff(s0, p);
-  if (tolerance == 0) {
-    EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
-              ReadFile(plain_dir.path() + "/params0.bin"))
-        << "max |sharded - unsharded| = " << param_gap;
-  } else {
-    EXPECT_LE(param_gap, tolerance);
-  }
+  const double param_gap =
+      ExpectShardedWeights(plain_dir.path(), sharded_dir.path(), 2, tolerance);
 
   const StateFigures full = StateBytes(plain[0].output);
   const long long shard0 = StateBytes(ranks[0].output).bytes;
@@ -399,23 +414,8 @@ void ExpectGradientShardingMatches(int world, const std::string& common,
       loss_gap = std::max(loss_gap, std::fabs(sharded_loss - loss.first) / loss.first);
     }
   }
-  const std::vector<float> p = Floats(plain_dir.path() + "/params0.bin");
-  const std::vector<float> s0 = Floats(sharded_dir.path() + "/params0.bin");
-  ASSERT_FALSE(p.empty());
-  ASSERT_EQ(s0.size(), p.size());
-  for (int r = 1; r < world; ++r) {
-    EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
-              ReadFile(absl::StrCat(sharded_dir.path(), "/params", r, ".bin")))
-        << "rank " << r;
-  }
-  const double param_gap = MaxAbsDiff(s0, p);
-  if (tolerance == 0) {
-    EXPECT_EQ(ReadFile(sharded_dir.path() + "/params0.bin"),
-              ReadFile(plain_dir.path() + "/params0.bin"))
-        << "max |sharded - unsharded| = " << param_gap;
-  } else {
-    EXPECT_LE(param_gap, tolerance);
-  }
+  const double param_gap =
+      ExpectShardedWeights(plain_dir.path(), sharded_dir.path(), world, tolerance);
 
   const GradientBytes full = GradientBytesOf(plain[0].output);
   const StateFigures state = StateBytes(plain[0].output);
