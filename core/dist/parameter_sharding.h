@@ -4,7 +4,8 @@
 // The parameters of a fully sharded (ZeRO-3, FSDP-style) data-parallel run:
 // each rank keeps only a flat shard of each parameter (its piece, the
 // partition of core/train/flat_shard.h, padded with zeros to the chunk size
-// c = ceil(n / N), in a storage of its own tagged `parameters`), and holds a
+// c, ceil(n / N) rounded up to 16, in a storage of its own tagged
+// `parameters`), and holds a
 // parameter whole only while a unit of the model that uses it runs. The
 // shards are the only copy: the sharded optimizer updates them in place
 // (PieceTarget: this rank's piece, without the padding).

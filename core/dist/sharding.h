@@ -16,15 +16,17 @@
 // What a rank owns at every level but none: a flat, equal, padded shard of
 // each trainable parameter, as FSDP2 and DeepSpeed's ZeRO lay them out. A
 // parameter of n elements, read flat in its (contiguous) memory order, is cut
-// into world_size chunks of c = ceil(n / world_size) elements; rank r owns
+// into world_size chunks of c = ceil(n / world_size) elements (rounded up to
+// a multiple of 16); rank r owns
 // the elements [r * c, min((r + 1) * c, n)), so the last ranks' pieces may be
 // shorter or empty, and each rank's shard is padded with zeros to c for the
 // collectives (all-gather and reduce-scatter move world_size equal chunks).
 // AdamW's state, the averaged gradients (from gradients on) and the
 // parameters themselves (full) are then each rank's piece of every
-// parameter: no rank holds more than 1 / world_size of the model plus one
-// element per parameter (rank 0 holds the most; the last ranks' pieces may
-// run short or empty). The rule: core/train/flat_shard.h.
+// parameter: no rank holds more than 1 / world_size of the model plus 16
+// elements per parameter (the chunks are aligned; rank 0 holds the most,
+// the last ranks' pieces may run short or empty). The rule:
+// core/train/flat_shard.h.
 
 #include <string>
 #include <vector>

@@ -27,6 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/dist/gradient_sync.h"
+#include "core/train/flat_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
@@ -257,28 +258,31 @@ double ExpectShardedWeights(const std::string& plain_dir, const std::string& sha
   return gap;
 }
 
-// 2 ranks with optimizer sharding (`sharded`) against 2 unsharded ranks
-// (`unsharded`) on the same data, seed and steps:
+// `world` ranks with optimizer sharding (`sharded`) against `world`
+// unsharded ranks (`unsharded`) on the same data, seed and steps:
 // - the per-step global losses are equal within 1e-6 relative;
 // - the parameters are within `tolerance` (0: bit for bit). Without
 //   clipping they are bit-identical: the sharded ranks average the same
 //   gradients and run the same fused AdamW kernel on their pieces (its
 //   arithmetic is element-wise, so which elements share a call does not
-//   matter), and the all-gather copies the pieces' bits exactly. With
+//   matter, and the pieces start at multiples of 16 elements, so the
+//   kernel's vector body and scalar tail cover the same elements as in the
+//   whole parameter: flat_shard.h), and the all-gather copies the pieces'
+//   bits exactly. With
 //   clipping the global norm is the root of the ranks' summed squares
 //   rather than one norm over every gradient, a few float32 ulps apart, and
 //   the clipped update moves a nearly cancelled gradient element by a
 //   visibly different fraction of lr (why each test's tolerance, there);
-// - each sharded rank's AdamW moments are at most half an unsharded rank's
-//   plus one element per parameter of each moment (the flat pieces are
-//   ceil(n / 2) elements), and the two shards together are exactly the
-//   unsharded moments.
-void ExpectShardedMatchesUnsharded(const std::string& unsharded,
+// - each sharded rank's AdamW moments are at most 1/world of an unsharded
+//   rank's plus an aligned chunk per parameter of each moment (the flat
+//   pieces are ceil(n / world) elements rounded up to kFlatShardAlignment),
+//   and the shards together are exactly the unsharded moments.
+void ExpectShardedMatchesUnsharded(int world, const std::string& unsharded,
                                    const std::string& sharded, double tolerance) {
   testing::TempDir plain_dir, sharded_dir;
-  std::vector<RankRun> plain = RunRanks(plain_dir.path(), 2, unsharded);
-  std::vector<RankRun> ranks = RunRanks(sharded_dir.path(), 2, sharded);
-  for (int r = 0; r < 2; ++r) {
+  std::vector<RankRun> plain = RunRanks(plain_dir.path(), world, unsharded);
+  std::vector<RankRun> ranks = RunRanks(sharded_dir.path(), world, sharded);
+  for (int r = 0; r < world; ++r) {
     ASSERT_EQ(plain[r].exit_code, 0) << "unsharded rank " << r << ":\n"
                                      << plain[r].output;
     ASSERT_EQ(ranks[r].exit_code, 0) << "sharded rank " << r << ":\n" << ranks[r].output;
@@ -287,7 +291,7 @@ void ExpectShardedMatchesUnsharded(const std::string& unsharded,
   const auto plain_losses = StepLosses(plain[0].output);
   ASSERT_EQ(plain_losses.size(), 3u);
   double loss_gap = 0;
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < world; ++r) {
     const auto losses = StepLosses(ranks[r].output);
     ASSERT_EQ(losses.size(), plain_losses.size()) << ranks[r].output;
     for (const auto& [step, loss] : plain_losses) {
@@ -297,30 +301,50 @@ void ExpectShardedMatchesUnsharded(const std::string& unsharded,
     }
   }
   const double param_gap =
-      ExpectShardedWeights(plain_dir.path(), sharded_dir.path(), 2, tolerance);
+      ExpectShardedWeights(plain_dir.path(), sharded_dir.path(), world, tolerance);
 
   const StateFigures full = StateBytes(plain[0].output);
-  const long long shard0 = StateBytes(ranks[0].output).bytes;
-  const long long shard1 = StateBytes(ranks[1].output).bytes;
   ASSERT_GT(full.bytes, 0) << plain[0].output;
   ASSERT_GT(full.parameters, 0) << plain[0].output;
-  EXPECT_EQ(StateBytes(plain[1].output).bytes, full.bytes);
-  const long long rounding = full.parameters * 2 * static_cast<long long>(sizeof(float));
-  const long long bound = full.bytes / 2 + rounding;
-  std::cout << "AdamW moment bytes per rank: unsharded " << full.bytes << ", "
-            << full.bytes << "; sharded " << shard0 << ", " << shard1 << " (bound "
-            << bound << " = half + one element of each moment per parameter, " << rounding
+  const long long rounding =
+      full.parameters * 2 * kFlatShardAlignment * static_cast<long long>(sizeof(float));
+  const long long bound = full.bytes / world + rounding;
+  long long together = 0;
+  std::string shards;
+  for (int r = 0; r < world; ++r) {
+    EXPECT_EQ(StateBytes(plain[r].output).bytes, full.bytes) << "unsharded rank " << r;
+    const long long shard = StateBytes(ranks[r].output).bytes;
+    EXPECT_GT(shard, 0) << "rank " << r;
+    EXPECT_LE(shard, bound) << "rank " << r;
+    together += shard;
+    absl::StrAppend(&shards, r == 0 ? "" : ", ", shard);
+  }
+  EXPECT_EQ(together, full.bytes);
+  std::cout << world << " ranks, AdamW moment bytes per rank: unsharded " << full.bytes
+            << "; sharded " << shards << " (bound " << bound << " = 1/" << world
+            << " + an aligned chunk of each moment per parameter, " << rounding
             << "); per-step losses: max |sharded - unsharded| / loss = " << loss_gap
             << "; parameters: max |sharded - unsharded| = " << param_gap << std::endl;
-  EXPECT_GT(shard0, 0);
-  EXPECT_GT(shard1, 0);
-  EXPECT_LE(shard0, bound);
-  EXPECT_LE(shard1, bound);
-  EXPECT_EQ(shard0 + shard1, full.bytes);
 }
 
 TEST(DataParallelTest, OptimizerShardingMatchesUnshardedWithHalfTheState) {
-  ExpectShardedMatchesUnsharded("--steps=3 --bucket_bytes=16384",
+  ExpectShardedMatchesUnsharded(2, "--steps=3 --bucket_bytes=16384",
+                                "--steps=3 --bucket_bytes=16384 --sharding=optimizer", 0);
+}
+
+// 4 ranks, each a quarter of the state; still bit for bit without clipping
+// (the gradients are all-reduced whole as unsharded).
+TEST(DataParallelTest, OptimizerShardingMatchesUnshardedOnFourRanks) {
+  ExpectShardedMatchesUnsharded(4, "--steps=3 --bucket_bytes=16384",
+                                "--steps=3 --bucket_bytes=16384 --sharding=optimizer", 0);
+}
+
+// 3 ranks: no parameter of the test model divides by 3, so every
+// parameter is padded for the all-gather (through a buffer of N * c
+// elements), and the last ranks' pieces are short or empty; still bit for
+// bit.
+TEST(DataParallelTest, OptimizerShardingPadsUnevenPiecesOnThreeRanks) {
+  ExpectShardedMatchesUnsharded(3, "--steps=3 --bucket_bytes=16384",
                                 "--steps=3 --bucket_bytes=16384 --sharding=optimizer", 0);
 }
 
@@ -333,7 +357,7 @@ TEST(DataParallelTest, OptimizerShardingMatchesUnshardedWithHalfTheState) {
 TEST(DataParallelTest, OptimizerShardingClipsByTheGlobalNormAndGoesOnInANewRun) {
   const std::string options = "--max_grad_norm=0.05 --weight_decay=0.1 ";
   ExpectShardedMatchesUnsharded(
-      options + "--steps=3",
+      2, options + "--steps=3",
       options + "--steps=2 --continue_steps=1 --sharding=optimizer", 2e-5);
 }
 
@@ -381,8 +405,8 @@ GradientBytes GradientBytesOf(const std::string& output) {
 //   all-gathered from the ranks' pieces), and within `tolerance` of the
 //   unsharded ranks (0: bit for bit; why each test's tolerance, at the test);
 // - at the update each rank holds the gradients of its pieces only:
-//   together exactly the unsharded rank's, each at most a share plus one
-//   element per parameter;
+//   together exactly the unsharded rank's, each at most a share plus an
+//   aligned chunk per parameter;
 // - the peak of the gradient bytes a sharded rank held during the step
 //   (GradientSync samples it inside backward too) is at most its share plus
 //   the buckets in flight (kMaxBucketsInFlight), the one being flattened and
@@ -420,7 +444,8 @@ void ExpectGradientShardingMatches(int world, const std::string& common,
   const GradientBytes full = GradientBytesOf(plain[0].output);
   const StateFigures state = StateBytes(plain[0].output);
   ASSERT_GT(full.at_update, 0) << plain[0].output;
-  const long long rounding = state.parameters * static_cast<long long>(sizeof(float));
+  const long long rounding =
+      state.parameters * kFlatShardAlignment * static_cast<long long>(sizeof(float));
   long long together = 0;
   std::string figures;
   for (int r = 0; r < world; ++r) {
@@ -470,6 +495,13 @@ TEST(DataParallelTest, GradientShardingClipsByTheGlobalNormOnFourRanks) {
 // reduce-scattered to the pieces, whose sums add up; unsharded adds the micro-batches
 // locally and all-reduces once. The same terms in another order: 2e-5 as
 // above.
+// 3 ranks: every bucket's rows carry padded pieces (the reduce-scatter
+// moves zeros in the padding). The terms are added in another order than
+// the all-reduce's, so 2e-5 as above.
+TEST(DataParallelTest, GradientShardingPadsUnevenPiecesOnThreeRanks) {
+  ExpectGradientShardingMatches(3, "", 2e-5);
+}
+
 TEST(DataParallelTest, GradientShardingReducesEveryMicroBatch) {
   ExpectGradientShardingMatches(2, "--grad_accumulation_steps=2 --gradient_checkpointing",
                                 2e-5);
@@ -513,13 +545,12 @@ std::pair<long long, long long> OffloadOf(const std::string& output) {
 //   value or one sum: the forward and backward read the pieces' values
 //   (all-gathered, exact), the gradients go through the same buckets to the
 //   same pieces, which get the same update;
-// - the shard bytes the ranks keep add up to the whole model's (the test
-//   model's sizes divide by 2 and 4: no padding), each a share plus at most
-//   one element per parameter; and what a rank held gathered at once is at
-//   most three units (the unit running, the next one's all-gathers in
-//   flight, and the head between its forward and its backward), so that
-//   with its shards it stays below the whole model: it never held the whole
-//   model in the step.
+// - the shard bytes the ranks keep add up to the whole model's plus their
+//   padding, each a share plus at most an aligned chunk per parameter; and
+//   what a rank held gathered at
+//   once is at most three units (the unit running, the next one's all-gathers in flight,
+//   and the head between its forward and its backward), so that with its shards it stays
+//   below the whole model: it never held the whole model in the step.
 void ExpectFullShardingMatchesGradientSharding(int world, const std::string& common) {
   const std::string options = "--steps=3 --num_layers=8 --bucket_bytes=4096 " + common;
   testing::TempDir grads_dir, full_dir;
@@ -545,7 +576,8 @@ void ExpectFullShardingMatchesGradientSharding(int world, const std::string& com
   }
   const long long model_bytes = static_cast<long long>(
       Floats(grads_dir.path() + "/params0.bin").size() * sizeof(float));
-  const long long rounding = StateBytes(grads[0].output).parameters * sizeof(float);
+  const long long rounding =
+      StateBytes(grads[0].output).parameters * kFlatShardAlignment * sizeof(float);
   long long owned = 0;
   std::string figures;
   for (int r = 0; r < world; ++r) {
@@ -566,7 +598,10 @@ void ExpectFullShardingMatchesGradientSharding(int world, const std::string& com
     EXPECT_LT(b.prefetched, b.gathers) << "rank " << r;
     absl::StrAppend(&figures, r == 0 ? "" : ", ", b.owned, " + ", b.peak_gathered);
   }
-  EXPECT_EQ(owned, model_bytes);
+  // The shards hold every element once, plus their padding: none where
+  // the sizes divide by the world, at most a piece per parameter otherwise.
+  EXPECT_GE(owned, model_bytes);
+  EXPECT_LE(owned, model_bytes + world * rounding);
   std::cout << world << " ranks, full sharding: parameter bytes per rank, shards + most "
             << "gathered at once: " << figures << " of " << model_bytes
             << " (the whole model); losses and parameters bit for bit as gradient "
@@ -583,6 +618,11 @@ TEST(DataParallelTest, FullShardingMatchesGradientShardingOnTwoRanks) {
 // parameters gathered again by the hook on its output).
 TEST(DataParallelTest, FullShardingMatchesGradientShardingOnFourRanksWithClipping) {
   ExpectFullShardingMatchesGradientSharding(4, "--max_grad_norm=0.05 --weight_decay=0.1");
+}
+
+// 3 ranks: padded shards, all-gathered into storages of 3 * c elements.
+TEST(DataParallelTest, FullShardingMatchesGradientShardingOnThreeRanks) {
+  ExpectFullShardingMatchesGradientSharding(3, "");
 }
 
 TEST(DataParallelTest, FullShardingMatchesWithAccumulationAndCheckpointing) {

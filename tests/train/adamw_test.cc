@@ -104,7 +104,7 @@ TEST(FusedAdamWTest, AParameterWithoutAGradientKeepsItsValueAndHasNoState) {
 }
 
 // Sharded after a few whole steps, each of 8 ranks updates its flat piece of
-// every parameter (the 5x5 one leaves rank 7 an empty piece): the pieces
+// every parameter (the 5x5 one leaves ranks 2 to 7 empty pieces): the pieces
 // end bit for bit where the whole parameters do, and the state made before
 // sharding is narrowed to them.
 TEST(FusedAdamWTest, ShardedPiecesUpdateBitForBitAsTheWhole) {
@@ -155,15 +155,16 @@ TEST(FusedAdamWTest, ShardedPiecesUpdateBitForBitAsTheWhole) {
   }
 }
 
-TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedPieces) {
-  // 25 elements over 8 ranks: chunks of 4, the seventh rank's piece 1, the
-  // eighth's empty; the pieces cover every element once.
-  for (const auto& [numel, world] :
-       std::vector<std::pair<int64_t, int>>{{25, 8}, {64, 4}, {1, 3}, {561, 4}, {7, 7}}) {
+TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedAlignedPieces) {
+  for (const auto& [numel, world] : std::vector<std::pair<int64_t, int>>{
+           {25, 8}, {64, 4}, {1, 3}, {561, 4}, {7, 7}, {8192, 3}, {4096, 2}}) {
     int64_t covered = 0;
     for (int r = 0; r < world; ++r) {
       const FlatChunk c = ChunkOf(numel, r, world);
-      EXPECT_EQ(c.chunk, (numel + world - 1) / world);
+      // ceil(n / N), rounded up to the alignment.
+      EXPECT_EQ(c.chunk % kFlatShardAlignment, 0);
+      EXPECT_GE(c.chunk, (numel + world - 1) / world);
+      EXPECT_LT(c.chunk, (numel + world - 1) / world + kFlatShardAlignment);
       EXPECT_EQ(c.begin, std::min(r * c.chunk, numel));
       EXPECT_GE(c.length, 0);
       EXPECT_LE(c.length, c.chunk);
@@ -172,8 +173,13 @@ TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedPieces) {
     }
     EXPECT_EQ(covered, numel) << numel << " over " << world;
   }
-  EXPECT_EQ(ChunkOf(25, 7, 8).length, 0);
-  EXPECT_EQ(ChunkOf(25, 6, 8).length, 1);
+  // 25 elements over 8 ranks: chunks of 16, the second rank's piece 9, the
+  // others' empty; 8192 over 3: 2736, 2736 and 2720.
+  EXPECT_EQ(ChunkOf(25, 0, 8).length, 16);
+  EXPECT_EQ(ChunkOf(25, 1, 8).length, 9);
+  EXPECT_EQ(ChunkOf(25, 2, 8).length, 0);
+  EXPECT_EQ(ChunkOf(8192, 2, 3).length, 2720);
+  EXPECT_EQ(ChunkOf(4096, 1, 2).length, 2048);
 }
 
 }  // namespace
