@@ -113,7 +113,8 @@ absl::Status AppendRankFiles(const fs::path& root,
       }
     }
   }
-  for (auto& [name, by_rank] : pieces) {
+  for (auto& [tensor_name, by_rank] : pieces) {
+    const std::string& name = tensor_name;  // a lambda below reads it
     const std::vector<int64_t>& shape = *shapes.at(ParameterOf(name));
     int64_t numel = 1;
     for (int64_t d : shape) numel *= d;
