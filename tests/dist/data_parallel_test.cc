@@ -669,6 +669,23 @@ TEST(DataParallelTest, FullShardingMatchesWithAccumulationAndCheckpointing) {
       2, "--grad_accumulation_steps=2 --gradient_checkpointing");
 }
 
+// A fully sharded run's last step in a second run, with a new DataParallel
+// (new shards copied from the model made whole at the first run's end, the
+// optimizer's targets moved to them): bit for bit the uninterrupted run.
+TEST(DataParallelTest, FullShardingGoesOnInANewRunBitForBit) {
+  testing::TempDir whole_dir, split_dir;
+  std::vector<RankRun> whole = RunRanks(whole_dir.path(), 2, "--steps=3 --sharding=full");
+  std::vector<RankRun> split =
+      RunRanks(split_dir.path(), 2, "--steps=2 --continue_steps=1 --sharding=full");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(whole[r].exit_code, 0) << whole[r].output;
+    ASSERT_EQ(split[r].exit_code, 0) << split[r].output;
+    EXPECT_EQ(ReadFile(absl::StrCat(split_dir.path(), "/params", r, ".bin")),
+              ReadFile(absl::StrCat(whole_dir.path(), "/params", r, ".bin")))
+        << "rank " << r;
+  }
+}
+
 // Full sharding with the offloader on: the gathered parameters that autograd
 // saves are the parameters' own storages (refilled in place), so the
 // offloader keeps them as parameters and never copies them: the same bytes
