@@ -172,6 +172,7 @@ void Trainer::ConfigureOptimizer(const TrainOptions& o, double learning_rate) {
   };
   optimizer()->set_options(0, options_for(true));
   optimizer_->set_options(1, options_for(false));
+  optimizer_configured_ = true;
 }
 
 std::vector<at::Tensor> Trainer::UpdateGradients() const {
@@ -221,6 +222,15 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
   const StepListeners& listeners = context.listeners;
   const std::function<bool()>& interrupted = context.interrupted;
   const DataShard shard = context.shard;
+  // A sharded optimizer updates the pieces a data-parallel listener feeds;
+  // without one over the same ranks, nothing would train.
+  if (optimizer_shard_ && (shard.count != optimizer_shard_->world_size ||
+                           shard.index != optimizer_shard_->rank)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the optimizer state is sharded for rank ", optimizer_shard_->rank, " of ",
+        optimizer_shard_->world_size, ", but this step's data is shard ", shard.index,
+        " of ", shard.count, ": train through the data-parallel run of those ranks"));
+  }
   const Clock::time_point start = Clock::now();
   model_->set_attention_implementation(options.attn_implementation);
   StepReport report;
@@ -645,7 +655,8 @@ std::map<std::string, std::string> Trainer::OptimizerMetadata() const {
   m["optimizer"] = "AdamW";
   m["implementation"] = "at::_fused_adamw_ (torch.optim.AdamW(fused=True))";
   m["global_step"] = absl::StrCat(global_step_);
-  if (optimizer_ == nullptr) return m;
+  // An optimizer made only to be sharded has had no hyperparameters yet.
+  if (optimizer_ == nullptr || !optimizer_configured_) return m;
   // Group 0: matrices and embeddings (decayed); group 1: RMSNorm weights.
   const char* kGroups[] = {"decay", "no_decay"};
   for (size_t g = 0; g < 2; ++g) {
@@ -748,6 +759,8 @@ absl::Status Trainer::Restore(
 
   std::unique_ptr<FusedAdamW> saved_optimizer = std::move(optimizer_);
   const std::optional<FlatShardSpec> saved_shard = optimizer_shard_;
+  const bool saved_configured = optimizer_configured_;
+  optimizer_configured_ = false;
   if (shard != nullptr) optimizer_shard_ = *shard;
   absl::Status status = TorchBoundary("restoring the optimizer state", [&] {
     // The learning rate is set again by each step from the schedule.
@@ -765,6 +778,7 @@ absl::Status Trainer::Restore(
   if (!status.ok()) {
     optimizer_ = std::move(saved_optimizer);
     optimizer_shard_ = saved_shard;
+    optimizer_configured_ = saved_configured;
     return status;
   }
   global_step_ = state.global_step;

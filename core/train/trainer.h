@@ -231,6 +231,7 @@ class Trainer {
   LlamaModel* const model_;
   std::unique_ptr<FusedAdamW> optimizer_;
   std::optional<FlatShardSpec> optimizer_shard_;  // ShardOptimizer's
+  bool optimizer_configured_ = false;             // by a step or Restore
   int64_t nonfinite_steps_ = 0;
   int64_t global_step_ = 0;
   // The run ContinueRun continues (its sampler's generator_state is filled

@@ -407,6 +407,26 @@ TEST(ResumeTest, RestoreOfAShardKeepsExactlyItsPieces) {
   }
 }
 
+// An optimizer made for sharding before any step (a data-parallel run makes
+// it to narrow its state) has no hyperparameters to report yet (a step
+// gives them: ARestoredTrainerContinues... checks them), and a
+// sharded trainer refuses a step that no data-parallel run of its ranks
+// feeds, which would train nothing.
+TEST(ResumeTest, ShardedOptimizerNeedsItsDataParallelRunAndReportsOnlySetOptions) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  ASSERT_TRUE(trainer.ShardOptimizer({1, 2}).ok());
+  ASSERT_NE(trainer.optimizer(), nullptr);
+  EXPECT_EQ(trainer.OptimizerMetadata().count("group.decay.lr"), 0u);
+  EXPECT_EQ(trainer.ShardOptimizer({0, 2}).code(), absl::StatusCode::kInternal);
+  // Without the data-parallel run that feeds the pieces, a step is refused
+  // rather than training nothing.
+  absl::StatusOr<TrainResult> alone = trainer.Run(Options(1));
+  EXPECT_EQ(alone.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(alone.status().message(), HasSubstr("rank 1 of 2"));
+  EXPECT_EQ(trainer.OptimizerMetadata().count("group.decay.lr"), 0u);
+}
+
 TEST(ResumeTest, ContinueRunWithoutARunIsFailedPrecondition) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
