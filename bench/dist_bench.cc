@@ -13,12 +13,12 @@
 // state's tensors summed after the run, the gathered peak as
 // ParameterSharding counts it, the gradients' peak as GradientSync samples it
 // inside backward (the distinct storages of the .grads, the buckets' buffers
-// and the pieces' sums) or, in one process, the .grads summed after backward. Each rank trains --batch windows, so N ranks do N times the work of one in
-// each step; the scaling figure is tokens/s of N ranks over tokens/s of 1.
-// On this 2-core machine more than two one-thread ranks share the cores, so
-// the times at 4 ranks measure contention, not scaling; the bytes do not
-// depend on it. Buckets are 1 MiB by default (the daemon's are 25 MB): with
-// gradient sharding a rank holds its share plus a few buckets (in flight,
+// and the pieces' sums) or, in one process, the .grads summed after backward. Each rank
+// trains --batch windows, so N ranks do N times the work of one in each step; the scaling
+// figure is tokens/s of N ranks over tokens/s of 1. On this 2-core machine more than two
+// one-thread ranks share the cores, so the times at 4 ranks measure contention, not
+// scaling; the bytes do not depend on it. Buckets are 1 MiB by default (the daemon's are
+// 25 MB): with gradient sharding a rank holds its share plus a few buckets (in flight,
 // being flattened, being filled), so on models this small the buckets must
 // be small for the share to show.
 //
@@ -211,11 +211,11 @@ int RunRank(const std::map<std::string, std::string>& args) {
   if (dp != nullptr && dp->parameter_stats() != nullptr) {
     parameter_bytes += dp->parameter_stats()->owned_bytes;
   }
-  std::printf(
-      "RESULT %d %.6f %.6f %lld %lld %lld %lld\n", world->rank, seconds / steps,
-      exposed / steps, static_cast<long long>(parameter_bytes),
-      static_cast<long long>(grad_peak), static_cast<long long>(StorageBytes(state)),
-      static_cast<long long>(gathered_peak));
+  std::printf("RESULT %d %.6f %.6f %lld %lld %lld %lld\n", world->rank, seconds / steps,
+              exposed / steps, static_cast<long long>(parameter_bytes),
+              static_cast<long long>(grad_peak),
+              static_cast<long long>(StorageBytes(state)),
+              static_cast<long long>(gathered_peak));
   std::fflush(stdout);
   return 0;
 }

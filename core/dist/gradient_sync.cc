@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -233,9 +232,7 @@ absl::Status GradientSync::LayOutRows(size_t b) {
     at::NoGradGuard no_grad;
     // The buffers hold the gradients now: the memory report counts them as
     // gradients, as the trainer tags .grads.
-    const std::optional<Attribution> a = memory::StorageAttribution(first);
-    ModuleScope module(a ? a->module : 0);
-    CategoryScope category(Category::kGradients);
+    memory::OwnedByScope scope(first, Category::kGradients);
     bucket.row_sums = at::empty({bucket.row}, first.options());
     // One parameter that the ranks divide: its gradient, read flat, is the
     // rank-major layout already, and is reduce-scattered in its own storage

@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
-#include <optional>
 #include <unordered_set>
 #include <utility>
 
@@ -54,9 +53,7 @@ void OptimizerSharding::TakePieceGradients() {
       const FlatChunk piece = ChunkOf(p.numel(), group_->rank(), group_->world_size());
       // A copy, so that the whole gradient is freed now, parameter by
       // parameter, as ZeRO-1 frees the others' gradients before its update.
-      const std::optional<Attribution> a = memory::StorageAttribution(p);
-      ModuleScope module(a ? a->module : 0);
-      CategoryScope category(Category::kGradients);
+      memory::OwnedByScope scope(p, Category::kGradients);
       target.mutable_grad() =
           grad.reshape({-1}).narrow(0, piece.begin, piece.length).clone();
     }
@@ -78,9 +75,7 @@ absl::Status OptimizerSharding::ShareUpdatedParameters() {
         whole = flat;
         return;
       }
-      const std::optional<Attribution> a = memory::StorageAttribution(p);
-      ModuleScope module(a ? a->module : 0);
-      CategoryScope category(Category::kGatheredParameters);
+      memory::OwnedByScope scope(p, Category::kGatheredParameters);
       whole = at::zeros({padded}, p.options());
       whole.narrow(0, piece.begin, piece.length)
           .copy_(flat.narrow(0, piece.begin, piece.length));

@@ -33,6 +33,26 @@ bool MarkSavedActivation(const at::Tensor& t);
 // allocated.
 std::optional<Attribution> StorageAttribution(const at::Tensor& t);
 
+// For its lifetime, attributes this thread's allocations to the module that
+// `owner`'s storage is attributed to (none when no accounting saw it
+// allocated) and to `category`: the optimizer state, gradient buffers and
+// shards that belong to a parameter are counted under its module.
+class OwnedByScope {
+ public:
+  OwnedByScope(const at::Tensor& owner, Category category)
+      : module_(ModuleOf(owner)), category_(category) {}
+  OwnedByScope(const OwnedByScope&) = delete;
+  OwnedByScope& operator=(const OwnedByScope&) = delete;
+
+ private:
+  static ModuleId ModuleOf(const at::Tensor& owner) {
+    const std::optional<Attribution> a = StorageAttribution(owner);
+    return a ? a->module : 0;
+  }
+  ModuleScope module_;
+  CategoryScope category_;
+};
+
 }  // namespace memory
 }  // namespace memprofd
 

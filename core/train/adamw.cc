@@ -47,9 +47,7 @@ void FusedAdamW::Step() {
       if (!grad.defined() || s.target.numel() == 0) continue;
       if (!s.exp_avg.defined()) {
         // Optimizer state, attributed to the parameter it belongs to.
-        const std::optional<Attribution> param = memory::StorageAttribution(s.param);
-        ModuleScope module(param ? param->module : 0);
-        CategoryScope category(Category::kOptimizerState);
+        memory::OwnedByScope scope(s.param, Category::kOptimizerState);
         s.exp_avg = at::zeros_like(s.target, at::MemoryFormat::Preserve);
         s.exp_avg_sq = at::zeros_like(s.target, at::MemoryFormat::Preserve);
         s.step = at::zeros({}, s.param.options().dtype(at::kFloat));
@@ -101,9 +99,7 @@ void FusedAdamW::ShardFlat(const FlatShardSpec& spec) {
         s.exp_avg = s.exp_avg_sq = s.step = at::Tensor();
         continue;
       }
-      const std::optional<Attribution> param = memory::StorageAttribution(s.param);
-      ModuleScope module(param ? param->module : 0);
-      CategoryScope category(Category::kOptimizerState);
+      memory::OwnedByScope scope(s.param, Category::kOptimizerState);
       s.exp_avg = s.exp_avg.reshape({-1}).narrow(0, piece.begin, piece.length).clone();
       s.exp_avg_sq =
           s.exp_avg_sq.reshape({-1}).narrow(0, piece.begin, piece.length).clone();
