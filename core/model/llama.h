@@ -206,9 +206,12 @@ class LlamaModel {
   // With a tied head, "lm_head.weight" may be absent (save_pretrained drops
   // it); when present it must have the embedding's shape and is ignored.
   // FAILED_PRECONDITION when a weight belongs to a module placed on disk
-  // (read-only memory-mapped).
-  absl::Status LoadStateDict(
-      const std::vector<std::pair<std::string, at::Tensor>>& state);
+  // (read-only memory-mapped). Keys of the rotary embedding's inverse
+  // frequencies ("...rotary_emb.inv_freq"), a non-persistent buffer older
+  // transformers versions saved, are skipped as transformers skips them,
+  // and counted into *ignored when it is given.
+  absl::Status LoadStateDict(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                             int64_t* ignored = nullptr);
 
  private:
   LlamaModel(LlamaConfig config, c10::Device device);

@@ -27,6 +27,48 @@ std::string ShapeString(const at::Tensor& t) {
   return absl::StrCat("[", absl::StrJoin(t.sizes(), ", "), "]");
 }
 
+// A rotary embedding's inverse frequencies, which transformers keeps as a
+// non-persistent buffer and older versions saved per layer
+// ("model.layers.0.self_attn.rotary_emb.inv_freq"); transformers ignores
+// such keys on load (modeling_utils' _adjust_missing_and_unexpected_keys
+// matches "rotary_emb\.inv_freq"), and the model computes them from the
+// config.
+bool IsRotaryBufferKey(absl::string_view name) {
+  return absl::StrContains(name, "rotary_emb.inv_freq");
+}
+
+// Why `name` is not a parameter of `config`'s model, pointing at the likely
+// cause: a decoder layer past num_hidden_layers (the weights belong to a
+// deeper config), a part the family's flags leave out (a bias, a q/k norm),
+// or a tensor no Llama-family model of this kind has.
+absl::Status UnknownKeyError(const std::string& name, const LlamaConfig& config) {
+  constexpr absl::string_view kLayers = "model.layers.";
+  if (absl::StartsWith(name, kLayers)) {
+    const absl::string_view rest = absl::string_view(name).substr(kLayers.size());
+    int64_t index = 0;
+    if (absl::SimpleAtoi(rest.substr(0, rest.find('.')), &index) &&
+        index >= config.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the weights hold \"", name, "\", of decoder layer ", index,
+          ", but config.json's num_hidden_layers is ", config.num_hidden_layers,
+          "; the weights belong to a deeper model: use its config.json"));
+    }
+    if (absl::EndsWith(name, ".bias") || absl::StrContains(name, "_norm.")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the weights hold \"", name, "\", which a ", config.architecture,
+          " with this config.json does not have (model_type \"", config.model_type,
+          "\", attention_bias ", config.attention_bias ? "true" : "false", ", mlp_bias ",
+          config.mlp_bias ? "true" : "false",
+          "); check those fields against the model the weights came from"));
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the weights hold \"", name, "\", which is neither a parameter of a ",
+      config.architecture,
+      " nor a buffer transformers ignores; the weights may be of another architecture "
+      "or carry extra tensors: save them with transformers' save_pretrained"));
+}
+
 // inv_freq [head_dim / 2] (float32, CPU) and the factor cos and sin are
 // multiplied by, for config's rope type, in the order of operations of
 // transformers 5.17's modeling_rope_utils (_compute_*_parameters), so that
@@ -296,19 +338,20 @@ int64_t LlamaModel::NumParameters() const {
 }
 
 absl::Status LlamaModel::LoadStateDict(
-    const std::vector<std::pair<std::string, at::Tensor>>& state) {
+    const std::vector<std::pair<std::string, at::Tensor>>& state, int64_t* ignored) {
   std::map<std::string, at::Tensor> params;
   for (auto& [name, t] : NamedParameters()) params.emplace(name, t);
   const bool tied = config_.tie_word_embeddings;
 
   std::set<std::string> seen;
+  int64_t skipped = 0;
   for (const auto& [name, t] : state) {
-    auto it = params.find(name);
-    if (it == params.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "state dict holds \"", name, "\", which is not a parameter of this ",
-          config_.num_hidden_layers, "-layer model; check that it matches the config"));
+    if (IsRotaryBufferKey(name)) {
+      ++skipped;
+      continue;
     }
+    auto it = params.find(name);
+    if (it == params.end()) return UnknownKeyError(name, config_);
     if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("state dict holds \"", name, "\" twice; keep one"));
@@ -349,10 +392,11 @@ absl::Status LlamaModel::LoadStateDict(
                        "again instead of copying weights into it"));
     }
   }
+  if (ignored != nullptr) *ignored = skipped;
   return TorchBoundary("loading the state dict", [&] {
     torch::NoGradGuard no_grad;
     for (const auto& [name, t] : state) {
-      if (tied && name == "lm_head.weight") continue;
+      if ((tied && name == "lm_head.weight") || IsRotaryBufferKey(name)) continue;
       params.at(name).copy_(t);
     }
   });

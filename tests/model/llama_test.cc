@@ -163,6 +163,39 @@ TEST(LlamaModelTest, LoadStateDictChecksNamesAndShapes) {
   }
 }
 
+TEST(LlamaModelTest, LoadStateDictSkipsRotaryBuffersAndNamesTheCauseOfOtherKeys) {
+  LlamaConfig c = SmallGqaConfig();
+  std::unique_ptr<LlamaModel> src = MakeLlama(c, 1);
+  std::unique_ptr<LlamaModel> dst = MakeLlama(c, 2);
+  auto state = src->NamedParameters();
+  // What older transformers versions saved beside the weights.
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    state.emplace_back(absl::StrCat("model.layers.", i, ".self_attn.rotary_emb.inv_freq"),
+                       torch::ones({c.head_dim() / 2}));
+  }
+  int64_t ignored = -1;
+  ASSERT_TRUE(dst->LoadStateDict(state, &ignored).ok());
+  EXPECT_EQ(ignored, c.num_hidden_layers);
+  EXPECT_TRUE(torch::equal(dst->NamedParameters()[0].second, state[0].second));
+
+  // A layer past num_hidden_layers: the weights are of a deeper model.
+  auto deeper = src->NamedParameters();
+  deeper.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({96, 64}));
+  absl::Status s = dst->LoadStateDict(deeper);
+  EXPECT_THAT(s.message(), HasSubstr("num_hidden_layers is 2"));
+  // A bias the config's flags leave out: the flags are wrong.
+  auto biased = src->NamedParameters();
+  biased.emplace_back("model.layers.0.self_attn.q_proj.bias", torch::zeros({64}));
+  s = dst->LoadStateDict(biased);
+  EXPECT_THAT(s.message(), HasSubstr("attention_bias false"));
+  // Anything else: not a tensor of this architecture at all.
+  auto other = src->NamedParameters();
+  other.emplace_back("transformer.wte.weight", torch::zeros({4}));
+  s = dst->LoadStateDict(other);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("another architecture"));
+}
+
 TEST(LlamaModelTest, LoadStateDictWithTiedHeadNeedsNoLmHead) {
   LlamaConfig tiny = testing::PresetConfig("tiny");
   tiny.num_hidden_layers = 1;
