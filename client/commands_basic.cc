@@ -237,9 +237,14 @@ int ModelCommand(const Context& c, const Args&) {
   for (const auto& p : info.parameters()) {
     std::string shape;
     for (int64_t d : p.shape()) absl::StrAppend(&shape, shape.empty() ? "" : "x", d);
-    std::printf("  %-48s %-14s %-8s %s\n", p.name().c_str(), shape.c_str(),
-                p.dtype().c_str(), HumanBytes(static_cast<double>(p.bytes())).c_str());
+    std::string tied;
+    for (const std::string& t : p.tied()) absl::StrAppend(&tied, " (tied: ", t, ")");
+    std::printf("  %-48s %-14s %-8s %s%s\n", p.name().c_str(), shape.c_str(),
+                p.dtype().c_str(), HumanBytes(static_cast<double>(p.bytes())).c_str(),
+                tied.c_str());
   }
+  for (const std::string& note : info.load_notes())
+    std::printf("note: %s\n", note.c_str());
   return kExitOk;
 }
 

@@ -281,8 +281,10 @@ v1::ModelInfo ToProto(const ModelSummary& m, bool with_parameters) {
                         : p.placement == Placement::kCpu ? v1::PLACEMENT_CPU
                                                          : v1::PLACEMENT_DEVICE);
       pi->set_bytes(p.bytes);
+      for (const std::string& t : p.tied) pi->add_tied(t);
     }
   }
+  for (const std::string& note : m.load_notes) info.add_load_notes(note);
   return info;
 }
 

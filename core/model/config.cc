@@ -235,6 +235,48 @@ absl::Status ReadWindow(const Json& root, int64_t absent, int64_t* out) {
   return Positive("sliding_window", *out);
 }
 
+// The config.json keys LlamaConfig models: FromJson reads them (or refuses
+// them) and ToJson writes each that applies from the fields, canonically
+// ("rope_scaling" and "dtype" as "rope_parameters" and "torch_dtype").
+// Every other key is carried through unchanged (LlamaConfig::carried_json).
+constexpr absl::string_view kModeledKeys[] = {
+    "architectures",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "tie_word_embeddings",
+    "torch_dtype",
+    "dtype",
+    "hidden_act",
+    "attention_dropout",
+    "head_dim",
+    "attention_bias",
+    "mlp_bias",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
+};
+
+// The keys of `root` (an object) that kModeledKeys does not name, as an
+// object's text; empty when there are none.
+std::string CarriedKeys(const Json& root) {
+  Json carried = Json::object();
+  for (const auto& [key, value] : root.items()) {
+    if (absl::c_find(kModeledKeys, key) == std::end(kModeledKeys)) carried[key] = value;
+  }
+  return carried.empty() ? std::string() : DumpJson(carried);
+}
+
 // More decoder layers than any real model has by far; it bounds the
 // per-layer lists (layer_types) a config.json can make the daemon build.
 constexpr int64_t kMaxHiddenLayers = int64_t{1} << 20;
@@ -408,6 +450,7 @@ absl::StatusOr<LlamaConfig> LlamaConfig::FromJson(absl::string_view json) {
   }
 
   RETURN_IF_ERROR(c.Validate());
+  c.carried_json = CarriedKeys(root);
   return c;
 }
 
@@ -665,6 +708,16 @@ std::string LlamaConfig::ToJson() const {
     j["sliding_window"] = window;
     j["max_window_layers"] = max_window_layers;
     j["layer_types"] = layer_types;
+  }
+  if (!carried_json.empty()) {
+    // Parsed by FromJson from an object already; a hand-made config whose
+    // text is not one is written without it rather than not at all.
+    absl::StatusOr<Json> carried = ParseJson(carried_json);
+    if (carried.ok() && carried->is_object()) {
+      for (const auto& [key, value] : carried->items()) {
+        if (absl::c_find(kModeledKeys, key) == std::end(kModeledKeys)) j[key] = value;
+      }
+    }
   }
   return DumpJson(j, 2) + "\n";
 }

@@ -127,6 +127,13 @@ struct LlamaConfig {
   // The daemon trains in float32 whatever this says; it is kept for
   // snapshots and config.json.
   std::string torch_dtype = "float32";
+  // The keys of the config.json this config was read from that the fields
+  // above do not model (token ids such as bos_token_id and eos_token_id,
+  // pad_token_id, initializer_range, transformers_version, ...), as a JSON
+  // object's text; empty: none (a preset). They never change the model:
+  // ToJson writes them back unchanged, so that a snapshot's config.json
+  // carries them, and operator== ignores them.
+  std::string carried_json;
 
   // The family's optional parts, from model_type and the flags above.
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
@@ -156,7 +163,9 @@ struct LlamaConfig {
   // model_type, hidden_act "silu", the family's own fields), pretty
   // printed with an indent of 2, with the rotary settings as transformers
   // 5.17 writes them ("rope_parameters": rope_theta, rope_type and the
-  // type's fields).
+  // type's fields), and with every key of carried_json, whose values win
+  // over the defaults this writes for keys the model does not depend on
+  // (initializer_range, use_cache, pretraining_tp).
   std::string ToJson() const;
 
   // OK, or INVALID_ARGUMENT saying which field is wrong and how to fix it:
@@ -203,6 +212,7 @@ struct LlamaConfig {
   static absl::StatusOr<LlamaConfig> Preset(absl::string_view name);
   static std::vector<std::string> PresetNames();
 
+  // The same model: every field but carried_json.
   friend bool operator==(const LlamaConfig& a, const LlamaConfig& b);
 };
 

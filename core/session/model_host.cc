@@ -8,12 +8,14 @@
 
 #include <array>
 #include <filesystem>
+#include <map>
 #include <optional>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/common/attribution.h"
 #include "core/common/files.h"
 #include "core/common/phase.h"
@@ -26,9 +28,11 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/optimizer_shards.h"
+#include "core/snapshot/carried_files.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/safetensors.h"
+#include "core/snapshot/snapshot_options.h"
 #include "core/train/memory_tags.h"
 #include "core/train/trainer.h"
 #include "core/train/trainer_state.h"
@@ -48,6 +52,7 @@ constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 struct HfDirectory {
   std::string config_json;
   std::optional<snapshot::LoadedWeights> weights;  // none: config.json only
+  snapshot::CarriedFiles carried;
 };
 
 // The text of model directory `dir`'s config.json: NOT_FOUND when `dir` is
@@ -82,6 +87,7 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
   } else if (weights.status().code() != absl::StatusCode::kNotFound) {
     return weights.status();  // corrupt or ambiguous weights are an error, never ignored
   }
+  out.carried = snapshot::ReadCarriedFiles(dir);
   return out;
 }
 
@@ -177,6 +183,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   std::unique_ptr<LlamaModel> model;
   std::string source;
   std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
+  auto carried = std::make_shared<snapshot::CarriedFiles>();
+  std::vector<std::string> notes;
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
     RETURN_IF_ERROR(CheckModelFits(config, device));
@@ -200,10 +208,26 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
     // init_weights: the config alone, whatever weights the directory holds.
     if (dir.weights && !spec.init_weights) {
       RETURN_IF_ERROR(stop_if_cancelled("after building the model"));
-      RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors));
+      int64_t ignored = 0;
+      RETURN_IF_ERROR(model->LoadStateDict(dir.weights->tensors, &ignored));
+      if (ignored > 0) {
+        notes.push_back(absl::StrCat(
+            "ignored ", ignored,
+            " rotary_emb.inv_freq tensors (a buffer older transformers saved; the model "
+            "computes it from config.json, as transformers does)"));
+      }
       mapped = std::move(dir.weights);
     }
     source = spec.hf_directory;
+    *carried = std::move(dir.carried);
+    if (!carried->files.empty()) {
+      std::vector<std::string> names;
+      for (const snapshot::CarriedFile& f : carried->files) names.push_back(f.name);
+      notes.push_back(absl::StrCat("snapshots carry ", absl::StrJoin(names, ", ")));
+    }
+    for (const std::string& skipped : carried->skipped) {
+      notes.push_back(absl::StrCat("not carried into snapshots: ", skipped));
+    }
   }
   std::string mapped_directory;
   for (const auto& [module, placement] : spec.placement) {
@@ -237,6 +261,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   offloader_.reset();
   model_ = std::move(model);
   model_source_ = source;
+  carried_files_ = std::move(carried);
+  load_notes_ = std::move(notes);
   callbacks_.set_mapped_directory(mapped_directory);
   trainer_ = std::move(trainer);
   // Its steps are numbered afresh (or from its checkpoint): the kept step
@@ -301,6 +327,11 @@ absl::StatusOr<bool> ModelHost::PlaceModule(LlamaModel& model, const std::string
   return false;
 }
 
+void ModelHost::DescribeSource(snapshot::SnapshotOptions* options) const {
+  options->carried_files = carried_files_;
+  options->model_source = model_source_;
+}
+
 absl::StatusOr<offload::Offloader*> ModelHost::OffloaderFor(
     const offload::OffloadOptions& options) {
   if (!offloader_ || offloader_->options() != options) {
@@ -318,17 +349,30 @@ void ModelHost::PublishModel() {
   summary.num_parameters = model_->NumParameters();
   summary.device = device_;
   summary.steps_trained = trainer_ ? trainer_->global_step() : 0;
+  summary.load_notes = load_notes_;
+  // A parameter that is the same tensor data as one listed before (a tied
+  // head) is listed once, under the first name, with its own name in
+  // `tied`. (Parameters mapped from one file share a storage at different
+  // offsets, so the data's address tells them apart, not the storage.)
+  std::map<std::pair<const void*, const void*>, size_t> listed;
   std::set<const void*> storages;
   for (const auto& [name, t] : model_->NamedParameters()) {
+    const std::pair<const void*, const void*> data(t.storage().unsafeGetStorageImpl(),
+                                                   t.data_ptr());
+    if (auto it = listed.find(data); it != listed.end() && t.numel() > 0) {
+      summary.parameters[it->second].tied.push_back(name);
+      continue;
+    }
+    listed.emplace(data, summary.parameters.size());
+    if (storages.insert(data.first).second) {
+      summary.parameter_bytes += static_cast<int64_t>(t.storage().nbytes());
+    }
     ParameterSummary p;
     p.name = name;
     p.shape = t.sizes().vec();
     p.dtype = std::string(c10::toString(t.scalar_type()));
     p.bytes = static_cast<int64_t>(t.nbytes());
     p.placement = model_->PlacementOf(ModuleOfParameter(name));
-    if (storages.insert(t.storage().unsafeGetStorageImpl()).second) {
-      summary.parameter_bytes += static_cast<int64_t>(t.storage().nbytes());
-    }
     summary.parameters.push_back(std::move(p));
   }
   absl::MutexLock lock(&mu_);

@@ -38,6 +38,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -59,8 +60,10 @@ namespace offload {
 class Offloader;
 }
 namespace snapshot {
+struct CarriedFiles;
 struct LoadedWeights;
-}
+struct SnapshotOptions;
+}  // namespace snapshot
 
 class ModelHost {
  public:
@@ -113,6 +116,11 @@ class ModelHost {
   // offloader is held then.
   absl::StatusOr<offload::Offloader*> OffloaderFor(
       const offload::OffloadOptions& options);
+
+  // Owner thread, a model loaded: where the model came from and the files
+  // of its directory every snapshot of it carries (carried_files.h), into
+  // `options` (model_source, carried_files).
+  void DescribeSource(snapshot::SnapshotOptions* options) const;
 
   // Owner thread: publish what readers see. PublishModel: the summary of the
   // model as it is now (a model must be loaded); PublishCategories: the
@@ -172,6 +180,10 @@ class ModelHost {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<offload::Offloader> offloader_;
   std::string model_source_;
+  // The loaded directory's generation settings and tokenizer (empty for a
+  // preset), and what the load has to tell (ModelSummary::load_notes).
+  std::shared_ptr<const snapshot::CarriedFiles> carried_files_;
+  std::vector<std::string> load_notes_;
   // Numbers the files of modules placed on disk.
   int64_t placement_files_ = 0;
 

@@ -249,6 +249,9 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   SnapshotScheduler::Callbacks snapshots;
   snapshots.model = [this] { return host_->model(); };
   snapshots.trainer = [this] { return host_->trainer(); };
+  snapshots.describe_source = [this](snapshot::SnapshotOptions* options) {
+    host_->DescribeSource(options);
+  };
   snapshots.model_loaded = [this] { return host_->Summary().has_value(); };
   snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   snapshots.observers = [this] { return Observers(); };

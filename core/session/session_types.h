@@ -139,6 +139,9 @@ struct ParameterSummary {
   std::vector<int64_t> shape;
   std::string dtype;
   int64_t bytes = 0;
+  // The other names of this parameter's storage ("lm_head.weight" for a
+  // tied head's embedding), which the list does not repeat.
+  std::vector<std::string> tied;
 };
 
 // What is known of the loaded model, published after every change.
@@ -149,7 +152,11 @@ struct ModelSummary {
   int64_t parameter_bytes = 0;
   std::string device;
   int64_t steps_trained = 0;
+  // Each parameter once: a tied head is in its embedding's `tied`.
   std::vector<ParameterSummary> parameters;
+  // What the load has to tell: tensors of the directory it ignored, the
+  // files snapshots carry, files it could not carry and why.
+  std::vector<std::string> load_notes;
 };
 
 struct TrainSpec {

@@ -192,6 +192,7 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   SnapshotSpec s = spec;
   s.options.tie_word_embeddings = model.config().tie_word_embeddings;
   s.options.global_step = trainer ? trainer->global_step() : 0;
+  callbacks_.describe_source(&s.options);
   const std::string config_json = model.config().ToJson();
   // A checkpoint's training state, taken here at the step boundary with the
   // weights: the optimizer tensors are the live ones (streamed, never copied

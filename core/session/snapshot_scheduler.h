@@ -82,6 +82,9 @@ class SnapshotScheduler {
     // queued only with a model loaded) and its trainer (null: none).
     std::function<LlamaModel*()> model;
     std::function<Trainer*()> trainer;
+    // Owner thread, a model loaded: fills a snapshot's model_source and
+    // carried_files from the loaded model (ModelHost::DescribeSource).
+    std::function<void(snapshot::SnapshotOptions* options)> describe_source;
     // Any thread: whether a model is loaded (the published summary).
     std::function<bool()> model_loaded;
     // Any thread: runs `work` on the owner thread after what was queued

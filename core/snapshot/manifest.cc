@@ -37,6 +37,9 @@ std::string ManifestToJson(const SnapshotManifest& m) {
       {"global_step", m.global_step},
       {"kind", m.kind},
       {"optimizer_bytes", m.optimizer_bytes},
+      {"model_source", m.model_source},
+      {"carried_files", m.carried_files},
+      {"carried_note", m.carried_note},
       {"create_time",
        absl::FormatTime(absl::RFC3339_full, m.create_time, absl::UTCTimeZone())},
   };
@@ -106,6 +109,22 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   if (JsonFind(v, "peak_gathered_bytes") != nullptr &&
       !get_int("peak_gathered_bytes", &m.peak_gathered_bytes)) {
     return bad("peak_gathered_bytes is not an integer");
+  }
+  // Optional: manifests from before carried files do not have them.
+  if (JsonFind(v, "model_source") != nullptr &&
+      !get_string("model_source", &m.model_source)) {
+    return bad("model_source is not a string");
+  }
+  if (JsonFind(v, "carried_note") != nullptr &&
+      !get_string("carried_note", &m.carried_note)) {
+    return bad("carried_note is not a string");
+  }
+  if (const Json* carried = JsonFind(v, "carried_files"); carried != nullptr) {
+    if (!carried->is_array()) return bad("carried_files is not a list");
+    for (const Json& name : *carried) {
+      if (!name.is_string()) return bad("carried_files holds a non-string");
+      m.carried_files.push_back(name.get<std::string>());
+    }
   }
   const Json* tied = JsonFind(v, "dropped_tied_lm_head");
   if (tied == nullptr || !tied->is_boolean())

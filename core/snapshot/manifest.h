@@ -59,6 +59,14 @@ struct SnapshotManifest {
   std::string kind = "weights";
   // A checkpoint's optimizer tensor bytes (part of total_size).
   int64_t optimizer_bytes = 0;
+  // Where the model came from ("preset:tiny" or the directory it was
+  // loaded from; empty when the writer was not told), and the files of that
+  // directory copied beside config.json (carried_files.h): its generation
+  // settings and tokenizer. A preset has none; carried_note says why when
+  // nothing was carried.
+  std::string model_source;
+  std::vector<std::string> carried_files;
+  std::string carried_note;
 
   bool is_checkpoint() const { return kind == "checkpoint"; }
 };

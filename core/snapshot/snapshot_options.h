@@ -5,9 +5,12 @@
 // the request and flags.
 
 #include <cstdint>
+#include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/snapshot/carried_files.h"
 #include "core/snapshot/shard_plan.h"
 
 namespace memprofd {
@@ -57,6 +60,12 @@ struct SnapshotOptions {
   bool tie_word_embeddings = false;
   // Recorded in the manifest.
   int64_t global_step = 0;
+  // Written beside config.json, each as it is (the directory the model was
+  // loaded from had them); null: none. Shared, since an async snapshot's
+  // writer thread reads them while the model may be replaced.
+  std::shared_ptr<const CarriedFiles> carried_files;
+  // Recorded in the manifest: "preset:tiny" or the model's directory.
+  std::string model_source;
   // Host memory the caller holds for this snapshot (the copies of an async
   // snapshot, see CopyForAsyncSnapshot); added to the manifest's
   // peak_extra_host_bytes.

@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/common/attribution.h"
 #include "core/common/json.h"
@@ -25,6 +27,7 @@
 #include "core/common/phase.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
+#include "core/common/utf8.h"
 #include "core/snapshot/internal/file_io.h"
 #include "core/snapshot/internal/shard_writer.h"
 #include "core/snapshot/internal/staging.h"
@@ -55,19 +58,40 @@ at::ScalarType OutputType(at::ScalarType in, SnapshotDtype dtype) {
   return in;
 }
 
-const char* TorchDtypeName(SnapshotDtype dtype) {
+// config.json's name of a floating dtype, as transformers writes it.
+const char* TorchDtypeName(at::ScalarType dtype) {
   switch (dtype) {
-    case SnapshotDtype::kBFloat16:
+    case at::kBFloat16:
       return "bfloat16";
-    case SnapshotDtype::kFloat16:
+    case at::kHalf:
       return "float16";
+    case at::kDouble:
+      return "float64";
     default:
       return "float32";
   }
 }
 
+// The dtype config.json must name for `items`: the one their floating
+// tensors are written in, or float32 when they differ (transformers' default
+// from_pretrained loads every weight in the dtype the config names, so a
+// narrower label would round the wider tensors); nullopt when none floats.
+std::optional<at::ScalarType> WrittenFloatType(
+    const std::vector<snapshot::internal::ShardTensor>& items) {
+  std::optional<at::ScalarType> type;
+  for (const auto& item : items) {
+    if (!at::isFloatingType(item.out_dtype)) continue;
+    if (type && *type != item.out_dtype) return at::kFloat;
+    type = item.out_dtype;
+  }
+  return type;
+}
+
+// config.json's text as written: `config_json` with "torch_dtype" (and
+// "dtype", which transformers 5 reads first, when the text has it) naming
+// `written`, the dtype of the tensors beside it.
 absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
-                                       SnapshotDtype dtype) {
+                                       std::optional<at::ScalarType> written) {
   if (config_json.empty()) return std::string();
   absl::StatusOr<Json> config = ParseJson(config_json);
   if (!config.ok() || !config->is_object()) {
@@ -75,10 +99,36 @@ absl::StatusOr<std::string> ConfigText(absl::string_view config_json,
         absl::StrCat("config.json text is not a JSON object: ",
                      config.ok() ? "wrong type" : config.status().message()));
   }
-  if (dtype == SnapshotDtype::kKeep) return std::string(config_json);
-  // transformers records the saved dtype in config.json.
-  (*config)["torch_dtype"] = TorchDtypeName(dtype);
+  if (!written) return std::string(config_json);
+  const Json name = TorchDtypeName(*written);
+  const bool has_dtype = config->contains("dtype");
+  if (JsonFind(*config, "torch_dtype") != nullptr && (*config)["torch_dtype"] == name &&
+      (!has_dtype || (*config)["dtype"] == name)) {
+    return std::string(config_json);  // already true: written as it came
+  }
+  (*config)["torch_dtype"] = name;
+  if (has_dtype) (*config)["dtype"] = name;
   return DumpJson(*config, 2) + "\n";
+}
+
+// Why a snapshot carries the files it does, for its manifest.
+std::string CarriedNote(const SnapshotOptions& options) {
+  if (absl::StartsWith(options.model_source, "preset:")) {
+    return "none: the model is a preset, which has no tokenizer or generation config";
+  }
+  if (options.carried_files == nullptr) return "none were given to the writer";
+  std::string note =
+      options.carried_files->files.empty()
+          ? absl::StrCat("none: ",
+                         options.model_source.empty() ? "the model's directory"
+                                                      : options.model_source,
+                         " has no generation config or tokenizer files")
+          : absl::StrCat("copied from ", options.model_source);
+  if (!options.carried_files->skipped.empty()) {
+    absl::StrAppend(
+        &note, "; not carried: ", absl::StrJoin(options.carried_files->skipped, "; "));
+  }
+  return note;
 }
 
 // Creates the root if needed and checks it is a directory.
@@ -187,7 +237,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     items.push_back({tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype),
                      static_cast<int64_t>(i)});
   }
-  ASSIGN_OR_RETURN(const std::string config, ConfigText(config_json, options.dtype));
+  ASSIGN_OR_RETURN(const std::string config,
+                   ConfigText(config_json, WrittenFloatType(items)));
 
   // A checkpoint's optimizer tensors: always in their own dtype.
   std::vector<snapshot::internal::ShardTensor> opt_items;
@@ -348,6 +399,18 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   };
   if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
   if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
+  manifest.model_source = options.model_source;
+  if (options.carried_files != nullptr) {
+    for (const CarriedFile& f : options.carried_files->files) {
+      if (!IsCarriedFileName(f.name)) {
+        return absl::InvalidArgumentError(absl::StrCat("carried file name ", Echo(f.name),
+                                                       " is not one a snapshot carries"));
+      }
+      RETURN_IF_ERROR(write_small(f.name.c_str(), f.bytes));
+      manifest.carried_files.push_back(f.name);
+    }
+  }
+  manifest.carried_note = CarriedNote(options);
   if (checkpoint != nullptr) {
     RETURN_IF_ERROR(write_shards(opt_plan, opt_by_name, checkpoint->optimizer_metadata));
     if (checkpoint->sharding) {

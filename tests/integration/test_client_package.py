@@ -146,9 +146,12 @@ class SyncClientTest(harness.DaemonTestCase):
         self.assertEqual((status.serving_state, status.data_parallel.world_size), ("SERVING", 1))
         model = c.describe_model()
         self.assertEqual(model.config.hidden_size, harness.MICRO["hidden_size"])
-        # Unique storage bytes: the tied lm_head.weight is listed, not counted twice.
+        # Unique storage bytes: the tied lm_head.weight is listed once, on the
+        # embedding, and not counted twice.
         self.assertEqual(model.parameter_bytes, 4 * model.num_parameters)
-        self.assertIn("lm_head.weight", [p.name for p in model.parameters])
+        self.assertEqual(sum(p.bytes for p in model.parameters), model.parameter_bytes)
+        embedding = [p for p in model.parameters if p.name == "model.embed_tokens.weight"]
+        self.assertEqual(list(embedding[0].tied), ["lm_head.weight"])
 
         c.start_memory_recording(max_entries=200000)
         run = c.train(steps=4, eval_every_steps=2, eval_data=mc.embedded_corpus(),

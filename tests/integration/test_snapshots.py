@@ -100,9 +100,11 @@ class SnapshotTest(harness.DaemonTestCase):
         self.assertEqual(sum(2 * max(1, _numel(s)) for s in tensors.values()), m.total_size)
         model = self.d.call("DescribeModel", pb.DescribeModelRequest())
         expected = {p.name: list(p.shape) for p in model.parameters}
-        # Tied head: written once, as transformers does.
+        # Tied head: written once, as transformers does, and listed once, on
+        # the embedding.
         self.assertTrue(model.config.tie_word_embeddings)
-        del expected["lm_head.weight"]
+        self.assertNotIn("lm_head.weight", expected)
+        self.assertEqual([list(p.tied) for p in model.parameters if p.tied], [["lm_head.weight"]])
         self.assertEqual(tensors, expected)
         with open(os.path.join(m.directory, "config.json")) as f:
             config = json.load(f)

@@ -426,6 +426,41 @@ TEST(LlamaConfigTest, ToJsonRoundTripsAndLooksLikeTransformers) {
   }
 }
 
+TEST(LlamaConfigTest, CarriesTheKeysItDoesNotModelThroughToJson) {
+  // Token ids (an eos list, as Llama 3.1's), a value other than ToJson's
+  // default (initializer_range) and keys transformers keeps come back as
+  // they were; keys the config models are written canonically instead.
+  absl::StatusOr<LlamaConfig> c = LlamaConfig::FromJson(absl::StrReplaceAll(
+      kTinyLlamaConfig,
+      {{"\"eos_token_id\": 2,",
+        "\"eos_token_id\": [1, 8, 9], \"pad_token_id\": null, "
+        "\"custom\": {\"a\": [1, \"b\"]}, \"dtype\": \"bfloat16\","},
+       {"\"initializer_range\": 0.02,", "\"initializer_range\": 0.041,"}}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<Json> written = ParseJson(c->ToJson());
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(DumpJson((*written)["eos_token_id"]), "[1,8,9]");
+  EXPECT_EQ((*written)["bos_token_id"], 1);
+  EXPECT_TRUE((*written)["pad_token_id"].is_null());
+  EXPECT_EQ((*written)["initializer_range"], 0.041);
+  EXPECT_EQ(DumpJson((*written)["custom"]), R"({"a":[1,"b"]})");
+  EXPECT_EQ((*written)["transformers_version"], "4.35.0");
+  // Modeled: rope_scaling becomes rope_parameters, "dtype" is torch_dtype.
+  EXPECT_FALSE(written->contains("rope_scaling"));
+  EXPECT_FALSE(written->contains("dtype"));
+  EXPECT_EQ((*written)["torch_dtype"], "bfloat16");
+  EXPECT_TRUE(written->contains("rope_parameters"));
+  // The carried keys never make another model.
+  absl::StatusOr<LlamaConfig> plain = LlamaConfig::FromJson(kTinyLlamaConfig);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(*c == *plain);
+  EXPECT_NE(c->carried_json, plain->carried_json);
+  // Read back, the carried keys are the same.
+  absl::StatusOr<LlamaConfig> back = LlamaConfig::FromJson(c->ToJson());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->ToJson(), c->ToJson());
+}
+
 TEST(LlamaConfigTest, PresetsHaveTheAdvertisedSizes) {
   absl::StatusOr<LlamaConfig> tiny = LlamaConfig::Preset("tiny");
   ASSERT_TRUE(tiny.ok());

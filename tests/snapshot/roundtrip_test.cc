@@ -1,14 +1,20 @@
 // Save then load: identical tensors and names, single-file and sharded, every
 // dtype option, tied and untied heads; checked also by an independent Python
 // reader (check_snapshot.py).
+#include <sys/stat.h>
+
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
+#include <memory>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/json.h"
 #include "core/common/phase.h"
+#include "core/snapshot/carried_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
@@ -169,6 +175,112 @@ INSTANTIATE_TEST_SUITE_P(AllOptions, DtypeOptionTest,
                          [](const auto& info) {
                            return std::string(SnapshotDtypeName(info.param));
                          });
+
+// The text of `dir`/`file`.
+std::string ReadText(const std::string& dir, const std::string& file) {
+  std::ifstream in(dir + "/" + file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
+}
+
+TEST(RoundTripTest, ConfigNamesTheDtypeOfTheTensorsWritten) {
+  // A model loaded from a bfloat16 checkpoint trains in float32: kept as
+  // it is, its config.json must say float32, or from_pretrained's default
+  // rounds the trained weights to bfloat16.
+  const std::string bf16_config =
+      R"({"architectures": ["LlamaForCausalLM"], "torch_dtype": "bfloat16",
+          "dtype": "bfloat16", "eos_token_id": [1, 8, 9]})";
+  TempDir root;
+  const TensorList f32 = testing::MakeModel(2, 1, 8, 16);
+  TensorList bf16;
+  for (const auto& [name, t] : f32) bf16.emplace_back(name, t.to(at::kBFloat16));
+  struct Case {
+    const char* name;
+    const TensorList* tensors;
+    SnapshotDtype dtype;
+    const char* label;
+  };
+  for (const Case& c : {Case{"keep-f32", &f32, SnapshotDtype::kKeep, "float32"},
+                        Case{"keep-bf16", &bf16, SnapshotDtype::kKeep, "bfloat16"},
+                        Case{"to-bf16", &f32, SnapshotDtype::kBFloat16, "bfloat16"},
+                        Case{"to-f16", &bf16, SnapshotDtype::kFloat16, "float16"}}) {
+    SnapshotOptions options;
+    options.dtype = c.dtype;
+    auto m = SnapshotWriter(root.path()).Write(c.name, *c.tensors, bf16_config, options);
+    ASSERT_TRUE(m.ok()) << m.status();
+    absl::StatusOr<Json> config = ParseJson(ReadText(root.Join(c.name), "config.json"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ((*config)["torch_dtype"], c.label) << c.name;
+    EXPECT_EQ((*config)["dtype"], c.label) << c.name;
+    EXPECT_EQ(DumpJson((*config)["eos_token_id"]), "[1,8,9]") << c.name;
+  }
+}
+
+TEST(RoundTripTest, CarriedFilesAreWrittenAsTheyAreAndListedInTheManifest) {
+  TempDir root;
+  auto carried = std::make_shared<CarriedFiles>();
+  carried->files.push_back({"tokenizer.json", std::string("{\"model\": 1}\0bytes", 18)});
+  carried->files.push_back({"generation_config.json", "{\"eos_token_id\": 2}"});
+  carried->skipped.push_back("vocab.json: a symbolic link");
+  SnapshotOptions options;
+  options.carried_files = carried;
+  options.model_source = "/data/models/chat";
+  const TensorList model = testing::MakeModel(1, 1, 8, 16);
+  auto m = SnapshotWriter(root.path()).Write("carried", model, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const CarriedFile& f : carried->files) {
+    EXPECT_EQ(ReadText(root.Join("carried"), f.name), f.bytes) << f.name;
+  }
+  EXPECT_THAT(m->carried_files,
+              ::testing::ElementsAre("tokenizer.json", "generation_config.json"));
+  EXPECT_THAT(m->carried_note, HasSubstr("copied from /data/models/chat"));
+  EXPECT_THAT(m->carried_note, HasSubstr("vocab.json: a symbolic link"));
+  // The manifest on disk says the same, and the store reads it back.
+  absl::StatusOr<SnapshotManifest> stored = DescribeSnapshot(root.path(), "carried");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->carried_files, m->carried_files);
+  EXPECT_EQ(stored->model_source, "/data/models/chat");
+
+  // A preset carries nothing and says why.
+  options.carried_files = nullptr;
+  options.model_source = "preset:tiny";
+  m = SnapshotWriter(root.path()).Write("preset", model, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->carried_files.empty());
+  EXPECT_THAT(m->carried_note, HasSubstr("preset"));
+
+  // Only the names a snapshot carries: nothing else gets into the directory.
+  auto bad = std::make_shared<CarriedFiles>();
+  bad->files.push_back({"../escape.json", "{}"});
+  options.carried_files = bad;
+  m = SnapshotWriter(root.path()).Write("bad", model, kConfig, options);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
+  EXPECT_FALSE(std::filesystem::exists(root.Join("bad")));
+  EXPECT_FALSE(std::filesystem::exists(root.path() + "/../escape.json"));
+}
+
+TEST(CarriedFilesTest, ReadsRegularFilesAndSaysWhyOthersWereLeft) {
+  TempDir dir;
+  TempDir outside;
+  std::ofstream(dir.Join("tokenizer.json")) << "{\"version\": \"1.0\"}";
+  std::ofstream(dir.Join("generation_config.json")) << "{}";
+  std::ofstream(dir.Join("unrelated.txt")) << "not carried";
+  // A link to a file outside the directory is never followed.
+  std::ofstream(outside.Join("secret")) << "root:x:0:0";
+  std::filesystem::create_symlink(outside.Join("secret"), dir.Join("vocab.json"));
+  ASSERT_EQ(::mkfifo(dir.Join("merges.txt").c_str(), 0600), 0);
+  const CarriedFiles carried = ReadCarriedFiles(dir.path());
+  std::vector<std::string> names;
+  for (const CarriedFile& f : carried.files) names.push_back(f.name);
+  EXPECT_THAT(names, ::testing::ElementsAre("generation_config.json", "tokenizer.json"));
+  EXPECT_EQ(carried.files[1].bytes, "{\"version\": \"1.0\"}");
+  ASSERT_EQ(carried.skipped.size(), 2u);
+  EXPECT_THAT(carried.skipped[0], ::testing::StartsWith("vocab.json: "));
+  EXPECT_THAT(carried.skipped[1], ::testing::StartsWith("merges.txt: "));
+  for (const std::string& why : carried.skipped) {
+    EXPECT_THAT(why, ::testing::Not(HasSubstr("root:x")));
+  }
+}
 
 TEST(RoundTripTest, TiedHeadWrittenOnceOnlyWhenTheFlagSaysSo) {
   TempDir root;
