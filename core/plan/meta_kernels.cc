@@ -17,6 +17,8 @@
 // - aten::_fused_adamw_: FusedAdamW's step, in place;
 // - aten::logical_not.out: the chunked loss's mask of ignored targets;
 // - aten::abs.out: Tensor::norm() (the gradient norm) through norm.Scalar;
+// - aten::logical_and.out: a sliding window's attention mask, built in place
+//   (SlidingWindowMask in core/model/llama.cc);
 // - aten::_scaled_dot_product_flash_attention_for_cpu and its backward: the
 //   CPU's SDPA kernel, which a dry run planning a CPU step asks for
 //   explicitly (LlamaModel::set_meta_sdpa_kernel);
@@ -91,6 +93,14 @@ at::Tensor& WhereSelfOutMeta(const at::Tensor& condition, const at::Tensor& self
 // caller's, as the CPU kernels check it).
 at::Tensor& UnaryOutMeta(const at::Tensor& self, at::Tensor& out) {
   at::native::resize_output(out, self.sizes());
+  return out;
+}
+
+// Elementwise binary ops into `out` (logical_and, which a sliding window's
+// mask calls in place): out takes the broadcast shape of the operands.
+at::Tensor& BinaryOutMeta(const at::Tensor& self, const at::Tensor& other,
+                          at::Tensor& out) {
+  at::native::resize_output(out, at::infer_size(self.sizes(), other.sizes()));
   return out;
 }
 
@@ -238,6 +248,7 @@ constexpr const char* kOps[][2] = {
     {"aten::_fused_adamw_", ""},
     {"aten::logical_not", "out"},
     {"aten::abs", "out"},
+    {"aten::logical_and", "out"},
     {"aten::_scaled_dot_product_flash_attention_for_cpu", ""},
     {"aten::_scaled_dot_product_flash_attention_for_cpu_backward", ""},
     {"aten::_scaled_dot_product_flash_attention", ""},
@@ -256,6 +267,7 @@ TORCH_LIBRARY_IMPL(aten, Meta, m) {
   m.impl("_fused_adamw_", TORCH_FN(FusedAdamWMeta));
   m.impl("logical_not.out", TORCH_FN(UnaryOutMeta));
   m.impl("abs.out", TORCH_FN(UnaryOutMeta));
+  m.impl("logical_and.out", TORCH_FN(BinaryOutMeta));
   m.impl("_scaled_dot_product_flash_attention_for_cpu",
          TORCH_FN(FlashAttentionForCpuMeta));
   m.impl("_scaled_dot_product_flash_attention_for_cpu_backward",

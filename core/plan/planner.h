@@ -82,6 +82,13 @@ struct PlanSpec {
   // ignores its --sharding, and MemoryPlan::sharding says none.
   int world_size = 1;
   Sharding sharding = Sharding::kNone;
+  // Bytes the run's data sources keep in the allocator for the whole run:
+  // tokens held in memory (the embedded corpus, inline tokens: 4 bytes a
+  // token; core/train/data.h's InMemoryTokenBytes), where files are mapped
+  // and cost none. With the cpu target they are the compute device's, and
+  // the plan counts them at its peak under `other`; with cuda they are host
+  // memory, outside the plan.
+  int64_t data_bytes = 0;
 };
 
 // The largest world a plan accepts (a sanity bound: a plan of more than
@@ -147,7 +154,8 @@ struct MemoryPlan {
   // to peak_allocated_bytes.
   std::array<int64_t, kNumCategories> categories_at_peak{};
   // Parameters (a rank's own and those it gathered) + gradients + optimizer
-  // state at the peak, and the rest (saved activations and temporaries).
+  // state at the peak, and the rest (saved activations and temporaries, and
+  // on the CPU the run's in-memory tokens: PlanSpec::data_bytes).
   int64_t model_state_bytes = 0;
   int64_t activation_bytes = 0;
   // Model state after the step (parameters + optimizer state): what stays

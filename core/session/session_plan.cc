@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "core/common/log.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/dist/sharding.h"
@@ -19,6 +20,7 @@
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
 #include "core/session/session.h"
+#include "core/train/data.h"
 
 namespace memprofd {
 namespace {
@@ -28,6 +30,14 @@ namespace {
 plan::PlanSpec::Target TargetOf(absl::string_view device) {
   return absl::StartsWith(device, "cuda") ? plan::PlanSpec::Target::kCuda
                                           : plan::PlanSpec::Target::kCpu;
+}
+
+// What a run of `train` keeps of its data in the allocator
+// (plan::PlanSpec::data_bytes): its training and evaluation tokens held in
+// memory.
+int64_t PlannedDataBytes(const TrainOptions& train) {
+  return InMemoryTokenBytes(train.data) +
+         (train.eval_data ? InMemoryTokenBytes(*train.eval_data) : 0);
 }
 
 // `base` with the model and the training a plan of `config` runs: the
@@ -43,6 +53,7 @@ absl::StatusOr<plan::PlanSpec> WithModel(plan::PlanSpec base, const LlamaConfig&
                    MergeTrainOverrides(defaults, train, config.max_position_embeddings));
   base.model = config;
   base.train = valid.get();
+  base.data_bytes = PlannedDataBytes(base.train);
   return base;
 }
 
@@ -206,6 +217,7 @@ plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions&
   spec.target = TargetOf(device);
   spec.world_size = options.world.world_size;
   spec.sharding = options.sharding;
+  spec.data_bytes = PlannedDataBytes(spec.train);
   return spec;
 }
 
@@ -232,7 +244,15 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
           return plan::PlanTrainingStep(
               TrainingPlanSpec(device_, options_, config, train, offload));
         });
-    if (planned.ok()) plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
+    if (planned.ok()) {
+      plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
+    } else {
+      // The run goes on unplanned (its reports' planned_peak_bytes stay 0,
+      // "not planned"); the log says why, so that no plan fails unseen.
+      LogWarning(absl::StrCat(
+          "training operation ", op->id(),
+          " runs without a calibration plan: ", planned.status().ToString()));
+    }
   }
   {
     absl::MutexLock lock(&mu_);

@@ -99,6 +99,18 @@ absl::StatusOr<std::unique_ptr<MappedFile>> OpenDataFile(const std::string& path
 
 }  // namespace
 
+int64_t InMemoryTokenBytes(const DataSpec& spec) {
+  constexpr int64_t kTokenBytes = sizeof(int32_t);  // tokens_ is int32
+  switch (spec.kind) {
+    case DataSpec::Kind::kEmbeddedCorpus:
+      return static_cast<int64_t>(EmbeddedCorpus().size()) * kTokenBytes;
+    case DataSpec::Kind::kInlineTokens:
+      return static_cast<int64_t>(spec.tokens.size()) * kTokenBytes;
+    default:
+      return 0;
+  }
+}
+
 TokenDataset::~TokenDataset() = default;
 
 absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::CreateIndexed(

@@ -25,6 +25,12 @@ namespace memprofd {
 // The English prose compiled into the binary (DataSpec::kEmbeddedCorpus).
 absl::string_view EmbeddedCorpus();
 
+// The bytes a TokenDataset of `spec` holds in the CPU's allocator for as long
+// as it lives: its tokens as int32 for the sources kept in memory (the
+// embedded corpus, inline tokens); 0 for files, which are mapped. What a
+// memory plan adds for the data (plan::PlanSpec::data_bytes).
+int64_t InMemoryTokenBytes(const DataSpec& spec);
+
 // One batch of next-token prediction: targets[b, t] == the token after
 // inputs[b, t]. Both int64 [batch, seq_len] on the CPU.
 struct TokenBatch {

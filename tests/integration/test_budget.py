@@ -140,7 +140,10 @@ class BudgetTest(harness.DaemonTestCase):
         ratio = harness.metric(self.d.metrics_text(), "memprofd_plan_error_ratio")
         print("calibration: planned %d, measured %d, memprofd_plan_error_ratio %.5f"
               % (last.planned_peak_bytes, last.peak_allocated_bytes, ratio))
-        self.assertLess(abs(ratio), 0.05)
+        # The plan counts the run's in-memory tokens (the embedded corpus, 4
+        # bytes a token) beside the step: on the CPU the two agree to the byte
+        # or nearly (what a kernel allocates inside itself is not seen).
+        self.assertLess(abs(ratio), 0.001)
         self.assertAlmostEqual(
             ratio, (last.peak_allocated_bytes - last.planned_peak_bytes)
             / last.planned_peak_bytes, places=6)

@@ -89,6 +89,29 @@ PlanSpec Bf16(PlanSpec spec) {
   return spec;
 }
 
+// A sliding window shorter than the sequence: the model builds an explicit
+// mask (in place, with logical_and) and SDPA takes the windowed path; the
+// plan runs and counts the mask as the real step does, for both attention
+// implementations, float32 and bf16, and a CUDA target plans it too.
+TEST_F(PlannerTest, SlidingWindowPlanMatchesTheCpuStep) {
+  LlamaConfig mistral = testing::PresetConfig("tiny");
+  mistral.architecture = "MistralForCausalLM";
+  mistral.model_type = "mistral";
+  mistral.sliding_window = 16;
+  ASSERT_TRUE(mistral.Validate().ok());
+  for (AttentionImplementation attention :
+       {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
+    ExpectPlanMatchesCpu(Spec(mistral, 2, 64, false, attention), 0.01);
+  }
+  ExpectPlanMatchesCpu(Bf16(Spec(mistral, 2, 64, true, AttentionImplementation::kSdpa)),
+                       0.01);
+  PlanSpec cuda = Bf16(Spec(mistral, 2, 64, false, AttentionImplementation::kSdpa));
+  cuda.target = PlanSpec::Target::kCuda;
+  absl::StatusOr<MemoryPlan> planned = PlanTrainingStep(cuda);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_GT(planned->peak_allocated_bytes, 0);
+}
+
 TEST_F(PlannerTest, Bf16EagerPlanMatchesTheCpuStep) {
   ExpectPlanMatchesCpu(Bf16(Spec(testing::PresetConfig("tiny"), 2, 64, false,
                                  AttentionImplementation::kEager)),
