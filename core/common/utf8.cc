@@ -80,4 +80,13 @@ std::string Echo(absl::string_view value, size_t max_bytes) {
                       value.size(), " bytes)");
 }
 
+std::string CapMessage(absl::string_view message, size_t max_bytes) {
+  if (message.size() <= max_bytes) return std::string(message);
+  size_t cut = max_bytes;
+  // Back up over continuation bytes (10xxxxxx) to the start of a character.
+  while (cut > 0 && (static_cast<unsigned char>(message[cut]) & 0xC0) == 0x80) --cut;
+  return absl::StrCat(message.substr(0, cut), "... [message cut: ", message.size(),
+                      " bytes in all]");
+}
+
 }  // namespace memprofd

@@ -30,6 +30,13 @@ std::string ToValidUtf8(absl::string_view s);
 inline constexpr size_t kMaxEchoBytes = 128;
 std::string Echo(absl::string_view value, size_t max_bytes = kMaxEchoBytes);
 
+// `message` cut to at most `max_bytes` of text at a UTF-8 character
+// boundary, with what was cut noted ("... [message cut: 15728733 bytes in
+// all]"), so that a message built around a huge value stays small wherever
+// it is kept or sent; `message` itself when it fits. The result is at most
+// max_bytes + 64 bytes. Pure and thread-safe.
+std::string CapMessage(absl::string_view message, size_t max_bytes);
+
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_COMMON_UTF8_H_

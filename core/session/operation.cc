@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/utf8.h"
 
@@ -45,14 +46,30 @@ void Operation::SetProgress(int64_t completed, int64_t total, std::string unit,
     absl::MutexLock lock(&mu_);
     view_.completed = completed;
     view_.total = total;
-    view_.unit = std::move(unit);
-    view_.message = std::move(message);
+    view_.unit = CapMessage(unit, kMaxOperationMessageBytes);
+    view_.message = CapMessage(message, kMaxOperationMessageBytes);
     Changed();
   }
   Notify();
 }
 
+namespace {
+
+// `status` with its message capped (CapMessage) and its payloads kept.
+absl::Status CappedStatus(const absl::Status& status) {
+  if (status.message().size() <= kMaxOperationMessageBytes) return status;
+  absl::Status capped(status.code(),
+                      CapMessage(status.message(), kMaxOperationMessageBytes));
+  status.ForEachPayload([&](absl::string_view url, const absl::Cord& payload) {
+    capped.SetPayload(url, payload);
+  });
+  return capped;
+}
+
+}  // namespace
+
 void Operation::Finish(absl::Status status, OperationResult result) {
+  status = CappedStatus(status);
   {
     absl::MutexLock lock(&mu_);
     if (view_.done) return;

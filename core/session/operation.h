@@ -46,6 +46,14 @@ enum class OperationState {
 using OperationResult = std::variant<std::monostate, TrainResult, ModelSummary,
                                      SnapshotResult, EvalResult, PlanResult>;
 
+// The most bytes of an operation's error message and progress message that
+// are kept (and so sent in every Get, Wait, Watch and List): a longer one is
+// cut (CapMessage), so that a message built around a client's huge value
+// costs neither the daemon's memory nor the clients' message limits. With
+// the registry's 256 finished operations this bounds ListOperations' text to
+// about 2 MiB.
+inline constexpr size_t kMaxOperationMessageBytes = 4096;
+
 // A copy of an operation's state at one moment.
 struct OperationView {
   std::string id;

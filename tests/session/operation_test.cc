@@ -5,6 +5,9 @@
 #include <thread>
 #include <variant>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/utf8.h"
 #include "gtest/gtest.h"
 
 namespace memprofd {
@@ -54,6 +57,34 @@ TEST(OperationTest, FailureAndCancellationKeepTheirStatus) {
   EXPECT_EQ(cancelled->View().state, OperationState::kCancelled);
   // Cancellation keeps what did run.
   EXPECT_EQ(std::get<TrainResult>(cancelled->View().result).steps_completed, 5);
+}
+
+TEST(OperationTest, HugeMessagesAreCutAndKeepTheirCodeAndPayloads) {
+  OperationRegistry registry;
+  auto op = registry.Create(OperationKind::kLoadModel);
+  // A message built around a client's 15 MiB value (a config.json's
+  // model_type), with a multi-byte character where the cut falls.
+  std::string huge = "config.json field \"model_type\" is \"";
+  while (huge.size() < kMaxOperationMessageBytes - 1) huge += "a";
+  huge += "\xc3\xa9";  // U+00E9 straddles the cut
+  huge.append(size_t{15} << 20, 'b');
+  absl::Status status = absl::InvalidArgumentError(huge);
+  status.SetPayload("memprofd.option", absl::Cord("data_roots"));
+  op->SetProgress(0, 1, "steps", huge);
+  EXPECT_LE(op->View().message.size(), kMaxOperationMessageBytes + 64);
+  op->Finish(status);
+  const absl::Status kept = op->View().error;
+  EXPECT_EQ(kept.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LE(kept.message().size(), kMaxOperationMessageBytes + 64);
+  EXPECT_NE(kept.message().find("model_type"), absl::string_view::npos);
+  EXPECT_NE(kept.message().find(absl::StrCat(huge.size(), " bytes in all")),
+            absl::string_view::npos);
+  EXPECT_TRUE(IsValidUtf8(kept.message()));
+  EXPECT_EQ(kept.GetPayload("memprofd.option"), absl::Cord("data_roots"));
+  // A short message is kept as it is.
+  auto small = registry.Create(OperationKind::kLoadModel);
+  small->Finish(absl::NotFoundError("no model directory '/x'"));
+  EXPECT_EQ(small->View().error.message(), "no model directory '/x'");
 }
 
 TEST(OperationTest, RegistryFindsListsAndPrunesFinished) {
