@@ -1,13 +1,20 @@
 #include "core/dist/world.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <cstdlib>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/str_split.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace {
@@ -39,6 +46,35 @@ absl::Status CheckRankInWorld(const WorldSpec& w, absl::string_view rank_source)
   return absl::OkStatus();
 }
 
+// Whether `addr` can name a host at all: an IPv4 or IPv6 literal (IPv6 also
+// in brackets), or a host name as RFC 1123 spells one (labels of letters,
+// digits and hyphens, 1 to 63 bytes, not starting or ending with a hyphen,
+// at most 253 bytes in all, a trailing dot allowed). Anything else could only
+// fail in the store's connect loop after its whole timeout.
+bool IsHostAddress(absl::string_view addr) {
+  if (absl::StartsWith(addr, "[") && absl::EndsWith(addr, "]")) {
+    addr = addr.substr(1, addr.size() - 2);
+  }
+  const std::string text(addr);
+  unsigned char buf[sizeof(struct in6_addr)];
+  if (::inet_pton(AF_INET, text.c_str(), buf) == 1 ||
+      ::inet_pton(AF_INET6, text.c_str(), buf) == 1) {
+    return true;
+  }
+  if (absl::EndsWith(addr, ".")) addr.remove_suffix(1);
+  if (addr.empty() || addr.size() > 253) return false;
+  for (absl::string_view label : absl::StrSplit(addr, '.')) {
+    if (label.empty() || label.size() > 63 || label.front() == '-' ||
+        label.back() == '-') {
+      return false;
+    }
+    for (char c : label) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-') return false;
+    }
+  }
+  return true;
+}
+
 // MASTER_ADDR/MASTER_PORT (or the PET_ names): torchrun's defaults when unset,
 // so a one-host run needs no address.
 absl::Status ReadMaster(const EnvLookup& env, absl::string_view addr_name,
@@ -47,6 +83,12 @@ absl::Status ReadMaster(const EnvLookup& env, absl::string_view addr_name,
     if (addr->empty()) {
       return absl::InvalidArgumentError(
           absl::StrCat(addr_name, " is empty: set it to rank 0's host name or address"));
+    }
+    if (!IsHostAddress(*addr)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          addr_name, " is ", Echo(*addr),
+          ", which is neither an IP address nor a host name: set it to rank 0's host "
+          "name or address"));
     }
     w.master_addr = *addr;
   }

@@ -156,6 +156,17 @@ TEST(WorldSpecTest, TorchrunWinsOverTheOthers) {
 }
 
 // Each bad environment, with a piece of the message that tells what to fix.
+TEST(WorldSpecTest, TakesEveryFormOfHostAddress) {
+  for (const char* addr : {"10.0.0.5", "::1", "[fe80::1]", "2001:db8::7",
+                           "memprofd-0.memprofd.default.svc.cluster.local.", "localhost",
+                           "job-node-0-0.job"}) {
+    absl::StatusOr<WorldSpec> w =
+        ReadWorldSpec(Env({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", addr}}));
+    ASSERT_TRUE(w.ok()) << addr << ": " << w.status();
+    EXPECT_EQ(w->master_addr, addr);
+  }
+}
+
 TEST(WorldSpecTest, RefusesBadEnvironmentsNamingTheVariable) {
   const std::pair<std::map<std::string, std::string>, std::string> cases[] = {
       {{{"RANK", "0"}}, "RANK is set but WORLD_SIZE is not"},
@@ -167,6 +178,16 @@ TEST(WorldSpecTest, RefusesBadEnvironmentsNamingTheVariable) {
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}, "MASTER_PORT='0'"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}}, "from 1 to 65535"},
       {{{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty"},
+      // Addresses that cannot name a host fail at once, not after the
+      // store's whole connect timeout.
+      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "::::"}},
+       "MASTER_ADDR is \"::::\", which is neither"},
+      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "host name"}},
+       "neither an IP address nor a host name"},
+      {{{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "-bad.example"}},
+       "neither an IP address nor a host name"},
+      {{{"PET_NNODES", "2"}, {"PET_NODE_RANK", "1"}, {"PET_MASTER_ADDR", "a..b"}},
+       "PET_MASTER_ADDR is"},
       {{{"RANK", "0"},
         {"WORLD_SIZE", "2"},
         {"LOCAL_RANK", "2"},
