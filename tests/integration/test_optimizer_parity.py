@@ -120,7 +120,12 @@ def compare(weights, model, initial):
         diff = (weights[key] - tensor.detach()).abs()
         worst = max(worst, (key, diff.max().item()), key=lambda x: x[1])
         here = int((diff > WEIGHT_ATOL).sum())
-        if here > max(1, diff.numel() // 100):
+        # A key bias's gradient nearly cancels (softmax ignores a shift shared
+        # by all keys), so AdamW turns its float32 rounding, which differs
+        # between CPUs' kernels, into lr-sized steps: 2 of its 32 elements off
+        # by 2.2e-6 on an AVX-512 host. The largest difference and the count
+        # over the whole model still bound it; crowding is not asked of it.
+        if here > max(1, diff.numel() // 100) and not key.endswith("k_proj.bias"):
             crowded.append(key)
         off, total = off + here, total + diff.numel()
         moved = max(moved, (tensor.detach() - initial[key].detach()).abs().max().item())
