@@ -559,8 +559,11 @@ absl::Status LlamaConfig::Validate() const {
     return FieldError("rms_norm_eps",
                       absl::StrCat("must be positive, got ", rms_norm_eps));
   }
-  if (!(rope_theta > 0) || !std::isfinite(rope_theta)) {
-    return FieldError("rope_theta", absl::StrCat("must be positive, got ", rope_theta));
+  if (!(rope_theta >= 1) || !std::isfinite(rope_theta)) {
+    // Below 1 no model trains (published ones use 1e4 to 1e6), and a base
+    // under float32's range makes every rotary frequency infinite.
+    return FieldError("rope_theta",
+                      absl::StrCat("must be a finite number >= 1, got ", rope_theta));
   }
   if (sliding_window < 0) {
     return FieldError("sliding_window",
@@ -604,6 +607,35 @@ absl::Status LlamaConfig::Validate() const {
                       absl::StrCat("(", r.high_freq_factor, ") must be finite and above ",
                                    "low_freq_factor (", r.low_freq_factor,
                                    "), which must be positive"));
+  }
+  if (r.rope_type == "yarn") {
+    const std::pair<const char*, const std::optional<double>*> positive[] = {
+        {"beta_fast", &r.beta_fast}, {"beta_slow", &r.beta_slow}};
+    for (const auto& [name, value] : positive) {
+      // transformers reads 0 (falsy) as its default; below 0 the YaRN ramp's
+      // logarithm is not defined.
+      if (value->has_value() && !(**value >= 0 && std::isfinite(**value))) {
+        return FieldError(absl::StrCat("rope_parameters.", name),
+                          absl::StrCat("must be a finite number >= 0, got ", **value));
+      }
+    }
+    const std::pair<const char*, const std::optional<double>*> finite[] = {
+        {"mscale", &r.mscale}, {"mscale_all_dim", &r.mscale_all_dim}};
+    for (const auto& [name, value] : finite) {
+      if (value->has_value() && !std::isfinite(**value)) {
+        return FieldError(absl::StrCat("rope_parameters.", name),
+                          absl::StrCat("must be finite, got ", **value));
+      }
+    }
+    const double attention = RopeAttentionFactor(r);
+    if (!(attention > 0 && attention <= kMaxRopeAttentionFactor)) {
+      return FieldError(
+          r.attention_factor ? "rope_parameters.attention_factor"
+                             : "rope_parameters.mscale",
+          absl::StrCat("gives an attention factor of ", attention,
+                       " on cos and sin; it must be in (0, ", kMaxRopeAttentionFactor,
+                       "] (published YaRN models use 1 to about 1.5)"));
+    }
   }
   if (torch_dtype != "float32" && torch_dtype != "bfloat16" && torch_dtype != "float16") {
     return FieldError(
@@ -651,6 +683,18 @@ Json RopeJson(const LlamaConfig& c) {
 }
 
 }  // namespace
+
+double RopeAttentionFactor(const RopeScaling& r) {
+  if (r.rope_type != "yarn") return 1.0;
+  if (r.attention_factor.has_value()) return *r.attention_factor;
+  auto get_mscale = [](double scale, double mscale) {
+    return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
+  };
+  if (r.mscale.value_or(0) != 0 && r.mscale_all_dim.value_or(0) != 0) {
+    return get_mscale(r.factor, *r.mscale) / get_mscale(r.factor, *r.mscale_all_dim);
+  }
+  return get_mscale(r.factor, 1.0);
+}
 
 const char* SupportedRopeTypes() {
   static const std::string names = absl::StrJoin(kRopeTypes, ", ");

@@ -63,6 +63,11 @@ struct RopeScaling {
   friend bool operator==(const RopeScaling& a, const RopeScaling& b);
 };
 
+// The factor yarn multiplies cos and sin by, as transformers 5.17's
+// _compute_yarn_parameters computes it: attention_factor when given, else
+// from factor and the mscales (get_mscale). 1 for the other rope types.
+double RopeAttentionFactor(const RopeScaling& r);
+
 // The rope types RopeScaling supports, for messages: "default, linear,
 // dynamic, llama3, yarn".
 const char* SupportedRopeTypes();
@@ -70,6 +75,11 @@ const char* SupportedRopeTypes();
 // A model family the daemon implements: transformers' model_type, the
 // *ForCausalLM class that config.json's "architectures" names, and what the
 // family's config class defaults to where config.json is silent.
+// The largest attention factor a config may give or imply: yarn's is 1 to
+// about 1.5 on every published model; one of 1e300 makes cos and sin
+// infinite in float32.
+inline constexpr double kMaxRopeAttentionFactor = 100.0;
+
 struct ModelFamily {
   const char* model_type;    // "llama"
   const char* architecture;  // "LlamaForCausalLM"
@@ -178,7 +188,10 @@ struct LlamaConfig {
   // num_attention_heads % num_key_value_heads != 0, an unsupported
   // torch_dtype, rope scaling fields out of range (factor < 1, llama3's
   // high_freq_factor <= low_freq_factor, a non-positive
-  // original_max_position_embeddings).
+  // original_max_position_embeddings), and settings whose rotary embedding
+  // would not be finite: rope_theta below 1, yarn's beta_fast or beta_slow
+  // not positive, mscales that are not finite, or an attention factor
+  // (given or computed) outside (0, kMaxRopeAttentionFactor].
   absl::Status Validate() const;
 
   // The number of parameters (unique storages: a tied head counts once);

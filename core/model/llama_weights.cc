@@ -82,17 +82,7 @@ at::Tensor RotaryInverseFrequencies(const LlamaConfig& c, double* attention_fact
       torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / dim;
   if (r.rope_type == "yarn") {
     const double factor = r.factor;
-    auto get_mscale = [](double scale, double mscale) {
-      return scale <= 1 ? 1.0 : 0.1 * mscale * std::log(scale) + 1.0;
-    };
-    if (r.attention_factor.has_value()) {
-      *attention_factor = *r.attention_factor;
-    } else if (r.mscale.value_or(0) != 0 && r.mscale_all_dim.value_or(0) != 0) {
-      *attention_factor =
-          get_mscale(factor, *r.mscale) / get_mscale(factor, *r.mscale_all_dim);
-    } else {
-      *attention_factor = get_mscale(factor, 1.0);
-    }
+    *attention_factor = RopeAttentionFactor(r);
     // transformers: `get("beta_fast") or 32`, so 0 means the default too.
     const double beta_fast = r.beta_fast.value_or(0) != 0 ? *r.beta_fast : 32.0;
     const double beta_slow = r.beta_slow.value_or(0) != 0 ? *r.beta_slow : 1.0;

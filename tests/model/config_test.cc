@@ -326,6 +326,48 @@ TEST(LlamaConfigTest, RejectsUnsupportedOptions) {
               HasSubstr("partial_rotary_factor"));
 }
 
+TEST(LlamaConfigTest, RejectsRotarySettingsThatWouldNotBeFinite) {
+  // Each loaded and evaluated to a NaN loss before; the field is named now.
+  const std::pair<std::string, const char*> cases[] = {
+      {"\"rope_theta\": 1e-300", "rope_theta\" must be a finite number >= 1"},
+      {"\"rope_theta\": 0.5", "rope_theta"},
+  };
+  for (const auto& [theta, message] : cases) {
+    absl::StatusOr<LlamaConfig> c = ParseWith("\"rope_theta\": 10000.0", theta);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << theta;
+    EXPECT_THAT(c.status().message(), HasSubstr(message)) << theta;
+  }
+  auto yarn = [](absl::string_view extra) {
+    return ParseWith(
+        "\"rope_scaling\": null",
+        absl::StrCat("\"rope_scaling\": {\"rope_type\": \"yarn\", "
+                     "\"factor\": 4.0, \"original_max_position_embeddings\": "
+                     "512",
+                     extra, "}"));
+  };
+  const std::pair<std::string, const char*> yarn_cases[] = {
+      {", \"beta_fast\": -1", "rope_parameters.beta_fast"},
+      {", \"beta_slow\": -1", "rope_parameters.beta_slow"},
+      {", \"attention_factor\": 1e300",
+       "rope_parameters.attention_factor\" gives an attention factor of 1e+300"},
+      {", \"attention_factor\": -1e300", "rope_parameters.attention_factor"},
+      {", \"mscale\": -1e300, \"mscale_all_dim\": 1",
+       "rope_parameters.mscale\" gives an attention factor"},
+  };
+  for (const auto& [extra, message] : yarn_cases) {
+    absl::StatusOr<LlamaConfig> c = yarn(extra);
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument) << extra;
+    EXPECT_THAT(c.status().message(), HasSubstr(message)) << extra;
+  }
+  // A yarn model as published (DeepSeek-style mscales, the default betas)
+  // still loads, with the attention factor transformers computes.
+  absl::StatusOr<LlamaConfig> ok = yarn(
+      ", \"mscale\": 0.707, \"mscale_all_dim\": 0.707, \"beta_fast\": 32, \"beta_slow\": "
+      "1");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_DOUBLE_EQ(RopeAttentionFactor(ok->rope_scaling), 1.0);
+}
+
 TEST(LlamaConfigTest, ReadsExplicitHeadDim) {
   absl::StatusOr<LlamaConfig> c =
       ParseWith("\"pretraining_tp\"", "\"head_dim\": 128, \"pretraining_tp\"");
