@@ -206,6 +206,49 @@ void MappedFile::Release(size_t offset, size_t length) const {
   ::madvise(static_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
+absl::StatusOr<std::unique_ptr<ReadOnlyFile>> ReadOnlyFile::Open(const std::string& path,
+                                                                 int64_t max_bytes,
+                                                                 absl::string_view what,
+                                                                 const PathRoots* roots) {
+  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
+  if (!file.ok()) return file.status();
+  if (file->size == 0) {
+    ::close(file->fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", Echo(path), " is empty (or a /proc or /sys file, which has no size)"));
+  }
+  return std::unique_ptr<ReadOnlyFile>(new ReadOnlyFile(
+      path, std::string(what), file->fd, static_cast<int64_t>(file->size)));
+}
+
+ReadOnlyFile::~ReadOnlyFile() { ::close(fd_); }
+
+absl::Status ReadOnlyFile::ReadAt(int64_t offset, int64_t length, void* out) const {
+  auto* dst = static_cast<char*>(out);
+  int64_t done = 0;
+  while (done < length) {
+    const ssize_t n = ::pread(fd_, dst + done, static_cast<size_t>(length - done),
+                              static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = n < 0 ? errno : 0;
+      return absl::DataLossError(absl::StrCat(
+          what_, " ", Echo(path_),
+          err != 0 ? absl::StrCat(" could not be read: ", std::strerror(err))
+                   : absl::StrCat(" ends before byte ", offset + length,
+                                  ": it shrank or was replaced since it was checked"),
+          "; leave a training's data files unchanged while it runs"));
+    }
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+void ReadOnlyFile::Release(int64_t offset, int64_t length) const {
+  ::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(length),
+                  POSIX_FADV_DONTNEED);
+}
+
 absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
                                                  int64_t max_bytes,
                                                  absl::string_view what) {

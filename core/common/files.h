@@ -97,6 +97,44 @@ class MappedFile {
   const size_t size_;
 };
 
+// A regular file read at offsets with pread(), opened as MappedFile::Open
+// opens (the same refusals and statuses). Unlike a mapping, a file that
+// shrinks or is rewritten underneath cannot kill the process (a mapped page
+// past a truncation raises SIGBUS): a read that comes back short is
+// DATA_LOSS naming the file. For data the daemon reads in windows over a
+// run (token files). Immutable; thread-safe (pread has no shared offset).
+class ReadOnlyFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<ReadOnlyFile>> Open(
+      const std::string& path, int64_t max_bytes, absl::string_view what,
+      const PathRoots* roots = nullptr);
+  ~ReadOnlyFile();
+  ReadOnlyFile(const ReadOnlyFile&) = delete;
+  ReadOnlyFile& operator=(const ReadOnlyFile&) = delete;
+
+  // The size when it was opened.
+  int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // Reads bytes [offset, offset + length) into `out`. DATA_LOSS naming the
+  // file (`what` at Open) when it is shorter now than that (it shrank or
+  // was replaced in place since it was opened) or the read fails.
+  absl::Status ReadAt(int64_t offset, int64_t length, void* out) const;
+
+  // Tells the kernel the page cache of [offset, offset + length) is not
+  // needed now, so that a scan over a large file keeps only a window.
+  void Release(int64_t offset, int64_t length) const;
+
+ private:
+  ReadOnlyFile(std::string path, std::string what, int fd, int64_t size)
+      : path_(std::move(path)), what_(std::move(what)), fd_(fd), size_(size) {}
+
+  const std::string path_;
+  const std::string what_;
+  const int fd_;
+  const int64_t size_;
+};
+
 // The whole of a small regular file (config.json, an index), opened as
 // MappedFile::Open opens, read with read() up to `max_bytes`. The same
 // statuses; a size-0 file is read as empty, not refused.

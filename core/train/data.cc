@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/common/status_macros.h"
@@ -49,52 +50,63 @@ absl::Status CheckRange(const at::Tensor& tokens, int64_t vocab_size,
   return OutOfVocabulary(tokens[pos].item<int64_t>(), pos, source, vocab_size);
 }
 
-// One pass over a mapped file's ids in chunks, dropping each chunk's pages
-// behind it, so that checking a file of any size keeps one chunk resident.
-// `is_signed`: 4-byte ids are int32 (a Megatron dataset's), reported as such.
-absl::Status CheckMappedRange(const MappedFile& file, int width, int64_t count,
-                              int64_t vocab_size, absl::string_view source,
-                              const std::function<bool()>& cancelled,
-                              bool is_signed = false) {
+// One pass over a file's ids in chunks read with pread, dropping each
+// chunk's page cache behind it, so that checking a file of any size keeps
+// one chunk resident and a file truncated meanwhile is DATA_LOSS, never a
+// SIGBUS. `is_signed`: 4-byte ids are int32 (a Megatron dataset's),
+// reported as such.
+absl::Status CheckFileRange(const ReadOnlyFile& file, int width, int64_t count,
+                            int64_t vocab_size, absl::string_view source,
+                            const std::function<bool()>& cancelled,
+                            bool is_signed = false) {
   // Every byte fits a vocabulary of 256 or more.
   if (width == 1 && vocab_size >= 256) return absl::OkStatus();
-  constexpr int64_t kChunkTokens = int64_t{1} << 22;
-  const auto* base = reinterpret_cast<const unsigned char*>(file.bytes().data());
+  constexpr int64_t kChunkTokens = int64_t{1} << 20;
+  std::vector<unsigned char> chunk(
+      static_cast<size_t>(std::min(count, kChunkTokens) * width));
   for (int64_t first = 0; first < count; first += kChunkTokens) {
     if (cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("cancelled while checking ", source));
     }
     const int64_t last = std::min(count, first + kChunkTokens);
+    RETURN_IF_ERROR(file.ReadAt(first * width, (last - first) * width, chunk.data()));
     for (int64_t i = first; i < last; ++i) {
-      const uint32_t v = DecodeToken(base + i * width, width);
+      const uint32_t v = DecodeToken(chunk.data() + (i - first) * width, width);
       if (v >= static_cast<uint64_t>(vocab_size)) {
         return OutOfVocabulary(is_signed ? int64_t{static_cast<int32_t>(v)} : int64_t{v},
                                i, source, vocab_size);
       }
     }
-    file.Release(static_cast<size_t>(first * width),
-                 static_cast<size_t>((last - first) * width));
+    file.Release(first * width, (last - first) * width);
   }
   return absl::OkStatus();
 }
 
 // `path` confined to access.roots (a missing path inside them is
-// INVALID_ARGUMENT: it is part of the request) and mapped.
-absl::StatusOr<std::unique_ptr<MappedFile>> OpenDataFile(const std::string& path,
-                                                         const DataAccess& access,
-                                                         absl::string_view what) {
-  std::string resolved = path;
+// INVALID_ARGUMENT: it is part of the request), or checked for NUL bytes
+// when there are no roots.
+absl::StatusOr<std::string> DataFilePath(const std::string& path,
+                                         const DataAccess& access,
+                                         absl::string_view what) {
   if (access.roots != nullptr) {
     absl::StatusOr<std::string> confined = access.roots->Confine(path, what);
     if (absl::IsNotFound(confined.status())) {
       return absl::InvalidArgumentError(confined.status().message());
     }
-    ASSIGN_OR_RETURN(resolved, std::move(confined));
-  } else if (path.find('\0') != std::string::npos) {
+    return confined;
+  }
+  if (path.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " ", Echo(path), " contains a NUL byte"));
   }
-  return MappedFile::Open(resolved, access.max_file_bytes, what, access.roots);
+  return path;
+}
+
+absl::StatusOr<std::unique_ptr<ReadOnlyFile>> OpenDataFile(const std::string& path,
+                                                           const DataAccess& access,
+                                                           absl::string_view what) {
+  ASSIGN_OR_RETURN(const std::string resolved, DataFilePath(path, access, what));
+  return ReadOnlyFile::Open(resolved, access.max_file_bytes, what, access.roots);
 }
 
 }  // namespace
@@ -121,15 +133,18 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::CreateIndexed(
   }
   const std::string idx_path = spec.path + ".idx";
   const std::string bin_path = spec.path + ".bin";
+  // The index is parsed once from a mapping; the data is read in windows.
+  ASSIGN_OR_RETURN(const std::string idx_resolved,
+                   DataFilePath(idx_path, access, "indexed dataset index"));
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> idx,
-                   OpenDataFile(idx_path, access, "indexed dataset index"));
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> bin,
+                   MappedFile::Open(idx_resolved, access.max_file_bytes,
+                                    "indexed dataset index", access.roots));
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyFile> bin,
                    OpenDataFile(bin_path, access, "indexed dataset data"));
   const std::string idx_name = Echo(idx_path);
   const std::string bin_name = Echo(bin_path);
   ASSIGN_OR_RETURN(MegatronIndex index,
-                   ParseMegatronIndex(idx->bytes(), idx_name,
-                                      static_cast<int64_t>(bin->bytes().size()), bin_name,
+                   ParseMegatronIndex(idx->bytes(), idx_name, bin->size(), bin_name,
                                       access.cancelled));
   idx->Release(0, idx->bytes().size());
   std::unique_ptr<TokenDataset> out(new TokenDataset());
@@ -138,8 +153,10 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::CreateIndexed(
   out->size_ = index.tokens;
   out->doc_bounds_ = std::move(index.doc_bounds);
   out->windows_ = spec.windows;
-  RETURN_IF_ERROR(CheckMappedRange(*out->file_, out->width_, out->size_, vocab_size,
-                                   bin_name, access.cancelled, index.is_signed));
+  out->vocab_size_ = vocab_size;
+  out->is_signed_ = index.is_signed;
+  RETURN_IF_ERROR(CheckFileRange(*out->file_, out->width_, out->size_, vocab_size,
+                                 bin_name, access.cancelled, index.is_signed));
   return out;
 }
 
@@ -192,29 +209,47 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::Create(
   ASSIGN_OR_RETURN(out->file_, OpenDataFile(spec.path, access, "data file"));
   out->width_ = token_file ? spec.bytes_per_token : 1;
   const std::string source = Echo(spec.path);
-  const size_t bytes = out->file_->bytes().size();
+  const int64_t bytes = out->file_->size();
   if (bytes % out->width_ != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "token file ", source, " has ", bytes, " bytes, not a multiple of ", out->width_,
         " bytes per token; check bytes_per_token (2 for uint16, 4 for "
         "uint32)"));
   }
-  out->size_ = static_cast<int64_t>(bytes) / out->width_;
-  RETURN_IF_ERROR(CheckMappedRange(*out->file_, out->width_, out->size_, vocab_size,
-                                   source, access.cancelled));
+  out->size_ = bytes / out->width_;
+  out->vocab_size_ = vocab_size;
+  RETURN_IF_ERROR(CheckFileRange(*out->file_, out->width_, out->size_, vocab_size, source,
+                                 access.cancelled));
   return out;
 }
 
-int64_t TokenDataset::MappedToken(int64_t i) const {
-  const auto* base = reinterpret_cast<const unsigned char*>(file_->bytes().data());
-  return DecodeToken(base + i * width_, width_);
+absl::Status TokenDataset::ReadTokens(int64_t start, int64_t count, int64_t* out) const {
+  std::vector<unsigned char> bytes(static_cast<size_t>(count * width_));
+  RETURN_IF_ERROR(file_->ReadAt(start * width_, count * width_, bytes.data()));
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t v = DecodeToken(bytes.data() + i * width_, width_);
+    if (v >= static_cast<uint64_t>(vocab_size_)) {
+      // Checked when the data was opened: the file was rewritten since.
+      return absl::DataLossError(absl::StrCat(
+          "data file ", Echo(file_->path()), " holds token id ",
+          is_signed_ ? int64_t{static_cast<int32_t>(v)} : int64_t{v}, " at position ",
+          start + i, ", outside the vocabulary [0, ", vocab_size_,
+          "), which it did not when it was checked: it was rewritten since; leave a "
+          "training's data files unchanged while it runs"));
+    }
+    out[i] = v;
+  }
+  return absl::OkStatus();
 }
 
-at::Tensor TokenDataset::Window(int64_t start, int64_t count) const {
-  if (file_ == nullptr) return tokens_.narrow(0, start, count).to(torch::kInt64);
-  at::Tensor out = torch::empty({count}, torch::kInt64);
-  int64_t* dst = out.data_ptr<int64_t>();
-  for (int64_t i = 0; i < count; ++i) dst[i] = MappedToken(start + i);
+absl::StatusOr<at::Tensor> TokenDataset::Window(int64_t start, int64_t count) const {
+  at::Tensor out;
+  RETURN_IF_ERROR(TorchBoundary("reading a data window", [&] {
+    out = file_ == nullptr ? tokens_.narrow(0, start, count).to(torch::kInt64)
+                           : torch::empty({count}, torch::kInt64);
+  }));
+  if (file_ != nullptr)
+    RETURN_IF_ERROR(ReadTokens(start, count, out.data_ptr<int64_t>()));
   return out;
 }
 
@@ -270,6 +305,7 @@ absl::StatusOr<TokenBatch> TokenDataset::NextBatch(int64_t batch, int64_t seq_le
     starts_ = std::move(table);
   }
   TokenBatch out;
+  absl::Status read;
   RETURN_IF_ERROR(TorchBoundary("drawing a batch", [&] {
     // Windows [s, s + seq_len] for s uniform in [0, N - seq_len - 1], or
     // for k uniform among the within-document starts.
@@ -296,15 +332,15 @@ absl::StatusOr<TokenBatch> TokenDataset::NextBatch(int64_t batch, int64_t seq_le
       windows = torch::empty({batch, seq_len + 1}, torch::kInt64);
       const int64_t* first = starts.data_ptr<int64_t>();
       int64_t* dst = windows.data_ptr<int64_t>();
-      for (int64_t b = 0; b < batch; ++b) {
-        for (int64_t t = 0; t <= seq_len; ++t) {
-          dst[b * (seq_len + 1) + t] = MappedToken(first[b] + t);
-        }
+      for (int64_t b = 0; b < batch && read.ok(); ++b) {
+        read = ReadTokens(first[b], seq_len + 1, dst + b * (seq_len + 1));
       }
+      if (!read.ok()) return;
     }
     out.inputs = windows.narrow(1, 0, seq_len).contiguous();
     out.targets = windows.narrow(1, 1, seq_len).contiguous();
   }));
+  RETURN_IF_ERROR(read);
   return out;
 }
 

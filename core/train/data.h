@@ -51,16 +51,17 @@ struct DataAccess {
 };
 
 // A sequence of token ids, all below the vocabulary size: held in memory
-// (the embedded corpus, inline tokens: int32 on the CPU) or read through a
-// read-only mapping of the file (text and token files), so that a large
-// file costs page cache the kernel can reclaim rather than the daemon's own
-// memory; its pages are dropped behind the one scan that checks the ids.
-// A Megatron indexed dataset is its .bin read so (the documents
-// concatenated, in order), its .idx checked and its document boundaries
-// kept. Immutable after Create but for a table of within-document window
-// starts built by the first NextBatch of a seq_len (under a mutex);
-// NextBatch may be called from one thread at a time (the generator is the
-// caller's).
+// (the embedded corpus, inline tokens: int32 on the CPU) or read from the
+// file in windows with pread (text and token files), so that a large file
+// costs page cache the kernel can reclaim rather than the daemon's own
+// memory (its pages are dropped behind the one scan that checks the ids),
+// and a file truncated or rewritten under a run fails it with DATA_LOSS
+// rather than killing the process (a mapped page past a truncation raises
+// SIGBUS). A Megatron indexed dataset is its .bin read so (the documents
+// concatenated, in order), its .idx checked from a mapping at Create and
+// its document boundaries kept. Immutable after Create but for a table of within-document
+// window starts built by the first NextBatch of a seq_len (under a mutex); NextBatch may
+// be called from one thread at a time (the generator is the caller's).
 class TokenDataset {
  public:
   // Loads and checks the tokens of `spec` (see DataSpec) under `access`.
@@ -97,8 +98,10 @@ class TokenDataset {
 
   // Tokens [start, start + count) as int64 [count] on the CPU, across
   // documents for an indexed dataset (evaluation reads its windows so).
-  // Requires 0 <= start and start + count <= size(). May throw (allocation).
-  at::Tensor Window(int64_t start, int64_t count) const;
+  // Requires 0 <= start and start + count <= size(). RESOURCE_EXHAUSTED when
+  // it cannot be allocated; DATA_LOSS naming the file when a file changed
+  // since it was checked (shorter, or an id outside the vocabulary now).
+  absl::StatusOr<at::Tensor> Window(int64_t start, int64_t count) const;
 
   int64_t size() const { return size_; }
 
@@ -119,14 +122,18 @@ class TokenDataset {
   TokenDataset() = default;
   static absl::StatusOr<std::unique_ptr<TokenDataset>> CreateIndexed(
       const DataSpec& spec, int64_t vocab_size, const DataAccess& access);
-  // Token i of a mapped file.
-  int64_t MappedToken(int64_t i) const;
+  // File tokens [start, start + count) into out[0, count), each checked
+  // against the vocabulary again: DATA_LOSS naming the file when it changed
+  // since it was checked.
+  absl::Status ReadTokens(int64_t start, int64_t count, int64_t* out) const;
   // The longest document's tokens (an indexed dataset).
   int64_t LongestDocument() const;
 
-  at::Tensor tokens_;                 // int32 [N], when held in memory
-  std::unique_ptr<MappedFile> file_;  // otherwise, read through this
-  int width_ = 0;                     // bytes per token in file_: 1, 2 or 4
+  at::Tensor tokens_;                   // int32 [N], when held in memory
+  std::unique_ptr<ReadOnlyFile> file_;  // otherwise, read from this
+  int width_ = 0;                       // bytes per token in file_: 1, 2 or 4
+  int64_t vocab_size_ = 0;              // what file_'s ids were checked against
+  bool is_signed_ = false;              // 4-byte ids are int32 (Megatron's)
   int64_t size_ = 0;
   std::vector<int64_t> doc_bounds_;  // an indexed dataset's documents
   DataSpec::Windows windows_ = DataSpec::Windows::kPacked;

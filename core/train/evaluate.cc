@@ -39,6 +39,7 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
   EvalResult result;
   double loss_sum = 0.0;
   bool stopped = false;
+  absl::Status read;
   RETURN_IF_ERROR(TorchBoundary("evaluation", [&] {
     torch::NoGradGuard no_grad;
     for (int64_t first = 0; first < windows; first += o.batch_size) {
@@ -49,8 +50,13 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
       const int64_t n = std::min(o.batch_size, windows - first);
       // Window i is tokens[i * seq_len, i * seq_len + seq_len] (seq_len + 1
       // tokens, so consecutive windows share one token, as input and target).
-      at::Tensor rows = data.Window(first * o.seq_len, n * o.seq_len + 1)
-                            .unfold(0, o.seq_len + 1, o.seq_len)
+      absl::StatusOr<at::Tensor> window =
+          data.Window(first * o.seq_len, n * o.seq_len + 1);
+      if (!window.ok()) {
+        read = window.status();
+        return;
+      }
+      at::Tensor rows = window->unfold(0, o.seq_len + 1, o.seq_len)
                             .to(device, torch::kInt64)
                             .contiguous();
       at::Tensor inputs = rows.narrow(1, 0, o.seq_len);
@@ -68,6 +74,7 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
       result.batches += 1;
     }
   }));
+  RETURN_IF_ERROR(read);
   if (stopped) {
     return absl::CancelledError(absl::StrCat("evaluation cancelled after ",
                                              result.batches, " of ", EvalBatches(data, o),

@@ -99,7 +99,7 @@ TEST_F(IndexedDataTest, TokensEqualWhatMegatronReadsForUint16AndInt32) {
     for (const auto& seq : ref["sequences"]) {
       sequence_starts.push_back(at);
       const std::vector<int64_t> ids = seq.get<std::vector<int64_t>>();
-      EXPECT_TRUE(torch::equal((*d)->Window(at, static_cast<int64_t>(ids.size())),
+      EXPECT_TRUE(torch::equal((*d)->Window(at, static_cast<int64_t>(ids.size())).value(),
                                torch::tensor(ids, torch::kInt64)))
           << "sequence at " << at;
       at += static_cast<int64_t>(ids.size());
@@ -108,7 +108,7 @@ TEST_F(IndexedDataTest, TokensEqualWhatMegatronReadsForUint16AndInt32) {
     for (const auto& span : ref["spans"]) {
       const int64_t seq = span[0], offset = span[1], length = span[2];
       EXPECT_TRUE(torch::equal(
-          (*d)->Window(sequence_starts[seq] + offset, length),
+          (*d)->Window(sequence_starts[seq] + offset, length).value(),
           torch::tensor(span[3].get<std::vector<int64_t>>(), torch::kInt64)));
     }
     // Document d begins at its first sequence.
@@ -142,7 +142,7 @@ TEST_F(IndexedDataTest, PackedWindowsCrossDocumentsAndWithinDocumentWindowsNever
     bool found = false;
     for (size_t d = 0; d + 1 < bounds.size() && !found; ++d) {
       for (int64_t s = bounds[d]; s + seq_len + 1 <= bounds[d + 1] && !found; ++s) {
-        found = torch::equal(row, (*within)->Window(s, seq_len + 1));
+        found = torch::equal(row, (*within)->Window(s, seq_len + 1).value());
       }
     }
     EXPECT_TRUE(found) << "row " << b << " is not inside one document";

@@ -188,7 +188,7 @@ TEST(EvaluateTest, LossIsTheMeanCrossEntropyOverConsecutiveWindows) {
   EXPECT_EQ(r->tokens, 7 * 16);
   // The same windows one at a time, each loss a mean over 16 tokens.
   double sum = 0;
-  const at::Tensor tokens = data->Window(0, data->size());
+  const at::Tensor tokens = data->Window(0, data->size()).value();
   for (int64_t w = 0; w < 7; ++w) {
     at::Tensor window = tokens.narrow(0, w * 16, 17);
     torch::NoGradGuard no_grad;
