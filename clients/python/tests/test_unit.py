@@ -14,7 +14,6 @@ client_python_unit does).
 
 import asyncio
 import inspect
-import os
 import socket
 import threading
 import time
