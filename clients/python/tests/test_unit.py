@@ -226,6 +226,29 @@ class ConnectionTest(ServerCase):
         self.assertGreater(waited, 0.6)
         self.assertLess(waited, 3.0)
 
+    def test_a_new_client_after_a_restart_connects_as_soon_as_the_daemon_serves(self):
+        # A client that saw the daemon go away leaves its connection backing
+        # off; a new client has a connection of its own, so it is not held
+        # by that backoff.
+        old = mc.Client(self.addr, token="", timeout=1, wait_for_ready=False)
+        old.get_status()
+        self.server.stop(0).wait()
+        for _ in range(3):
+            with self.assertRaises(mc.Unavailable):
+                old.get_status()
+        server = grpc.server(futures.ThreadPoolExecutor(2))
+        memprofd_pb2_grpc.add_MemprofdServicer_to_server(Fake(), server)
+        server.add_insecure_port(self.addr)
+        server.start()
+        try:
+            started = time.monotonic()
+            with mc.Client(self.addr, token="", timeout=10) as new:
+                self.assertEqual(new.get_status().serving_state, "SERVING")
+            self.assertLess(time.monotonic() - started, 1.0)
+        finally:
+            old.close()
+            server.stop(0)
+
     def test_no_daemon_is_unavailable_after_the_deadline_or_at_once_without_waiting(self):
         addr = "127.0.0.1:%d" % free_port()
         with mc.Client(addr, token="", timeout=0.5) as c:

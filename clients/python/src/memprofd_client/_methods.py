@@ -136,11 +136,11 @@ class ClientState:
         return err
 
     def _unreached(self, err: MemprofdError, probe: Optional[MemprofdError]) -> MemprofdError:
-        """A call that waited for the channel (wait_for_ready) until its
-        deadline: when a quick call without waiting (`probe`) finds the
-        daemon unreachable, Unavailable saying so (the daemon was never
-        reached: down, a wrong address, or TLS against plaintext), else
-        `err` (a daemon that is there but slow)."""
+        """A call whose deadline passed (waiting for the channel, or retried
+        until then): when a quick call that neither waits nor is retried
+        (`probe`) finds the daemon unreachable, Unavailable saying so (down,
+        a wrong address, or TLS against plaintext), else `err` (a daemon
+        that is there but slow)."""
         if not isinstance(err, DeadlineExceeded) or not isinstance(probe, Unavailable):
             return err
         return Unavailable("memprofd at %s could not be reached within the call's deadline: %s"

@@ -117,7 +117,7 @@ class AsyncClient(ClientState):
             err = self._call_error(e)
         except grpc.aio.UsageError as e:  # the channel was closed under the call
             raise self._closed_error() from e
-        if ready and isinstance(err, DeadlineExceeded):
+        if isinstance(err, DeadlineExceeded):
             err = self._unreached(err, await self._probe(deadline))
         raise err
 

@@ -95,7 +95,7 @@ class Client(ClientState):
             err = self._call_error(e)
         except ValueError as e:  # the channel was closed under the call
             raise self._closed_error() from e
-        if ready and isinstance(err, DeadlineExceeded):
+        if isinstance(err, DeadlineExceeded):
             err = self._unreached(err, self._probe(deadline))
         raise err
 
