@@ -56,15 +56,15 @@ absl::Status DrainedRunStatus(const std::string& snapshot_root, int64_t steps,
     if (found.ok()) latest = *std::move(found);
   }
   std::string resume;
+  const int64_t repeated = latest ? result.global_step - latest->global_step : 0;
   if (latest) {
     result.resume_checkpoint = latest->name;
     result.resume_global_step = latest->global_step;
     resume = absl::StrCat(
         "checkpoint '", latest->name, "' holds global step ", latest->global_step,
-        result.global_step > latest->global_step
-            ? absl::StrCat(" (the ", result.global_step - latest->global_step,
-                           " steps after it run again)")
-            : "",
+        repeated == 1  ? " (the step after it runs again)"
+        : repeated > 1 ? absl::StrCat(" (the ", repeated, " steps after it run again)")
+                       : "",
         ": start memprofd with --resume=latest and Train with resume to go on");
   } else {
     resume =
