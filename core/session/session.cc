@@ -315,7 +315,7 @@ absl::Status Session::BeginDrain(const std::string& snapshot_name) {
 
 void Session::Shutdown() {
   if (owner_->joined()) return;
-  BeginDrain();
+  BeginDrain().IgnoreError();  // OK without a snapshot
   owner_->Stop();
   plans_->Stop();
   ranks_->Stop();
