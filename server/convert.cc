@@ -64,6 +64,7 @@ v1::Operation ToProto(const OperationView& view) {
     // A failure about one of the daemon's options names its flag, as a
     // synchronous status does (ToGrpcStatus).
     op.mutable_error()->set_message(MessageWithFlag(view.error));
+    op.mutable_error()->set_reason(view.reason);
   }
   if (const auto* r = std::get_if<TrainResult>(&view.result)) {
     *op.mutable_train() = ToProto(*r);
@@ -348,6 +349,9 @@ v1::TrainResult ToProto(const TrainResult& r) {
   p.set_mean_tokens_per_second(r.mean_tokens_per_second);
   p.set_budget_choice(r.budget_choice);
   p.set_planned_peak_bytes(r.planned_peak_bytes);
+  p.set_global_step(r.global_step);
+  p.set_resume_checkpoint(r.resume_checkpoint);
+  p.set_resume_global_step(r.resume_global_step);
   return p;
 }
 

@@ -162,19 +162,23 @@ void Server::Shutdown() {
   if (server_) {
     server_->GetHealthCheckService()->SetServingStatus(false);
   }
-  // A broken data-parallel run has no consistent state to save; a follower
-  // leaves the run's snapshot to rank 0.
-  if (session_ && options_.snapshot_on_shutdown && !session_->follower() &&
-      !session_->fatal_status()) {
-    const std::string name = absl::StrCat("shutdown-", absl::ToUnixSeconds(absl::Now()));
-    absl::Status s = session_->SnapshotNow(name);
-    if (s.ok()) {
+  if (session_) {
+    // From here status says DRAINING and new operations are UNAVAILABLE; the
+    // shutdown snapshot is written at the boundary the training stops at. A
+    // broken data-parallel run has no consistent state to save; a follower
+    // leaves the run's snapshot to rank 0.
+    const bool snapshot = options_.snapshot_on_shutdown && !session_->follower() &&
+                          !session_->fatal_status();
+    const std::string name =
+        snapshot ? absl::StrCat("shutdown-", absl::ToUnixSeconds(absl::Now())) : "";
+    const absl::Status s = session_->BeginDrain(name);
+    if (snapshot && s.ok()) {
       LogInfo(absl::StrCat("snapshot '", name, "' taken before shutdown"));
-    } else {
+    } else if (snapshot) {
       LogError(absl::StrCat("snapshot on shutdown failed: ", s.message()));
     }
+    session_->Shutdown();
   }
-  if (session_) session_->Shutdown();
   if (server_) {
     server_->Shutdown(
         absl::ToChronoTime(absl::Now() + absl::Seconds(options_.shutdown_grace_seconds)));

@@ -76,6 +76,14 @@ void Operation::Finish(absl::Status status, OperationResult result) {
     view_.done = true;
     view_.end_time = absl::Now();
     if (view_.start_time == absl::InfinitePast()) view_.start_time = view_.end_time;
+    if (drain_requested_ && (absl::IsCancelled(status) || absl::IsAborted(status))) {
+      if (absl::IsCancelled(status)) {
+        status = absl::AbortedError(
+            absl::StrCat("memprofd is shutting down and stopped this operation (",
+                         status.message(), "); run it again once memprofd serves"));
+      }
+      view_.reason = std::string(kDrainingReason);
+    }
     if (status.ok()) {
       view_.state = OperationState::kSucceeded;
     } else if (status.code() == absl::StatusCode::kCancelled) {
@@ -84,7 +92,9 @@ void Operation::Finish(absl::Status status, OperationResult result) {
       view_.state = OperationState::kFailed;
     }
     view_.error = std::move(status);
-    if (view_.state != OperationState::kFailed) view_.result = std::move(result);
+    if (view_.state != OperationState::kFailed || !view_.reason.empty()) {
+      view_.result = std::move(result);
+    }
     Changed();
   }
   Notify();
@@ -132,9 +142,25 @@ void Operation::RequestCancel() {
   Notify();
 }
 
+void Operation::RequestDrain() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (view_.done || cancel_requested_) return;
+    cancel_requested_ = true;
+    drain_requested_ = true;
+    Changed();
+  }
+  Notify();
+}
+
 bool Operation::cancel_requested() const {
   absl::MutexLock lock(&mu_);
   return cancel_requested_;
+}
+
+bool Operation::drain_requested() const {
+  absl::MutexLock lock(&mu_);
+  return drain_requested_;
 }
 
 OperationView Operation::View() const {
@@ -173,11 +199,39 @@ OperationRegistry::OperationRegistry(size_t max_finished, size_t max_events_per_
 
 std::shared_ptr<Operation> OperationRegistry::Create(OperationKind kind) {
   absl::MutexLock lock(&mu_);
+  return CreateLocked(kind);
+}
+
+std::shared_ptr<Operation> OperationRegistry::CreateLocked(OperationKind kind) {
   auto op =
       std::make_shared<Operation>(absl::StrCat("op-", next_id_++), kind, max_events_);
   ops_.push_back(op);
   Prune();
   return op;
+}
+
+absl::StatusOr<std::shared_ptr<Operation>> OperationRegistry::Admit(OperationKind kind) {
+  absl::MutexLock lock(&mu_);
+  if (!admitting_) {
+    return absl::UnavailableError(
+        "memprofd is shutting down; retry against another instance, or once it is back");
+  }
+  return CreateLocked(kind);
+}
+
+std::vector<std::shared_ptr<Operation>> OperationRegistry::StopAdmitting() {
+  absl::MutexLock lock(&mu_);
+  admitting_ = false;
+  std::vector<std::shared_ptr<Operation>> active;
+  for (const auto& op : ops_) {
+    if (!op->done()) active.push_back(op);
+  }
+  return active;
+}
+
+bool OperationRegistry::admitting() const {
+  absl::MutexLock lock(&mu_);
+  return admitting_;
 }
 
 void OperationRegistry::Prune() {

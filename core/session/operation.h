@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/session/session_types.h"
@@ -38,6 +39,12 @@ enum class OperationState {
   kFailed = 4,
   kCancelled = 5,
 };
+
+// Operation.error.reason of an operation the daemon stopped because it was
+// shutting down (its error is then ABORTED): a program that sees it knows
+// the work was interrupted, not refused or cancelled, and may go on with it
+// once a daemon serves again (a training: Train with resume).
+inline constexpr absl::string_view kDrainingReason = "DRAINING";
 
 // What a finished operation leaves behind, by kind: TrainResult for TRAIN
 // (kept also when cancelled: the steps that did run), ModelSummary for
@@ -69,6 +76,11 @@ struct OperationView {
   absl::Time end_time;    // absl::InfinitePast() until done
   // OK unless FAILED or CANCELLED.
   absl::Status error;
+  // Why the daemon itself ended the operation, for programs:
+  // kDrainingReason, or empty.
+  std::string reason;
+  // Kept for SUCCEEDED, for CANCELLED and for an operation stopped by the
+  // drain (reason set): the steps a training did run.
   OperationResult result;
   // Bumped on every change; lets watchers wait for the next one.
   uint64_t version = 0;
@@ -86,6 +98,10 @@ class Operation {
   // State changes, for the thread running the work. Finish with OK and a
   // result succeeds; with CANCELLED cancels; with any other status fails.
   // The result is kept also on cancellation (the steps that did run).
+  // After RequestDrain (and no RequestCancel before it), a Finish with
+  // CANCELLED fails with ABORTED instead, its message saying that memprofd
+  // is shutting down, and one with CANCELLED or ABORTED gets the reason
+  // kDrainingReason and keeps its result.
   void MarkRunning();
   void SetProgress(int64_t completed, int64_t total, std::string unit,
                    std::string message);
@@ -100,9 +116,16 @@ class Operation {
                                             int64_t* first) const;
   int64_t events_total() const;
 
-  // Cancellation is cooperative: the work polls cancel_requested().
+  // Cancellation is cooperative: the work polls cancel_requested(), true
+  // once RequestCancel (a client's cancel) or RequestDrain (the daemon is
+  // shutting down) was called. The first of the two decides how the
+  // operation ends (Finish); a later one changes nothing. Both are no-ops
+  // on a finished operation.
   void RequestCancel();
+  void RequestDrain();
   bool cancel_requested() const;
+  // True when RequestDrain came first.
+  bool drain_requested() const;
 
   OperationView View() const;
   bool done() const;
@@ -127,6 +150,7 @@ class Operation {
   mutable absl::Mutex mu_;
   OperationView view_ ABSL_GUARDED_BY(mu_);
   bool cancel_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool drain_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<SessionStepReport> events_ ABSL_GUARDED_BY(mu_);
   int64_t first_event_ ABSL_GUARDED_BY(mu_) = 1;
 
@@ -143,8 +167,19 @@ class OperationRegistry {
   explicit OperationRegistry(size_t max_finished = 256,
                              size_t max_events_per_operation = 10000);
 
-  // A new QUEUED operation with a fresh id ("op-1", "op-2", ...).
+  // A new QUEUED operation with a fresh id ("op-1", "op-2", ...), for work
+  // the daemon starts itself (periodic and shutdown snapshots, a follower
+  // rank's copy of rank 0's work): made while draining too.
   std::shared_ptr<Operation> Create(OperationKind kind);
+  // The same for a client's request: UNAVAILABLE (saying memprofd is
+  // shutting down) once StopAdmitting was called.
+  absl::StatusOr<std::shared_ptr<Operation>> Admit(OperationKind kind);
+  // The drain's first moment: Admit refuses from now on. Returns the
+  // operations not done, taken atomically with the change, so that every
+  // client operation is either refused or in the list. Idempotent.
+  std::vector<std::shared_ptr<Operation>> StopAdmitting();
+  // False once StopAdmitting was called.
+  bool admitting() const;
 
   // NOT_FOUND with a message naming `id` when unknown.
   absl::StatusOr<std::shared_ptr<Operation>> Get(const std::string& id) const;
@@ -156,12 +191,15 @@ class OperationRegistry {
   int64_t ActiveCount() const;
 
  private:
+  std::shared_ptr<Operation> CreateLocked(OperationKind kind)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Prune() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t max_finished_;
   const size_t max_events_;
   mutable absl::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool admitting_ ABSL_GUARDED_BY(mu_) = true;
   // In creation order.
   std::vector<std::shared_ptr<Operation>> ops_ ABSL_GUARDED_BY(mu_);
 };

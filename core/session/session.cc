@@ -35,15 +35,9 @@ namespace {
 absl::StatusOr<std::string> ResumeDirectory(const SessionOptions& options) {
   if (options.resume.empty()) return std::string();
   if (options.resume == "latest") {
-    ASSIGN_OR_RETURN(std::vector<snapshot::SnapshotManifest> all,
-                     snapshot::ListSnapshots(options.snapshot_root));
-    // Oldest first: the newest checkpoint is the last one. Snapshots killed
-    // while being written were never published (and CleanLeftovers removed
-    // their temporary directories), so it is complete.
-    for (auto it = all.rbegin(); it != all.rend(); ++it) {
-      if (it->is_checkpoint()) return it->directory;
-    }
-    return std::string();
+    ASSIGN_OR_RETURN(std::optional<snapshot::SnapshotManifest> latest,
+                     snapshot::LatestCheckpoint(options.snapshot_root));
+    return latest ? latest->directory : std::string();
   }
   ASSIGN_OR_RETURN(snapshot::SnapshotManifest m,
                    snapshot::DescribeSnapshot(options.snapshot_root, options.resume));
@@ -293,18 +287,47 @@ absl::Status Session::Post(std::function<void()> work) {
   return owner_->Post(std::move(work));
 }
 
-bool Session::draining() const { return owner_->stopping(); }
+bool Session::draining() const { return !operations_.admitting(); }
+
+absl::Status Session::BeginDrain(const std::string& snapshot_name) {
+  if (drain_begun_.exchange(true)) return absl::OkStatus();
+  const std::vector<std::shared_ptr<Operation>> active = operations_.StopAdmitting();
+  // Queued before the stop requests, so that a training stopping at its
+  // next boundary runs it there first: the checkpoint holds the step the
+  // run stopped at.
+  std::shared_ptr<Operation> snapshot;
+  absl::Status queued;
+  if (!snapshot_name.empty()) {
+    SnapshotSpec spec;
+    spec.name = snapshot_name;
+    spec.options.kind = options_.auto_snapshot_kind;
+    absl::StatusOr<std::shared_ptr<Operation>> op =
+        snapshots_->StartSnapshot(spec, /*daemons_own=*/true);
+    if (op.ok()) {
+      snapshot = *std::move(op);
+    } else {
+      queued = op.status();
+    }
+  }
+  for (const auto& op : active) op->RequestDrain();
+  if (snapshot == nullptr) return queued;
+  OperationView view = snapshot->View();
+  while (!view.done) view = snapshot->WaitForChange(view.version, absl::InfiniteFuture());
+  return view.error;
+}
 
 void Session::Shutdown() {
   if (owner_->joined()) return;
+  BeginDrain().IgnoreError();  // OK without a snapshot
   owner_->Stop();
   plans_->Stop();
   ranks_->Stop();
+  // What a follower queued from rank 0 since the drain began.
   for (const auto& op : operations_.List(nullptr, /*active_only=*/true)) {
-    op->RequestCancel();
+    op->RequestDrain();
   }
   if (owner_->Join()) {
-    // Training stopped at a step boundary on every rank (the cancel went to
+    // Training stopped at a step boundary on every rank (the stop went to
     // all of them there); now the followers may go.
     ranks_->ReleaseFollowers();
   }

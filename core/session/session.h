@@ -255,19 +255,27 @@ class Session {
   // UNAVAILABLE once Shutdown has begun.
   absl::Status Post(std::function<void()> work);
 
-  // Stops accepting work, cancels every active operation (training stops at
-  // its step boundary), lets queued items finish as CANCELLED, joins the
-  // owner thread and the plan thread. A plan that is running is waited for
-  // (a dry run cannot stop midway: seconds for most shapes, up to about a
-  // minute for a 70B one; the daemon's drain deadline bounds the wait).
-  // Idempotent.
+  // The drain's first moment (SIGTERM): from here on draining() is true
+  // (status says DRAINING) and every new operation a client asks for is
+  // UNAVAILABLE. With `snapshot_name` set, first queues a snapshot of that
+  // name (of SessionOptions::auto_snapshot_kind) for the next step
+  // boundary; then asks every active operation to stop
+  // (Operation::RequestDrain: a training stops at that boundary, after the
+  // snapshot, and ends ABORTED with reason DRAINING naming the checkpoint
+  // to resume from); then waits for the snapshot to be written. Returns the
+  // snapshot's status (queueing it, or writing it), OK without one. Only
+  // the first call does anything; later ones return OK at once. Any thread
+  // but the owner thread.
+  absl::Status BeginDrain(const std::string& snapshot_name = "");
+  // BeginDrain (without a snapshot, if it was not called), then stops
+  // accepting work, lets queued items finish (as the drain stopped them),
+  // joins the owner thread and the plan thread. A plan that is running is
+  // waited for (a dry run cannot stop midway: seconds for most shapes, up
+  // to about a minute for a 70B one; the daemon's drain deadline bounds the
+  // wait). Idempotent.
   void Shutdown();
+  // True from BeginDrain's first moment.
   bool draining() const;
-
-  // For --snapshot_on_shutdown: a blocking snapshot named `name` of the
-  // current model (of SessionOptions::auto_snapshot_kind), taken on the
-  // owner thread before it stops. Call before Shutdown.
-  absl::Status SnapshotNow(const std::string& name);
 
  private:
   Session(const SessionOptions& options, Runtime& runtime, std::string device,
@@ -360,6 +368,9 @@ class Session {
   const PathRoots data_roots_;
   const absl::Time start_time_;
   OperationRegistry operations_;
+
+  // Set by the first BeginDrain.
+  std::atomic<bool> drain_begun_{false};
 
   mutable absl::Mutex mu_;
   bool training_active_ ABSL_GUARDED_BY(mu_) = false;

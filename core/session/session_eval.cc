@@ -35,7 +35,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartEvaluation(
     ASSIGN_OR_RETURN(data, TokenDataset::Create(options.data, model->config.vocab_size));
     RETURN_IF_ERROR(data->Validate(options.seq_len));
   }
-  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kEvaluate);
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
+                   operations_.Admit(OperationKind::kEvaluate));
   // The boundary queue wakes the owner thread when no training runs.
   absl::Status queued = snapshots_->QueueBoundaryWork(
       [this, op, options, data] { RunEvaluation(op, options, data); });

@@ -83,7 +83,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
           "loading another");
     }
   }
-  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
+  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
+                   operations_.Admit(OperationKind::kLoadModel));
   if (!spec.hf_directory.empty()) snapshots_->TrackLoad(op->id(), spec.hf_directory);
   auto forget = [this, id = op->id()] { snapshots_->ForgetLoad(id); };
   absl::Status posted = Post([this, op, forget, spec = LoadModelSpec(spec),

@@ -133,16 +133,17 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartPlan(
   std::shared_ptr<Operation> op;
   {
     absl::MutexLock lock(&mu_);
-    if (plans_->stopping()) {
+    if (draining()) {
       return absl::UnavailableError(
-          "memprofd is shutting down; retry against another instance");
+          "memprofd is shutting down; retry against another instance, or once it is "
+          "back");
     }
     if (!plan_active_.empty()) {
       return absl::ResourceExhaustedError(
           absl::StrCat("a memory plan is queued or running (operation ", plan_active_,
                        "); one runs at a time: wait for it (WaitOperation) and retry"));
     }
-    op = operations_.Create(OperationKind::kPlan);
+    ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kPlan));
     plan_active_ = op->id();
     absl::Status posted = plans_->Post([this, op, spec, base, ready, model_name] {
       RunPlan(op, spec, base, ready, model_name);

@@ -14,10 +14,6 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartSnapshot(
   return snapshots_->StartSnapshot(spec);
 }
 
-absl::Status Session::SnapshotNow(const std::string& name) {
-  return snapshots_->SnapshotNow(name);
-}
-
 absl::StatusOr<std::vector<snapshot::SnapshotManifest>> Session::ListSnapshots() const {
   return snapshots_->ListSnapshots();
 }

@@ -28,6 +28,7 @@
 #include "core/session/session.h"
 #include "core/session/snapshot_scheduler.h"
 #include "core/session/training_data.h"
+#include "core/snapshot/snapshot_store.h"
 #include "core/train/data.h"
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
@@ -41,6 +42,38 @@ int64_t StepPeakBytes(const memory::MemoryRecorder& recorder, const std::string&
     if (p.device == device) return p.peak_bytes;
   }
   return 0;
+}
+
+// A training the drain stopped (Operation::RequestDrain): ABORTED, naming
+// the checkpoint a daemon restarted with --resume=latest goes on from,
+// which it records in `result`.
+absl::Status DrainedRunStatus(const std::string& snapshot_root, int64_t steps,
+                              TrainResult& result) {
+  std::optional<snapshot::SnapshotManifest> latest;
+  if (!snapshot_root.empty()) {
+    absl::StatusOr<std::optional<snapshot::SnapshotManifest>> found =
+        snapshot::LatestCheckpoint(snapshot_root);
+    if (found.ok()) latest = *std::move(found);
+  }
+  std::string resume;
+  const int64_t repeated = latest ? result.global_step - latest->global_step : 0;
+  if (latest) {
+    result.resume_checkpoint = latest->name;
+    result.resume_global_step = latest->global_step;
+    resume = absl::StrCat(
+        "checkpoint '", latest->name, "' holds global step ", latest->global_step,
+        repeated == 1  ? " (the step after it runs again)"
+        : repeated > 1 ? absl::StrCat(" (the ", repeated, " steps after it run again)")
+                       : "",
+        ": start memprofd with --resume=latest and Train with resume to go on");
+  } else {
+    resume =
+        "no checkpoint holds it (--snapshot_on_shutdown or --snapshot_every_steps, with "
+        "--snapshot_root, keep one)";
+  }
+  return absl::AbortedError(absl::StrCat(
+      "memprofd is shutting down: the training stopped after ", result.steps_completed,
+      " of ", steps, " steps, at global step ", result.global_step, "; ", resume));
 }
 
 }  // namespace
@@ -215,9 +248,10 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     absl::MutexLock lock(&mu_);
     // Draining comes first: the training that still runs is being stopped,
     // so "another is running" would send the caller to wait for nothing.
-    if (owner_->stopping()) {
+    if (draining()) {
       return absl::UnavailableError(
-          "memprofd is shutting down; retry against another instance");
+          "memprofd is shutting down; retry against another instance, or once it is "
+          "back");
     }
     if (training_active_) {
       return absl::AbortedError(
@@ -226,8 +260,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     }
     // The flag is the training's place: held from here, through a budget's
     // planning, to the run's end.
+    ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kTrain));
     training_active_ = true;
-    op = operations_.Create(OperationKind::kTrain);
     const StartRun start = start_with(op);
     // Calibration plans the run just before it starts, when the plan thread
     // is free (StartTraining's contract); a data-parallel step has buckets
@@ -488,6 +522,14 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   }
   if (!result.ok()) {
     finish(result.status());
+  } else if (result->cancelled && op->drain_requested()) {
+    // A single process runs the shutdown snapshot here, at the boundary it
+    // stopped at, if the stop came within a step; a data-parallel run ran
+    // it at its last boundary, all ranks together.
+    if (ranks_->group() == nullptr) snapshots_->RunBoundaryWork();
+    absl::Status drained =
+        DrainedRunStatus(options_.snapshot_root, train->steps, *result);
+    finish(std::move(drained), *result);
   } else if (result->cancelled) {
     finish(absl::CancelledError(absl::StrCat("cancelled after ", result->steps_completed,
                                              " of ", train->steps, " steps")),

@@ -57,7 +57,7 @@ struct SessionOptions {
   // Take a snapshot every N steps of training (0: never).
   int64_t snapshot_every_steps = 0;
   // What the daemon's own snapshots (every snapshot_every_steps, and
-  // SnapshotNow on shutdown) write: checkpoints by default, since they exist
+  // the shutdown snapshot) write: checkpoints by default, since they exist
   // to resume from after a crash or a preemption.
   snapshot::SnapshotKind auto_snapshot_kind = snapshot::SnapshotKind::kCheckpoint;
   // At start, instead of `model`: resume from a checkpoint under

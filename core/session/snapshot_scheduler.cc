@@ -136,7 +136,7 @@ void SnapshotScheduler::RunBoundaryWork() {
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::StartSnapshot(
-    const SnapshotSpec& spec) {
+    const SnapshotSpec& spec, bool daemons_own) {
   if (options_.snapshot_root.empty()) {
     return SnapshotsOff(absl::StatusCode::kFailedPrecondition);
   }
@@ -149,13 +149,18 @@ absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::StartSnapshot(
         absl::StrCat("a snapshot named '", spec.name,
                      "' exists; pick another name or DeleteSnapshot it"));
   }
-  return QueueSnapshot(spec);
+  return QueueSnapshot(spec, daemons_own);
 }
 
 absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::QueueSnapshot(
-    SnapshotSpec spec) {
+    SnapshotSpec spec, bool daemons_own) {
   spec.options.staging_bytes = options_.snapshot_staging_bytes;
-  std::shared_ptr<Operation> op = operations_.Create(OperationKind::kSnapshot);
+  std::shared_ptr<Operation> op;
+  if (daemons_own) {
+    op = operations_.Create(OperationKind::kSnapshot);
+  } else {
+    ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kSnapshot));
+  }
   if (!QueueBoundaryWork([this, op, spec] { RunSnapshot(op, spec); }).ok()) {
     op->Finish(absl::UnavailableError("memprofd is shutting down"));
     return absl::UnavailableError(
@@ -174,7 +179,8 @@ void SnapshotScheduler::MaybeQueuePeriodicSnapshot(int64_t global_step) {
   spec.name = absl::StrCat("step-", global_step);
   spec.options.kind = options_.auto_snapshot_kind;
   if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) return;
-  absl::StatusOr<std::shared_ptr<Operation>> op = QueueSnapshot(spec);
+  absl::StatusOr<std::shared_ptr<Operation>> op =
+      QueueSnapshot(spec, /*daemons_own=*/true);
   if (!op.ok())
     LogWarning(absl::StrCat("periodic snapshot not queued: ", op.status().message()));
 }
@@ -317,17 +323,6 @@ void SnapshotScheduler::ApplyRetention() {
   if (!removed.ok()) {
     LogWarning(absl::StrCat("retention (keep_last): ", removed.status().message()));
   }
-}
-
-absl::Status SnapshotScheduler::SnapshotNow(const std::string& name) {
-  if (follower_) return absl::OkStatus();  // rank 0 writes the run's snapshot
-  SnapshotSpec spec;
-  spec.name = name;
-  spec.options.kind = options_.auto_snapshot_kind;
-  ASSIGN_OR_RETURN(std::shared_ptr<Operation> op, StartSnapshot(spec));
-  OperationView view = op->View();
-  while (!view.done) view = op->WaitForChange(view.version, absl::InfiniteFuture());
-  return view.error;
 }
 
 absl::StatusOr<std::vector<snapshot::SnapshotManifest>> SnapshotScheduler::ListSnapshots()

@@ -3,7 +3,7 @@
 
 // The session's snapshots: when they run, how they are written, and what may
 // be deleted. A snapshot asked for (StartSnapshot, every
-// snapshot_every_steps, SnapshotNow at shutdown) waits in the step-boundary
+// snapshot_every_steps, the shutdown snapshot) waits in the step-boundary
 // queue and runs on the session's owner thread at the next step boundary
 // (between two training steps, or after the owner's current item when it is
 // idle), so that it is a consistent point-in-time copy. A blocking snapshot
@@ -26,8 +26,7 @@
 //   evaluation), MaybeQueuePeriodicSnapshot, SetMappedDirectory.
 // - The async writers, started by RunBoundaryWork's snapshots, joined by
 //   Join: the write and its finish (counters, observers, retention).
-// - Any thread: the rest. SnapshotNow blocks until the snapshot is written;
-//   call it before the owner thread stops.
+// - Any thread: the rest.
 //
 // Invariants:
 // - Boundary work runs on the owner thread, in the order queued, each item
@@ -132,11 +131,14 @@ class SnapshotScheduler {
   // until none is left.
   void RunBoundaryWork();
 
-  // Session::StartSnapshot after the leader check: FAILED_PRECONDITION
-  // without a snapshot root or a model, INVALID_ARGUMENT for a bad name or
-  // a converting checkpoint dtype, ALREADY_EXISTS when taken, UNAVAILABLE
-  // while shutting down (the operation is created and finished so).
-  absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec);
+  // Session::StartSnapshot after the leader check (a client's snapshot;
+  // `daemons_own`: the shutdown snapshot, made while draining too):
+  // FAILED_PRECONDITION without a snapshot root or a model,
+  // INVALID_ARGUMENT for a bad name or a converting checkpoint dtype,
+  // ALREADY_EXISTS when taken, UNAVAILABLE while draining (a client's) or
+  // once the owner thread stopped.
+  absl::StatusOr<std::shared_ptr<Operation>> StartSnapshot(const SnapshotSpec& spec,
+                                                           bool daemons_own = false);
   // Owner thread, after each completed step: on rank 0, every
   // snapshot_every_steps steps, queues the checkpoint "step-<global_step>"
   // unless it exists; a failure to queue is logged.
@@ -146,10 +148,6 @@ class SnapshotScheduler {
   // rank file in `dir` (snapshot::WriteRankOptimizerFile).
   // FAILED_PRECONDITION without a model; the write's errors.
   absl::Status WriteOptimizerShard(const std::string& dir);
-
-  // Session::SnapshotNow: OK at once on a follower; else StartSnapshot's
-  // errors, or the snapshot's own once it was written.
-  absl::Status SnapshotNow(const std::string& name);
 
   // Session's ListSnapshots (empty without a root), DescribeSnapshot and
   // DeleteSnapshot (NOT_FOUND without a root; the store's errors).
@@ -176,8 +174,10 @@ class SnapshotScheduler {
   void Join();
 
  private:
-  // Queues a snapshot to run at the next step boundary, or when idle.
-  absl::StatusOr<std::shared_ptr<Operation>> QueueSnapshot(SnapshotSpec spec);
+  // Queues a snapshot to run at the next step boundary, or when idle; a
+  // client's is refused while draining (OperationRegistry::Admit).
+  absl::StatusOr<std::shared_ptr<Operation>> QueueSnapshot(SnapshotSpec spec,
+                                                           bool daemons_own);
   void RunSnapshot(const std::shared_ptr<Operation>& op, const SnapshotSpec& spec);
   // Rank 0 of a run with its optimizer state sharded, at the checkpoint's
   // step boundary: the other ranks' files in the side directory, and the

@@ -107,6 +107,15 @@ absl::StatusOr<int> CleanLeftovers(const std::string& root) {
   return removed;
 }
 
+absl::StatusOr<std::optional<SnapshotManifest>> LatestCheckpoint(
+    const std::string& root) {
+  ASSIGN_OR_RETURN(std::vector<SnapshotManifest> all, ListSnapshots(root));
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->is_checkpoint()) return *std::move(it);
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<SnapshotManifest> DescribeSnapshot(const std::string& root,
                                                   absl::string_view name) {
   RETURN_IF_ERROR(ValidateSnapshotName(name));

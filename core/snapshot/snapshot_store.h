@@ -9,6 +9,7 @@
 // owner thread (two writers racing on one name: one gets ALREADY_EXISTS).
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ absl::StatusOr<int> CleanLeftovers(const std::string& root);
 // entries and damaged manifests are skipped. Empty when the root does not
 // exist; FAILED_PRECONDITION when it is not a directory.
 absl::StatusOr<std::vector<SnapshotManifest>> ListSnapshots(const std::string& root);
+
+// The newest checkpoint in ListSnapshots' order (what a daemon started with
+// --resume=latest loads), or nullopt when the root holds none. A snapshot
+// killed while being written was never published, so the one returned is
+// complete. ListSnapshots' errors.
+absl::StatusOr<std::optional<SnapshotManifest>> LatestCheckpoint(const std::string& root);
 
 // The manifest of `name`. INVALID_ARGUMENT for a bad name, NOT_FOUND when
 // there is no such snapshot, FAILED_PRECONDITION when the directory is not

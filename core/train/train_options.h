@@ -140,6 +140,11 @@ struct TrainResult {
   // chosen configuration's, or its calibration plan's; 0: none).
   std::string budget_choice;
   int64_t planned_peak_bytes = 0;
+  // Set by the session for a run the daemon's drain stopped: the newest
+  // checkpoint under the snapshot root (what --resume=latest loads) and the
+  // global step it holds; empty and 0 when there is none.
+  std::string resume_checkpoint;
+  int64_t resume_global_step = 0;
 };
 
 // OK, or INVALID_ARGUMENT naming the field and the accepted range: steps,

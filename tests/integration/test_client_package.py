@@ -13,8 +13,10 @@ The micro model (harness.MICRO) and a few steps each keep the file at about a
 minute on two busy cores."""
 
 import asyncio
+import glob
 import hashlib
 import inspect
+import itertools
 import json
 import os
 import re
@@ -23,13 +25,18 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import tempfile
+import threading
 import time
 import unittest
+import zipfile
 
 # One intra-op thread: the micro steps take milliseconds (test_resume.py).
 if not os.environ.get("OMP_NUM_THREADS"):
     os.environ["OMP_NUM_THREADS"] = "1"
+
+import grpc  # noqa: E402
 
 import harness  # noqa: E402
 from harness import Daemon, pb  # noqa: E402
@@ -302,7 +309,7 @@ class SyncClientTest(harness.DaemonTestCase):
             self.assertEqual(c.get_status(timeout=30).serving_state, "SERVING")
 
     def test_4_no_daemon_is_unavailable(self):
-        with mc.Client("127.0.0.1:%d" % harness.free_port(), timeout=5) as c:
+        with mc.Client("127.0.0.1:%d" % harness.free_port(), timeout=1) as c:
             with self.assertRaises(mc.Unavailable) as e:
                 c.get_status()
             self.assertIsInstance(e.exception, ConnectionError)
@@ -347,6 +354,132 @@ class SyncClientTest(harness.DaemonTestCase):
         self.assertEqual(digest, proto_digest(os.path.join(harness.SOURCE_DIR, "proto")))
         self.assertEqual(state, "SERVING")
         self.assertFalse(os.path.exists(os.path.join(tmp, "src/clients/python/src/memprofd_client/_proto")))
+
+
+def checkout_copy(tmp):
+    """clients/python beside proto/ under `tmp`, as in a checkout, so that a
+    build leaves nothing in the source tree; returns the package's copy."""
+    package = os.path.join(tmp, "src/clients/python")
+    shutil.copytree(PACKAGE_DIR, package, ignore=shutil.ignore_patterns(
+        "build", "dist", "*.egg-info", "_proto", "__pycache__"))
+    shutil.copytree(os.path.join(harness.SOURCE_DIR, "proto"), os.path.join(tmp, "src/proto"))
+    return package
+
+
+def pypi_reachable():
+    """None when PyPI answers pip, else why not."""
+    r = subprocess.run([sys.executable, "-m", "pip", "index", "versions", "tritonclient",
+                        "--disable-pip-version-check"], capture_output=True, text=True, timeout=120)
+    return None if r.returncode == 0 else (r.stderr.strip().splitlines() or ["no answer"])[-1]
+
+
+class PackagingTest(harness.DaemonTestCase):
+    """python -m build makes an sdist carrying the generated stubs and a
+    wheel; an editable install is refused saying what to do; the wheel
+    installs beside tritonclient[grpc] with neither downgraded."""
+
+    DAEMON_FLAGS = (MICRO_FLAG,)
+    built = None
+
+    @classmethod
+    def build(cls):
+        """(sdist, wheel) of a copy of the checkout, built once per class
+        (without build isolation: offline, from the project venv's
+        setuptools, wheel and grpcio-tools 1.62)."""
+        if cls.built is None:
+            tmp = tempfile.mkdtemp(prefix="memprofd-build-")
+            cls.addClassCleanup(shutil.rmtree, tmp, ignore_errors=True)
+            package = checkout_copy(tmp)
+            r = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "-o",
+                                os.path.join(tmp, "dist"), package],
+                               capture_output=True, text=True, timeout=600)
+            if r.returncode != 0:
+                raise AssertionError(r.stdout + r.stderr)
+            dist = os.path.join(tmp, "dist")
+            cls.built = (glob.glob(os.path.join(dist, "*.tar.gz"))[0],
+                         glob.glob(os.path.join(dist, "*.whl"))[0], package)
+        return cls.built
+
+    def test_build_makes_an_sdist_with_the_stubs_and_a_wheel_that_needs_no_generator(self):
+        sdist, wheel, package = self.build()
+        with tarfile.open(sdist) as t:
+            names = t.getnames()
+        root = names[0].split("/")[0]
+        self.assertIn(root + "/src/memprofd_client/_proto/memprofd/v1/train_pb2.py", names)
+        self.assertIn(root + "/src/memprofd_client/_proto/memprofd/v1/train_pb2.pyi", names)
+        self.assertIn(root + "/src/memprofd_client/py.typed", names)
+        with zipfile.ZipFile(wheel) as z:
+            wnames = z.namelist()
+            meta = z.read([n for n in wnames if n.endswith("/METADATA")][0]).decode()
+        self.assertIn("memprofd_client/_proto/memprofd/v1/memprofd_pb2_grpc.py", wnames)
+        self.assertIn("Requires-Dist: protobuf<8,>=4.21.6", meta)
+        self.assertIn("Requires-Dist: grpcio>=1.50", meta)
+        self.assertFalse(os.path.exists(os.path.join(package, "src/memprofd_client/_proto")))
+        # The sdist alone (no proto/ beside it, no grpcio-tools) makes the wheel.
+        tmp = tempfile.mkdtemp(prefix="memprofd-sdist-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        with tarfile.open(sdist) as t:
+            t.extractall(tmp)
+        r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
+                            "--no-deps", "--no-index", "-w", os.path.join(tmp, "w"),
+                            os.path.join(tmp, root)], capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_an_editable_install_is_refused_with_what_to_do(self):
+        tmp = tempfile.mkdtemp(prefix="memprofd-editable-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        package = checkout_copy(tmp)
+        # A dry run (nothing is installed; the backend's editable hooks run).
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index",
+                            "--no-build-isolation", "--disable-pip-version-check", "-e", package],
+                           capture_output=True, text=True, timeout=300)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("cannot be installed in editable mode", r.stdout + r.stderr)
+
+    def test_the_wheel_installs_beside_tritonclient_and_neither_is_downgraded(self):
+        why = pypi_reachable()
+        if why is not None:
+            self.skipTest("PyPI is not reachable (%s): installing beside tritonclient[grpc] "
+                          "needs it" % why)
+        _, wheel, _ = self.build()
+        tmp = tempfile.mkdtemp(prefix="memprofd-triton-")
+        self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
+        venv = os.path.join(tmp, "venv")
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=120)
+        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "--disable-pip-version-check"]
+
+        def versions():
+            r = subprocess.run(pip + ["list", "--format=json"], check=True, capture_output=True,
+                               text=True, timeout=120)
+            return {p["name"].lower(): p["version"] for p in json.loads(r.stdout)}
+
+        r = subprocess.run(pip + ["install", "tritonclient[grpc]"], capture_output=True,
+                           text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        alone = versions()
+        newest = subprocess.run(pip + ["index", "versions", "tritonclient"], capture_output=True,
+                                text=True, timeout=120).stdout.split("(")[1].split(")")[0]
+        self.assertEqual(alone["tritonclient"], newest)
+        r = subprocess.run(pip + ["install", wheel], capture_output=True, text=True, timeout=600)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        beside = versions()
+        for name in ("tritonclient", "grpcio", "protobuf"):
+            self.assertEqual(beside[name], alone[name], "%s changed: %s -> %s" % (
+                name, alone[name], beside[name]))
+        self.assertEqual(beside["memprofd-client"], mc.__version__)
+        r = subprocess.run(pip + ["check"], capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # Both import in one process, and the client talks to the daemon.
+        r = subprocess.run([os.path.join(venv, "bin", "python"), "-W", "error", "-c",
+                            "import sys, tritonclient.grpc, memprofd_client as m, google.protobuf, "
+                            "grpc; print(m.Client(sys.argv[1]).get_status().serving_state, "
+                            "google.protobuf.__version__, grpc.__version__)", self.d.addr],
+                           capture_output=True, text=True, timeout=120, cwd=tmp)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        print("\nbeside tritonclient %s: memprofd-client %s, protobuf %s, grpcio %s; %s"
+              % (beside["tritonclient"], beside["memprofd-client"], beside["protobuf"],
+                 beside["grpcio"], r.stdout.strip()), flush=True)
+        self.assertTrue(r.stdout.startswith("SERVING"))
 
 
 class AsyncClientTest(harness.DaemonTestCase):
@@ -510,9 +643,22 @@ class AuthTest(harness.DaemonTestCase):
             with mc.Client(addr, tls_ca=cert, token="") as c:
                 with self.assertRaises(mc.Unauthenticated):
                     c.get_status()
-            with mc.Client(addr, token="tls-s3cret", timeout=5) as c:  # loopback: plaintext
+            with mc.Client(addr, token="tls-s3cret", timeout=1) as c:  # loopback: plaintext
                 with self.assertRaises(mc.Unavailable):
                     c.get_status()
+        finally:
+            d.close()
+
+    @unittest.skipUnless(shutil.which("openssl"), "openssl not installed")
+    def test_tls_against_a_plaintext_daemon_says_to_pass_insecure(self):
+        d = Daemon(MICRO_FLAG)
+        try:
+            # TLS asked for (as for any address that is not loopback) where
+            # the daemon serves plaintext.
+            with mc.Client(d.addr, token="", insecure=False, timeout=2) as c:
+                with self.assertRaises(mc.Unavailable) as e:
+                    c.get_status()
+            self.assertIn("insecure=True", e.exception.message)
         finally:
             d.close()
 
@@ -578,8 +724,172 @@ class ReportsAcrossRestartTest(unittest.TestCase):
         self.run_case(use_async=True)
 
 
+class DrainRestartTest(unittest.TestCase):
+    """A training on a daemon that gets SIGTERM (as Kubernetes and systemd
+    stop it) and is restarted with --resume=latest, where an orchestrator
+    calls Train(resume=True): the drained operation ends ABORTED with reason
+    DRAINING naming the shutdown checkpoint (not CANCELLED), and the
+    client's reports() and wait() follow the resumed run at once, every
+    global step exactly once, without waiting out reconnect_timeout (left at
+    its default, 120 s)."""
+
+    STEPS = 40
+    SIGTERM_AT = 12
+    # How many restarts each case goes through (MEMPROFD_DRAIN_RESTART_TRIES
+    # to measure how often a follow is slow; 1 in make test).
+    TRIES = int(os.environ.get("MEMPROFD_DRAIN_RESTART_TRIES", "1"))
+
+    def run_case(self, use_async):
+        root = tempfile.mkdtemp(prefix="memprofd-pkg-drain-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        port = harness.free_port()
+        flags = ("--listen=127.0.0.1:%d" % port, "--snapshot_root=" + root,
+                 "--snapshot_on_shutdown")
+        daemons = [Daemon(MICRO_FLAG, *flags)]
+        self.addCleanup(lambda: [d.close() for d in daemons])
+        times = {}
+
+        def restart():
+            # The orchestrator's side: the old daemon drains and exits 0, a
+            # new one starts from the latest checkpoint, and the run goes on.
+            old = daemons[0]
+            times["sigterm"] = time.monotonic()
+            old.proc.send_signal(signal.SIGTERM)
+            code = old.proc.wait(timeout=60)
+            times["exited"] = time.monotonic()
+            self.assertEqual(code, 0, old.output())
+            daemons.append(Daemon("--model=", "--resume=latest", *flags))
+            times["serving"] = time.monotonic()
+            daemons[1].call("Train", pb.TrainRequest(resume=True))
+            times["resumed"] = time.monotonic()
+
+        restarter = threading.Thread(target=restart)
+        addr = "127.0.0.1:%d" % port
+        seen = []
+
+        def on_report(r, followed):
+            if len(followed) > 1 and "first_resumed" not in times:
+                times["first_resumed"] = time.monotonic()
+            seen.append(r.global_step)
+            if r.global_step == self.SIGTERM_AT and len(daemons) == 1:
+                restarter.start()
+
+        if use_async:
+            async def body():
+                async with mc.AsyncClient(addr, token="") as c:
+                    run = await c.train(steps=self.STEPS, seed=7, **SMALL)
+                    async for r in run.reports():
+                        on_report(r, run.followed)
+                    return run, await run.wait()
+            run, final = asyncio.run(body())
+        else:
+            with mc.Client(addr, token="") as c:
+                run = c.train(steps=self.STEPS, seed=7, **SMALL)
+                for r in run.reports():
+                    on_report(r, run.followed)
+                final = run.wait()
+        times["done"] = time.monotonic()
+        restarter.join()
+        self.assertEqual(len(daemons), 2)
+        out = daemons[0].output()
+        self.assertIn("snapshot 'shutdown-", out)
+        self.assertEqual(seen, list(range(1, self.STEPS + 1)))  # each exactly once
+        self.assertEqual(run.lost_global_steps, [])
+        self.assertEqual(len(run.followed), 2, run.followed)
+        self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED)
+        # The resumed run did the rest: its checkpoint held the step the
+        # drain stopped at, so no step ran twice.
+        stopped = self.STEPS - final.train.steps_completed
+        self.assertGreaterEqual(stopped, self.SIGTERM_AT)
+        self.assertRegex(daemons[1].output(), r"resumed from checkpoint \S*/shutdown-\d+ at step %d"
+                         % stopped)
+        follow = times["first_resumed"] - times["resumed"]
+        print("\n%s: SIGTERM at global step %d, the drain stopped the run at %d; daemon exited "
+              "%.2f s after SIGTERM, served again %.2f s later; first report of the resumed run "
+              "%.2f s after its Train; reports %d..%d each once, none lost"
+              % ("async" if use_async else "sync", self.SIGTERM_AT, stopped,
+                 times["exited"] - times["sigterm"], times["serving"] - times["exited"],
+                 follow, seen[0], seen[-1]), flush=True)
+        self.assertLess(follow, 10.0)  # reconnect_timeout is 120 s
+
+    def test_sync(self):
+        for _ in range(self.TRIES):
+            self.run_case(use_async=False)
+
+    def test_async(self):
+        for _ in range(self.TRIES):
+            self.run_case(use_async=True)
+
+    def test_the_drained_operation_is_aborted_with_its_reason_and_checkpoint(self):
+        root = tempfile.mkdtemp(prefix="memprofd-pkg-drain-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        d = Daemon(MICRO_FLAG, "--snapshot_root=" + root, "--snapshot_on_shutdown")
+        self.addCleanup(d.close)
+        watcher = mc.Client(d.addr, token="", reconnect_timeout=1)
+        self.addCleanup(watcher.close)
+        run = watcher.train(steps=100000, **SMALL)
+        for r in run.reports():
+            if r.step == 3:
+                break
+        ops = []
+
+        def watch():  # the handle sees the operation end
+            for op in run.watch():
+                ops.append(op)
+        w = threading.Thread(target=watch)
+        w.start()
+        code, _ = d.stop(signal.SIGTERM, timeout=60)
+        w.join(timeout=30)
+        self.assertEqual(code, 0, d.output())
+        last = ops[-1]
+        self.assertTrue(last.done)
+        self.assertEqual(last.state, pb.OPERATION_STATE_FAILED)
+        self.assertEqual(last.error.code, grpc.StatusCode.ABORTED.value[0])
+        self.assertIn("memprofd is shutting down: the training stopped after", last.error.message)
+        self.assertEqual(last.error.reason, mc.DRAINING)
+        self.assertTrue(last.train.resume_checkpoint.startswith("shutdown-"), last)
+        self.assertEqual(last.train.resume_global_step, last.train.global_step)
+        self.assertIn("checkpoint '%s' holds global step %d" % (
+            last.train.resume_checkpoint, last.train.global_step), last.error.message)
+        # Nobody resumes it: wait() raises the drain's own error, after the
+        # client's reconnect_timeout (1 s here).
+        with self.assertRaises(mc.Aborted) as e:
+            run.wait()
+        self.assertIn("no training resumed it", e.exception.message)
+
+    def test_while_draining_status_says_so_and_new_operations_are_unavailable(self):
+        # The tiny preset's shutdown checkpoint takes a moment to write, so
+        # that calls land while it is written.
+        root = tempfile.mkdtemp(prefix="memprofd-pkg-drain-")
+        self.addCleanup(shutil.rmtree, root, ignore_errors=True)
+        d = Daemon("--model=tiny", "--snapshot_root=" + root, "--snapshot_on_shutdown")
+        self.addCleanup(d.close)
+        c = mc.Client(d.addr, token="", timeout=5, wait_for_ready=False)
+        self.addCleanup(c.close)
+        run = c.train(steps=100000, batch_size=1, seq_len=16)
+        while c.get_operation(run.id).progress.completed < 1:
+            time.sleep(0.05)
+        answers = []
+        d.proc.send_signal(signal.SIGTERM)
+        for i in itertools.count():
+            try:
+                answers.append(c.get_status().serving_state)
+                answers.append("accepted" if c.snapshot("probe-%d" % i) else "")
+            except mc.Unavailable as e:
+                if "memprofd is shutting down" not in e.message:
+                    break  # the daemon is gone, or cancelled the call as it went
+                answers.append("UNAVAILABLE")
+            except mc.MemprofdError as e:
+                answers.append(e.code.name)
+        d.proc.wait(timeout=60)
+        first = next(i for i, a in enumerate(answers) if a in ("DRAINING", "UNAVAILABLE"))
+        self.assertEqual(set(answers[first:]), {"DRAINING", "UNAVAILABLE"}, answers)
+        self.assertIn("DRAINING", answers, answers)
+
+
 class ExamplesTest(harness.DaemonTestCase):
-    """clients/python/examples run as they are, against this daemon."""
+    """clients/python/examples and the README's snippets run as they are,
+    against this daemon."""
 
     DAEMON_FLAGS = (MICRO_FLAG,)
     SNAPSHOTS = True
@@ -630,6 +940,21 @@ class ExamplesTest(harness.DaemonTestCase):
                    if s.name.startswith("term-sigterm-step-")]
         self.assertEqual(len(sigterm), 1, out)
         self.assertEqual(sigterm[0].kind, pb.SNAPSHOT_KIND_CHECKPOINT)
+
+    def test_readme_snippets_run_as_they_are(self):
+        # Every ```python block of the package's README, against this daemon.
+        with open(os.path.join(PACKAGE_DIR, "README.md")) as f:
+            snippets = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        self.assertGreaterEqual(len(snippets), 2)
+        env = example_env()
+        env.pop(mc.TOKEN_ENV, None)
+        for i, code in enumerate(snippets):
+            self.assertIn("127.0.0.1:50051", code)
+            with tempfile.TemporaryDirectory() as cwd:
+                r = subprocess.run([sys.executable, "-c", code.replace("127.0.0.1:50051", self.d.addr)],
+                                   capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+            self.assertEqual(r.returncode, 0, "README snippet %d:\n%s\n%s" % (i, code,
+                                                                          r.stdout + r.stderr))
 
     def test_preflight_accepts_a_fitting_budget_and_refuses_a_small_one(self):
         model = self.d.client.describe_model()

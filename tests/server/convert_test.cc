@@ -705,6 +705,26 @@ TEST(ConvertTest, OperationResultsComeBackTyped) {
   EXPECT_EQ(op.train().first_loss(), 5.5);
   EXPECT_EQ(op.train().last_loss(), 5.25);
   EXPECT_EQ(op.train().tokens(), 512);
+  EXPECT_EQ(op.error().reason(), "");
+
+  // A training the drain stopped: ABORTED with its reason, the steps that
+  // ran and the checkpoint to resume from.
+  OperationView drained = cancelled;
+  drained.state = OperationState::kFailed;
+  drained.error = absl::AbortedError("memprofd is shutting down");
+  drained.reason = std::string(kDrainingReason);
+  train.global_step = 12;
+  train.resume_checkpoint = "shutdown-1";
+  train.resume_global_step = 12;
+  drained.result = train;
+  op = ToProto(drained);
+  EXPECT_EQ(op.state(), v1::OPERATION_STATE_FAILED);
+  EXPECT_EQ(op.error().code(), static_cast<int>(grpc::StatusCode::ABORTED));
+  EXPECT_EQ(op.error().reason(), "DRAINING");
+  ASSERT_EQ(op.result_case(), v1::Operation::kTrain);
+  EXPECT_EQ(op.train().global_step(), 12);
+  EXPECT_EQ(op.train().resume_checkpoint(), "shutdown-1");
+  EXPECT_EQ(op.train().resume_global_step(), 12);
 
   OperationView snapshot;
   snapshot.kind = OperationKind::kSnapshot;

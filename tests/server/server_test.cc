@@ -251,9 +251,9 @@ TEST_F(InProcessServerTest, CancelAsksAndRefusesWhenDone) {
   EXPECT_EQ(listed.operations(0).state(), v1::OPERATION_STATE_CANCELLED);
 }
 
-// A training still running when the daemon stops: Shutdown cancels it at its
-// next step boundary, and the watch stream ends with the CANCELLED state and
-// an OK status.
+// A training still running when the daemon stops: the drain stops it at its
+// next step boundary, and the watch stream ends with the drain's ending
+// (FAILED, ABORTED, reason DRAINING: not a cancel) and an OK status.
 TEST_F(InProcessServerTest, ShutdownEndsTheWatchStreamOfARunningTraining) {
   v1::TrainRequest train;
   train.set_steps(1'000'000);  // hours: only Shutdown ends it
@@ -278,9 +278,10 @@ TEST_F(InProcessServerTest, ShutdownEndsTheWatchStreamOfARunningTraining) {
   EXPECT_TRUE(end.status.ok()) << GrpcCodeName(end.status.error_code()) << ": "
                                << end.status.error_message();
   EXPECT_TRUE(end.last.done());
-  EXPECT_EQ(end.last.state(), v1::OPERATION_STATE_CANCELLED);
+  EXPECT_EQ(end.last.state(), v1::OPERATION_STATE_FAILED);
   EXPECT_GE(end.last.train().steps_completed(), 1);
-  EXPECT_EQ(end.last.error().code(), static_cast<int>(grpc::StatusCode::CANCELLED));
+  EXPECT_EQ(end.last.error().code(), static_cast<int>(grpc::StatusCode::ABORTED));
+  EXPECT_EQ(end.last.error().reason(), "DRAINING");
   // The step that was running, then the join: a fraction of a second here,
   // with room for a loaded machine.
   EXPECT_LT(end.shutdown_took.count(), 10'000);

@@ -87,6 +87,75 @@ TEST(OperationTest, HugeMessagesAreCutAndKeepTheirCodeAndPayloads) {
   EXPECT_EQ(small->View().error.message(), "no model directory '/x'");
 }
 
+// The drain is not a cancel: work that stops for it with CANCELLED (or its
+// own ABORTED) ends FAILED with ABORTED and reason DRAINING, keeping what
+// ran; whichever request came first decides.
+TEST(OperationTest, DrainEndsAbortedWithItsReasonAndACancelStaysCancelled) {
+  OperationRegistry registry;
+  auto drained = registry.Create(OperationKind::kTrain);
+  drained->RequestDrain();
+  drained->RequestCancel();  // too late to change how it ends
+  EXPECT_TRUE(drained->cancel_requested());
+  EXPECT_TRUE(drained->drain_requested());
+  TrainResult ran;
+  ran.steps_completed = 5;
+  drained->Finish(absl::CancelledError("cancelled after 5 of 10 steps"), ran);
+  OperationView v = drained->View();
+  EXPECT_EQ(v.state, OperationState::kFailed);
+  EXPECT_EQ(v.error.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      v.error.message(),
+      "memprofd is shutting down and stopped this operation (cancelled after 5 of 10 "
+      "steps); run it again once memprofd serves");
+  EXPECT_EQ(v.reason, kDrainingReason);
+  EXPECT_EQ(std::get<TrainResult>(v.result).steps_completed, 5);
+
+  auto own_message = registry.Create(OperationKind::kTrain);
+  own_message->RequestDrain();
+  own_message->Finish(absl::AbortedError("stopped at step 3"), ran);
+  EXPECT_EQ(own_message->View().error.message(), "stopped at step 3");
+  EXPECT_EQ(own_message->View().reason, kDrainingReason);
+
+  auto cancelled = registry.Create(OperationKind::kTrain);
+  cancelled->RequestCancel();
+  cancelled->RequestDrain();
+  EXPECT_FALSE(cancelled->drain_requested());
+  cancelled->Finish(absl::CancelledError("cancelled"), ran);
+  EXPECT_EQ(cancelled->View().state, OperationState::kCancelled);
+  EXPECT_EQ(cancelled->View().reason, "");
+
+  // A failure of its own while draining is that failure.
+  auto failed = registry.Create(OperationKind::kEvaluate);
+  failed->RequestDrain();
+  failed->Finish(absl::ResourceExhaustedError("out of memory"));
+  EXPECT_EQ(failed->View().error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(failed->View().reason, "");
+}
+
+// Every client operation is either refused or listed by StopAdmitting (and
+// so stopped by the drain); the daemon's own are still made.
+TEST(OperationTest, StopAdmittingRefusesClientsAndListsWhatIsActive) {
+  OperationRegistry registry;
+  auto done = registry.Create(OperationKind::kSnapshot);
+  done->Finish(absl::OkStatus());
+  absl::StatusOr<std::shared_ptr<Operation>> running =
+      registry.Admit(OperationKind::kTrain);
+  ASSERT_TRUE(running.ok());
+  EXPECT_TRUE(registry.admitting());
+  const auto active = registry.StopAdmitting();
+  ASSERT_EQ(active.size(), 1u);
+  EXPECT_EQ(active[0], *running);
+  EXPECT_FALSE(registry.admitting());
+  absl::StatusOr<std::shared_ptr<Operation>> refused =
+      registry.Admit(OperationKind::kPlan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(
+      refused.status().message(),
+      "memprofd is shutting down; retry against another instance, or once it is back");
+  EXPECT_EQ(registry.Create(OperationKind::kSnapshot)->id(), "op-3");
+  EXPECT_EQ(registry.StopAdmitting().size(), 2u);  // idempotent
+}
+
 TEST(OperationTest, RegistryFindsListsAndPrunesFinished) {
   OperationRegistry registry(/*max_finished=*/2);
   auto a = registry.Create(OperationKind::kTrain);

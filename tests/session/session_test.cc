@@ -273,12 +273,55 @@ TEST_F(TinySessionTest, ShutdownStopsTrainingAtAStepBoundary) {
       **op, [](const OperationView& v) { return v.completed >= 2; }, absl::Minutes(2));
   session_->Shutdown();
   OperationView v = WaitDone(**op);
-  EXPECT_EQ(v.state, OperationState::kCancelled);
+  // Not a cancel: the drain's own ending, with no checkpoint to name.
+  EXPECT_EQ(v.state, OperationState::kFailed);
+  EXPECT_EQ(v.error.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(v.reason, kDrainingReason);
+  EXPECT_THAT(v.error.message(),
+              HasSubstr("memprofd is shutting down: the training stopped"));
+  EXPECT_THAT(v.error.message(), HasSubstr("no checkpoint holds it"));
   const auto& result = std::get<TrainResult>(v.result);
   EXPECT_GE(result.steps_completed, 2);
   EXPECT_EQ(result.steps_completed, (*op)->events_total());  // every step reported
+  EXPECT_EQ(result.resume_checkpoint, "");
   EXPECT_EQ(session_->StartTraining(Spec(1)).status().code(),
             absl::StatusCode::kUnavailable);
+}
+
+// The drain's order: new work refused from its first moment, the shutdown
+// checkpoint written at the boundary the training stops at (so it holds the
+// last step the client saw), and the training's ending naming it.
+TEST_F(TinySessionTest, DrainCheckpointsTheStepTheTrainingStoppedAtAndNamesIt) {
+  auto op = session_->StartTraining(Spec(100000));
+  ASSERT_TRUE(op.ok()) << op.status();
+  testing::WaitFor(
+      **op, [](const OperationView& v) { return v.completed >= 2; }, absl::Minutes(2));
+  EXPECT_FALSE(session_->draining());
+  ASSERT_TRUE(session_->BeginDrain("shutdown-1").ok());
+  EXPECT_TRUE(session_->draining());
+  SnapshotSpec late;
+  late.name = "late";
+  EXPECT_EQ(session_->StartSnapshot(late).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(session_->StartTraining(Spec(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  OperationView v = WaitDone(**op);
+  EXPECT_EQ(v.state, OperationState::kFailed);
+  EXPECT_EQ(v.error.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(v.reason, kDrainingReason);
+  const auto& result = std::get<TrainResult>(v.result);
+  EXPECT_EQ(result.resume_checkpoint, "shutdown-1");
+  EXPECT_EQ(result.resume_global_step, result.global_step);
+  EXPECT_EQ(result.global_step, (*op)->events_total());
+  EXPECT_THAT(v.error.message(),
+              HasSubstr(absl::StrCat("checkpoint 'shutdown-1' holds global step ",
+                                     result.global_step,
+                                     ": start memprofd with --resume=latest")));
+  absl::StatusOr<snapshot::SnapshotManifest> m = session_->DescribeSnapshot("shutdown-1");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->is_checkpoint());
+  EXPECT_EQ(m->global_step, result.global_step);
+  session_->Shutdown();
 }
 
 TEST_F(TinySessionTest, CategoriesAndPhasePeaksAgreeWithTheAllocator) {

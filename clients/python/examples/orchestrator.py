@@ -21,12 +21,14 @@ Exit status: 0 when the training ended (all steps, early stop or SIGTERM),
 import argparse
 import signal
 import sys
+from types import FrameType
+from typing import List, Optional
 
 import memprofd_client as mc
 from memprofd_client import pb
 
 
-def parse_args(argv):
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("addr", help="the daemon's gRPC address, host:port")
     p.add_argument("--token_file", help="file whose first line is the bearer token "
@@ -49,11 +51,12 @@ def parse_args(argv):
 class EarlyStop:
     """Counts evaluations that did not improve the best loss by min_delta."""
 
-    def __init__(self, patience, min_delta):
+    def __init__(self, patience: int, min_delta: float) -> None:
         self.patience, self.min_delta = patience, min_delta
-        self.best, self.bad = None, 0
+        self.best: Optional[float] = None
+        self.bad = 0
 
-    def update(self, loss):
+    def update(self, loss: float) -> bool:
         """True when training should stop."""
         if self.best is None or loss < self.best - self.min_delta:
             self.best, self.bad = loss, 0
@@ -62,10 +65,14 @@ class EarlyStop:
         return self.bad >= self.patience
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
-    terminated = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+    terminated: List[int] = []
+
+    def on_sigterm(signum: int, frame: Optional[FrameType]) -> None:
+        terminated.append(signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
     client = mc.Client(args.addr, token_file=args.token_file, tls_ca=args.tls_ca)
     evaluating = args.eval_every > 0
@@ -76,10 +83,10 @@ def main(argv=None):
                        eval_max_batches=args.eval_max_batches if evaluating else None)
     print("training %s: %d steps" % (run.id, args.steps), flush=True)
     stopper = EarlyStop(args.patience, args.min_delta)
-    checkpoints = []
-    stopping = None
+    checkpoints: List[mc.OperationHandle] = []
+    stopping: Optional[str] = None
 
-    def checkpoint(name):
+    def checkpoint(name: str) -> None:
         handle = client.snapshot(name, kind=pb.SNAPSHOT_KIND_CHECKPOINT)
         checkpoints.append(handle)
         print("checkpoint %s (%s)" % (name, handle.id), flush=True)
@@ -97,7 +104,8 @@ def main(argv=None):
             print("eval at step %d: loss %.4f" % (step, report.eval.loss), flush=True)
             if stopper.update(report.eval.loss):
                 stopping = ("evaluation loss stopped improving (best %.4f, %d evaluations "
-                            "without a gain of %g)" % (stopper.best, stopper.bad, args.min_delta))
+                            "without a gain of %g)" % (stopper.best or 0.0, stopper.bad,
+                                                      args.min_delta))
         if terminated and not stopping:
             stopping = "SIGTERM"
             checkpoint("%s-sigterm-step-%d" % (args.snapshot_prefix, step))

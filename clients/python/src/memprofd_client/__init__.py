@@ -22,18 +22,29 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 from ._version import API_VERSION, __version__  # noqa: E402
 from . import pb  # noqa: E402
 from ._stubs import PROTO_FILES, PROTO_SHA256, SERVICE_NAME  # noqa: E402
-from ._connect import DEFAULT_ADDR, TOKEN_ENV, read_token_file  # noqa: E402
+from ._connect import (DEFAULT_ADDR, IDEMPOTENT_RPCS, RETRY_POLICY, TOKEN_ENV,  # noqa: E402
+                       read_token_file)
+from ._follow import DRAINING  # noqa: E402
 from ._methods import DEFAULT, RPC_METHODS  # noqa: E402
-from .errors import *  # noqa: E402,F401,F403
-from .errors import __all__ as _errors_all  # noqa: E402
+from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,  # noqa: E402
+                     FailedPrecondition, Internal, InvalidArgument, MemprofdError, NotFound,
+                     OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
+                     Unavailable, Unimplemented, Unknown, error_for)
 from .client import Client, OperationHandle, TrainOperation  # noqa: E402
 from .aio import AsyncClient, AsyncOperationHandle, AsyncTrainOperation  # noqa: E402
-from .data import embedded_corpus, inline_tokens, text_file, token_file  # noqa: E402
+from .data import (embedded_corpus, indexed_dataset, inline_tokens, text_file,  # noqa: E402
+                   token_file)
 
 __all__ = [
     "API_VERSION", "__version__", "pb", "PROTO_FILES", "PROTO_SHA256", "SERVICE_NAME",
-    "DEFAULT_ADDR", "TOKEN_ENV", "read_token_file", "DEFAULT", "RPC_METHODS",
+    "DEFAULT_ADDR", "IDEMPOTENT_RPCS", "RETRY_POLICY", "TOKEN_ENV", "read_token_file",
+    "DRAINING", "DEFAULT", "RPC_METHODS",
     "Client", "OperationHandle", "TrainOperation",
     "AsyncClient", "AsyncOperationHandle", "AsyncTrainOperation",
-    "embedded_corpus", "inline_tokens", "text_file", "token_file",
-] + list(_errors_all)
+    "embedded_corpus", "indexed_dataset", "inline_tokens", "text_file", "token_file",
+    # errors.__all__, in its order
+    "MemprofdError", "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound",
+    "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
+    "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",
+    "error_for",
+]
