@@ -41,17 +41,14 @@ at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weigh
   return weight.scalar_type();
 }
 
-// What the forward pass leaves: the float32 scalar loss (reduced), and,
-// when asked for, the gradients of the loss *sum over the kept tokens*:
-// `grad_hidden` [tokens, hidden] in the compute dtype (ignored rows zero)
-// and `grad_weight` [vocab, hidden] in float32. `scale` is what the
-// reduction divides that sum by, inverted (1 / kept tokens for kMean, 1 for
-// kSum): backward multiplies both gradients by it and by the incoming one.
+// What the forward pass leaves: the float32 scalar loss, and, when asked
+// for, its gradients: `grad_hidden` [tokens, hidden] in the compute dtype
+// (ignored rows zero) and `grad_weight` [vocab, hidden] in float32. Backward
+// multiplies both by the incoming gradient.
 struct FusedForward {
   at::Tensor loss;
   at::Tensor grad_hidden;
   at::Tensor grad_weight;
-  at::Tensor scale;
 };
 
 // The head's logits, the loss and (want_hidden, want_weight) its gradients,
@@ -108,7 +105,10 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
   ModuleScope scope(loss);
   const at::Tensor valid = t.ne(kIgnoreIndex);
   const at::Tensor index = t.masked_fill(valid.logical_not(), 0).unsqueeze(1);
-  const at::Tensor keep = valid.to(compute).unsqueeze(1);
+  // d loss / d logits = (softmax - onehot(target)) * row_scale: 1 / kept
+  // tokens for the mean (1 for the sum), 0 for an ignored target.
+  at::Tensor row_scale = valid.to(at::kFloat).unsqueeze(1);
+  if (reduction == LossReduction::kMean) row_scale.div_(valid.sum());
   at::Tensor target_logprob = at::empty({n}, f32);
   for (int64_t start = 0; start < n; start += chunk_tokens) {
     const int64_t rows = std::min(chunk_tokens, n - start);
@@ -130,41 +130,41 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
     const at::Tensor logprob = logits.gather(1, idx);
     target_logprob.narrow(0, start, rows).copy_(logprob.squeeze(1));
     if (!grads) continue;
-    // d(-log p_target) / d logits = softmax - onehot(target), in float32 and
-    // then, under autocast, cast once to the compute dtype (as autocast's
-    // backward casts the float32 loss's gradient for the bf16 matmuls).
-    at::Tensor dlogits = low ? lowc : logits;
-    at::exp_out(dlogits, logits);
-    dlogits.scatter_(1, idx, logprob.exp().sub_(1).to(compute));
+    // The logits' gradient in float32, scaled before any rounding to the
+    // compute dtype, as cross_entropy's backward scales it before autocast's
+    // cast (scaling after the matmuls would save this pass but moves the
+    // float32 gradients by up to 1e-6 of the unchunked ones).
+    at::exp_out(logits, logits);
+    logits.scatter_(1, idx, logprob.exp().sub_(1));
+    const at::Tensor scale = row_scale.narrow(0, start, rows);
+    if (low) {
+      at::mul_out(lowc, logits, scale);  // one pass: scaled, then rounded once
+    } else {
+      logits.mul_(scale);
+    }
+    const at::Tensor dlogits = low ? lowc : logits;
     ModuleScope head_scope(head);
     if (want_hidden) {
       at::Tensor dh = out.grad_hidden.narrow(0, start, rows);
       at::mm_out(dh, dlogits, w);
-      dh.mul_(keep.narrow(0, start, rows));
     }
     if (want_weight) {
-      // Ignored rows drop out by zeroing their hidden states (exact in any
-      // dtype), not by a pass over the chunk's [rows x vocab] gradient.
-      const at::Tensor kept = hc * keep.narrow(0, start, rows);
       if (low) {
-        at::mm_out(low_part, dlogits.t(), kept);
+        at::mm_out(low_part, dlogits.t(), hc);
         if (start == 0) {
           out.grad_weight.copy_(low_part);
         } else {
           out.grad_weight.add_(low_part);
         }
       } else if (start == 0) {
-        at::mm_out(out.grad_weight, dlogits.t(), kept);
+        at::mm_out(out.grad_weight, dlogits.t(), hc);
       } else {
-        out.grad_weight.addmm_(dlogits.t(), kept);
+        out.grad_weight.addmm_(dlogits.t(), hc);
       }
     }
   }
-  const at::Tensor loss_sum =
-      target_logprob.masked_fill_(valid.logical_not(), 0).sum().neg_();
-  out.scale = reduction == LossReduction::kMean ? valid.sum().to(at::kFloat).reciprocal_()
-                                                : at::ones({}, f32);
-  out.loss = reduction == LossReduction::kMean ? loss_sum * out.scale : loss_sum;
+  at::Tensor sum = target_logprob.masked_fill_(valid.logical_not(), 0).sum().neg_();
+  out.loss = reduction == LossReduction::kMean ? sum.div_(valid.sum()) : sum;
   return out;
 }
 
@@ -191,7 +191,7 @@ class FusedLinearCrossEntropy
     // weight's is a gradient already, held beside the graph.
     ctx->save_for_backward({f.grad_hidden});
     ctx->saved_data["grad_weight"] = f.grad_weight;
-    ctx->saved_data["scale"] = f.scale;
+    ctx->saved_data["pending"] = true;
     ctx->saved_data["hidden_sizes"] = hidden.sizes();
     ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
     ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
@@ -201,13 +201,12 @@ class FusedLinearCrossEntropy
 
   // Only scales what forward computed: no matmul, no [tokens x vocab].
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    TORCH_CHECK(ctx->saved_data.count("scale") > 0,
+    TORCH_CHECK(ctx->saved_data.count("pending") > 0,
                 "the fused linear cross-entropy's backward runs once: its gradients were "
                 "computed in forward and handed out (retain_graph is not supported)");
     at::Tensor grad_hidden = ctx->get_saved_variables()[0];
     at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
-    const at::Tensor scale =
-        ctx->saved_data["scale"].toTensor() * grad_outputs[0].to(at::kFloat);
+    const at::Tensor scale = grad_outputs[0].to(at::kFloat);
     const auto hidden_dtype =
         static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
     const auto weight_dtype =
@@ -218,7 +217,7 @@ class FusedLinearCrossEntropy
     // Dropped from the node, so that the weight's gradient is handed out with
     // no other owner (AccumulateGrad adopts it rather than copying).
     ctx->saved_data.erase("grad_weight");
-    ctx->saved_data.erase("scale");
+    ctx->saved_data.erase("pending");
     if (grad_hidden.defined()) {
       grad_hidden = grad_hidden.scalar_type() == hidden_dtype
                         ? grad_hidden.mul_(scale)

@@ -12,7 +12,8 @@
 // their gradient. Here, for each chunk of tokens, forward computes the
 // chunk's logits into one reused [chunk x vocab] float32 buffer, turns them
 // into log-probabilities in place (the target's is the chunk's loss), then
-// into softmax - onehot(target) in place (the logits' gradient), and adds
+// into (softmax - onehot(target)) / kept tokens in place (the logits'
+// gradient for the mean; ignored targets, -100, get zero rows), and adds
 // the chunk's share of the hidden states' gradient (dlogits . W, its rows)
 // and of the weight's gradient (dlogits^T . h, summed over the chunks in
 // float32). Three matmuls per chunk, as the unchunked loss's forward and
@@ -22,32 +23,36 @@
 // states themselves, which nothing needs any more), and the weight's
 // gradient [vocab x hidden] in float32, attributed from its allocation to
 // the weight's module as a gradient (category gradients), which it is.
-// Backward multiplies both by the incoming gradient (and 1 / kept tokens
-// for the mean) and hands the weight's out with no other owner, so that
-// AccumulateGrad adopts it as .grad without a copy (tied embeddings: the
-// embedding's gradient, the same parameter). Ignored targets (-100) give
-// their rows no gradient: their hidden states are zeroed for the weight's
-// matmul and their rows of the hidden states' gradient after it.
+// Backward multiplies both by the incoming gradient (1, or 1 / micro-batches
+// under accumulation) and hands the weight's out with no other owner, so
+// that AccumulateGrad adopts it as .grad without a copy (tied embeddings:
+// the embedding's gradient, the same parameter).
 //
-// Costs against the unchunked loss: the same three matmuls; per chunk two
-// in-place passes over the chunk's logits (log-softmax, exp), in cache-sized
-// rows; the weight's float32 gradient exists from the end of forward rather
-// than from the start of backward, while the hidden states it stands beside
-// are no longer saved. Without gradients (evaluation, or neither input
-// requiring one) only the loss is computed, and no autograd node is made.
-// The backward runs once: retain_graph is refused with a message.
+// Costs against the unchunked loss: the same three matmuls; per chunk three
+// in-place passes over the chunk's logits (log-softmax, exp, the scale),
+// each row's log-softmax in cache; no [tokens x vocab] allocation, and the
+// one chunk buffer allocated once per step (a fresh buffer per chunk costs
+// the CPU allocator's page faults every time: as much as the log-softmax
+// itself at 128k ids); the weight's float32 gradient exists from the end of forward
+// rather than from the start of backward, while the hidden states it stands beside are no
+// longer saved. Without gradients (evaluation, or neither input requiring one) only the
+// loss is computed, and no autograd node is made. The backward runs once: retain_graph is
+// refused with a message.
 //
 // Precision is transformers' ForCausalLMLoss's: the logits are upcast to
 // float32 before the loss. Under bf16 autocast the head's matmuls run in
 // bf16, as autocast runs the unchunked linear (inputs and weight cast to
 // bf16), and the loss in float32; the function reads the autocast state when
-// it runs forward: the logits' gradient is cast to bf16 for both matmuls,
-// the hidden states' gradient is kept in bf16 (as the bf16 matmul returns
-// it; half the bytes of the float32 hidden states) and widened in backward,
-// and each chunk's share of the weight's gradient, a bf16 matmul, is summed
-// in float32. The gradients then differ from autocast's unchunked ones by
-// bf16 rounding only (the mean's 1 / tokens is applied after the rounding
-// rather than before; chunked_loss_test measures it).
+// it runs forward: the logits' scaled gradient is computed in float32 and
+// rounded once to bf16 for both matmuls (as autocast's backward casts the
+// float32 loss's gradient), the hidden states' gradient is kept in bf16 (as
+// the bf16 matmul returns it; half the bytes of the float32 hidden states)
+// and widened in backward, and each chunk's share of the weight's gradient,
+// a bf16 matmul, is summed in float32. The gradients then differ from
+// autocast's unchunked ones by bf16 rounding only (each chunk's share of
+// the weight's gradient is rounded to bf16 before the float32 sum, where
+// the unchunked matmul rounds the whole sum once; chunked_loss_test
+// measures it).
 //
 // Chunk size (AutomaticLossChunkTokens): min(hidden_size, the rows whose
 // float32 logits fit kMaxLossChunkBytes), but at least kMinLossChunkTokens.

@@ -232,10 +232,12 @@ TEST(ChunkedLossTest, HiddenAndWeightGradientsMatchCrossEntropyWithIgnoredTarget
 }
 
 // Under bf16 autocast the head's matmuls run in bf16 and the loss in
-// float32, as in autocast's unchunked linear and loss; the fused loss applies
-// the mean's 1 / tokens after the bf16 rounding of the logits' gradient
-// rather than before, and sums the weight's gradient per chunk: the stated
-// tolerances are bf16's (8 bits of mantissa, 3.9e-3 per rounding).
+// float32, as in autocast's unchunked linear and loss; the fused loss rounds
+// each chunk's share of the weight's gradient to bf16 before summing them in
+// float32, where the unchunked matmul rounds the whole sum once. The stated
+// tolerances: the loss within 1e-6 (the same bf16 logits, a float32 loss),
+// every gradient within 1e-2, bf16's (8 bits of mantissa, 3.9e-3 per
+// rounding; 4.0e-3 measured).
 TEST(ChunkedLossTest, Bf16AutocastMatchesTheUnchunkedAutocastWithinBf16Rounding) {
   at::Tensor ids, targets;
   Batch(4, &ids, &targets);
@@ -255,13 +257,13 @@ TEST(ChunkedLossTest, Bf16AutocastMatchesTheUnchunkedAutocastWithinBf16Rounding)
       // The head ran in bf16 (it differs from float32), the loss is float32.
       EXPECT_EQ(chunked.loss.scalar_type(), at::kFloat);
       EXPECT_GT(RelativeDifference(chunked.loss, f32.loss), 1e-6);
-      EXPECT_LE(RelativeDifference(chunked.loss, plain.loss), 4e-3);
+      EXPECT_LE(RelativeDifference(chunked.loss, plain.loss), 1e-6);
       double worst_grad = 0;
       for (size_t i = 0; i < plain.grads.size(); ++i) {
         EXPECT_EQ(chunked.grads[i].scalar_type(), at::kFloat);
         const double d = RelativeDifference(chunked.grads[i], plain.grads[i]);
         worst_grad = std::max(worst_grad, d);
-        EXPECT_LE(d, 2e-2) << i;
+        EXPECT_LE(d, 1e-2) << i;
       }
       std::printf(
           "bf16, tied %d, checkpointing %d: relative difference loss %.3g, gradients at "
