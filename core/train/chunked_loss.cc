@@ -41,6 +41,22 @@ at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weigh
   return weight.scalar_type();
 }
 
+// The float32 rows of a [vocab, hidden] gradient widened from bf16 at a
+// time: LibTorch's CPU add_ of a bf16 tensor into a float32 one widens the
+// whole bf16 operand into a hidden temporary first (the weight's size in
+// float32, which a dry run cannot see); explicit casts of blocks of at most
+// this many bytes bound it and show it to the planner.
+constexpr int64_t kWidenBlockBytes = int64_t{4} << 20;
+
+void AddWidened(at::Tensor& sum, const at::Tensor& part) {
+  const int64_t rows = std::max<int64_t>(
+      1, kWidenBlockBytes / std::max<int64_t>(sum.size(1) * sum.element_size(), 1));
+  for (int64_t start = 0; start < sum.size(0); start += rows) {
+    const int64_t n = std::min(rows, sum.size(0) - start);
+    sum.narrow(0, start, n).add_(part.narrow(0, start, n).to(sum.scalar_type()));
+  }
+}
+
 // What the forward pass leaves: the float32 scalar loss, and, when asked
 // for, its gradients: `grad_hidden` [tokens, hidden] in the compute dtype
 // (ignored rows zero) and `grad_weight` [vocab, hidden] in float32. Backward
@@ -136,12 +152,11 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
     // float32 gradients by up to 1e-6 of the unchunked ones).
     at::exp_out(logits, logits);
     logits.scatter_(1, idx, logprob.exp().sub_(1));
-    const at::Tensor scale = row_scale.narrow(0, start, rows);
-    if (low) {
-      at::mul_out(lowc, logits, scale);  // one pass: scaled, then rounded once
-    } else {
-      logits.mul_(scale);
-    }
+    // Scaled in float32, then rounded once. (A mul_out into the bf16 buffer
+    // would be one pass, but LibTorch's CPU kernels compute a mixed-dtype
+    // output in a hidden float32 temporary, which a dry run cannot see.)
+    logits.mul_(row_scale.narrow(0, start, rows));
+    if (low) lowc.copy_(logits);
     const at::Tensor dlogits = low ? lowc : logits;
     ModuleScope head_scope(head);
     if (want_hidden) {
@@ -154,7 +169,7 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
         if (start == 0) {
           out.grad_weight.copy_(low_part);
         } else {
-          out.grad_weight.add_(low_part);
+          AddWidened(out.grad_weight, low_part);
         }
       } else if (start == 0) {
         at::mm_out(out.grad_weight, dlogits.t(), hc);
