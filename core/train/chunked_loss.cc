@@ -42,13 +42,21 @@ at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weigh
 }
 
 // The float32 rows of a [vocab, hidden] gradient widened from bf16 at a
-// time: LibTorch's CPU add_ of a bf16 tensor into a float32 one widens the
-// whole bf16 operand into a hidden temporary first (the weight's size in
-// float32, which a dry run cannot see); explicit casts of blocks of at most
-// this many bytes bound it and show it to the planner.
+// time on the CPU: LibTorch's CPU add_ of a bf16 tensor into a float32 one
+// widens the whole bf16 operand into a hidden temporary first (the weight's
+// size in float32, which a dry run cannot see); explicit casts of blocks of
+// at most this many bytes bound it and show it to the planner. CUDA's add_
+// casts inside its kernel: one call there (blocks would be launches).
 constexpr int64_t kWidenBlockBytes = int64_t{4} << 20;
 
 void AddWidened(at::Tensor& sum, const at::Tensor& part) {
+  const c10::DeviceType device = sum.device().type();
+  if (device != c10::DeviceType::CPU &&
+      !(device == c10::DeviceType::Meta &&
+        CurrentMetaAutocastTarget() == MetaAutocastTarget::kCpu)) {
+    sum.add_(part);
+    return;
+  }
   const int64_t rows = std::max<int64_t>(
       1, kWidenBlockBytes / std::max<int64_t>(sum.size(1) * sum.element_size(), 1));
   for (int64_t start = 0; start < sum.size(0); start += rows) {
@@ -146,15 +154,16 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
     const at::Tensor logprob = logits.gather(1, idx);
     target_logprob.narrow(0, start, rows).copy_(logprob.squeeze(1));
     if (!grads) continue;
-    // The logits' gradient in float32, scaled before any rounding to the
-    // compute dtype, as cross_entropy's backward scales it before autocast's
-    // cast (scaling after the matmuls would save this pass but moves the
-    // float32 gradients by up to 1e-6 of the unchunked ones).
+    // The logits' gradient, softmax - onehot(target), in place.
     at::exp_out(logits, logits);
     logits.scatter_(1, idx, logprob.exp().sub_(1));
-    // Scaled in float32, then rounded once. (A mul_out into the bf16 buffer
-    // would be one pass, but LibTorch's CPU kernels compute a mixed-dtype
-    // output in a hidden float32 temporary, which a dry run cannot see.)
+    // Scaled in float32 before any rounding, as cross_entropy's backward
+    // scales it before autocast's cast (scaling after the matmuls would save
+    // this pass but moves the float32 gradients by up to 1e-6 of the
+    // unchunked ones), then rounded once to the compute dtype. (A mul_out
+    // into the bf16 buffer would be one pass, but LibTorch's CPU kernels
+    // compute a mixed-dtype output in a hidden float32 temporary, which a dry
+    // run cannot see.)
     logits.mul_(row_scale.narrow(0, start, rows));
     if (low) lowc.copy_(logits);
     const at::Tensor dlogits = low ? lowc : logits;
