@@ -154,17 +154,19 @@ FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
     const at::Tensor logprob = logits.gather(1, idx);
     target_logprob.narrow(0, start, rows).copy_(logprob.squeeze(1));
     if (!grads) continue;
-    // The logits' gradient, softmax - onehot(target), in place.
+    // The logits' gradient, (softmax - onehot(target)) * scale, in place and
+    // in float32, rounded once to the compute dtype after. In the order
+    // log_softmax's backward computes it under cross_entropy, so that a
+    // whole batch in one chunk gets the unchunked gradient bit for bit:
+    // exp(logp) * scale everywhere, then the target's minus scale. Scaling
+    // after the matmuls would save a pass but moves the float32 gradients by
+    // up to 1e-6 of the unchunked ones; a mul_out into the bf16 buffer would
+    // save one, but LibTorch's CPU kernels compute a mixed-dtype output in a
+    // hidden float32 temporary, which a dry run cannot see.
+    const at::Tensor scale = row_scale.narrow(0, start, rows);
     at::exp_out(logits, logits);
-    logits.scatter_(1, idx, logprob.exp().sub_(1));
-    // Scaled in float32 before any rounding, as cross_entropy's backward
-    // scales it before autocast's cast (scaling after the matmuls would save
-    // this pass but moves the float32 gradients by up to 1e-6 of the
-    // unchunked ones), then rounded once to the compute dtype. (A mul_out
-    // into the bf16 buffer would be one pass, but LibTorch's CPU kernels
-    // compute a mixed-dtype output in a hidden float32 temporary, which a dry
-    // run cannot see.)
-    logits.mul_(row_scale.narrow(0, start, rows));
+    logits.mul_(scale);
+    logits.scatter_add_(1, idx, scale.neg());
     if (low) lowc.copy_(logits);
     const at::Tensor dlogits = low ? lowc : logits;
     ModuleScope head_scope(head);
