@@ -1,7 +1,8 @@
-// The chunked loss at a real vocabulary: a training step's peak allocated
-// bytes and step time with the LM head and cross-entropy chunked (automatic
-// chunk size, core/train/chunked_loss.h) and unchunked (loss_chunk_tokens
-// -1, the [tokens x vocab] logits materialized), side by side with
+// The fused chunked loss at a real vocabulary: a training step's peak
+// allocated bytes and step time with the LM head and cross-entropy fused and
+// chunked (automatic chunk size, both gradients made in forward:
+// core/train/chunked_loss.h) and unchunked (loss_chunk_tokens -1, the
+// [tokens x vocab] logits materialized), side by side with
 // transformers' LlamaForCausalLM and its own eager loss on the same config
 // (bench/loss_bench_torch.py).
 //

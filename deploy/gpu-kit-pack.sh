@@ -15,7 +15,8 @@
 #   kit/lib-glibc/   Debian's glibc and its loader, used only where the host's
 #                    glibc is older than these binaries need (they are then
 #                    started through that loader).
-#   kit/wheels/      TRL's wheel (the version in the venv), for the baseline.
+#   kit/wheels/      TRL's wheel (the version in the venv) and Liger's (the
+#                    requirements' kit-wheel pin), for the baselines.
 #   kit/gpu-kit/     a copy of deploy/gpu-kit/*.py (the run uses the tree's).
 #   kit/MANIFEST     versions, compiled-in paths, glibc needed, file sizes.
 # all in one .gpu-kit/kit.tar.xz, at most 60 MiB.
@@ -107,6 +108,18 @@ elif ! { [ -f "$kit/kit.tar.xz" ] &&
        tar -xJf "$kit/kit.tar.xz" -C "$stage" --wildcards "kit/wheels/trl-$trl_version-*.whl" \
          2>/dev/null; }; then
   "$PY" -m pip download --quiet --no-deps "trl==$trl_version" -d "$k/wheels"
+fi
+# Liger's wheel ("# kit-wheel:" in requirements.txt): the venv's wheels/, the
+# previous kit, or pip; without it the speed part skips Liger, saying so.
+liger_pin=$(sed -n 's/^# kit-wheel: \(liger-kernel==.*\)/\1/p' deploy/requirements.txt)
+liger_file=liger_kernel-${liger_pin#liger-kernel==}-py3-none-any.whl
+venv_liger="$("$PY" -c 'import sys; print(sys.prefix)')/wheels/$liger_file"
+if [ -f "$venv_liger" ]; then
+  cp "$venv_liger" "$k/wheels/"
+elif ! { [ -f "$kit/kit.tar.xz" ] &&
+       tar -xJf "$kit/kit.tar.xz" -C "$stage" "kit/wheels/$liger_file" 2>/dev/null; } &&
+     ! "$PY" -m pip download --quiet --no-deps "$liger_pin" -d "$k/wheels"; then
+  echo "gpu-kit-pack: no $liger_file (the speed part will skip Liger)" >&2
 fi
 ls "$k/wheels"
 

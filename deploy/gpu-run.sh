@@ -8,6 +8,12 @@
 #   plan     plan_bench: the memory planner's predicted peak beside the measured
 #            peak of the same steps on the GPU (the tiny and small grid, and the
 #            daemon's preset at its batch)
+#   speed    the daemon's preset at a batch that fills the device (8 x 2048,
+#            checkpointing, sdpa) in float32 and bf16, in memprofd, in
+#            transformers and in transformers + Liger's fused linear
+#            cross-entropy (its carried wheel; skipped, saying so, where it does
+#            not import): step time, tokens/s, peak, MFU against the device's
+#            dense bf16 peak (drive_daemon.py, trl_baseline.py, report.py)
 #   daemon   the real memprofd --device=cuda:0 --model=llama-1b driven by the real
 #            memprofctl: training with checkpointing and offloading off / host /
 #            disk, a snapshot taken during training, a CUDA memory-history dump,
@@ -26,8 +32,9 @@
 # Without a CUDA device, or with GPU_KIT_DRY_RUN=1, it is a dry run on the CPU:
 # the tiny preset, --device=cpu, offloading to disk (host is a no-op on a CPU),
 # CUDA test cases skipping by themselves.
-# Knobs: GPU_KIT_PARTS (default tests,bench,plan,daemon,hf,viz,trl,nccl; hf, viz and trl
-# need daemon), GPU_KIT_PRESET, GPU_KIT_BATCH, GPU_KIT_SEQ, GPU_KIT_STEPS,
+# Knobs: GPU_KIT_PARTS (default tests,bench,plan,speed,daemon,hf,viz,trl,nccl; hf, viz and
+# trl need daemon), GPU_KIT_PRESET, GPU_KIT_BATCH, GPU_KIT_SEQ, GPU_KIT_STEPS,
+# GPU_KIT_SPEED_BATCH, GPU_KIT_SPEED_SEQ, GPU_KIT_SPEED_STEPS (the speed part's),
 # GPU_KIT_BUDGET_S (default 480: parts that would start past it are not run),
 # GPU_KIT_CARRIED_GLIBC=1 (start the binaries through the kit's glibc even where
 # the host's is new enough), PYTHON (default python3).
@@ -76,14 +83,16 @@ if [ "${GPU_KIT_DRY_RUN:-0}" = 1 ] || [ "$cuda_count" = 0 ]; then
   steps=${GPU_KIT_STEPS:-4} runs=ckpt-off,ckpt-disk,nockpt-off,nockpt-disk record_run=ckpt-disk
   bench_args=(1 2 64 cpu)
   plan_args=(cpu tiny 0 1x128)
+  speed_batch=${GPU_KIT_SPEED_BATCH:-2} speed_seq=${GPU_KIT_SPEED_SEQ:-64} speed_steps=${GPU_KIT_SPEED_STEPS:-3}
 else
   dry=0 device=cuda:0 preset=${GPU_KIT_PRESET:-llama-1b} batch=${GPU_KIT_BATCH:-4} seq=${GPU_KIT_SEQ:-512}
   steps=${GPU_KIT_STEPS:-5} runs=ckpt-off,ckpt-host,ckpt-disk,nockpt-off,nockpt-host record_run=ckpt-host
   bench_args=(3 4 128 cuda)
   plan_args=(cuda:0 tiny,small 0)
   plan_1b_args=(cuda:0 "$preset" 0 "${batch}x${seq}")
+  speed_batch=${GPU_KIT_SPEED_BATCH:-8} speed_seq=${GPU_KIT_SPEED_SEQ:-2048} speed_steps=${GPU_KIT_SPEED_STEPS:-4}
 fi
-parts=",${GPU_KIT_PARTS:-tests,bench,plan,daemon,hf,viz,trl,nccl},"
+parts=",${GPU_KIT_PARTS:-tests,bench,plan,speed,daemon,hf,viz,trl,nccl},"
 if [ "$dry" = 1 ] && [ "${GPU_KIT_DRY_RUN:-0}" != 1 ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu-run: nvidia-smi lists a GPU but $py's torch sees no CUDA device; not a dry run by mistake:"
   nvidia-smi -L
@@ -208,6 +217,25 @@ if [[ $parts == *,plan,* ]]; then
     part plan_bench_1b 150 "${bin_env[@]}" "${runner[@]}" "$kit/bin/plan_bench" "${plan_1b_args[@]}"
   fi
 fi
+# TRL's wheel, unpacked (it is pure Python): the transformers side of the speed
+# and trl parts imports it; Liger's likewise, where the kit carries it.
+mkdir -p "$work/trl"
+"$py" -m zipfile -e "$kit"/wheels/trl-*.whl "$work/trl"
+liger_dir=""
+for w in "$kit"/wheels/liger_kernel-*.whl; do
+  [ -f "$w" ] && mkdir -p "$work/liger" && "$py" -m zipfile -e "$w" "$work/liger" && liger_dir=$work/liger
+done
+if [[ $parts == *,speed,* ]]; then
+  # The one comparison at scale: the same model and batch on every side.
+  part speed 240 "$py" deploy/gpu-kit/drive_daemon.py --memprofd "$work/memprofd" \
+    --memprofctl "$work/memprofctl" --device "$device" --preset "$preset" --work "$work/speed" \
+    --runs ckpt-off,ckpt-off-bf16 --snapshot_run none --record_run none --skip_oom \
+    --steps "$speed_steps" --batch_size "$speed_batch" --seq_len "$speed_seq" --out "$work/speed.json"
+  if [ -f "$work/speed.json" ]; then
+    part speed_hf 240 "$py" deploy/gpu-kit/trl_baseline.py "$work/speed.json" "$device" "$work/trl" \
+      "$work/speed_hf.json" ckpt-none,ckpt-none-bf16,ckpt-liger,ckpt-liger-bf16 "$liger_dir"
+  fi
+fi
 if [[ $parts == *,daemon,* ]]; then
   part daemon 300 "$py" deploy/gpu-kit/drive_daemon.py --memprofd "$work/memprofd" \
     --memprofctl "$work/memprofctl" --device "$device" --preset "$preset" --work "$work" \
@@ -227,8 +255,6 @@ if [[ $parts == *,daemon,* ]]; then
       part viz_structure 60 "$py" tests/memory/check_memory_viz.py "$work/memory-history.pickle"
     fi
     if [[ $parts == *,trl,* ]]; then
-      mkdir -p "$work/trl"  # TRL's wheel, unpacked: it is pure Python
-      "$py" -m zipfile -e "$kit"/wheels/trl-*.whl "$work/trl"
       part trl 180 "$py" deploy/gpu-kit/trl_baseline.py "$work/daemon.json" "$device" "$work/trl" \
         "$work/trl.json"
     fi
@@ -253,6 +279,7 @@ cp "$work"/*.xml "$out/" 2>/dev/null
 [ -f "$out/memory-history.pickle.gz" ] && [ "$(stat -c %s "$out/memory-history.pickle.gz")" -gt $((15 << 20)) ] &&
   rm -f "$out/memory-history.pickle.gz" && echo "(memory history over 15 MiB compressed: left in $work)"
 (cd "$work" && tar -czf "$out/logs.tar.gz" --exclude='*.pickle' --exclude='snapshots' --exclude='trl' \
+  --exclude='liger' \
   --exclude='tests-tmp' --exclude='*.bin' --exclude='memprofd' --exclude='memprofctl' --exclude='*.xml' \
   --exclude='*spill*' .)
 echo "gpu-run: exit $status in $(($(date +%s) - t_start)) s; files in $out"

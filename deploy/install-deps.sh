@@ -74,5 +74,9 @@ $SUDO "$venv/bin/pip" install "${pip_args[@]}" -r "$requirements"
 # TRL's wheel itself, for the GPU run kit (deploy/gpu-kit-pack.sh).
 trl_pin=$(grep -E '^trl==' "$requirements")
 $SUDO "$venv/bin/pip" download "${pip_args[@]}" --no-deps -d "$venv/wheels" "$trl_pin"
+# Wheels the kit carries without the venv installing them ("# kit-wheel: " lines).
+for pin in $(sed -n 's/^# kit-wheel: //p' "$requirements"); do
+  $SUDO "$venv/bin/pip" download "${pip_args[@]}" --no-deps -d "$venv/wheels" "$pin"
+done
 $SUDO cp "$requirements" "$stamp"
 "$venv/bin/python" -c 'import torch; print("install-deps: torch", torch.__version__, "CUDA", torch.version.cuda, "C++11 ABI", torch._C._GLIBCXX_USE_CXX11_ABI)'

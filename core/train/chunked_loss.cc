@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "core/memory/tagging.h"
 #include "core/model/llama.h"
 #include "core/train/autocast.h"
 #include "core/train/eval_options.h"
@@ -40,144 +41,222 @@ at::ScalarType HeadComputeType(const at::Tensor& hidden, const at::Tensor& weigh
   return weight.scalar_type();
 }
 
-struct Chunk {
-  int64_t start;
-  int64_t rows;
+// The float32 rows of a [vocab, hidden] gradient widened from bf16 at a
+// time on the CPU: LibTorch's CPU add_ of a bf16 tensor into a float32 one
+// widens the whole bf16 operand into a hidden temporary first (the weight's
+// size in float32, which a dry run cannot see); explicit casts of blocks of
+// at most this many bytes bound it and show it to the planner. CUDA's add_
+// casts inside its kernel: one call there (blocks would be launches).
+constexpr int64_t kWidenBlockBytes = int64_t{4} << 20;
+
+void AddWidened(at::Tensor& sum, const at::Tensor& part) {
+  const c10::DeviceType device = sum.device().type();
+  if (device != c10::DeviceType::CPU &&
+      !(device == c10::DeviceType::Meta &&
+        CurrentMetaAutocastTarget() == MetaAutocastTarget::kCpu)) {
+    sum.add_(part);
+    return;
+  }
+  const int64_t rows = std::max<int64_t>(
+      1, kWidenBlockBytes / std::max<int64_t>(sum.size(1) * sum.element_size(), 1));
+  for (int64_t start = 0; start < sum.size(0); start += rows) {
+    const int64_t n = std::min(rows, sum.size(0) - start);
+    sum.narrow(0, start, n).add_(part.narrow(0, start, n).to(sum.scalar_type()));
+  }
+}
+
+// What the forward pass leaves: the float32 scalar loss, and, when asked
+// for, its gradients: `grad_hidden` [tokens, hidden] in the compute dtype
+// (ignored rows zero) and `grad_weight` [vocab, hidden] in float32. Backward
+// multiplies both by the incoming gradient.
+struct FusedForward {
+  at::Tensor loss;
+  at::Tensor grad_hidden;
+  at::Tensor grad_weight;
 };
+
+// The head's logits, the loss and (want_hidden, want_weight) its gradients,
+// chunk by chunk. Every chunk reuses the same [chunk x vocab] buffers: a
+// fresh buffer per chunk costs the CPU allocator's page faults on every one
+// (as much as the log-softmax itself at 128k ids).
+FusedForward RunFused(const at::Tensor& hidden, const at::Tensor& weight,
+                      const at::Tensor& targets, int64_t chunk_tokens,
+                      LossReduction reduction, bool want_hidden, bool want_weight,
+                      ModuleId head, ModuleId loss) {
+  TORCH_CHECK(chunk_tokens >= 1, "chunk_tokens must be >= 1, got ", chunk_tokens);
+  TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "hidden [..., ",
+              hidden.size(-1), "] does not match the head weight ", weight.sizes());
+  TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "targets ",
+              targets.sizes(), " do not match hidden ", hidden.sizes());
+  const at::ScalarType compute = HeadComputeType(hidden, weight);
+  const bool low = compute != at::kFloat;
+  // The casts below are autocast's; nothing inside may autocast again.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
+  const at::Tensor t = targets.reshape({-1});
+  const int64_t n = h.size(0);
+  const int64_t vocab = weight.size(0);
+  const int64_t rows_max = std::max<int64_t>(std::min(chunk_tokens, n), 1);
+  const bool grads = want_hidden || want_weight;
+  const at::TensorOptions f32 = h.options().dtype(at::kFloat);
+
+  FusedForward out;
+  at::Tensor w, low_logits, low_part;
+  {
+    ModuleScope scope(head);
+    w = weight.to(compute);
+    // The chunk's logits in the compute dtype, then its gradient cast back
+    // to it for the two matmuls; and one chunk's share of the weight's
+    // gradient, summed into float32.
+    if (low) low_logits = at::empty({rows_max, vocab}, h.options().dtype(compute));
+    if (low && want_weight) low_part = at::empty_like(weight, w.options());
+    if (want_hidden)
+      out.grad_hidden = at::empty({n, h.size(1)}, h.options().dtype(compute));
+  }
+  if (want_weight) {
+    // The weight's gradient, made early: counted as its parameter's gradient
+    // (it becomes .grad in backward, adopted without a copy).
+    memory::OwnedByScope owner(weight, Category::kGradients);
+    out.grad_weight = at::empty(weight.sizes(), f32);
+  }
+  // The float32 logits: the head's output, or under autocast the loss's
+  // upcast of it (as in the unchunked path).
+  at::Tensor logits_buffer;
+  {
+    ModuleScope scope(low ? loss : head);
+    logits_buffer = at::empty({rows_max, vocab}, f32);
+  }
+  ModuleScope scope(loss);
+  const at::Tensor valid = t.ne(kIgnoreIndex);
+  const at::Tensor index = t.masked_fill(valid.logical_not(), 0).unsqueeze(1);
+  // d loss / d logits = (softmax - onehot(target)) * row_scale: 1 / kept
+  // tokens for the mean (1 for the sum), 0 for an ignored target.
+  at::Tensor row_scale = valid.to(at::kFloat).unsqueeze(1);
+  if (reduction == LossReduction::kMean) row_scale.div_(valid.sum());
+  at::Tensor target_logprob = at::empty({n}, f32);
+  for (int64_t start = 0; start < n; start += chunk_tokens) {
+    const int64_t rows = std::min(chunk_tokens, n - start);
+    at::Tensor logits = logits_buffer.narrow(0, 0, rows);
+    at::Tensor hc, lowc;
+    {
+      ModuleScope head_scope(head);
+      hc = h.narrow(0, start, rows).to(compute);
+      if (low) {
+        lowc = low_logits.narrow(0, 0, rows);
+        at::mm_out(lowc, hc, w.t());
+      } else {
+        at::mm_out(logits, hc, w.t());
+      }
+    }
+    if (low) logits.copy_(lowc);  // the loss in float32, as transformers upcasts
+    at::_log_softmax_out(logits, logits, 1, false);
+    const at::Tensor idx = index.narrow(0, start, rows);
+    const at::Tensor logprob = logits.gather(1, idx);
+    target_logprob.narrow(0, start, rows).copy_(logprob.squeeze(1));
+    if (!grads) continue;
+    // The logits' gradient, (softmax - onehot(target)) * scale, in place and
+    // in float32, rounded once to the compute dtype after. In the order
+    // log_softmax's backward computes it under cross_entropy, so that a
+    // whole batch in one chunk gets the unchunked gradient bit for bit:
+    // exp(logp) * scale everywhere, then the target's minus scale. Scaling
+    // after the matmuls would save a pass but moves the float32 gradients by
+    // up to 1e-6 of the unchunked ones; a mul_out into the bf16 buffer would
+    // save one, but LibTorch's CPU kernels compute a mixed-dtype output in a
+    // hidden float32 temporary, which a dry run cannot see.
+    const at::Tensor scale = row_scale.narrow(0, start, rows);
+    at::exp_out(logits, logits);
+    logits.mul_(scale);
+    logits.scatter_add_(1, idx, scale.neg());
+    if (low) lowc.copy_(logits);
+    const at::Tensor dlogits = low ? lowc : logits;
+    ModuleScope head_scope(head);
+    if (want_hidden) {
+      at::Tensor dh = out.grad_hidden.narrow(0, start, rows);
+      at::mm_out(dh, dlogits, w);
+    }
+    if (want_weight) {
+      if (low) {
+        at::mm_out(low_part, dlogits.t(), hc);
+        if (start == 0) {
+          out.grad_weight.copy_(low_part);
+        } else {
+          AddWidened(out.grad_weight, low_part);
+        }
+      } else if (start == 0) {
+        at::mm_out(out.grad_weight, dlogits.t(), hc);
+      } else {
+        out.grad_weight.addmm_(dlogits.t(), hc);
+      }
+    }
+  }
+  at::Tensor sum = target_logprob.masked_fill_(valid.logical_not(), 0).sum().neg_();
+  out.loss = reduction == LossReduction::kMean ? sum.div_(valid.sum()) : sum;
+  return out;
+}
 
 }  // namespace
 
 // In namespace memprofd rather than an anonymous one, so that its autograd
-// node (backward's op name) reads "...memprofd::ChunkedCrossEntropyFunction>".
-class ChunkedCrossEntropyFunction
-    : public torch::autograd::Function<ChunkedCrossEntropyFunction> {
+// node (backward's op name) reads "...memprofd::FusedLinearCrossEntropy>".
+class FusedLinearCrossEntropy
+    : public torch::autograd::Function<FusedLinearCrossEntropy> {
  public:
   // Function::apply runs this with grad mode off; autocast is left as the
-  // caller set it and read here.
+  // caller set it and read here. Called only when some input needs a
+  // gradient (ChunkedHeadCrossEntropy runs RunFused directly otherwise).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets,
                             int64_t chunk_tokens, int64_t reduction, int64_t head_module,
                             int64_t loss_module) {
-    TORCH_CHECK(chunk_tokens >= 1, "chunk_tokens must be >= 1, got ", chunk_tokens);
-    TORCH_CHECK(weight.dim() == 2 && hidden.size(-1) == weight.size(1), "hidden [..., ",
-                hidden.size(-1), "] does not match the head weight ", weight.sizes());
-    TORCH_CHECK(targets.numel() * hidden.size(-1) == hidden.numel(), "targets ",
-                targets.sizes(), " do not match hidden ", hidden.sizes());
-    const at::ScalarType compute = HeadComputeType(hidden, weight);
-    // The casts below are autocast's; nothing inside may autocast again.
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const auto head = static_cast<ModuleId>(head_module);
-    const auto loss = static_cast<ModuleId>(loss_module);
-    const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
-    const at::Tensor t = targets.reshape({-1});
-    const int64_t n = h.size(0);
-
-    at::Tensor w;
-    {
-      ModuleScope scope(head);
-      w = weight.to(compute);
-    }
-    ModuleScope scope(loss);
-    const at::Tensor valid = t.ne(kIgnoreIndex);
-    const at::Tensor index = t.masked_fill(valid.logical_not(), 0).unsqueeze(1);
-    at::Tensor lse = at::empty({n}, h.options().dtype(at::kFloat));
-    at::Tensor target_logit = at::empty({n}, h.options().dtype(at::kFloat));
-    for (int64_t start = 0; start < n; start += chunk_tokens) {
-      const int64_t rows = std::min(chunk_tokens, n - start);
-      at::Tensor logits;
-      {
-        ModuleScope head_scope(head);
-        logits = h.narrow(0, start, rows).to(compute).mm(w.t());
-      }
-      logits = logits.to(at::kFloat);
-      lse.narrow(0, start, rows).copy_(at::logsumexp(logits, {1}));
-      target_logit.narrow(0, start, rows)
-          .copy_(logits.gather(1, index.narrow(0, start, rows)).squeeze(1));
-    }
-    at::Tensor result = (lse - target_logit).masked_fill_(valid.logical_not(), 0).sum();
-    if (static_cast<LossReduction>(reduction) == LossReduction::kMean) {
-      result = result / valid.sum();
-    }
-    ctx->save_for_backward({hidden, weight, targets, lse});
-    ctx->saved_data["chunk_tokens"] = chunk_tokens;
-    ctx->saved_data["reduction"] = reduction;
+    FusedForward f = RunFused(
+        hidden, weight, targets, chunk_tokens, static_cast<LossReduction>(reduction),
+        hidden.requires_grad(), weight.requires_grad(),
+        static_cast<ModuleId>(head_module), static_cast<ModuleId>(loss_module));
+    // The hidden states' gradient is what backward needs of the forward, as
+    // a saved activation (the offloader's hooks see it, like any other); the
+    // weight's is a gradient already, held beside the graph.
+    ctx->save_for_backward({f.grad_hidden});
+    ctx->saved_data["grad_weight"] = f.grad_weight;
+    ctx->saved_data["pending"] = true;
+    ctx->saved_data["hidden_sizes"] = hidden.sizes();
+    ctx->saved_data["hidden_dtype"] = static_cast<int64_t>(hidden.scalar_type());
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["head_module"] = head_module;
-    ctx->saved_data["loss_module"] = loss_module;
-    ctx->saved_data["compute"] = static_cast<int64_t>(compute);
-    return result;
+    return f.loss;
   }
 
+  // Only scales what forward computed: no matmul, no [tokens x vocab].
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor& hidden = saved[0];
-    const at::Tensor& weight = saved[1];
-    const int64_t chunk_tokens = ctx->saved_data["chunk_tokens"].toInt();
-    const auto reduction =
-        static_cast<LossReduction>(ctx->saved_data["reduction"].toInt());
-    const auto head = static_cast<ModuleId>(ctx->saved_data["head_module"].toInt());
-    const auto loss = static_cast<ModuleId>(ctx->saved_data["loss_module"].toInt());
-    const auto compute = static_cast<at::ScalarType>(ctx->saved_data["compute"].toInt());
-    // Backward runs outside autocast; the forward's casts are replayed
-    // explicitly, and nothing here may autocast.
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    const at::Tensor h = hidden.reshape({-1, hidden.size(-1)});
-    const at::Tensor t = saved[2].reshape({-1});
-    const at::Tensor& lse = saved[3];
-    const int64_t n = h.size(0);
-    const bool want_hidden = ctx->needs_input_grad(0);
-    const bool want_weight = ctx->needs_input_grad(1);
-
-    at::Tensor w, grad_hidden, grad_weight;
-    {
-      ModuleScope scope(head);
-      w = weight.to(compute);
-      if (want_hidden) grad_hidden = at::empty_like(h);
-      if (want_weight)
-        grad_weight = at::zeros_like(weight, weight.options().dtype(at::kFloat));
+    TORCH_CHECK(ctx->saved_data.count("pending") > 0,
+                "the fused linear cross-entropy's backward runs once: its gradients were "
+                "computed in forward and handed out (retain_graph is not supported)");
+    at::Tensor grad_hidden = ctx->get_saved_variables()[0];
+    at::Tensor grad_weight = ctx->saved_data["grad_weight"].toTensor();
+    const at::Tensor scale = grad_outputs[0].to(at::kFloat);
+    const auto hidden_dtype =
+        static_cast<at::ScalarType>(ctx->saved_data["hidden_dtype"].toInt());
+    const auto weight_dtype =
+        static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
+    const std::vector<int64_t> hidden_sizes =
+        ctx->saved_data["hidden_sizes"].toIntVector();
+    ModuleScope scope(static_cast<ModuleId>(ctx->saved_data["head_module"].toInt()));
+    // Dropped from the node, so that the weight's gradient is handed out with
+    // no other owner (AccumulateGrad adopts it rather than copying).
+    ctx->saved_data.erase("grad_weight");
+    ctx->saved_data.erase("pending");
+    if (grad_hidden.defined()) {
+      grad_hidden = grad_hidden.scalar_type() == hidden_dtype
+                        ? grad_hidden.mul_(scale)
+                        : grad_hidden.to(hidden_dtype).mul_(scale);
+      grad_hidden = grad_hidden.view(hidden_sizes);
     }
-    ModuleScope scope(loss);
-    const at::Tensor valid = t.ne(kIgnoreIndex);
-    const at::Tensor index = t.masked_fill(valid.logical_not(), 0).unsqueeze(1);
-    // d loss / d logit = (softmax - onehot) * scale for kept rows, 0 else.
-    at::Tensor scale = grad_outputs[0].to(at::kFloat);
-    if (reduction == LossReduction::kMean) scale = scale / valid.sum();
-    const at::Tensor row_scale = valid.to(at::kFloat).mul_(scale).unsqueeze(1);
-    const at::Tensor minus_one = at::full({1, 1}, -1.0, lse.options());
-    for (int64_t start = 0; start < n; start += chunk_tokens) {
-      const int64_t rows = std::min(chunk_tokens, n - start);
-      at::Tensor hc, logits;
-      {
-        ModuleScope head_scope(head);
-        hc = h.narrow(0, start, rows).to(compute);
-        logits = hc.mm(w.t());
-      }
-      at::Tensor grad = logits.to(at::kFloat);
-      logits.reset();
-      grad.sub_(lse.narrow(0, start, rows).unsqueeze(1)).exp_();
-      grad.scatter_add_(1, index.narrow(0, start, rows), minus_one.expand({rows, 1}));
-      grad.mul_(row_scale.narrow(0, start, rows));
-      ModuleScope head_scope(head);
-      if (compute == at::kFloat) {
-        if (want_hidden) grad_hidden.narrow(0, start, rows).copy_(grad.mm(w));
-        if (want_weight) grad_weight.addmm_(grad.t(), hc);
-        continue;
-      }
-      // Autocast's backward: the logits' gradient cast to the compute dtype,
-      // both matmuls on the cast values. The weight's is summed over the
-      // chunks in float32 from the rounded values (as one bf16 matmul sums
-      // internally) and rounded once at the end, as the unchunked matmul
-      // rounds its output.
-      const at::Tensor low = grad.to(compute);
-      if (want_hidden) grad_hidden.narrow(0, start, rows).copy_(low.mm(w));
-      if (want_weight) grad_weight.addmm_(grad.copy_(low).t(), hc.to(at::kFloat));
+    if (grad_weight.defined()) {
+      grad_weight.mul_(scale);
+      if (weight_dtype != at::kFloat) grad_weight = grad_weight.to(weight_dtype);
     }
-    if (want_weight && compute != at::kFloat) {
-      grad_weight = grad_weight.to(compute).to(weight.scalar_type());
-    }
-    if (want_hidden) grad_hidden = grad_hidden.view(hidden.sizes());
     // No gradient for the targets and the four integers.
-    return {grad_hidden,  grad_weight,  at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_hidden,  std::move(grad_weight), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(),           at::Tensor()};
   }
 };
 
@@ -203,8 +282,15 @@ at::Tensor ChunkedHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor& w
   // The op that names the chunks' allocations in forward (the op callbacks
   // keep the outermost op of a nest).
   at::RecordFunction op(at::RecordScope::FUNCTION);
-  if (op.isActive()) op.before(std::string_view("memprofd::chunked_cross_entropy"));
-  return ChunkedCrossEntropyFunction::apply(
+  if (op.isActive()) op.before(std::string_view("memprofd::fused_linear_cross_entropy"));
+  if (!at::GradMode::is_enabled() ||
+      !(hidden.requires_grad() || weight.requires_grad())) {
+    // Evaluation: the loss alone, no gradient computed and no node.
+    return RunFused(hidden, weight, targets, chunk_tokens, reduction, false, false,
+                    head_module, loss_module)
+        .loss;
+  }
+  return FusedLinearCrossEntropy::apply(
       hidden, weight, targets, chunk_tokens, static_cast<int64_t>(reduction),
       static_cast<int64_t>(head_module), static_cast<int64_t>(loss_module));
 }

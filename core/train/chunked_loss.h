@@ -1,32 +1,58 @@
 #ifndef MEMPROFD_CORE_TRAIN_CHUNKED_LOSS_H_
 #define MEMPROFD_CORE_TRAIN_CHUNKED_LOSS_H_
 
-// The language-model head and the next-token cross-entropy, computed in
-// chunks of tokens so that no [tokens x vocab] logits (nor their gradient)
-// exist at once.
+// The language-model head and the next-token cross-entropy as one fused
+// operation, computed in chunks of tokens so that no [tokens x vocab] logits
+// (nor their gradient) exist at once, and with both gradients computed in
+// the forward pass, so that backward recomputes nothing.
 //
 // At real vocabularies the logits are the step's largest activation: at
 // 8 x 2048 tokens and Llama 3's 128,256 ids they are 8.4 GB in float32, and
 // the unchunked loss keeps them, their float32 log-softmax and, in backward,
-// their gradient. ChunkedHeadCrossEntropy is one autograd node that saves
-// only the hidden states, the head weight (a parameter, which the offloader
-// never copies), the targets and one float32 logsumexp per token ([tokens]);
-// forward computes each chunk's logits, their logsumexp and the target's
-// logit and drops them; backward recomputes each chunk's logits, turns them
-// into softmax - onehot in place, and adds the chunk's share of the hidden
-// states' gradient (per chunk) and of the weight's gradient (summed). The
-// extra work is one more head matmul per step (the recompute): four instead
-// of three.
+// their gradient. Here, for each chunk of tokens, forward computes the
+// chunk's logits into one reused [chunk x vocab] float32 buffer, turns them
+// into log-probabilities in place (the target's is the chunk's loss), then
+// into (softmax - onehot(target)) / kept tokens in place (the logits'
+// gradient for the mean; ignored targets, -100, get zero rows), and adds
+// the chunk's share of the hidden states' gradient (dlogits . W, its rows)
+// and of the weight's gradient (dlogits^T . h, summed over the chunks in
+// float32). Three matmuls per chunk, as the unchunked loss's forward and
+// backward do, never a fourth. What backward needs is what forward leaves:
+// the hidden states' gradient [tokens x hidden], saved for backward (a saved
+// activation: the offloader's hooks see it, and it replaces the hidden
+// states themselves, which nothing needs any more), and the weight's
+// gradient [vocab x hidden] in float32, attributed from its allocation to
+// the weight's module as a gradient (category gradients), which it is.
+// Backward multiplies both by the incoming gradient (1, or 1 / micro-batches
+// under accumulation) and hands the weight's out with no other owner, so
+// that AccumulateGrad adopts it as .grad without a copy (tied embeddings:
+// the embedding's gradient, the same parameter).
+//
+// Costs against the unchunked loss: the same three matmuls; per chunk three
+// in-place passes over the chunk's logits (log-softmax, exp, the scale),
+// each row's log-softmax in cache; no [tokens x vocab] allocation, and the
+// one chunk buffer allocated once per step (a fresh buffer per chunk costs
+// the CPU allocator's page faults every time: as much as the log-softmax
+// itself at 128k ids); the weight's float32 gradient exists from the end of forward
+// rather than from the start of backward, while the hidden states it stands beside are no
+// longer saved. Without gradients (evaluation, or neither input requiring one) only the
+// loss is computed, and no autograd node is made. The backward runs once: retain_graph is
+// refused with a message.
 //
 // Precision is transformers' ForCausalLMLoss's: the logits are upcast to
 // float32 before the loss. Under bf16 autocast the head's matmuls run in
 // bf16, as autocast runs the unchunked linear (inputs and weight cast to
-// bf16), and the loss in float32; the function reads the autocast state
-// when it runs forward and replays it in backward, which runs outside
-// autocast: the logits' gradient is cast to bf16 for both matmuls and the
-// weight's gradient, summed over the chunks in float32, is rounded to bf16
-// once, as the unchunked bf16 matmul rounds its output (the gradients then
-// equal autocast's unchunked ones; chunked_loss_test measures it).
+// bf16), and the loss in float32; the function reads the autocast state when
+// it runs forward: the logits' scaled gradient is computed in float32 and
+// rounded once to bf16 for both matmuls (as autocast's backward casts the
+// float32 loss's gradient), the hidden states' gradient is kept in bf16 (as
+// the bf16 matmul returns it; half the bytes of the float32 hidden states)
+// and widened in backward, and each chunk's share of the weight's gradient,
+// a bf16 matmul, is summed in float32. The gradients then differ from
+// autocast's unchunked ones by bf16 rounding only (each chunk's share of
+// the weight's gradient is rounded to bf16 before the float32 sum, where
+// the unchunked matmul rounds the whole sum once; chunked_loss_test
+// measures it).
 //
 // Chunk size (AutomaticLossChunkTokens): min(hidden_size, the rows whose
 // float32 logits fit kMaxLossChunkBytes), but at least kMinLossChunkTokens.
@@ -82,8 +108,10 @@ enum class LossReduction { kMean, kSum };
 // `chunk_tokens` >= 1 rows a chunk (one larger than the token count is one
 // chunk). Allocations for the head's matmuls are attributed to
 // `head_module`, the loss's to `loss_module`, under the op
-// "memprofd::chunked_cross_entropy" in forward (backward's op is the node,
-// "...ChunkedCrossEntropyFunction"). Differentiable in hidden and weight.
+// "memprofd::fused_linear_cross_entropy" in forward (backward's op is the
+// node, "...FusedLinearCrossEntropy"); the weight's gradient to the weight's
+// module, category gradients. Differentiable in hidden and weight, once;
+// with grad mode off, or neither requiring grad, the loss alone (no node).
 // Throws c10::Error like any LibTorch op (bad shapes, a target out of range,
 // out of memory): run it inside TorchBoundary.
 at::Tensor ChunkedHeadCrossEntropy(const at::Tensor& hidden, const at::Tensor& weight,

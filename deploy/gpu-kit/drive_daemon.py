@@ -2,13 +2,16 @@
 
 Starts memprofd on --device with the --preset model, then with memprofctl:
   - trains a few steps per run in --runs (NAME = ckpt-off, ckpt-host, nockpt-disk,
-    ...: gradient checkpointing on/off, offloading off/host/disk);
+    ckpt-off-bf16, ...: gradient checkpointing on/off, offloading off/host/disk,
+    and bf16 autocast where the name ends in -bf16), each run's summary with its
+    tokens per second;
   - during the --snapshot_run, asks for a snapshot from a second memprofctl while
     the first one is still training (it lands at the next step boundary);
   - around the --record_run, records the memory history and dumps it as a
     memory_viz pickle;
   - scrapes /metrics, checks the counters against the step reports;
-  - on CUDA, trains a step that cannot fit: the OOM report and what follows it;
+  - on CUDA (unless --skip_oom), trains a step that cannot fit: the OOM report
+    and what follows it;
   - stops the daemon with SIGTERM (it must exit 0).
 Every run trains on one token file of exactly seq_len + 1 ids, so that every batch
 is the same window: the snapshot's loss on it (check_snapshot_hf.py) must equal the
@@ -40,8 +43,10 @@ p.add_argument("--device", required=True)  # cuda:0 or cpu
 p.add_argument("--preset", required=True)
 p.add_argument("--work", required=True)  # snapshots, spill file, token file, logs
 p.add_argument("--runs", required=True)  # comma-separated run names
-p.add_argument("--snapshot_run", required=True)
-p.add_argument("--record_run", required=True)
+p.add_argument("--snapshot_run", required=True)  # a run name, or none
+p.add_argument("--record_run", required=True)  # a run name, or none
+p.add_argument("--attn", default="sdpa")  # memprofctl train --attn_implementation
+p.add_argument("--skip_oom", action="store_true")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--seq_len", type=int, default=512)
@@ -115,10 +120,12 @@ def num(v):
 
 
 def train_run(name):
-    ckpt, target = name.split("-")  # ckpt|nockpt, off|host|disk
+    ckpt, target, *rest = name.split("-")  # ckpt|nockpt, off|host|disk[, bf16]
+    precision = "bf16" if rest == ["bf16"] else "no"
     cmd = [args.memprofctl, "--addr=" + addr, "--json", "train", "--steps", str(args.steps),
            "--batch_size", str(args.batch_size), "--seq_len", str(args.seq_len),
-           "--learning_rate", str(args.lr), "--token_data", tokens_path, "--bytes_per_token", "4"]
+           "--learning_rate", str(args.lr), "--token_data", tokens_path, "--bytes_per_token", "4",
+           "--attn_implementation", args.attn, "--mixed_precision", precision]
     if ckpt == "ckpt":
         cmd.append("--gradient_checkpointing")
     if target != "off":
@@ -162,8 +169,10 @@ def train_run(name):
     # Summary: the median step time leaves out step 1 (warm-up) when there are more.
     timed = reports[1:] if len(reports) > 2 else reports
     if reports:
+        step_seconds = statistics.median(r["step_seconds"] for r in timed)
         result["summary"] = {
-            "step_seconds": statistics.median(r["step_seconds"] for r in timed),
+            "step_seconds": step_seconds, "precision": precision,
+            "tokens_per_second": args.batch_size * args.seq_len / step_seconds,
             "peak_allocated_bytes": max(num(r["peak_allocated_bytes"]) for r in reports),
             "peak_resident_saved_bytes": max(num(r["offload"]["peak_resident_saved_bytes"]) for r in reports),
             "bytes_out": statistics.median(num(r["offload"]["bytes_out"]) for r in timed),
@@ -296,7 +305,7 @@ try:
             snapshot["eval_loss_" + precision] = loss
             check("evaluate the snapshot (mixed_precision %s)" % precision,
                   loss is not None and np.isfinite(loss), loss)
-    if args.device.startswith("cuda"):
+    if args.device.startswith("cuda") and not args.skip_oom:
         cuda_oom(tokens_path, vocab)
 except Exception as e:  # a failed command: recorded, and the daemon still stopped
     check("daemon part ran through", False, repr(e))
@@ -315,6 +324,7 @@ record = [r for r in runs.values() if "memory_dump" in r]
 json.dump({"device": status["device"], "build": status.get("build"), "preset": args.preset,
            "config": config, "num_parameters": num_params, "load_seconds": load_seconds,
            "batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "lr": args.lr,
+           "attn": args.attn,
            "tokens": tokens_path, "runs": runs, "snapshot": snapshot,
            "memory_dump": record[0]["memory_dump"] if record else None,
            "memory": memory, "checks": checks},

@@ -4,8 +4,18 @@
 
 Reads what the parts left in WORK: parts.tsv (part, exit status, seconds, note,
 written by gpu-run.sh), the gtest XML files, daemon.json, hf.json, viz.json,
-trl.json and nccl.json. Prints the table, writes everything to OUT.json, exits 1 if any part
-or check failed (a part that did not run is a failure too).
+trl.json, speed.json, speed_hf.json and nccl.json. Prints the table, writes everything to
+OUT.json, exits 1 if any part or check failed (a part that did not run is a failure too).
+
+The speed table (the speed parts): memprofd, transformers and transformers +
+Liger's fused linear cross-entropy on the same model, batch and checkpointing,
+float32 and bf16: step time, tokens per second, peak allocated and MFU, the
+model FLOPs per token (PaLM's 6 N + 12 L hidden seq, N the layers' projections
+and the head) over the device's dense bf16 peak from its datasheet
+(DENSE_BF16_PEAK; n/a for a device not listed and on the CPU), and the
+targets: memprofd's step <= 0.97x transformers' in each precision, MFU >= 45%
+in bf16, peak <= transformers + Liger's. Targets are printed, not checks: a
+run that misses one still passes.
 """
 import glob
 import json
@@ -61,7 +71,7 @@ if mode == "gpu" and any(name.endswith("_test") for name in parts):
     rows.append(("CUDA test cases ran (none skipped)", not cuda_skipped,
                  "skipped: " + ", ".join(cuda_skipped) if cuda_skipped else ""))
 
-docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl", "nccl")}
+docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl", "speed", "speed_hf", "nccl")}
 for key, doc in docs.items():
     for c in (doc or {}).get("checks", []):
         rows.append(("%s: %s" % (key, c["name"]), c["ok"], c["detail"]))
@@ -82,11 +92,13 @@ figures = []  # (side, ckpt, offload, summary)
 if d:
     for name, run in d["runs"].items():
         if "summary" in run:
-            ckpt, target = name.split("-")
+            ckpt, target = name.split("-")[:2]
             figures.append(("memprofd", ckpt, target, run["summary"]))
 if t:
     for name, m in t["modes"].items():
-        ckpt, off = name.split("-")
+        ckpt, off = name.split("-")[:2]
+        if "skipped" in m:
+            continue
         figures.append(("transformers" + ("+TRL" if off == "trl" else ""), ckpt,
                         "OffloadActivations" if off == "trl" else "off", m))
 if figures:
@@ -123,6 +135,74 @@ if ratios:
     lines.append("")
     lines.append("memprofd / transformers (same model, batch and checkpointing; < 1 is memprofd smaller or faster):")
     lines += ["  " + r for r in ratios]
+# ---- the speed parts: memprofd vs transformers vs transformers + Liger ----
+DENSE_BF16_PEAK = [  # FLOP/s, dense (no sparsity), from NVIDIA's datasheets
+    ("H100 NVL", 835e12), ("H100 PCIe", 756e12), ("H100", 989.4e12), ("H200", 989.4e12),
+    ("B200", 2250e12), ("A100", 312e12), ("L40S", 362.05e12)]
+
+
+def flops_per_token(c, seq):
+    g = {k: int(c[k]) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                "num_key_value_heads", "intermediate_size", "vocab_size")}
+    g["head_dim"] = int(c.get("head_dim") or 0)
+    hidden, layers = g["hidden_size"], g["num_hidden_layers"]
+    heads, kv = g["num_attention_heads"], g["num_key_value_heads"]
+    head_dim = g.get("head_dim") or hidden // heads
+    per_layer = (2 * hidden * heads * head_dim + 2 * hidden * kv * head_dim +
+                 3 * hidden * g["intermediate_size"])
+    n = layers * per_layer + g["vocab_size"] * hidden
+    return 6.0 * n + 12.0 * layers * hidden * seq
+
+
+sp, sh = docs["speed"], docs["speed_hf"]
+speed_rows = []  # (side, precision, summary)
+if sp:
+    for name, run in sp["runs"].items():
+        if "summary" in run:
+            speed_rows.append(("memprofd", run["summary"]["precision"], run["summary"]))
+if sh:
+    for name, m in sh["modes"].items():
+        side = "transformers+Liger" if name.split("-")[1] == "liger" else "transformers"
+        if "skipped" in m:
+            lines.append("speed: %s (%s): %s" % (side, name, m["skipped"]))
+            continue
+        speed_rows.append((side, m["precision"], m))
+if sp and speed_rows:
+    name = (sh or {}).get("device_name", "cpu")
+    peak = next((f for key, f in DENSE_BF16_PEAK if key in name), None)
+    fpt = flops_per_token(sp["config"], sp["seq_len"])
+    lines.append("")
+    lines.append("speed: %s, batch %d x %d, checkpointing on, attention %s; MFU against %s" % (
+        sp["preset"], sp["batch_size"], sp["seq_len"], sp.get("attn", "?"),
+        "%s's dense bf16 peak, %.0f TFLOP/s" % (name, peak / 1e12) if peak else "n/a (%s)" % name))
+    lines.append("%-20s %-9s %9s %11s %7s %12s" % ("side", "precision", "step s", "tokens/s", "MFU",
+                                                   "peak alloc"))
+    by = {}
+    for side, precision, m in speed_rows:
+        by[(side, precision)] = m
+        tps = m["tokens_per_second"]
+        lines.append("%-20s %-9s %9.3f %11.0f %7s %12s" % (
+            side, "bf16" if precision == "bf16" else "float32", m["step_seconds"], tps,
+            "%.1f%%" % (100 * tps * fpt / peak) if peak else "n/a", size(m["peak_allocated_bytes"])))
+    for precision in ("no", "bf16"):
+        ours, hf, lg = (by.get((s, precision)) for s in ("memprofd", "transformers", "transformers+Liger"))
+        if not ours:
+            continue
+        label = "bf16" if precision == "bf16" else "float32"
+        if hf:
+            r = ours["step_seconds"] / hf["step_seconds"]
+            lines.append("  %s: step memprofd/transformers %.3f (target <= 0.97: %s)" % (
+                label, r, "met" if r <= 0.97 else "missed"))
+        if lg:
+            a, b = ours["peak_allocated_bytes"], lg["peak_allocated_bytes"]
+            lines.append("  %s: step memprofd/transformers+Liger %.3f; peak %s vs %s (target <=: %s)" % (
+                label, ours["step_seconds"] / lg["step_seconds"], size(a), size(b),
+                "met" if a is not None and b is not None and a <= b else "n/a" if a is None or b is None
+                else "missed"))
+        if peak and precision == "bf16":
+            mfu = ours["tokens_per_second"] * fpt / peak
+            lines.append("  bf16: memprofd MFU %.1f%% (target >= 45%%: %s)" % (
+                100 * mfu, "met" if mfu >= 0.45 else "missed"))
 h = docs["hf"]
 if h:
     lines.append("snapshot loss: transformers %.6f, memprofd %s (relative difference %s)" % (

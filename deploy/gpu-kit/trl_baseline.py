@@ -1,15 +1,17 @@
 """The GPU run kit's baseline: the daemon's model and batch in transformers, with
 and without TRL's activation offloading (trl.models.activation_offloading, the
-reference the daemon's offloader is measured against).
+reference the daemon's offloader is measured against), and with Liger's fused
+linear cross-entropy (liger_kernel, the reference the daemon's fused loss is
+measured against).
 
-  trl_baseline.py DAEMON_RESULTS.json DEVICE TRL_DIR OUT.json [MODES]
+  trl_baseline.py DAEMON_RESULTS.json DEVICE TRL_DIR OUT.json [MODES [LIGER_DIR]]
 
 TRL_DIR holds TRL's wheel, unpacked (the GPU host has no TRL). TRL's other
 dependencies (datasets, pandas, pyarrow, ...) are hidden from the import system
 first, so this also shows that the offloading module works without them.
 
 The model: LlamaForCausalLM loaded from the daemon's mid-training snapshot (the
-same config and weights; fp32 and eager attention, the daemon's math), or built
+same config and weights; float32, the attention the daemon ran), or built
 from its config if there is none. The batch: the daemon's one window, batch_size
 times. Each step: forward, cross-entropy, backward, AdamW (the daemon's
 hyperparameters), gradients dropped, as the daemon's step does.
@@ -17,7 +19,14 @@ hyperparameters), gradients dropped, as the daemon's step does.
 MODES (default ckpt-none,nockpt-none,ckpt-trl,nockpt-trl): gradient checkpointing
 (transformers', non-reentrant) on or off x offloading none or TRL's
 get_act_offloading_ctx_manager(model) (its SFTTrainer's: pinned memory, a side
-stream, the LM head not offloaded). Per mode: one warm-up step, steps 2..N timed
+stream, the LM head not offloaded), or "liger": no offloading, the head and the
+loss by Liger's LigerFusedLinearCrossEntropyLoss on the final hidden states
+(its wheel unpacked in LIGER_DIR; a liger mode is skipped, saying so, where
+liger_kernel does not import or there is no CUDA device, its kernels being
+Triton's); a mode ending in -bf16 runs forward and loss under
+torch.autocast(dtype=torch.bfloat16), float32 weights and AdamW, as the
+daemon's mixed_precision bf16. Attention: the daemon's (DAEMON_RESULTS'
+"attn", eager when absent). Per mode: one warm-up step, steps 2..N timed
 (median step time, peak allocated bytes), then one more step instrumented to
 measure the resident saved-activation bytes as the daemon counts them (storages
 of saved non-parameter tensors kept on the compute device, sources of copies in
@@ -38,7 +47,8 @@ from torch.autograd.graph import saved_tensors_hooks
 
 results_path, device, trl_dir, out_path = sys.argv[1:5]
 modes = (sys.argv[5] if len(sys.argv) > 5 else "ckpt-none,nockpt-none,ckpt-trl,nockpt-trl").split(",")
-modes.sort(key=lambda m: m.endswith("-trl"))  # TRL's head hooks stay on the model: plain runs first
+liger_dir = sys.argv[6] if len(sys.argv) > 6 else None
+modes.sort(key=lambda m: m.split("-")[1] == "trl")  # TRL's head hooks stay on the model: plain runs first
 res = json.load(open(results_path))
 cuda = device.startswith("cuda")
 checks = []
@@ -79,16 +89,27 @@ check("TRL's activation_offloading from the carried wheel, its other deps absent
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 torch.backends.cuda.matmul.allow_tf32 = False  # LibTorch's default too: fp32 matmuls
+attn = res.get("attn", "eager")
 snap = res.get("snapshot")
 if snap:
     model = AutoModelForCausalLM.from_pretrained(snap["directory"], dtype=torch.float32,
-                                                 attn_implementation="eager", device_map=device)
+                                                 attn_implementation=attn, device_map=device)
 else:
-    c = res["config"]
-    cfg = LlamaConfig(**{k: int(v) if isinstance(v, str) else v for k, v in c.items()
-                         if k not in ("architecture", "torch_dtype")})
+    # The daemon's config (memprofctl model: int64 fields as strings) as
+    # transformers' LlamaConfig: the shape, and the rope scaling where it has one.
+    c = {k: int(v) if isinstance(v, str) and v.lstrip("-").isdigit() else v
+         for k, v in res["config"].items()}
+    fields = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "num_key_value_heads", "max_position_embeddings",
+              "rms_norm_eps", "rope_theta", "tie_word_embeddings", "head_dim")
+    kwargs = {k: c[k] for k in fields if k in c}
+    rope = c.get("rope") or {}
+    if rope.get("rope_type", "default") != "default":
+        kwargs["rope_scaling"] = {k: int(v) if isinstance(v, str) and v.isdigit() else v
+                                  for k, v in rope.items()}
+    cfg = LlamaConfig(**kwargs)
     with torch.device(device):
-        model = LlamaForCausalLM._from_config(cfg, dtype=torch.float32, attn_implementation="eager")
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.float32, attn_implementation=attn)
 model.train()
 model.config.use_cache = False
 opt = torch.optim.AdamW(model.parameters(), lr=res["lr"], betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
@@ -176,14 +197,38 @@ def make_trl_ctx():
         torch.accelerator.current_accelerator = real
 
 
-def step(ctx):
+def import_liger():
+    """Liger's fused linear cross-entropy loss, or the reason it cannot run here."""
+    if not cuda:
+        return None, "skipped: no CUDA device (Liger's kernels are Triton's, GPU only)"
+    if liger_dir:
+        sys.path.insert(0, liger_dir)
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except Exception as e:  # noqa: BLE001 (any import failure: skipped, saying why)
+        return None, "skipped: liger_kernel does not import (%s)" % repr(e)[:200]
+    return LigerFusedLinearCrossEntropyLoss(), None
+
+
+liger_loss, liger_skipped = None, None
+
+
+def step(ctx, precision="no", loss_kind="hf"):
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    with ctx:
-        logits = model(input_ids=inputs).logits
-        loss = F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+    autocast = (torch.autocast(compute, dtype=torch.bfloat16) if precision == "bf16"
+                else contextlib.nullcontext())
+    with ctx, autocast:
+        if loss_kind == "liger":
+            hidden = model.model(input_ids=inputs).last_hidden_state
+            loss = liger_loss(model.lm_head.weight, hidden.reshape(-1, hidden.shape[-1]),
+                              targets.reshape(-1))
+            logits = None
+        else:
+            logits = model(input_ids=inputs).logits
+            loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
     del logits
     loss.backward()
     opt.step()
@@ -197,7 +242,16 @@ def step(ctx):
 trl_ctx = None
 out = {}
 for mode in modes:
-    ckpt, offload = mode.split("-")
+    ckpt, offload, *rest = mode.split("-")
+    precision = "bf16" if rest == ["bf16"] else "no"
+    loss_kind = "liger" if offload == "liger" else "hf"
+    if loss_kind == "liger":
+        if liger_loss is None and liger_skipped is None:
+            liger_loss, liger_skipped = import_liger()
+        if liger_loss is None:
+            out[mode] = {"skipped": liger_skipped}
+            print("%-16s %s" % (mode, liger_skipped), flush=True)
+            continue
     if ckpt == "ckpt":
         model.gradient_checkpointing_enable()  # use_reentrant=False, transformers' default
     else:
@@ -207,7 +261,7 @@ for mode in modes:
     ctx = trl_ctx if offload == "trl" else contextlib.nullcontext()
     times, peaks, losses = [], [], []
     for i in range(res["steps"]):
-        dt, peak, loss = step(ctx)
+        dt, peak, loss = step(ctx, precision, loss_kind)
         losses.append(loss)
         if i > 0 or res["steps"] < 3:
             times.append(dt)
@@ -225,17 +279,19 @@ for mode in modes:
         for h in handles:
             h.remove()
     else:
-        step(KeepAndCount(meter))
-    out[mode] = {"step_seconds": statistics.median(times),
+        step(KeepAndCount(meter), precision, loss_kind)
+    out[mode] = {"step_seconds": statistics.median(times), "precision": precision,
+                 "tokens_per_second": inputs.numel() / statistics.median(times),
                  "peak_allocated_bytes": max(peaks) if cuda else None,
                  "peak_resident_saved_bytes": meter.peak, "bytes_out": meter.moved,
                  "first_loss": losses[0], "last_loss": losses[-1]}
-    print("%-12s %.3f s/step  peak %s  resident %.0f MiB  moved %.0f MiB  loss %.4f -> %.4f" % (
+    print("%-16s %.3f s/step  peak %s  resident %.0f MiB  moved %.0f MiB  loss %.4f -> %.4f" % (
         mode, out[mode]["step_seconds"],
         "%.0f MiB" % (out[mode]["peak_allocated_bytes"] / 2**20) if cuda else "n/a",
         meter.peak / 2**20, meter.moved / 2**20, losses[0], losses[-1]), flush=True)
     check("%s: losses finite" % mode, all(np.isfinite(losses)), losses)
 
 json.dump({"modes": out, "trl_file": trl_ao.__file__, "checks": checks,
-           "transformers_first_loss": out[modes[0]]["first_loss"]}, open(out_path, "w"), indent=1)
+           "device_name": torch.cuda.get_device_name() if cuda else "cpu",
+           "transformers_first_loss": out[modes[0]].get("first_loss")}, open(out_path, "w"), indent=1)
 sys.exit(0 if all(c["ok"] for c in checks) else 1)

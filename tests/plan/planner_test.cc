@@ -14,6 +14,7 @@
 #include <iostream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/common/phase.h"
 #include "core/memory/install.h"
@@ -223,6 +224,64 @@ TEST_F(PlannerTest, PeakIsAttributedAndSumsToItsCategories) {
       << plan->top_ops_at_peak[0].name;
   EXPECT_FALSE(plan->phase_category_peaks.empty());
   EXPECT_EQ(plan->peak_step, 2);  // the optimizer state is there from the start
+}
+
+// The fused loss where the head dominates: `tiny` at a vocabulary of 16,384
+// (the head 16 MiB in float32), 2 x 64 tokens in chunks of 48 (two whole,
+// one partial). Its chunk buffer, the weight's gradient it makes in forward
+// and the hidden states' gradient it saves, planned as the real steps
+// allocate them: float32, bf16, two accumulated micro-batches with
+// checkpointing, and the head's saved tensors offloaded to disk.
+TEST_F(PlannerTest, FusedLossPlansMatchTheCpuSteps) {
+  LlamaConfig config = testing::PresetConfig("tiny");
+  config.vocab_size = 16384;
+  config.tie_word_embeddings = false;
+  const PlanSpec base = Spec(config, 2, 64, false, AttentionImplementation::kSdpa);
+  std::vector<PlanSpec> specs(4, base);
+  for (PlanSpec& spec : specs) spec.train.loss_chunk_tokens = 48;
+  specs[1].train.mixed_precision = MixedPrecision::kBf16;
+  specs[2].train.grad_accumulation_steps = 2;
+  specs[2].train.gradient_checkpointing = true;
+  specs[3] = DiskOffloaded(specs[3]);
+  specs[3].offload.offload_head = true;
+  for (const PlanSpec& spec : specs) ExpectPlanMatchesCpu(spec, 0.01);
+  // The head weight's float32 gradient exists in forward, as a gradient.
+  absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(specs[0]);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t forward_gradients = 0;
+  for (const PhaseCategoryPeak& p : plan->phase_category_peaks) {
+    if (p.phase == Phase::kForward && p.category == Category::kGradients) {
+      forward_gradients = p.bytes;
+    }
+  }
+  EXPECT_GE(forward_gradients, config.vocab_size * config.hidden_size * 4);
+}
+
+// A tied head at a large vocabulary: the head weight's gradient and the
+// embedding's meet in autograd's input buffer, which sums them in place on a
+// CPU or CUDA device but out of place on meta (LibTorch counts meta tensors
+// as subclass-like: at::isTensorSubclassLike), so the plan holds one more
+// float32 [vocab x hidden] block for that moment of backward. Its excess is
+// that block and no more: an over-estimate, never an under-estimate.
+TEST_F(PlannerTest, ATiedHeadPlansOneGradientSumAboveTheStep) {
+  LlamaConfig config = testing::PresetConfig("tiny");
+  config.vocab_size = 16384;
+  config.tie_word_embeddings = true;
+  PlanSpec spec = Spec(config, 2, 64, false, AttentionImplementation::kSdpa);
+  spec.train.loss_chunk_tokens = 48;
+  absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<std::vector<MeasuredStep>> measured =
+      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+  ASSERT_TRUE(measured.ok()) << measured.status();
+  int64_t real = 0;
+  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  const int64_t block = config.vocab_size * config.hidden_size * 4;
+  std::cout << "tied tiny at 16,384 ids: planned " << plan->peak_allocated_bytes
+            << " B, measured " << real << " B, one gradient block " << block << " B\n";
+  EXPECT_EQ(plan->peak_phase, Phase::kBackward);
+  EXPECT_NEAR(static_cast<double>(plan->peak_allocated_bytes - real),
+              static_cast<double>(block), 0.01 * static_cast<double>(real));
 }
 
 // Every micro-batch after the first starts from the same memory: 4096 of them
