@@ -106,6 +106,21 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
   return OpenedFile{fd, static_cast<size_t>(st.st_size)};
 }
 
+// OpenRegular, and INVALID_ARGUMENT for a file of size 0 (which is also
+// how /proc and /sys files present themselves): what MappedFile and
+// ReadOnlyFile read.
+absl::StatusOr<OpenedFile> OpenNonEmptyRegular(const std::string& path, int64_t max_bytes,
+                                               absl::string_view what,
+                                               const PathRoots* roots) {
+  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
+  if (file.ok() && file->size == 0) {
+    ::close(file->fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " ", Echo(path), " is empty (or a /proc or /sys file, which has no size)"));
+  }
+  return file;
+}
+
 }  // namespace
 
 absl::StatusOr<PathRoots> PathRoots::Create(const std::vector<std::string>& roots,
@@ -179,13 +194,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& 
                                                              int64_t max_bytes,
                                                              absl::string_view what,
                                                              const PathRoots* roots) {
-  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
+  absl::StatusOr<OpenedFile> file = OpenNonEmptyRegular(path, max_bytes, what, roots);
   if (!file.ok()) return file.status();
-  if (file->size == 0) {
-    ::close(file->fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", Echo(path), " is empty (or a /proc or /sys file, which has no size)"));
-  }
   void* data = ::mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, file->fd, 0);
   const int err = errno;
   ::close(file->fd);  // the mapping stays valid
@@ -210,13 +220,8 @@ absl::StatusOr<std::unique_ptr<ReadOnlyFile>> ReadOnlyFile::Open(const std::stri
                                                                  int64_t max_bytes,
                                                                  absl::string_view what,
                                                                  const PathRoots* roots) {
-  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
+  absl::StatusOr<OpenedFile> file = OpenNonEmptyRegular(path, max_bytes, what, roots);
   if (!file.ok()) return file.status();
-  if (file->size == 0) {
-    ::close(file->fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " ", Echo(path), " is empty (or a /proc or /sys file, which has no size)"));
-  }
   return std::unique_ptr<ReadOnlyFile>(new ReadOnlyFile(
       path, std::string(what), file->fd, static_cast<int64_t>(file->size)));
 }

@@ -43,17 +43,26 @@ PlanSpec Spec(const LlamaConfig& config, int64_t batch, int64_t seq, bool checkp
   return spec;
 }
 
+// The higher measured peak of the two steps the planner plans, run for
+// real on the CPU (calibration.h); -1 (and a test failure) when they fail.
+int64_t MeasuredCpuPeak(const PlanSpec& spec) {
+  absl::StatusOr<std::vector<MeasuredStep>> measured =
+      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+  EXPECT_TRUE(measured.ok()) << measured.status();
+  if (!measured.ok()) return -1;
+  EXPECT_EQ(measured->size(), 2u);
+  int64_t real = 0;
+  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  return real;
+}
+
 // The plan's peak against the measured peak of the same two steps on the
 // CPU: within `tolerance` (relative) for the higher step.
 void ExpectPlanMatchesCpu(const PlanSpec& spec, double tolerance) {
   absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<std::vector<MeasuredStep>> measured =
-      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
-  ASSERT_TRUE(measured.ok()) << measured.status();
-  ASSERT_EQ(measured->size(), 2u);
-  int64_t real = 0;
-  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  const int64_t real = MeasuredCpuPeak(spec);
+  ASSERT_GT(real, 0);
   const double error =
       static_cast<double>(plan->peak_allocated_bytes - real) / static_cast<double>(real);
   std::cout << "B=" << spec.train.batch_size << " T=" << spec.train.seq_len
@@ -271,11 +280,8 @@ TEST_F(PlannerTest, ATiedHeadPlansOneGradientSumAboveTheStep) {
   spec.train.loss_chunk_tokens = 48;
   absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<std::vector<MeasuredStep>> measured =
-      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
-  ASSERT_TRUE(measured.ok()) << measured.status();
-  int64_t real = 0;
-  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  const int64_t real = MeasuredCpuPeak(spec);
+  ASSERT_GT(real, 0);
   const int64_t block = config.vocab_size * config.hidden_size * 4;
   std::cout << "tied tiny at 16,384 ids: planned " << plan->peak_allocated_bytes
             << " B, measured " << real << " B, one gradient block " << block << " B\n";
@@ -419,11 +425,8 @@ TEST_F(PlannerTest, OffloadCopiesInFlightAreCountedInTheVerdict) {
   spec.offload.spill_dir = ::testing::TempDir();
   absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  absl::StatusOr<std::vector<MeasuredStep>> measured =
-      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
-  ASSERT_TRUE(measured.ok()) << measured.status();
-  int64_t real = 0;
-  for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
+  const int64_t real = MeasuredCpuPeak(spec);
+  ASSERT_GT(real, 0);
   const int64_t bound = plan->peak_allocated_bytes + plan->offload_in_flight_bytes;
   std::cout << "tiny 8x512 sdpa bf16 offloaded to disk: planned "
             << plan->peak_allocated_bytes << " B, copies in flight up to +"
