@@ -375,13 +375,6 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
                                     std::vector<int64_t>* trainable) {
   ASSIGN_OR_RETURN(MemoryPlan plan,
                    DryRun(spec, group, sdpa, trainable, offload::MetaCopies::kAtOnce));
-  if (spec.target == PlanSpec::Target::kCpu && spec.data_bytes > 0) {
-    // The run's in-memory tokens share the CPU's allocator with the step
-    // for the whole run (the dry run draws from a synthetic window instead).
-    plan.peak_allocated_bytes += spec.data_bytes;
-    plan.activation_bytes += spec.data_bytes;  // the rest, beside the model state
-    plan.categories_at_peak[static_cast<size_t>(Category::kOther)] += spec.data_bytes;
-  }
   if (plan.offloaded_bytes > 0) {
     std::vector<int64_t> unused;
     ASSIGN_OR_RETURN(const MemoryPlan held,
@@ -389,6 +382,14 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
     plan.offload_in_flight_bytes =
         std::max<int64_t>(0, held.peak_allocated_bytes - plan.peak_allocated_bytes);
     plan.allocations += held.allocations;
+  }
+  // After the two dry runs are compared: neither holds the data.
+  if (spec.target == PlanSpec::Target::kCpu && spec.data_bytes > 0) {
+    // The run's in-memory tokens share the CPU's allocator with the step
+    // for the whole run (the dry run draws from a synthetic window instead).
+    plan.peak_allocated_bytes += spec.data_bytes;
+    plan.activation_bytes += spec.data_bytes;  // the rest, beside the model state
+    plan.categories_at_peak[static_cast<size_t>(Category::kOther)] += spec.data_bytes;
   }
   return plan;
 }
