@@ -12,12 +12,6 @@
 namespace memprofd {
 namespace snapshot {
 
-int64_t CarriedFiles::bytes() const {
-  int64_t n = 0;
-  for (const CarriedFile& f : files) n += static_cast<int64_t>(f.bytes.size());
-  return n;
-}
-
 const std::vector<std::string>& CarriedFileNames() {
   static const std::vector<std::string> names = {
       "generation_config.json",

@@ -28,8 +28,6 @@ struct CarriedFiles {
   // Files the directory has but that were not kept, each "name: why" (a
   // symbolic link, not a regular file, over the size limits, unreadable).
   std::vector<std::string> skipped;
-
-  int64_t bytes() const;
 };
 
 // generation_config.json and the tokenizer files transformers and
