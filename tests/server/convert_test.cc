@@ -753,7 +753,7 @@ TEST(ConvertTest, OperationResultsComeBackTyped) {
   ModelSummary model;
   model.source = "preset:tiny";
   model.parameters.push_back(
-      {"model.norm.weight", Placement::kDevice, {256}, "float32", 1024});
+      {"model.norm.weight", Placement::kDevice, {256}, "float32", 1024, {}});
   load.result = model;
   op = ToProto(load);
   ASSERT_EQ(op.result_case(), v1::Operation::kModel);
@@ -772,9 +772,10 @@ TEST(ConvertTest, ModelSummaryListsParametersOnlyWhenAsked) {
   m.num_parameters = 1234;
   m.device = "cpu";
   m.steps_trained = 6;
-  m.parameters = {{"a", Placement::kDevice, {2, 3}, "float32", 24},
-                  {"b", Placement::kCpu, {4}, "bfloat16", 8},
-                  {"c", Placement::kDisk, {}, "float32", 4}};
+  m.parameters = {{"a", Placement::kDevice, {2, 3}, "float32", 24, {"lm_head.weight"}},
+                  {"b", Placement::kCpu, {4}, "bfloat16", 8, {}},
+                  {"c", Placement::kDisk, {}, "float32", 4, {}}};
+  m.load_notes = {"snapshots carry tokenizer.json"};
   const v1::ModelInfo brief = ToProto(m, /*with_parameters=*/false);
   EXPECT_EQ(brief.source(), "/models/llama");
   EXPECT_EQ(brief.config().architecture(), "LlamaForCausalLM");
@@ -786,11 +787,14 @@ TEST(ConvertTest, ModelSummaryListsParametersOnlyWhenAsked) {
   EXPECT_EQ(brief.device(), "cpu");
   EXPECT_EQ(brief.steps_trained(), 6);
   EXPECT_EQ(brief.parameters_size(), 0);
+  EXPECT_THAT(brief.load_notes(), ElementsAre("snapshots carry tokenizer.json"));
 
   const v1::ModelInfo full = ToProto(m, /*with_parameters=*/true);
   ASSERT_EQ(full.parameters_size(), 3);
   EXPECT_EQ(full.parameters(0).name(), "a");
   EXPECT_THAT(full.parameters(0).shape(), ElementsAre(2, 3));
+  EXPECT_THAT(full.parameters(0).tied(), ElementsAre("lm_head.weight"));
+  EXPECT_EQ(full.parameters(1).tied_size(), 0);
   EXPECT_EQ(full.parameters(0).placement(), v1::PLACEMENT_DEVICE);
   EXPECT_EQ(full.parameters(1).placement(), v1::PLACEMENT_CPU);
   EXPECT_EQ(full.parameters(1).dtype(), "bfloat16");
