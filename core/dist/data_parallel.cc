@@ -134,6 +134,24 @@ absl::StatusOr<double> DataParallel::CombineGradNorm(double norm) {
   return std::sqrt(sum);
 }
 
+absl::StatusOr<bool> DataParallel::AgreeOnUpdate(bool keep) {
+  // Unsharded, every rank updates the same parameters from the same
+  // averaged gradients, so each decides alike. Sharded, each rank saw only
+  // its pieces: the update is kept when no rank refused it.
+  if (level_ == Sharding::kNone) return keep;
+  at::Tensor refusals;
+  RETURN_IF_ERROR(TorchBoundary("agreeing on the update", [&] {
+    refusals = at::tensor({keep ? 0.0 : 1.0}, at::TensorOptions().dtype(at::kDouble))
+                   .to(trainer_->model()->device());
+  }));
+  RETURN_IF_ERROR(group_->AllReduceSum(refusals));
+  if (refusals.is_meta()) return keep;  // a plan's dry run, as CombineGradNorm
+  double sum = 0;
+  RETURN_IF_ERROR(
+      TorchBoundary("agreeing on the update", [&] { sum = refusals.cpu().item<double>(); }));
+  return sum == 0;
+}
+
 void DataParallel::BeforeUpdate() {
   // kFull: what backward left gathered (a parameter that got no gradient)
   // goes too.

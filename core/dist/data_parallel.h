@@ -129,6 +129,9 @@ class DataParallel : public StepListener {
   absl::StatusOr<double> CombineGradNorm(double norm) override;
   // kFull: frees what backward left gathered. Otherwise nothing.
   void BeforeUpdate() override;
+  // Sharded: the update is kept when no rank refused its pieces' (one
+  // all-reduce of a float64). kNone: `keep`, which every rank decides alike.
+  absl::StatusOr<bool> AgreeOnUpdate(bool keep) override;
   // kOptimizer and kGradients: all-gathers each parameter from the ranks'
   // pieces (a collective per parameter; its status on failure). Otherwise
   // OK at once.

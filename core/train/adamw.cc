@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <string>
@@ -70,6 +72,80 @@ void FusedAdamW::Step() {
                         /*maximize=*/false);
     }
   }
+}
+
+FusedAdamW::Peek FusedAdamW::PeekStep(int64_t chunk_elements) const {
+  torch::NoGradGuard no_grad;
+  if (chunk_elements <= 0) {
+    int64_t updated = 0;
+    for (const Group& group : groups_) {
+      for (const Slot& s : group.slots) {
+        if (s.target.grad().defined()) updated += s.target.numel();
+      }
+    }
+    chunk_elements = std::clamp<int64_t>(updated / 64, int64_t{1} << 16, int64_t{1} << 22);
+  }
+  // Each chunk's largest |value|, as a tensor on its device: one copy to the
+  // host at the end, not a synchronisation per chunk.
+  std::vector<at::Tensor> largest;
+  std::vector<const Slot*> of;
+  for (const Group& group : groups_) {
+    const Options& o = group.options;
+    for (const Slot& s : group.slots) {
+      const at::Tensor& grad = s.target.grad();
+      const int64_t n = s.target.numel();
+      if (!grad.defined() || n == 0) continue;
+      const at::Tensor p = s.target.reshape({-1});
+      const at::Tensor g = grad.reshape({-1});
+      const at::Tensor step = s.step.defined()
+                                  ? s.step + 1
+                                  : at::ones({}, s.param.options().dtype(at::kFloat));
+      for (int64_t begin = 0; begin < n; begin += chunk_elements) {
+        const int64_t length = std::min(chunk_elements, n - begin);
+        auto copy = [&](const at::Tensor& t) {
+          return t.defined() ? t.reshape({-1}).narrow(0, begin, length).clone()
+                             : at::zeros({length}, p.options());
+        };
+        at::Tensor value = copy(p);
+        at::Tensor exp_avg = copy(s.exp_avg);
+        at::Tensor exp_avg_sq = copy(s.exp_avg_sq);
+        at::_fused_adamw_({value}, {g.narrow(0, begin, length)}, {exp_avg}, {exp_avg_sq},
+                          /*max_exp_avg_sqs=*/{}, {step}, o.learning_rate, o.beta1, o.beta2,
+                          o.weight_decay, o.eps, /*amsgrad=*/false, /*maximize=*/false);
+        // The largest |value| from the extremes (aminmax is one vectorised
+        // pass; the infinity norm is several times slower on the CPU). A NaN
+        // anywhere makes it NaN, read as not finite below.
+        const auto [low, high] = at::aminmax(value);
+        largest.push_back(at::maximum(low.neg(), high).to(at::kDouble).reshape({1}));
+        of.push_back(&s);
+      }
+    }
+  }
+  Peek out;
+  if (largest.empty()) return out;
+  out.param = of.front()->param;
+  if (largest.front().is_meta()) return out;
+  // One copy per device (parameters placed on the CPU beside a GPU model).
+  std::map<std::string, std::vector<size_t>> by_device;
+  for (size_t i = 0; i < largest.size(); ++i) {
+    by_device[largest[i].device().str()].push_back(i);
+  }
+  std::vector<double> values(largest.size());
+  for (const auto& [device, indices] : by_device) {
+    std::vector<at::Tensor> parts;
+    for (size_t i : indices) parts.push_back(largest[i]);
+    const at::Tensor on_host = at::cat(parts).cpu();
+    const double* v = on_host.const_data_ptr<double>();
+    for (size_t k = 0; k < indices.size(); ++k) values[indices[k]] = v[k];
+  }
+  for (size_t i = 0; i < largest.size(); ++i) {
+    const double x = std::isfinite(values[i]) ? values[i] : INFINITY;
+    if (x > out.largest) {
+      out.largest = x;
+      out.param = of[i]->param;
+    }
+  }
+  return out;
 }
 
 void FusedAdamW::ShardFlat(const FlatShardSpec& spec) {

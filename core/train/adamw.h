@@ -51,6 +51,22 @@ class FusedAdamW {
   // call; run it inside TorchBoundary.
   void Step();
 
+  // What Step() would make of the targets, without changing anything: the
+  // same fused kernel run on copies, at most `chunk_elements` of a target at
+  // a time, so that Step() then gives those very values. The extra memory
+  // is three chunks, never a second model: by default (0) a chunk is 1/64 of
+  // the elements updated, at least 2^16 and at most 2^22 (48 MiB of float32
+  // copies for a large model; about 5% of its parameters' bytes for a small
+  // one), few enough chunks that a GPU's launches stay cheap. `largest` is the largest
+  // |value| any updated target would hold (infinity when one would not be
+  // finite), `param` the parameter it belongs to. Meta targets (a plan's dry
+  // run) are copied alike, so that a plan counts the copies, and read as 0.
+  struct Peek {
+    double largest = 0;
+    at::Tensor param;  // undefined: no target would be updated
+  };
+  Peek PeekStep(int64_t chunk_elements = 0) const;
+
   // Shards every slot (above) for `spec.rank` of `spec.world_size`: the
   // state already made is narrowed to the piece (copied, the rest freed), a
   // slot whose piece is empty keeps none. Once only; later calls with the

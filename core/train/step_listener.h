@@ -135,6 +135,12 @@ class StepListener {
   // none): the update skips a parameter without a gradient, its value and
   // state kept (sharded data parallel updates only its own parameters).
   virtual void BeforeUpdate() {}
+  // After BeforeUpdate: whether the update is kept, given whether this
+  // process's would be (every value it would write finite and within
+  // Trainer::kMaxParameterMagnitude). A listener whose process updates only
+  // its share (sharded data parallel) combines every rank's here, so that
+  // all ranks keep it or none does. An error fails the step (no update).
+  virtual absl::StatusOr<bool> AgreeOnUpdate(bool keep) { return keep; }
   // After the optimizer update, in the optimizer phase, before the gradients
   // are cleared; may change parameters (sharded data parallel takes each
   // from the rank that updated it). An error fails the step with that

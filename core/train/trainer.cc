@@ -403,6 +403,39 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
       for (const at::Tensor& g : grads) g.mul_(coef);
     }
     for (StepListener* l : listeners) l->BeforeUpdate();
+    // The update is seen before it is made (on copies, a chunk at a time):
+    // one that diverges is never applied, so the weights stay as they were.
+    const FusedAdamW::Peek peek = optimizer_->PeekStep();
+    const bool local_keep = peek.largest <= kMaxParameterMagnitude;
+    bool keep = local_keep;
+    for (StepListener* l : listeners) {
+      absl::StatusOr<bool> agreed = l->AgreeOnUpdate(keep);
+      if (!agreed.ok()) {
+        batch_status = agreed.status();
+        return;
+      }
+      keep = *agreed;
+    }
+    if (!keep) {
+      ++nonfinite_steps_;
+      std::string what = "another rank's share of the parameters";
+      if (!local_keep) {
+        what = "a parameter";
+        for (const auto& [name, p] : model_->NamedParameters()) {
+          if (p.unsafeGetTensorImpl() == peek.param.unsafeGetTensorImpl()) what = name;
+        }
+        what = absl::StrCat(what, std::isfinite(peek.largest)
+                                      ? absl::StrFormat(" %.3g", peek.largest)
+                                      : std::string(" not finite"));
+      }
+      batch_status = absl::FailedPreconditionError(absl::StrCat(
+          "step ", report.global_step, "'s update would make ", what,
+          " (every parameter must stay finite and within ", kMaxParameterMagnitude,
+          " in magnitude): the training diverged. The update was not applied and the "
+          "weights are as they were before it. Lower learning_rate (",
+          options.learning_rate, "), or set max_grad_norm"));
+      return;
+    }
     optimizer_->Step();
     for (StepListener* l : listeners) {
       absl::Status shared = l->AfterUpdate();

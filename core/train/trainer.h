@@ -176,9 +176,17 @@ class Trainer {
 
   // Steps completed over the trainer's life.
   int64_t global_step() const { return global_step_; }
-  // Steps refused because their loss or gradient norm was not finite (their
-  // update skipped), since this trainer was made.
+  // Steps refused because their loss or gradient norm was not finite, or
+  // because their update would have made a parameter not finite or larger
+  // than kMaxParameterMagnitude (their update skipped), since this trainer
+  // was made.
   int64_t nonfinite_steps() const { return nonfinite_steps_; }
+
+  // The largest |value| an update may give a parameter. No trained model
+  // comes near it (weights are of order 1, norm scales tens); an update past
+  // it has diverged, and keeping it would leave Evaluate and Snapshot
+  // serving a broken model. Such a step fails and its update is not applied.
+  static constexpr double kMaxParameterMagnitude = 1e6;
   // The run ContinueRun would continue; unset before the first run. Its
   // sampler's generator_state is empty (State() fills it).
   const std::optional<RunState>& run() const { return run_; }

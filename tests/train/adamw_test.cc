@@ -155,6 +155,48 @@ TEST(FusedAdamWTest, ShardedPiecesUpdateBitForBitAsTheWhole) {
   }
 }
 
+// PeekStep sees exactly what Step then makes (the same kernel on copies,
+// chunked) and changes nothing: not the parameters, not the state.
+TEST(FusedAdamWTest, PeekStepSeesWhatStepMakesAndChangesNothing) {
+  std::vector<at::Tensor> p = MakeParams();
+  FusedAdamW::Options o;
+  o.learning_rate = 0.5;
+  o.weight_decay = 0.1;
+  FusedAdamW opt({p}, {o});
+  for (int k = 0; k < 3; ++k) {
+    SetGrads(p, k);
+    std::vector<at::Tensor> before;
+    for (const at::Tensor& t : p) before.push_back(t.detach().clone());
+    std::vector<at::Tensor> state_before;
+    for (const at::Tensor& t : opt.State()) state_before.push_back(t.clone());
+    const FusedAdamW::Peek peek = opt.PeekStep(/*chunk_elements=*/100);
+    for (size_t i = 0; i < p.size(); ++i) EXPECT_TRUE(torch::equal(p[i], before[i])) << k;
+    const std::vector<at::Tensor> state_now = opt.State();
+    ASSERT_EQ(state_now.size(), state_before.size());
+    for (size_t i = 0; i < state_now.size(); ++i) {
+      EXPECT_TRUE(torch::equal(state_now[i], state_before[i])) << k;
+    }
+    opt.Step();
+    double largest = 0;
+    const at::Tensor* at_largest = nullptr;
+    for (const at::Tensor& t : p) {
+      const double m = t.detach().abs().max().item<double>();
+      if (m > largest) {
+        largest = m;
+        at_largest = &t;
+      }
+    }
+    EXPECT_EQ(peek.largest, largest) << k;
+    ASSERT_NE(at_largest, nullptr);
+    EXPECT_TRUE(peek.param.is_same(*at_largest)) << k;
+  }
+  // An update that overflows float (NaN or infinite values): infinity.
+  o.learning_rate = 1e39;
+  opt.set_options(0, o);
+  SetGrads(p, 3);
+  EXPECT_EQ(opt.PeekStep().largest, INFINITY);
+}
+
 TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedAlignedPieces) {
   for (const auto& [numel, world] : std::vector<std::pair<int64_t, int>>{
            {25, 8}, {64, 4}, {1, 3}, {561, 4}, {7, 7}, {8192, 3}, {4096, 2}}) {
