@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/common/option_status.h"
+#include "core/common/status_macros.h"
 #include "core/common/utf8.h"
 
 namespace memprofd {
@@ -39,6 +40,24 @@ bool Below(absl::string_view path, absl::string_view root) {
                           path[root.size()] == '/');
 }
 
+// Where `path`, which does not resolve, would lead: the links of its last
+// component followed (a link to a missing file is not inside a root just
+// because the link is), then the part that exists made canonical and the
+// rest normalised as written.
+std::string WhereItLeads(const std::string& path) {
+  fs::path at = fs::path(path).lexically_normal();
+  for (int hops = 0; hops < 40; ++hops) {  // the kernel's own limit on links
+    std::error_code ec;
+    if (!fs::is_symlink(fs::symlink_status(at, ec))) break;
+    const fs::path target = fs::read_symlink(at, ec);
+    if (ec) break;
+    at = (target.is_absolute() ? target : at.parent_path() / target).lexically_normal();
+  }
+  std::error_code ec;
+  const fs::path resolved = fs::weakly_canonical(at, ec);
+  return (ec ? at : resolved).string();
+}
+
 // Opens `path` for reading without blocking and checks the handle: the fd
 // of a regular file at most `max_bytes` long, and its size.
 struct OpenedFile {
@@ -48,8 +67,9 @@ struct OpenedFile {
 
 absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_bytes,
                                        absl::string_view what, const PathRoots* roots) {
+  ASSIGN_OR_RETURN(const std::string to_open, PathToOpen(path, what, roots));
   const int fd =
-      ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+      ::open(to_open.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     const std::string p = Echo(path);
@@ -72,6 +92,12 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
     ::close(fd);
     return s;
   };
+  // Before anything about the file is learnt (its kind, its size).
+  if (roots != nullptr) {
+    if (absl::Status inside = roots->CheckOpened(fd, path, what); !inside.ok()) {
+      return fail(std::move(inside));
+    }
+  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return fail(absl::InvalidArgumentError(
@@ -91,17 +117,6 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
     return fail(absl::InvalidArgumentError(
         absl::StrCat(what, " ", Echo(path), " has ", st.st_size,
                      " bytes, over the daemon's limit of ", max_bytes, " bytes")));
-  }
-  if (roots != nullptr) {
-    // What was opened, not what was checked: a rename in between shows here.
-    absl::StatusOr<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", fd));
-    if (!opened.ok() || !roots->Contains(*opened)) {
-      return fail(absl::PermissionDeniedError(
-          absl::StrCat(what, " ", Echo(path),
-                       " changed while it was opened and is not "
-                       "inside the data roots (",
-                       roots->Describe(), ")")));
-    }
   }
   return OpenedFile{fd, static_cast<size_t>(st.st_size)};
 }
@@ -152,6 +167,24 @@ bool PathRoots::Contains(absl::string_view canonical_path) const {
   return false;
 }
 
+absl::Status PathRoots::CheckOpened(int fd, absl::string_view path,
+                                    absl::string_view what) const {
+  // What was opened, not what was checked: a rename in between shows here.
+  absl::StatusOr<std::string> opened = RealPath(absl::StrCat("/proc/self/fd/", fd));
+  if (opened.ok() && Contains(*opened)) return absl::OkStatus();
+  return OptionError(absl::StatusCode::kPermissionDenied, option_,
+                     absl::StrCat(what, " ", Echo(path),
+                                  " changed while it was opened and is not inside the "
+                                  "daemon's data roots (",
+                                  Describe(), ")"));
+}
+
+absl::StatusOr<std::string> PathToOpen(const std::string& path, absl::string_view what,
+                                       const PathRoots* roots) {
+  if (roots == nullptr) return path;
+  return roots->Confine(path, what);
+}
+
 std::string PathRoots::Describe() const {
   if (roots_.empty()) return absl::StrCat("none: no ", option_, " is set");
   return absl::StrJoin(roots_, ", ");
@@ -180,10 +213,9 @@ absl::StatusOr<std::string> PathRoots::Confine(absl::string_view path,
   const std::string p(path);
   absl::StatusOr<std::string> real = RealPath(p);
   if (!real.ok()) {
-    // Missing (or unreadable on the way): said only for a path that is
-    // inside a root as written, so that nothing is learnt about others.
-    const std::string lexical = fs::path(p).lexically_normal().string();
-    if (!Contains(lexical)) return denied();
+    // Missing (or unreadable on the way): said only for a path that leads
+    // inside a root, so that nothing is learnt about others.
+    if (!Contains(WhereItLeads(p))) return denied();
     return absl::NotFoundError(absl::StrCat(what, " ", Echo(path), " does not exist"));
   }
   if (!Contains(*real)) return denied();
@@ -256,8 +288,9 @@ void ReadOnlyFile::Release(int64_t offset, int64_t length) const {
 
 absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
                                                  int64_t max_bytes,
-                                                 absl::string_view what) {
-  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, nullptr);
+                                                 absl::string_view what,
+                                                 const PathRoots* roots) {
+  absl::StatusOr<OpenedFile> file = OpenRegular(path, max_bytes, what, roots);
   if (!file.ok()) return file.status();
   std::string out(file->size, '\0');
   size_t done = 0;

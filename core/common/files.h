@@ -51,6 +51,12 @@ class PathRoots {
   // True when the canonical `path` is one of the roots or below one.
   bool Contains(absl::string_view canonical_path) const;
 
+  // OK when the file open at `fd` (opened from `path`, which Confine
+  // resolved) still lies inside the roots: a rename between the check and
+  // the open shows here. PERMISSION_DENIED naming `what` and `path`
+  // otherwise, with nothing about the file itself.
+  absl::Status CheckOpened(int fd, absl::string_view path, absl::string_view what) const;
+
   const std::vector<std::string>& roots() const { return roots_; }
   // "/data, /srv/corpora" or "none: no data_roots is set".
   std::string Describe() const;
@@ -140,7 +146,17 @@ class ReadOnlyFile {
 // statuses; a size-0 file is read as empty, not refused.
 absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
                                                  int64_t max_bytes,
-                                                 absl::string_view what);
+                                                 absl::string_view what,
+                                                 const PathRoots* roots = nullptr);
+
+// The path to open for `path` under one rule for every file the daemon
+// reads for a client: with `roots`, `path` is resolved (symbolic links
+// followed) and must lie inside them (PathRoots::Confine's statuses, before
+// anything is opened, so that nothing is read or sized outside); the
+// canonical path comes back, to be opened with O_NOFOLLOW and checked with
+// PathRoots::CheckOpened. Without roots, `path` itself.
+absl::StatusOr<std::string> PathToOpen(const std::string& path, absl::string_view what,
+                                       const PathRoots* roots);
 
 }  // namespace memprofd
 

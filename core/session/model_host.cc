@@ -56,8 +56,9 @@ struct HfDirectory {
 };
 
 // The text of model directory `dir`'s config.json: NOT_FOUND when `dir` is
-// not a directory, INVALID_ARGUMENT when it has no readable config.json.
-absl::StatusOr<std::string> ReadConfigJson(const std::string& dir) {
+// not a directory, INVALID_ARGUMENT when it has no readable config.json,
+// PERMISSION_DENIED when it links outside `roots` (when given).
+absl::StatusOr<std::string> ReadConfigJson(const std::string& dir, const PathRoots* roots) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -68,7 +69,8 @@ absl::StatusOr<std::string> ReadConfigJson(const std::string& dir) {
   // Opened without blocking and only as a regular file: a FIFO named
   // config.json would otherwise hold the reading thread until a writer came.
   absl::StatusOr<std::string> config =
-      ReadSmallRegularFile(config_path.string(), kMaxConfigBytes, "config.json");
+      ReadSmallRegularFile(config_path.string(), kMaxConfigBytes, "config.json", roots);
+  if (absl::IsPermissionDenied(config.status())) return config.status();
   if (!config.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         Echo(dir), " has no readable config.json (", config.status().message(),
@@ -77,17 +79,19 @@ absl::StatusOr<std::string> ReadConfigJson(const std::string& dir) {
   return config;
 }
 
-absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir) {
+// Every file confined to `roots` when given (the model directory's one
+// rule: links inside them are followed, links outside PERMISSION_DENIED).
+absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir, const PathRoots* roots) {
   HfDirectory out;
-  ASSIGN_OR_RETURN(out.config_json, ReadConfigJson(dir));
+  ASSIGN_OR_RETURN(out.config_json, ReadConfigJson(dir, roots));
   absl::StatusOr<snapshot::LoadedWeights> weights =
-      snapshot::LoadSafetensorsDirectory(dir);
+      snapshot::LoadSafetensorsDirectory(dir, roots);
   if (weights.ok()) {
     out.weights = *std::move(weights);
   } else if (weights.status().code() != absl::StatusCode::kNotFound) {
     return weights.status();  // corrupt or ambiguous weights are an error, never ignored
   }
-  out.carried = snapshot::ReadCarriedFiles(dir);
+  ASSIGN_OR_RETURN(out.carried, snapshot::ReadCarriedFiles(dir, roots));
   return out;
 }
 
@@ -161,7 +165,7 @@ absl::StatusOr<std::string> ModelHost::ConfineDirectory(const std::string& direc
 absl::StatusOr<LlamaConfig> ModelHost::ReadClientConfig(const std::string& directory,
                                                         absl::string_view what) const {
   ASSIGN_OR_RETURN(const std::string dir, ConfineDirectory(directory, what));
-  ASSIGN_OR_RETURN(const std::string json, ReadConfigJson(dir));
+  ASSIGN_OR_RETURN(const std::string json, ReadConfigJson(dir, &model_roots_));
   absl::StatusOr<LlamaConfig> config = LlamaConfig::FromJson(json);
   if (!config.ok()) {
     return absl::Status(
@@ -185,13 +189,16 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
   auto carried = std::make_shared<snapshot::CarriedFiles>();
   std::vector<std::string> notes;
+  // A client's directory was confined (ConfineDirectory); every file read
+  // from it is confined the same way.
+  const PathRoots* file_roots = spec.operator_named ? nullptr : &model_roots_;
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
     RETURN_IF_ERROR(CheckModelFits(config, device));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
     source = absl::StrCat("preset:", spec.preset);
   } else {
-    ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory));
+    ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory, file_roots));
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::FromJson(dir.config_json));
     // Fresh weights only when asked for: a directory whose weights went
     // missing must not train from random ones as if nothing had happened.
@@ -241,7 +248,7 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
     // All of the checkpoint is read and checked against the new model before
     // the old one is replaced: any failure leaves the daemon as it was.
     ASSIGN_OR_RETURN(snapshot::LoadedCheckpoint checkpoint,
-                     snapshot::LoadCheckpointFiles(spec.hf_directory));
+                     snapshot::LoadCheckpointFiles(spec.hf_directory, file_roots));
     ASSIGN_OR_RETURN(const TrainerState state,
                      TrainerStateFromJson(checkpoint.trainer_state_json,
                                           (std::filesystem::path(spec.hf_directory) /

@@ -162,6 +162,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (!resume_dir.empty() || !options.model.empty()) {
     LoadModelSpec spec;
     spec.seed = options.model_seed;
+    spec.operator_named = true;
     if (!resume_dir.empty()) {
       spec.hf_directory = resume_dir;
       spec.resume = true;

@@ -131,6 +131,12 @@ struct LoadModelSpec {
   // operator's own model flag, where that is its documented meaning); a
   // directory with weights loads them. Never set from a client's request.
   bool init_if_no_weights = false;
+  // hf_directory comes from the operator's own options (model, resume):
+  // its files are read wherever their links lead. Otherwise (a client's
+  // request, or a rank following one) every file read from the directory
+  // must lie inside the data roots after its links. Never set from a
+  // client's request.
+  bool operator_named = false;
 };
 
 struct ParameterSummary {

@@ -33,7 +33,8 @@ bool IsCarriedFileName(absl::string_view name) {
   return absl::c_find(CarriedFileNames(), name) != CarriedFileNames().end();
 }
 
-CarriedFiles ReadCarriedFiles(const std::string& dir) {
+absl::StatusOr<CarriedFiles> ReadCarriedFiles(const std::string& dir,
+                                              const PathRoots* roots) {
   CarriedFiles out;
   int64_t total = 0;
   for (const std::string& name : CarriedFileNames()) {
@@ -41,7 +42,8 @@ CarriedFiles ReadCarriedFiles(const std::string& dir) {
     struct stat st;
     if (::lstat(path.c_str(), &st) != 0) continue;  // not there: nothing to carry
     absl::StatusOr<std::string> bytes =
-        ReadSmallRegularFile(path, kMaxCarriedFileBytes, name);
+        ReadSmallRegularFile(path, kMaxCarriedFileBytes, name, roots);
+    if (absl::IsPermissionDenied(bytes.status())) return bytes.status();
     if (!bytes.ok()) {
       out.skipped.push_back(absl::StrCat(name, ": ", bytes.status().message()));
       continue;

@@ -12,7 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
+namespace memprofd {
+class PathRoots;  // core/common/files.h
+}  // namespace memprofd
 
 namespace memprofd {
 namespace snapshot {
@@ -44,11 +49,15 @@ inline constexpr int64_t kMaxCarriedFileBytes = int64_t{64} << 20;
 inline constexpr int64_t kMaxCarriedBytes = int64_t{128} << 20;
 
 // Reads the carried files model directory `dir` holds (`dir` confined by the
-// caller). Never fails: a missing file is not carried, and one that cannot
-// be read safely (ReadSmallRegularFile's refusals: a symbolic link, a FIFO,
-// a file over kMaxCarriedFileBytes; or past kMaxCarriedBytes in all) is
-// listed in `skipped`. Blocks on file reads: never on gRPC's threads.
-CarriedFiles ReadCarriedFiles(const std::string& dir);
+// caller). A missing file is not carried, and one that cannot be read
+// safely (ReadSmallRegularFile's refusals: a FIFO, a file over
+// kMaxCarriedFileBytes, a symbolic link when there are no `roots`; or past
+// kMaxCarriedBytes in all) is listed in `skipped`. With `roots`, a link
+// inside them is followed and one leading outside is PERMISSION_DENIED,
+// the load's error as for every other file of the directory. Blocks on file
+// reads: never on gRPC's threads.
+absl::StatusOr<CarriedFiles> ReadCarriedFiles(const std::string& dir,
+                                              const PathRoots* roots = nullptr);
 
 }  // namespace snapshot
 }  // namespace memprofd

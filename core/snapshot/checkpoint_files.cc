@@ -26,9 +26,10 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status AppendOptimizerFile(const fs::path& path, LoadedCheckpoint* out) {
+absl::Status AppendOptimizerFile(const fs::path& path, const PathRoots* roots,
+                                 LoadedCheckpoint* out) {
   absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
-      SafetensorsFile::Open(path.string());
+      SafetensorsFile::Open(path.string(), roots);
   if (absl::IsNotFound(file.status())) {
     return absl::DataLossError(absl::StrCat("optimizer shard ", path.string(),
                                             " named by ", kOptimizerIndexFileName,
@@ -44,12 +45,13 @@ absl::Status AppendOptimizerFile(const fs::path& path, LoadedCheckpoint* out) {
 }
 
 // The shard files optimizer.index.json names, in name order.
-absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path) {
+absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path,
+                                                         const PathRoots* roots) {
   auto bad = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("damaged optimizer index ", path.string(),
                                             ": ", why, "; take the checkpoint again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string()));
+  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string(), roots));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");
@@ -85,7 +87,7 @@ std::string ParameterOf(const std::string& tensor) {
 // size, or a parameter with state on some ranks and not on others.
 absl::Status AppendRankFiles(const fs::path& root,
                              const OptimizerShardingDescription& sharding,
-                             LoadedCheckpoint* out) {
+                             const PathRoots* roots, LoadedCheckpoint* out) {
   std::map<std::string, const std::vector<int64_t>*> shapes;
   for (const auto& [param, shape] : sharding.parameters) shapes[param] = &shape;
   // Each tensor's piece on each rank that holds one.
@@ -93,13 +95,13 @@ absl::Status AppendRankFiles(const fs::path& root,
   for (int r = 0; r < sharding.world_size; ++r) {
     const fs::path path = root / RankOptimizerFileName(r, sharding.world_size);
     std::error_code ec;
-    if (!fs::exists(path, ec)) {
+    if (!fs::exists(fs::symlink_status(path, ec))) {
       return absl::DataLossError(absl::StrCat(
           "rank ", r, "'s optimizer file ", path.string(), " named by ",
           kOptimizerShardingFile, " is missing; the checkpoint is incomplete"));
     }
     LoadedCheckpoint file;
-    RETURN_IF_ERROR(AppendOptimizerFile(path, &file));
+    RETURN_IF_ERROR(AppendOptimizerFile(path, roots, &file));
     for (const auto& [k, v] : file.optimizer_metadata) out->optimizer_metadata[k] = v;
     for (auto& [name, tensor] : file.optimizer_tensors) {
       if (shapes.count(ParameterOf(name)) == 0) {
@@ -270,13 +272,18 @@ absl::StatusOr<int64_t> WriteRankOptimizerFile(
   return size;
 }
 
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
+                                                     const PathRoots* roots) {
   const fs::path root(dir);
   std::error_code ec;
-  const bool has_state = fs::exists(root / kTrainerStateFile, ec);
-  const bool has_single = fs::exists(root / kOptimizerSingleFileName, ec);
-  const bool has_index = fs::exists(root / kOptimizerIndexFileName, ec);
-  const bool has_ranks = fs::exists(root / kOptimizerShardingFile, ec);
+  // A link counts as present: where it leads is for the open to judge.
+  auto present = [&](absl::string_view name) {
+    return fs::exists(fs::symlink_status(root / std::string(name), ec));
+  };
+  const bool has_state = present(kTrainerStateFile);
+  const bool has_single = present(kOptimizerSingleFileName);
+  const bool has_index = present(kOptimizerIndexFileName);
+  const bool has_ranks = present(kOptimizerShardingFile);
   if (!has_state || (!has_single && !has_index && !has_ranks)) {
     std::string missing;
     if (!has_state) missing = kTrainerStateFile;
@@ -293,24 +300,24 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir) {
   }
   LoadedCheckpoint out;
   ASSIGN_OR_RETURN(out.trainer_state_json, snapshot::internal::ReadSmallFile(
-                                               (root / kTrainerStateFile).string()));
+                                               (root / kTrainerStateFile).string(), roots));
   if (has_ranks) {
     const std::string path = (root / kOptimizerShardingFile).string();
-    ASSIGN_OR_RETURN(const std::string text, snapshot::internal::ReadSmallFile(path));
+    ASSIGN_OR_RETURN(const std::string text, snapshot::internal::ReadSmallFile(path, roots));
     ASSIGN_OR_RETURN(out.sharding, OptimizerShardingFromJson(text, path));
-    RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, &out));
+    RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, roots, &out));
     return out;
   }
   if (has_single) {
-    RETURN_IF_ERROR(AppendOptimizerFile(root / kOptimizerSingleFileName, &out));
+    RETURN_IF_ERROR(AppendOptimizerFile(root / kOptimizerSingleFileName, roots, &out));
     return out;
   }
   ASSIGN_OR_RETURN(std::set<std::string> files,
-                   ReadOptimizerIndex(root / kOptimizerIndexFileName));
+                   ReadOptimizerIndex(root / kOptimizerIndexFileName, roots));
   std::set<std::string> seen;
   for (const std::string& f : files) {
     const size_t before = out.optimizer_tensors.size();
-    RETURN_IF_ERROR(AppendOptimizerFile(root / f, &out));
+    RETURN_IF_ERROR(AppendOptimizerFile(root / f, roots, &out));
     for (size_t i = before; i < out.optimizer_tensors.size(); ++i) {
       if (!seen.insert(out.optimizer_tensors[i].first).second) {
         return absl::DataLossError(absl::StrCat("optimizer tensor ",

@@ -107,8 +107,11 @@ struct LoadedCheckpoint {
 // shard the index names that is missing, or a tensor in two shards, and
 // for a sharded checkpoint a rank file that is missing, a tensor the
 // description does not name, or a piece missing or of the wrong size;
-// INVALID_ARGUMENT for dtypes memprofd does not handle. Thread-safe.
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir);
+// INVALID_ARGUMENT for dtypes memprofd does not handle; with `roots`,
+// PERMISSION_DENIED for a file that leads outside them (as
+// LoadSafetensorsDirectory). Thread-safe.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
+                                                     const PathRoots* roots = nullptr);
 
 }  // namespace snapshot
 }  // namespace memprofd

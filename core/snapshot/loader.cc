@@ -20,9 +20,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-absl::Status AppendFile(const fs::path& path, LoadedWeights* out) {
+// True when `path` names anything, a link included (followed or not, and
+// wherever it leads: what it leads to is for the open to judge, inside the
+// roots only).
+bool Present(const fs::path& path) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(path, ec));
+}
+
+absl::Status AppendFile(const fs::path& path, const PathRoots* roots, LoadedWeights* out) {
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                   SafetensorsFile::Open(path.string()));
+                   SafetensorsFile::Open(path.string(), roots));
   ASSIGN_OR_RETURN(TensorList tensors, file->Tensors());
   for (auto& t : tensors) out->tensors.push_back(std::move(t));
   out->files.push_back(path.filename().string());
@@ -30,12 +38,13 @@ absl::Status AppendFile(const fs::path& path, LoadedWeights* out) {
 }
 
 // weight_map of an index: name -> shard file.
-absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& path) {
+absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& path,
+                                                             const PathRoots* roots) {
   auto bad = [&](absl::string_view why) {
     return absl::DataLossError(absl::StrCat("damaged safetensors index ", path.string(),
                                             ": ", why, "; restore it or save again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string()));
+  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string(), roots));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");
@@ -57,7 +66,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& pat
 
 }  // namespace
 
-absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
+absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
+                                                       const PathRoots* roots) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
     return absl::NotFoundError(absl::StrCat("model directory ", dir, " does not exist"));
@@ -66,7 +76,7 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
   out.directory = dir;
   const fs::path root(dir);
   absl::StatusOr<std::string> config =
-      snapshot::internal::ReadSmallFile((root / kConfigFileName).string());
+      snapshot::internal::ReadSmallFile((root / kConfigFileName).string(), roots);
   if (config.ok()) {
     out.config_json = *std::move(config);
   } else if (!absl::IsNotFound(config.status())) {
@@ -75,8 +85,8 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
 
   // transformers resolves the single file before any index (a stale
   // model.safetensors wins over a newer sharded save).
-  if (fs::exists(root / kSingleFileName, ec)) {
-    RETURN_IF_ERROR(AppendFile(root / kSingleFileName, &out));
+  if (Present(root / kSingleFileName)) {
+    RETURN_IF_ERROR(AppendFile(root / kSingleFileName, roots, &out));
     return out;
   }
   std::vector<fs::path> indexes;
@@ -114,19 +124,19 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir) {
                      absl::StrJoin(names, ", "), "); keep exactly one"));
   }
   const fs::path& index_path = indexes[0];
-  ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index_path));
+  ASSIGN_OR_RETURN(auto weight_map, ReadIndex(index_path, roots));
   std::map<std::string, std::set<std::string>> by_shard;
   for (const auto& [name, file] : weight_map) by_shard[file].insert(name);
   std::set<std::string> loaded;
   for (const auto& [file, names] : by_shard) {
     const fs::path path = root / file;
-    if (!fs::exists(path, ec)) {
+    if (!Present(path)) {
       return absl::DataLossError(absl::StrCat("shard ", path.string(), " named by ",
                                               index_path.string(),
                                               " is missing; the snapshot is incomplete"));
     }
     const size_t before = out.tensors.size();
-    RETURN_IF_ERROR(AppendFile(path, &out));
+    RETURN_IF_ERROR(AppendFile(path, roots, &out));
     std::set<std::string> in_file;
     for (size_t i = before; i < out.tensors.size(); ++i) {
       const std::string& name = out.tensors[i].first;

@@ -35,8 +35,14 @@ struct LoadedWeights {
 // - DATA_LOSS naming the file: a corrupt or truncated safetensors file, a
 //   damaged index, a shard missing, a tensor missing or duplicated;
 // - INVALID_ARGUMENT: dtypes memprofd does not handle (IsUnsupportedSafetensorsDtype).
+// - PERMISSION_DENIED, with `roots`: a file (config.json, an index, a
+//   weights file or shard) that leads outside them through a symbolic link;
+//   links that stay inside are followed (the Hugging Face cache's
+//   snapshots/<revision>/ files link into its blobs/). Nothing of a file
+//   outside is read, so no message carries its bytes or size.
 // Thread-safe.
-absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir);
+absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
+                                                       const PathRoots* roots = nullptr);
 
 }  // namespace snapshot
 }  // namespace memprofd

@@ -17,6 +17,10 @@
 #include "core/snapshot/safetensors_format.h"
 
 namespace memprofd {
+class PathRoots;  // core/common/files.h
+}  // namespace memprofd
+
+namespace memprofd {
 namespace snapshot {
 
 // An ordered state dict: (name, tensor), as named_parameters() gives it.
@@ -43,7 +47,11 @@ class SafetensorsFile {
   // NOT_FOUND when missing; DATA_LOSS naming the file when it is corrupt or
   // truncated (see ParseSafetensors); INVALID_ARGUMENT for dtypes memprofd
   // does not handle.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  // With `roots`, the file is confined as PathToOpen says (a link is
+  // followed only inside the roots; PERMISSION_DENIED outside, before a
+  // byte is read).
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
+      const std::string& path, const PathRoots* roots = nullptr);
 
   const std::string& path() const { return path_; }
   const SafetensorsHeader& header() const { return header_; }

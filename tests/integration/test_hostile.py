@@ -7,8 +7,10 @@ FIFO, link and file is the test's own."""
 
 import json
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import unittest
@@ -137,16 +139,29 @@ class HostileInputTest(harness.DaemonTestCase):
         self.assertIn("neither model.safetensors nor", op.error.message)
         self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
 
-    def test_a_non_finite_loss_fails_the_training_and_limits_hold(self):
+    def test_a_diverging_update_is_not_applied_and_limits_hold(self):
+        # A rate of 1e30 would make every weight about 1e30 (finite): the
+        # update is seen before it is made, refused, and the model serves as
+        # it was.
+        before = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(
+            max_batches=1)).id)
+        self.assertEqual(before.state, pb.OPERATION_STATE_SUCCEEDED, before.error.message)
         op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
             steps=6, batch_size=1, seq_len=8, learning_rate=1e30)).id, timeout=120)
         self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
         self.assertEqual(op.error.code, grpc.StatusCode.FAILED_PRECONDITION.value[0], op.error.message)
-        self.assertIn("non-finite", op.error.message)
-        self.assertIn("update was skipped", op.error.message)
+        self.assertIn("diverged", op.error.message)
+        self.assertIn("not applied", op.error.message)
         nonfinite = [v for name, _, v in harness.metric_samples(self.d.metrics_text())
                      if name == "memprofd_train_nonfinite_steps_total"]
         self.assertEqual(nonfinite, [1.0])
+        after = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(
+            max_batches=1)).id)
+        self.assertEqual(after.state, pb.OPERATION_STATE_SUCCEEDED, after.error.message)
+        self.assertEqual(after.evaluate.loss, before.evaluate.loss)
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=1, batch_size=1, seq_len=8)).id, timeout=120)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         for request, needle in ((pb.TrainRequest(steps=1, grad_accumulation_steps=1000000000),
                                  "grad_accumulation_steps must be at most 4096"),
                                 (pb.TrainRequest(steps=1, batch_size=2**63 - 1),
@@ -322,6 +337,105 @@ class BearerAnyCaseTest(harness.DaemonTestCase):
             e = rpc_error(self, lambda: self.d.stub.GetStatus(
                 pb.GetStatusRequest(), timeout=10, metadata=[("authorization", value)]))
             self.assertEqual(e.code(), grpc.StatusCode.UNAUTHENTICATED, value)
+
+
+class ModelDirectoryLinksTest(unittest.TestCase):
+    """One rule for every file of a model directory a client names: links
+    that resolve inside the data roots are followed (the Hugging Face cache,
+    whose snapshots/<revision>/ files link into blobs/, loads), links that
+    lead outside are PERMISSION_DENIED, and no message carries a byte or the
+    size of the outside file."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory(prefix="memprofd-it-links-")
+        cls.inside = os.path.join(cls._tmp.name, "inside")
+        cls.outside = os.path.join(cls._tmp.name, "outside")
+        os.mkdir(cls.inside)
+        os.mkdir(cls.outside)
+        try:
+            cls.d = Daemon("--model=" + harness.micro_model_dir(), "--data_root=" + cls.inside,
+                           "--snapshot_root=" + os.path.join(cls._tmp.name, "snapshots"))
+        except BaseException:
+            cls._tmp.cleanup()
+            raise
+        op = wait_done(cls.d, cls.d.call("Snapshot", pb.SnapshotRequest(name="w")).id)
+        assert op.state == pb.OPERATION_STATE_SUCCEEDED, op.error.message
+        for name in ("model.safetensors", "config.json"):
+            shutil.copy(os.path.join(op.snapshot.directory, name), cls.outside)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.d.close()
+        cls._tmp.cleanup()
+
+    def load(self, directory):
+        return wait_done(self.d, self.d.call(
+            "LoadModel", pb.LoadModelRequest(hf_directory=directory)).id, timeout=60)
+
+    def model_dir(self, name, copies=(), links=()):
+        """A directory under the root with `copies` (names copied from the
+        outside model) and `links` ((name, target) symbolic links)."""
+        directory = os.path.join(self.inside, name)
+        os.makedirs(directory)
+        for copy in copies:
+            shutil.copy(os.path.join(self.outside, copy), directory)
+        for link, target in links:
+            os.symlink(target, os.path.join(directory, link))
+        return directory
+
+    def test_the_hugging_face_cache_layout_loads(self):
+        repo = os.path.join(self.inside, "hub", "models--org--micro")
+        os.makedirs(os.path.join(repo, "blobs"))
+        for blob, name in (("aaa", "model.safetensors"), ("bbb", "config.json")):
+            shutil.copy(os.path.join(self.outside, name), os.path.join(repo, "blobs", blob))
+        with open(os.path.join(repo, "blobs", "ccc"), "w") as f:
+            json.dump({"do_sample": False}, f)
+        revision = os.path.join(repo, "snapshots", "0123abc")
+        os.makedirs(revision)
+        for blob, name in (("aaa", "model.safetensors"), ("bbb", "config.json"),
+                           ("ccc", "generation_config.json")):
+            os.symlink(os.path.join("..", "..", "blobs", blob), os.path.join(revision, name))
+        op = self.load(revision)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source,
+                         os.path.realpath(revision))
+
+    def test_links_outside_the_roots_are_refused_and_say_nothing_of_the_file(self):
+        before = self.d.call("DescribeModel", pb.DescribeModelRequest()).source
+        weights = os.path.join(self.outside, "model.safetensors")
+        cases = {
+            "weights-out": (["config.json"], [("model.safetensors", weights)]),
+            "shadow": (["config.json"], [("model.safetensors", "/etc/passwd")]),
+            "config-out": (["model.safetensors"],
+                           [("config.json", os.path.join(self.outside, "config.json"))]),
+            "index-out": (["config.json"], [("model.safetensors.index.json", "/etc/passwd")]),
+            "shard-out": (["config.json"], [("model-00001-of-00001.safetensors", weights)]),
+            "tokenizer-out": (["config.json", "model.safetensors"],
+                              [("tokenizer.json", "/etc/passwd")]),
+            "dangling-out": (["config.json"],
+                             [("model.safetensors", os.path.join(self.outside, "missing"))]),
+        }
+        with open(os.path.join(self.inside, "shard-index.json"), "w") as f:
+            json.dump({"weight_map": {"model.embed_tokens.weight":
+                                      "model-00001-of-00001.safetensors"}}, f)
+        sizes = {str(os.path.getsize(p)) for p in ("/etc/passwd", weights)}
+        for name, (copies, links) in cases.items():
+            directory = self.model_dir(name, copies, links)
+            if name == "shard-out":
+                shutil.copy(os.path.join(self.inside, "shard-index.json"),
+                            os.path.join(directory, "model.safetensors.index.json"))
+            op = self.load(directory)
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED, name)
+            self.assertEqual(op.error.code, PERMISSION, "%s: %s" % (name, op.error.message))
+            self.assertIn("outside", op.error.message)
+            for leak in ["length prefix", "root:"] + [" %s " % s for s in sizes]:
+                self.assertNotIn(leak, op.error.message, name)
+        self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
+        # A plan reads config.json under the same rule.
+        op = wait_done(self.d, self.d.call("PlanMemory", pb.PlanMemoryRequest(
+            hf_config_dir=os.path.join(self.inside, "config-out"))).id)
+        self.assertEqual(op.error.code, PERMISSION, op.error.message)
 
 
 class MetricsUnderIdleConnectionsTest(unittest.TestCase):

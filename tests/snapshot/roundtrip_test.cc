@@ -11,7 +11,9 @@
 #include <memory>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/files.h"
 #include "core/common/json.h"
 #include "core/common/phase.h"
 #include "core/snapshot/carried_files.h"
@@ -269,7 +271,9 @@ TEST(CarriedFilesTest, ReadsRegularFilesAndSaysWhyOthersWereLeft) {
   std::ofstream(outside.Join("secret")) << "root:x:0:0";
   std::filesystem::create_symlink(outside.Join("secret"), dir.Join("vocab.json"));
   ASSERT_EQ(::mkfifo(dir.Join("merges.txt").c_str(), 0600), 0);
-  const CarriedFiles carried = ReadCarriedFiles(dir.path());
+  const absl::StatusOr<CarriedFiles> read = ReadCarriedFiles(dir.path());
+  ASSERT_TRUE(read.ok()) << read.status();
+  const CarriedFiles& carried = *read;
   std::vector<std::string> names;
   for (const CarriedFile& f : carried.files) names.push_back(f.name);
   EXPECT_THAT(names, ::testing::ElementsAre("generation_config.json", "tokenizer.json"));
@@ -428,6 +432,101 @@ TEST(LoaderTest, IndexMustMatchTheShards) {
   EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
   std::ofstream(dir + "/model.safetensors.index.json") << "{not json";
   EXPECT_EQ(LoadSafetensorsDirectory(dir).status().code(), absl::StatusCode::kDataLoss);
+}
+
+// The model directory's one rule, with roots: a link that resolves inside
+// them is followed (the Hugging Face cache's snapshots/<revision>/ files
+// link into ../../blobs/), one that leads outside is PERMISSION_DENIED for
+// every kind of file, and nothing of the outside file is read or sized.
+TEST(LoaderTest, LinksAreFollowedInsideTheRootsOnly) {
+  namespace fs = std::filesystem;
+  TempDir root;
+  TempDir outside;
+  const TensorList model = testing::MakeModel(4, 1, 8, 16);
+  SnapshotOptions options;
+  ASSERT_TRUE(SnapshotWriter(outside.path()).Write("s", model, kConfig, options).ok());
+  options.max_shard_size = 1000;
+  ASSERT_TRUE(SnapshotWriter(outside.path()).Write("sharded", model, kConfig, options).ok());
+  const std::string secret = outside.Join("secret");
+  std::ofstream(secret) << "root:*:20000:0:99999:7:::\n";
+  absl::StatusOr<PathRoots> roots = PathRoots::Create({root.path()}, "data_roots");
+  ASSERT_TRUE(roots.ok()) << roots.status();
+
+  // The Hugging Face cache layout, all inside the root.
+  const std::string repo = root.Join("hub/models--org--tiny");
+  fs::create_directories(repo + "/blobs");
+  fs::create_directories(repo + "/snapshots/rev1");
+  fs::copy_file(outside.Join("s/model.safetensors"), repo + "/blobs/aaa");
+  fs::copy_file(outside.Join("s/config.json"), repo + "/blobs/bbb");
+  std::ofstream(repo + "/blobs/ccc") << R"({"version": "1.0"})";
+  fs::create_symlink("../../blobs/aaa", repo + "/snapshots/rev1/model.safetensors");
+  fs::create_symlink("../../blobs/bbb", repo + "/snapshots/rev1/config.json");
+  fs::create_symlink("../../blobs/ccc", repo + "/snapshots/rev1/tokenizer.json");
+  absl::StatusOr<LoadedWeights> cached =
+      LoadSafetensorsDirectory(repo + "/snapshots/rev1", &*roots);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cached->tensors.size(), model.size());
+  EXPECT_THAT(cached->config_json, HasSubstr("LlamaForCausalLM"));
+  absl::StatusOr<CarriedFiles> carried = ReadCarriedFiles(repo + "/snapshots/rev1", &*roots);
+  ASSERT_TRUE(carried.ok()) << carried.status();
+  ASSERT_EQ(carried->files.size(), 1u);
+  EXPECT_EQ(carried->files[0].bytes, R"({"version": "1.0"})");
+
+  // Each kind of file linked outside: refused, and no byte or size of the
+  // outside file in the message.
+  const std::string secret_size = std::to_string(fs::file_size(secret));
+  auto expect_denied = [&](const std::string& dir, const absl::Status& status) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << dir << ": " << status;
+    EXPECT_THAT(status.message(), HasSubstr("outside"));
+    EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("length prefix")));
+    EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("root:")));
+    EXPECT_THAT(status.message(), ::testing::Not(HasSubstr(" " + secret_size + " ")));
+  };
+  auto make_dir = [&](const std::string& name) {
+    const std::string dir = root.Join(name);
+    fs::create_directories(dir);
+    return dir;
+  };
+  const std::string weights_out = make_dir("weights-out");
+  fs::copy_file(outside.Join("s/config.json"), weights_out + "/config.json");
+  fs::create_symlink(outside.Join("s/model.safetensors"), weights_out + "/model.safetensors");
+  expect_denied(weights_out, LoadSafetensorsDirectory(weights_out, &*roots).status());
+  // Without roots (the operator's own directory) the same link is followed.
+  EXPECT_TRUE(LoadSafetensorsDirectory(weights_out).ok());
+
+  const std::string shadow = make_dir("shadow");
+  fs::create_symlink(secret, shadow + "/model.safetensors");
+  expect_denied(shadow, LoadSafetensorsDirectory(shadow, &*roots).status());
+
+  const std::string config_out = make_dir("config-out");
+  fs::copy_file(outside.Join("s/model.safetensors"), config_out + "/model.safetensors");
+  fs::create_symlink(outside.Join("s/config.json"), config_out + "/config.json");
+  expect_denied(config_out, LoadSafetensorsDirectory(config_out, &*roots).status());
+
+  const std::string index_out = make_dir("index-out");
+  fs::create_symlink(secret, index_out + "/model.safetensors.index.json");
+  expect_denied(index_out, LoadSafetensorsDirectory(index_out, &*roots).status());
+
+  const std::string shard_out = make_dir("shard-out");
+  for (const auto& entry : fs::directory_iterator(outside.Join("sharded"))) {
+    const std::string name = entry.path().filename().string();
+    if (absl::EndsWith(name, ".safetensors")) {
+      fs::create_symlink(entry.path(), shard_out + "/" + name);
+    } else {
+      fs::copy_file(entry.path(), shard_out + "/" + name);
+    }
+  }
+  expect_denied(shard_out, LoadSafetensorsDirectory(shard_out, &*roots).status());
+
+  // A link that leads outside to nothing says no more than one that leads
+  // to a file.
+  const std::string dangling = make_dir("dangling");
+  fs::create_symlink(outside.Join("no-such-file"), dangling + "/model.safetensors");
+  expect_denied(dangling, LoadSafetensorsDirectory(dangling, &*roots).status());
+
+  const std::string tokenizer_out = make_dir("tokenizer-out");
+  fs::create_symlink(secret, tokenizer_out + "/tokenizer.json");
+  expect_denied(tokenizer_out, ReadCarriedFiles(tokenizer_out, &*roots).status());
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/common/files.h"
 
 namespace memprofd {
 namespace snapshot::internal {
@@ -51,8 +52,11 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 inline constexpr int64_t kMaxSmallFileBytes = int64_t{64} << 20;
 // Reads a whole (small) file. NOT_FOUND when missing; DATA_LOSS for anything
 // but a regular file (opened without blocking, so a FIFO is refused, not
-// waited on) and for one over kMaxSmallFileBytes.
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path);
+// waited on) and for one over kMaxSmallFileBytes. With `roots`, the file is
+// confined as PathToOpen says (links followed inside the roots,
+// PERMISSION_DENIED outside, before anything is read).
+absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
+                                          const PathRoots* roots = nullptr);
 // fsync of a directory, so that entries created or renamed in it persist.
 absl::Status SyncDirectory(const std::string& path);
 
