@@ -149,7 +149,6 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                              bin_bytes - next, " more bytes"));
   }
   out.tokens = next / out.width;
-  out.doc_bounds.reserve(static_cast<size_t>(d));
   int64_t previous = 0;
   for (int64_t i = 0; i < d; ++i) {
     if (i % kPollEntries == 0 && cancelled && cancelled()) {
@@ -169,8 +168,15 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                        "]: the indices must not decrease or pass the sequence count"));
     }
     previous = first;
-    out.doc_bounds.push_back(first == s ? out.tokens
-                                        : I64(p + pointers_at + 8 * first) / out.width);
+    const int64_t bound =
+        first == s ? out.tokens : I64(p + pointers_at + 8 * first) / out.width;
+    // An empty document (no sequence, or empty ones) holds no window: only a
+    // bound past the last is kept, so the heap this costs is bounded by the
+    // .bin's tokens, not by a document count a sparse index can make
+    // billions of.
+    if (out.doc_bounds.empty() || bound > out.doc_bounds.back()) {
+      out.doc_bounds.push_back(bound);
+    }
   }
   if (previous != s) {
     return Loss(idx_name, end - 8,

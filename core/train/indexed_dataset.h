@@ -33,15 +33,17 @@
 namespace memprofd {
 
 // What training needs of a checked index: how to decode the .bin and where
-// its documents begin. Invariant: doc_bounds is non-decreasing from 0 to
+// its documents begin. Invariant: doc_bounds is strictly increasing from 0 to
 // tokens, and tokens x width is the .bin's size.
 struct MegatronIndex {
   int width = 0;           // bytes per id in the .bin: 1, 2 or 4
   bool is_signed = false;  // int32 ids (negative ones are out of vocabulary)
   int64_t tokens = 0;      // ids in the .bin
   int64_t sequences = 0;   // S
-  // Token offset of each document's first id, then `tokens`: D entries,
-  // document d is [doc_bounds[d], doc_bounds[d + 1]).
+  // Token offset of each non-empty document's first id, then `tokens`
+  // (strictly increasing: empty documents hold no window and are not kept,
+  // so there are at most tokens + 1 entries whatever the index's document
+  // count); document k is [doc_bounds[k], doc_bounds[k + 1]).
   std::vector<int64_t> doc_bounds;
 };
 

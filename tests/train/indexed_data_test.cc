@@ -2,7 +2,9 @@
 // megatron-core reads it (tests/train/indexed_reference.py), and every
 // corruption of it refused with the file and the byte offset.
 
+#include <sys/stat.h>
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -111,12 +113,16 @@ TEST_F(IndexedDataTest, TokensEqualWhatMegatronReadsForUint16AndInt32) {
           (*d)->Window(sequence_starts[seq] + offset, length).value(),
           torch::tensor(span[3].get<std::vector<int64_t>>(), torch::kInt64)));
     }
-    // Document d begins at its first sequence.
+    // Document d begins at its first sequence; empty documents (a bound
+    // equal to the one before) are not kept.
     const std::vector<int64_t> docs = ref["document_indices"].get<std::vector<int64_t>>();
-    ASSERT_EQ((*d)->document_bounds().size(), docs.size());
-    for (size_t i = 0; i + 1 < docs.size(); ++i) {
-      EXPECT_EQ((*d)->document_bounds()[i], sequence_starts[docs[i]]);
+    std::vector<int64_t> expected;
+    for (const int64_t first : docs) {
+      const int64_t bound =
+          first < static_cast<int64_t>(sequence_starts.size()) ? sequence_starts[first] : at;
+      if (expected.empty() || bound > expected.back()) expected.push_back(bound);
     }
+    EXPECT_EQ((*d)->document_bounds(), expected);
     EXPECT_EQ((*d)->document_bounds().back(), at);
   }
 }
@@ -169,6 +175,36 @@ TEST_F(IndexedDataTest, PackedWindowsCrossDocumentsAndWithinDocumentWindowsNever
   absl::StatusOr<TokenBatch> c = (*token_file)->NextBatch(8, seq_len, g2);
   ASSERT_TRUE(a.ok() && c.ok());
   EXPECT_TRUE(torch::equal(a->inputs, c->inputs));
+}
+
+// A sparse index (a few kB on disk) claiming 2^24 documents, all empty but
+// the last: valid, and its documents cost heap only for the bounds that
+// hold tokens, not 8 bytes for each claimed document.
+TEST_F(IndexedDataTest, EmptyDocumentsOfASparseIndexCostNoHeap) {
+  const TempDir tmp;
+  const std::string idx = Idx("u16");
+  const int64_t s = 11;
+  const int64_t documents_at = 34 + 12 * s;
+  const int64_t d = int64_t{1} << 24;
+  std::string head = idx.substr(0, static_cast<size_t>(documents_at));
+  std::memcpy(head.data() + 26, &d, 8);  // the document count
+  tmp.WriteFile("sparse.idx", head);
+  tmp.WriteFile("sparse.bin", Slurp(dir_->Join("u16.bin")));
+  const std::string idx_path = tmp.Join("sparse.idx");
+  // Every document index 0 (a hole) but the last, which is S.
+  ASSERT_EQ(::truncate(idx_path.c_str(), documents_at + 8 * d), 0);
+  {
+    std::fstream f(idx_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(documents_at + 8 * (d - 1));
+    f.write(reinterpret_cast<const char*>(&s), 8);
+  }
+  struct stat st;
+  ASSERT_EQ(::stat(idx_path.c_str(), &st), 0);
+  ASSERT_LT(st.st_blocks * 512, st.st_size / 100) << "the file is not sparse here";
+  absl::StatusOr<std::unique_ptr<TokenDataset>> t =
+      TokenDataset::Create(Indexed(tmp.Join("sparse"), DataSpec::Windows::kWithinDocuments), 1000);
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ((*t)->document_bounds(), (std::vector<int64_t>{0, (*t)->size()}));
 }
 
 TEST_F(IndexedDataTest, EveryCorruptionIsDataLossNamingTheFileAndOffset) {
