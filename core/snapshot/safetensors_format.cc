@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/common/utf8.h"
@@ -276,7 +277,12 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file,
                                   e.begin > expected ? " (a gap)" : " (an overlap)"));
     }
     uint64_t bytes = 0;
-    if (!ByteSize(e.shape, SafetensorsDtypeSize(e.dtype), &bytes) || bytes != e.bytes()) {
+    if (!ByteSize(e.shape, SafetensorsDtypeSize(e.dtype), &bytes)) {
+      return corrupt(absl::StrCat("tensor ", JsonQuote(e.name), "'s dtype ", e.dtype,
+                                  " and shape [", absl::StrJoin(e.shape, ", "),
+                                  "] need more bytes than a file can hold (over 2^63)"));
+    }
+    if (bytes != e.bytes()) {
       return corrupt(absl::StrCat("tensor ", JsonQuote(e.name), " spans ", e.bytes(),
                                   " bytes but its dtype ", e.dtype, " and shape need ",
                                   bytes));

@@ -133,6 +133,13 @@ TEST_F(CorruptFileTest, RejectsSizeNotNumelTimesElementSize) {
                  "need 12");
 }
 
+TEST_F(CorruptFileTest, AShapeWhoseSizeOverflowsSaysSo) {
+  ExpectDataLoss(
+      RawFile(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
+              8),
+      "need more bytes than a file can hold (over 2^63)");
+}
+
 TEST_F(CorruptFileTest, RejectsUnknownDtype) {
   ExpectDataLoss(RawFile(R"({"a":{"dtype":"F33","shape":[1],"data_offsets":[0,4]}})", 4),
                  "unknown dtype");
