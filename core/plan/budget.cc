@@ -56,6 +56,26 @@ std::vector<int64_t> CheckpointLevels(int64_t layers) {
   return levels;
 }
 
+// The micro-batch sizes tried for a request of `batch` windows of
+// `accumulation` micro-batches: divisors of `batch` (the same windows, the
+// same effective batch) whose accumulation stays within what a Train
+// accepts (kMaxGradAccumulationSteps), and of those only the largest at or
+// below batch / 2^j for each j: a peak falls smoothly as the micro-batch
+// shrinks, so halving steps find the fitting one in about log2(batch) sizes
+// instead of one dry run per divisor (720,720 has 240).
+std::vector<int64_t> MicroBatches(int64_t batch, int64_t accumulation) {
+  std::vector<int64_t> out;
+  for (int64_t target = batch; target >= 1; target /= 2) {
+    for (int64_t m = target; m >= 1; --m) {
+      if (batch % m != 0) continue;
+      if (accumulation * (batch / m) > kMaxGradAccumulationSteps) break;
+      if (out.empty() || m < out.back()) out.push_back(m);
+      break;
+    }
+  }
+  return out;
+}
+
 // The category holding the most bytes at a plan's peak.
 Category Dominant(const MemoryPlan& plan) {
   size_t best = 0;
@@ -93,11 +113,12 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
   }
   const int64_t batch = base.train.batch_size;
   const int64_t accumulation = std::max<int64_t>(base.train.grad_accumulation_steps, 1);
-  // Micro-batches that divide the request's: the same windows, the same
-  // effective batch.
-  std::vector<int64_t> micro_batches;
-  for (int64_t m = batch; m >= 1; --m) {
-    if (batch % m == 0) micro_batches.push_back(m);
+  const std::vector<int64_t> micro_batches = MicroBatches(batch, accumulation);
+  if (micro_batches.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_budget_bytes: batch_size ", batch, " x grad_accumulation_steps ",
+        accumulation, " leaves no micro-batch within ", kMaxGradAccumulationSteps,
+        " accumulated steps; lower grad_accumulation_steps"));
   }
   offload::OffloadOptions offloaded = base.offload;
   if (!offloaded.enabled) {
@@ -128,6 +149,10 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
           spec.offload.enabled = false;
         }
         spec.capacity_bytes = budget_bytes;
+        // Only what a Train would accept is planned, chosen or proposed.
+        if (!ValidTrainOptions::Check(spec.train, base.model.max_position_embeddings).ok()) {
+          continue;
+        }
         absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
         if (!plan.ok()) return plan.status();
         BudgetCandidate c;
@@ -160,6 +185,11 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
       choice.spec.offload.enabled = false;
     }
     return choice;
+  }
+  if (choice.candidates.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_budget_bytes: no configuration of ", base.train.batch_size,
+        " windows a step passes a Train's checks"));
   }
   const BudgetCandidate& smallest = *std::min_element(
       choice.candidates.begin(), choice.candidates.end(),

@@ -61,10 +61,13 @@ struct BudgetChoice {
   std::vector<BudgetCandidate> candidates;  // every one planned, fastest first
 };
 
-// The candidates: each micro-batch that divides base's batch_size (with the
-// accumulation keeping the effective batch) x checkpointing of none, the
-// first quarter, half, three quarters or all of the layers x offloading
-// off or on.
+// The candidates: micro-batches that divide base's batch_size (with the
+// accumulation keeping the effective batch, at most
+// kMaxGradAccumulationSteps), the largest at or below batch_size / 2^j for
+// each j, x checkpointing of none, the first quarter, half, three quarters
+// or all of the layers x offloading off or on; only those a Train accepts
+// (ValidTrainOptions::Check) are planned, chosen or proposed. base.cancelled
+// is polled before each dry run and within it (CANCELLED).
 // Plans the candidates of `base` (its batch_size, grad_accumulation_steps
 // and offload options are the request's; the offload target is base's, or
 // the target's default when base has offloading off) and returns the fastest

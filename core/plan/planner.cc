@@ -408,6 +408,9 @@ std::vector<int64_t> Shares(const std::vector<int64_t>& trainable, int ranks) {
 
 absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   const auto start = std::chrono::steady_clock::now();
+  if (spec.cancelled && spec.cancelled()) {
+    return absl::CancelledError("plan cancelled before its dry run");
+  }
   RETURN_IF_ERROR(internal::CheckPlannable(spec));
   RETURN_IF_ERROR(RegisterMetaKernels());
   RETURN_IF_ERROR(memory::InstallMetaAccounting());

@@ -29,6 +29,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,12 @@ struct PlanSpec {
   // the plan counts them at its peak under `other`; with cuda they are host
   // memory, outside the plan.
   int64_t data_bytes = 0;
+  // Polled (a cheap predicate; empty: never) before each dry run, before
+  // each of its steps and micro-batches, and between its decoder layers in
+  // forward and backward: true stops the plan within a layer's work, with
+  // CANCELLED. A plan of thousands of layers, or budget planning's many dry
+  // runs, can take minutes; a client's cancel and a drain end them at once.
+  std::function<bool()> cancelled;
 };
 
 // The largest world a plan accepts (a sanity bound: a plan of more than
@@ -200,7 +207,8 @@ struct MemoryPlan {
 // rank of spec.world_size. INVALID_ARGUMENT for a world_size out of range,
 // for training fields a Train would refuse (ValidTrainOptions::Check) or a
 // model config LlamaModel::Create refuses, or offload options
-// ValidateOffloadOptions refuses; INTERNAL naming the op
+// ValidateOffloadOptions refuses; CANCELLED when spec.cancelled says so;
+// INTERNAL naming the op
 // when a kernel has no Meta implementation (the planner's meta_kernels.cc lacks one for
 // this LibTorch).
 absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec);

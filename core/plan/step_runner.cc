@@ -128,8 +128,12 @@ absl::Status RunPlannedSteps(
   }
   at::Generator generator = MakeDataGenerator(options.seed);
   for (int64_t step = 1; step <= kPlannedSteps; ++step) {
+    if (spec.cancelled && spec.cancelled()) {
+      return absl::CancelledError(absl::StrCat("plan cancelled before step ", step));
+    }
     if (before_step) before_step(step);
-    absl::StatusOr<StepReport> report = trainer.Step(valid, *data, generator, listeners);
+    absl::StatusOr<StepReport> report =
+        trainer.Step(valid, *data, generator, listeners, spec.cancelled);
     if (!report.ok()) {
       return absl::Status(
           report.status().code(),

@@ -186,6 +186,9 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   op->SetProgress(0, 1, "plans", "planning one training step on the meta device");
+  // A client's cancel and a drain (RequestDrain) stop the dry run within a
+  // layer's work.
+  planned->cancelled = [op] { return op->cancel_requested(); };
   absl::StatusOr<plan::MemoryPlan> plan = PlanGuarded<plan::MemoryPlan>(
       "memory plan", [&] { return plan::PlanTrainingStep(*planned); });
   if (!plan.ok()) {
@@ -193,9 +196,7 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   if (op->cancel_requested()) {
-    finish(absl::CancelledError(
-        "cancelled while planning; the dry run went to its end (it cannot stop "
-        "midway) and its plan was dropped"));
+    finish(absl::CancelledError("cancelled as its plan was finished; the plan was dropped"));
     return;
   }
   op->SetProgress(1, 1, "plans",
@@ -280,7 +281,8 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
   op->SetProgress(
       0, train->steps, "steps",
       absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
-  const plan::PlanSpec base = TrainingPlanSpec(device_, options_, config, train, offload);
+  plan::PlanSpec base = TrainingPlanSpec(device_, options_, config, train, offload);
+  base.cancelled = [op] { return op->cancel_requested(); };
   absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
       "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
   if (!choice.ok()) {

@@ -206,13 +206,13 @@ DataShard Trainer::ShardOf(const StepListeners& listeners) {
 absl::StatusOr<StepReport> Trainer::Step(const TrainOptions& options,
                                          const TokenDataset& data,
                                          at::Generator& generator,
-                                         const StepListeners& listeners) {
+                                         const StepListeners& listeners,
+                                         const std::function<bool()>& interrupted) {
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
-  const std::function<bool()> never;
   return StepUnchecked(options, data, generator, 1, 0, options.steps,
-                       StepContext{listeners, never, ShardOf(listeners)});
+                       StepContext{listeners, interrupted, ShardOf(listeners)});
 }
 
 absl::StatusOr<StepReport> Trainer::StepUnchecked(

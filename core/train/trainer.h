@@ -60,9 +60,12 @@ class Trainer {
   // the forward, backward and optimizer phases.
   // Every listener is called as step_listener.h describes (AtBoundary aside:
   // Step is no run).
+  // `interrupted` (optional; a cheap predicate) is polled within the step as
+  // Run polls `cancelled`: true abandons it, CANCELLED, with no update.
   absl::StatusOr<StepReport> Step(const TrainOptions& options, const TokenDataset& data,
                                   at::Generator& generator,
-                                  const StepListeners& listeners = {});
+                                  const StepListeners& listeners = {},
+                                  const std::function<bool()>& interrupted = {});
 
   // options.steps steps on options.data, windows drawn by a generator seeded
   // with options.seed, with `listeners` taking part in every step

@@ -126,6 +126,43 @@ TEST_F(BudgetTest, SomeLayersCheckpointedWhenThatIsEnough) {
   EXPECT_LE(choice->chosen.plan.peak_allocated_bytes, peaks[1] + 1);
 }
 
+// A batch with many divisors (720,720 has 240) plans about log2(batch)
+// micro-batch sizes, every one a Train accepts (its accumulation within
+// kMaxGradAccumulationSteps), so neither the choice nor the smallest peak
+// proposed is a configuration the daemon then refuses.
+TEST_F(BudgetTest, ManyDivisorsPlanHalvingMicroBatchesATrainAccepts) {
+  PlanSpec request;
+  request.model = testing::SmallLlamaConfig();
+  request.train.batch_size = 720720;
+  request.train.seq_len = 4;
+  request.train.grad_accumulation_steps = 2;
+  request.offload.spill_dir = ::testing::TempDir();
+  absl::StatusOr<BudgetChoice> choice = ChooseUnderBudget(request, int64_t{1} << 50);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  std::set<int64_t> micro;
+  for (const BudgetCandidate& c : choice->candidates) {
+    micro.insert(c.batch_size);
+    EXPECT_LE(c.grad_accumulation_steps, kMaxGradAccumulationSteps) << c.batch_size;
+    EXPECT_EQ(c.batch_size * c.grad_accumulation_steps, 720720 * 2);
+  }
+  std::cout << micro.size() << " micro-batch sizes, " << choice->candidates.size()
+            << " candidates for 720,720 windows x 2\n";
+  EXPECT_LE(micro.size(), 21u);
+  EXPECT_EQ(*micro.rbegin(), 720720);
+  EXPECT_GE(*micro.begin(), 720720 * 2 / kMaxGradAccumulationSteps);
+}
+
+// A cancel stops budget planning before its next dry run, or within one
+// between layers: CANCELLED, at once.
+TEST_F(BudgetTest, ACancelStopsThePlanningWithinADryRun) {
+  PlanSpec request = Request();
+  int polls = 0;
+  request.cancelled = [&polls] { return ++polls >= 20; };
+  absl::StatusOr<BudgetChoice> choice = ChooseUnderBudget(request, 1);
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kCancelled) << choice.status();
+  EXPECT_EQ(polls, 20);  // no poll after the one that said stop
+}
+
 TEST_F(BudgetTest, NonPositiveBudgetIsInvalid) {
   EXPECT_EQ(ChooseUnderBudget(Request(), 0).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -80,6 +80,25 @@ TEST_F(PlannerTest, EagerPlanMatchesTheCpuStep) {
       0.01);
 }
 
+// A cancel reaches a dry run between its decoder layers, in forward and in
+// backward: a plan of a model of many layers stops at the first poll that
+// says so, CANCELLED, and plans again afterwards as before.
+TEST_F(PlannerTest, ACancelStopsTheDryRunBetweenLayers) {
+  LlamaConfig config = testing::SmallLlamaConfig();
+  config.num_hidden_layers = 64;
+  PlanSpec spec = Spec(config, 1, 8, false, AttentionImplementation::kSdpa);
+  for (int stop_at : {1, 10, 100}) {  // before the run, in forward, in backward
+    int polls = 0;
+    spec.cancelled = [&polls, stop_at] { return ++polls >= stop_at; };
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kCancelled) << stop_at << ": "
+                                                                  << plan.status();
+    EXPECT_EQ(polls, stop_at);
+  }
+  spec.cancelled = [] { return false; };
+  EXPECT_TRUE(PlanTrainingStep(spec).ok());
+}
+
 TEST_F(PlannerTest, CheckpointedPlanMatchesTheCpuStep) {
   ExpectPlanMatchesCpu(
       Spec(testing::PresetConfig("tiny"), 2, 64, true, AttentionImplementation::kEager),
