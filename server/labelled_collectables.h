@@ -4,8 +4,8 @@
 // The collectables one /metrics endpoint serves, collected as one, with a set
 // of constant labels added to every sample of every family: the rank and node
 // of a data-parallel run, so that Prometheus can tell the ranks apart and no
-// metric, present or future, can be exported without them. The exposer is
-// given this collectable alone.
+// metric, present or future, can be exported without them. /metrics serves
+// this collectable alone.
 //
 // Invariant: every ClientMetric that Collect returns carries each constant
 // label exactly once. A metric that sets one of those labels itself keeps its
@@ -13,7 +13,7 @@
 // the others are appended after the metric's own labels.
 //
 // Thread-safe: Add and Collect may be called from any thread (Collect runs on
-// the exposer's threads).
+// the metrics server's thread).
 
 #include <prometheus/client_metric.h>
 #include <prometheus/collectable.h>

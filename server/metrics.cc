@@ -1,8 +1,8 @@
 #include "server/metrics.h"
 
-#include <CivetServer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/metric_family.h>
+#include <prometheus/text_serializer.h>
 #include <unistd.h>
 
 #include <exception>
@@ -59,12 +59,6 @@ class ProcessCollectable : public prometheus::Collectable {
   const double start_seconds_;
 };
 
-// CivetWeb explains bind failures only through this callback.
-int LogCivetMessage(const struct mg_connection*, const char* message) {
-  LogWarning(absl::StrCat("metrics server: ", message));
-  return 1;
-}
-
 }  // namespace
 
 absl::Status ValidateListenAddress(const std::string& flag, const std::string& address) {
@@ -119,37 +113,20 @@ ServerMetrics::ServerMetrics(const BuildLabels& build, const WorldSpec& world)
   served_->Add(std::make_shared<ProcessCollectable>());
 }
 
-namespace {
-constexpr int kMetricsThreads = 8;
-constexpr int kMetricsRequestTimeoutMs = 3000;
-}  // namespace
-
 absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
   if (absl::Status s = ValidateListenAddress("metrics_listen", listen); !s.ok()) return s;
-  try {
-    static CivetCallbacks callbacks = [] {
-      CivetCallbacks c;
-      c.log_message = LogCivetMessage;
-      return c;
-    }();
-    // CivetWeb gives each connection a thread for as long as it is open:
-    // with two, two idle TCP connections stopped every scrape. More threads,
-    // and a bound on how long one waits for a request's bytes, so that idle
-    // or slow clients let go of them.
-    exposer_ = std::make_unique<prometheus::Exposer>(
-        std::vector<std::string>{"listening_ports", listen, "num_threads",
-                                 std::to_string(kMetricsThreads), "request_timeout_ms",
-                                 std::to_string(kMetricsRequestTimeoutMs)},
-        &callbacks);
-  } catch (const std::exception& e) {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Create(
+      listen, [served = served_] {
+        return prometheus::TextSerializer().Serialize(served->Collect());
+      });
+  if (!http.ok()) {
     return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ", e.what(),
-                     " (is the port in use? pick another or use port 0)"));
+        absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ",
+                     http.status().message(), " (is the port in use? pick another or use "
+                     "port 0)"));
   }
-  exposer_->RegisterCollectable(served_);
-  std::vector<int> ports = exposer_->GetListeningPorts();
-  if (ports.empty()) return absl::UnavailableError("metrics exposer bound no port");
-  return ports.front();
+  http_ = *std::move(http);
+  return http_->port();
 }
 
 void ServerMetrics::RecordRpc(const std::string& method, grpc::StatusCode code,

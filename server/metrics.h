@@ -6,14 +6,13 @@
 // read the engine's published state at scrape time, so scrapes never block
 // the owner thread. Every sample it serves carries rank="<world.rank>" and
 // node="<world.node_rank>" (LabelledCollectables), "0" and "0" in a single
-// process; only prometheus-cpp's own exposer_* metrics, which the exposer
-// adds itself, go without. Names are in base units; counters end in _total.
+// process. The HTTP side is MetricsHttpServer (one epoll thread). Names are
+// in base units; counters end in _total.
 // Thread-safe: RecordRpc may be called from any thread.
 
 #include <grpcpp/support/status.h>
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -25,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "core/dist/world.h"
 #include "server/labelled_collectables.h"
+#include "server/metrics_http.h"
 
 namespace memprofd {
 
@@ -59,7 +59,7 @@ class ServerMetrics {
   std::shared_ptr<LabelledCollectables> served_;
   prometheus::Family<prometheus::Counter>& rpc_requests_;
   prometheus::Family<prometheus::Histogram>& rpc_duration_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<MetricsHttpServer> http_;  // serving once Serve succeeded
 };
 
 // Parses "host:port" or "[v6]:port" with port 0..65535; INVALID_ARGUMENT

@@ -7,8 +7,8 @@
 // histograms are fed as the session reports each one (SessionObserver).
 // Names in base units; counters end in _total; labels of low cardinality
 // only (device, phase, category, outcome).
-// Thread-safe: Collect runs on the exposer's threads, the observer calls on
-// the session's.
+// Thread-safe: Collect runs on the metrics server's thread, the observer
+// calls on the session's.
 
 #include <prometheus/collectable.h>
 #include <prometheus/histogram.h>

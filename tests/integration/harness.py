@@ -85,8 +85,8 @@ _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 def metric_samples(text):
     """The samples of a Prometheus text exposition, as (name, {label: value},
-    value) in their order. Every sample memprofd serves has rank and node labels
-    (besides prometheus-cpp's own exposer_* ones)."""
+    value) in their order. Every sample memprofd serves has rank and node
+    labels."""
     samples = []
     for line in text.splitlines():
         if not line or line.startswith("#"):

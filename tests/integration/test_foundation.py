@@ -79,9 +79,8 @@ class ServingTest(harness.DaemonTestCase):
         for name in ("memprofd_build_info", "process_start_time_seconds",
                      "memprofd_train_steps_total", "memprofd_train_step_seconds_count"):
             self.assertIn(name, names)
-        # prometheus-cpp's exposer adds its exposer_* samples itself.
-        unlabelled = [(n, l) for n, l, _ in samples if not n.startswith("exposer_")
-                      and (l.get("rank"), l.get("node")) != ("0", "0")]
+        unlabelled = [(n, l) for n, l, _ in samples
+                      if (l.get("rank"), l.get("node")) != ("0", "0")]
         self.assertEqual(unlabelled, [])
         self.assertEqual(harness.metric(text, "memprofd_world_size"), 1)
 

@@ -48,7 +48,7 @@ std::vector<std::string> SamplesWithoutLabels(const std::string& text,
   std::vector<std::string> missing;
   int samples = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
-    if (absl::StartsWith(line, "#") || absl::StartsWith(line, "exposer_")) continue;
+    if (absl::StartsWith(line, "#")) continue;
     ++samples;
     const size_t open = line.find('{');
     const size_t close = line.find('}');
