@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -111,6 +112,9 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     std::lock_guard<std::mutex> lock(mu_);
     return live_;
   }
+  // True once the bytes live at once passed kMaxPlannedBytes (the counts
+  // stopped there).
+  bool overflowed() const { return overflowed_.load(); }
   int64_t allocations() const {
     std::lock_guard<std::mutex> lock(mu_);
     return allocations_;
@@ -147,6 +151,13 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     (*modules)[to.module] += bytes;
   }
   void Add(int64_t bytes, const Attribution& block) {
+    int64_t live = 0;
+    if (__builtin_add_overflow(live_, bytes, &live) || live > kMaxPlannedBytes) {
+      // Counted no further: the dry run stops at its next poll
+      // (DryRun), and the plan says why.
+      overflowed_.store(true);
+      return;
+    }
     live_ += bytes;
     categories_[static_cast<size_t>(block.category)] += bytes;
     Grow(&modules_, block.module);
@@ -172,6 +183,7 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   }
 
   const std::unique_ptr<CachingAllocatorModel> cuda_;
+  std::atomic<bool> overflowed_{false};
   mutable std::mutex mu_;
   // With the model: each live allocation's block bytes, by id.
   std::unordered_map<uint64_t, int64_t> blocks_;
@@ -324,12 +336,17 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
   auto ledger = std::make_shared<Ledger>(spec.target == PlanSpec::Target::kCuda);
   PhaseDomain domain;
   domain.listener = ledger.get();
+  // The dry run stops at its next poll once the ledger's count overflows.
+  PlanSpec run = spec;
+  run.cancelled = [&spec, ledger] {
+    return ledger->overflowed() || (spec.cancelled && spec.cancelled());
+  };
   {
     PhaseDomainScope in_domain(&domain);
     memory::MetaAccountingScope accounting(ledger);
     memory::ThreadOpAttribution ops;
-    RETURN_IF_ERROR(internal::RunPlannedSteps(
-        spec, c10::Device(c10::DeviceType::Meta), group,
+    absl::Status ran = internal::RunPlannedSteps(
+        run, c10::Device(c10::DeviceType::Meta), group,
         [sdpa, &parameters, trainable](LlamaModel& model) {
           model.set_meta_sdpa_kernel(sdpa);
           parameters = model.NumParameters();
@@ -346,7 +363,14 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
         [&moved](int64_t step, const offload::OffloadStats& stats) {
           moved[static_cast<size_t>(step - 1)] = stats.bytes_out;
         },
-        meta_copies));
+        meta_copies);
+    if (ledger->overflowed()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: the step would hold more than ", kMaxPlannedBytes,
+          " bytes (4 EiB) at once, beyond what a plan counts and any device holds; lower "
+          "batch_size or seq_len, or plan a smaller model"));
+    }
+    RETURN_IF_ERROR(ran);
   }
   const std::vector<Ledger::StepPeaks> steps = ledger->steps();
   if (steps.empty()) return absl::InternalError("plan: the dry run recorded no step");

@@ -98,6 +98,21 @@ struct PlanSpec {
   std::function<bool()> cancelled;
 };
 
+// A plan's size admission, checked before anything is made for it:
+// - at most kMaxPlannedLayers decoder layers (a dry run keeps about 100 KB of
+//   host bookkeeping per layer; the deepest released models have 126);
+// - the model's training state (16 bytes a parameter) and each activation
+//   of a micro-batch (the logits, the MLP's, eager attention's scores)
+//   within kMaxPlannedBytes, and the bytes a dry run counts live at once
+//   too (checked as it runs), so that no count overflows int64;
+// - at most kMaxPlanHostBytes of real host memory: 20 bytes per token of a
+//   micro-batch (the synthetic window, inputs and targets) and 12 per
+//   max_position_embeddings x head_dim (the rotary caches, computed on the
+//   CPU).
+inline constexpr int64_t kMaxPlannedLayers = 1024;
+inline constexpr int64_t kMaxPlannedBytes = int64_t{1} << 62;  // 4 EiB
+inline constexpr int64_t kMaxPlanHostBytes = int64_t{2} << 30;  // 2 GiB
+
 // The largest world a plan accepts (a sanity bound: a plan of more than
 // kMaxRanksPlannedEach ranks dry-runs two of them whatever the size).
 inline constexpr int kMaxPlannedWorldSize = 65536;
@@ -207,7 +222,9 @@ struct MemoryPlan {
 // rank of spec.world_size. INVALID_ARGUMENT for a world_size out of range,
 // for training fields a Train would refuse (ValidTrainOptions::Check) or a
 // model config LlamaModel::Create refuses, or offload options
-// ValidateOffloadOptions refuses; CANCELLED when spec.cancelled says so;
+// ValidateOffloadOptions refuses, or beyond the size admission above
+// (RESOURCE_EXHAUSTED for the host memory); CANCELLED when spec.cancelled
+// says so;
 // INTERNAL naming the op
 // when a kernel has no Meta implementation (the planner's meta_kernels.cc lacks one for
 // this LibTorch).

@@ -37,8 +37,10 @@ inline constexpr int64_t kPlannedMicroBatches = 2;
 // (cuDNN attention) plans as flash attention, whose outputs it shares.
 LlamaModel::MetaSdpaKernel SdpaKernelFor(const PlanSpec& spec);
 
-// OK when `spec` can be planned; UNIMPLEMENTED / INVALID_ARGUMENT as
-// PlanTrainingStep documents.
+// OK when `spec` can be planned; UNIMPLEMENTED / INVALID_ARGUMENT /
+// RESOURCE_EXHAUSTED as PlanTrainingStep documents (the size admission:
+// kMaxPlannedLayers, kMaxPlannedBytes, kMaxPlanHostBytes), before anything
+// is made for the plan.
 absl::Status CheckPlannable(const PlanSpec& spec);
 
 // Makes spec.model on `device` (seed 0; parameters tagged as a loaded

@@ -6,9 +6,11 @@
 
 #include "core/plan/planner.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -97,6 +99,55 @@ TEST_F(PlannerTest, ACancelStopsTheDryRunBetweenLayers) {
   }
   spec.cancelled = [] { return false; };
   EXPECT_TRUE(PlanTrainingStep(spec).ok());
+}
+
+// The size admission, before anything is made: too many layers, a model
+// whose training state overflows int64 (vocab 2^40 x hidden 2^20 planned
+// SUCCEEDED with -9.2e18 bytes before; 2^41 answered INTERNAL), a batch
+// whose tensors or host memory pass the bounds; and a step whose live bytes
+// pass kMaxPlannedBytes as it runs stops there, INVALID_ARGUMENT.
+TEST_F(PlannerTest, SizesBeyondWhatAPlanCountsAreRefused) {
+  const LlamaConfig small = testing::SmallLlamaConfig();
+  auto status_of = [](LlamaConfig config, int64_t batch, int64_t seq) {
+    PlanSpec spec = Spec(config, batch, seq, false, AttentionImplementation::kEager);
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status status = PlanTrainingStep(spec).status();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 30) << status;
+    return status;
+  };
+  LlamaConfig deep = small;
+  deep.num_hidden_layers = kMaxPlannedLayers + 1;
+  absl::Status s = status_of(deep, 1, 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("num_hidden_layers"));
+  for (int shift : {40, 41}) {
+    LlamaConfig wide = small;
+    wide.vocab_size = int64_t{1} << shift;
+    wide.hidden_size = int64_t{1} << 20;
+    wide.num_attention_heads = 1 << 10;
+    wide.num_key_value_heads = 1 << 10;
+    s = status_of(wide, 1, 8);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << shift << ": " << s;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("parameters")) << s;
+  }
+  LlamaConfig long_context = small;
+  long_context.max_position_embeddings = int64_t{1} << 27;
+  s = status_of(long_context, 1, int64_t{1} << 27);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("real host memory"));
+  // Passes the admission, then its live bytes pass 2^62 a few layers in.
+  LlamaConfig huge_mlp = small;
+  huge_mlp.num_hidden_layers = 64;
+  huge_mlp.hidden_size = 8;
+  huge_mlp.num_attention_heads = 1;
+  huge_mlp.num_key_value_heads = 1;
+  huge_mlp.intermediate_size = int64_t{1} << 36;
+  huge_mlp.max_position_embeddings = 1024;
+  s = status_of(huge_mlp, 1024, 1023);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("4 EiB")) << s;
 }
 
 TEST_F(PlannerTest, CheckpointedPlanMatchesTheCpuStep) {
