@@ -20,6 +20,7 @@
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
 #include "core/session/session.h"
+#include "core/session/training_data.h"
 #include "core/train/data.h"
 
 namespace memprofd {
@@ -183,6 +184,17 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
   }
   if (!planned.ok()) {
     finish(planned.status());
+    return;
+  }
+  // The data sources are checked as a Train checks them (confined, opened,
+  // every id in the vocabulary, long enough for seq_len), here on the plan
+  // thread; the plan itself draws from a synthetic window.
+  op->SetProgress(0, 1, "plans", "checking the data sources");
+  if (absl::StatusOr<TrainingData> data =
+          ReadTrainingData(planned->train, planned->model.vocab_size, std::nullopt,
+                           ClientDataAccess(data_roots_, options_, op));
+      !data.ok()) {
+    finish(data.status());
     return;
   }
   op->SetProgress(0, 1, "plans", "planning one training step on the meta device");

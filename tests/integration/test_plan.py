@@ -365,6 +365,26 @@ class PlanTest(harness.DaemonTestCase):
         # The next plan runs at once.
         self.plan(preset="tiny", train=pb.TrainRequest(**SMALL))
 
+    def test_10_data_sources_are_checked_as_a_train_checks_them(self):
+        small = dict(batch_size=2, seq_len=32)
+        for data, code in ((pb.DataSource(text_file="/etc/passwd"), "PERMISSION_DENIED"),
+                           (pb.DataSource(token_file=pb.TokenFile(path="/proc/self/mem")),
+                            "PERMISSION_DENIED"),
+                           (pb.DataSource(text_file=os.path.join(self.scratch, "none.txt")),
+                            "INVALID_ARGUMENT")):  # as a Train says it
+            for field in ("data", "eval_data"):
+                error = self.failed(preset="tiny", train=pb.TrainRequest(
+                    **small, **{field: data}, **({"eval_every_steps": 1}
+                                                 if field == "eval_data" else {})))
+                self.assertEqual(error.code, getattr(grpc.StatusCode, code).value[0],
+                                 "%s %s: %s" % (field, data, error.message))
+        corpus = os.path.join(self.scratch, "corpus.txt")
+        with open(corpus, "w") as f:
+            f.write("the plan reads what the training would read. " * 200)
+        plan = self.plan(preset="tiny", train=pb.TrainRequest(
+            **small, data=pb.DataSource(text_file=corpus)))
+        self.assertGreater(plan.peak_allocated_bytes, 0)
+
 
 if __name__ == "__main__":
     unittest.main()
