@@ -323,6 +323,10 @@ class Session {
                        const offload::OffloadOptions& offload, int64_t budget_bytes,
                        const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
 
+  // OK when a step planned as `planned` can fit what the compute device has
+  // free now (with what this process already holds there); RESOURCE_EXHAUSTED
+  // naming the planned peak otherwise. OK when the room is unknown.
+  absl::Status StepFits(const plan::MemoryPlan& planned) const;
   // Plan thread only (session_plan.cc): calibration. Plans the step of
   // training `op` (model `config`, the merged `train` and `offload`),
   // records its peak in `plan`, where the run's step reports and the
@@ -330,7 +334,9 @@ class Session {
   // with `start` (refused: finishes `op` with that status and clears the
   // training flag). The plan is skipped when `op` is done or cancelled, or
   // the session is stopping; one that fails (bf16: UNIMPLEMENTED) leaves the
-  // run without one, silently.
+  // run without one (logged). Admission first: a plan refused by the
+  // planner's size admission, or whose peak StepFits refuses, ends `op`
+  // with that status before the run allocates anything.
   void CalibrateRun(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
                     const ValidTrainOptions& train,
                     const offload::OffloadOptions& offload,

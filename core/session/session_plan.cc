@@ -15,10 +15,13 @@
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/dist/sharding.h"
+#include "core/memory/oom_report.h"
+#include "core/memory/recorder.h"
 #include "core/plan/budget.h"
 #include "core/plan/planner.h"
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
+#include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
@@ -247,6 +250,25 @@ void Session::EndTrainingThatDidNotStart(const std::shared_ptr<Operation>& op,
   op->Finish(std::move(status), TrainResult{});
 }
 
+absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
+  const int device = host_->recorder_device();
+  const memory::DeviceRoom room = memory::QueryDeviceRoom(device);
+  if (room.free_bytes < 0) return absl::OkStatus();  // nothing known to compare with
+  // What the device holds for this process now (the model, any optimizer
+  // state) is inside the plan's peak and no longer free.
+  int64_t held = 0;
+  for (const memory::DeviceMemoryStats& d : runtime_.recorder().Stats().devices) {
+    if (d.index == device) held = d.current_bytes;
+  }
+  const int64_t more = planned.peak_allocated_bytes - held;
+  if (more <= room.free_bytes) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "its step is planned to peak at %d bytes, %d more than this process holds now, and "
+      "the %s device has %d bytes free; lower batch_size or seq_len, set "
+      "gradient_checkpointing or offloading, or give memory_budget_bytes",
+      planned.peak_allocated_bytes, more, device_, room.free_bytes));
+}
+
 void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                            const LlamaConfig& config, const ValidTrainOptions& train,
                            const offload::OffloadOptions& offload,
@@ -258,6 +280,23 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
           return plan::PlanTrainingStep(
               TrainingPlanSpec(device_, options_, config, train, offload));
         });
+    // Admission: a step whose plan cannot be made within the plan's size
+    // admission, or whose planned peak cannot fit what the device has, is
+    // refused before the run allocates anything.
+    absl::Status admitted = planned.ok() ? StepFits(*planned) : planned.status();
+    if (!admitted.ok() && (absl::IsResourceExhausted(admitted) ||
+                           absl::IsInvalidArgument(admitted))) {
+      {
+        absl::MutexLock lock(&mu_);
+        calibration_pending_ = false;
+      }
+      EndTrainingThatDidNotStart(
+          op, absl::Status(admitted.code(),
+                           absl::StrCat("the training was refused before it allocated "
+                                        "anything: ",
+                                        admitted.message())));
+      return;
+    }
     if (planned.ok()) {
       plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
     } else {

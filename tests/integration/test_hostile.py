@@ -198,6 +198,34 @@ class HostileInputTest(harness.DaemonTestCase):
             self.assertLess(elapsed, 5.0, op.error.message)
         self.assertEqual(self.d.call("DescribeModel", pb.DescribeModelRequest()).source, before)
 
+    def test_a_step_too_large_for_the_device_is_refused_before_allocating(self):
+        # 2^20 x 128 tokens: beyond the plan's host admission; 2^16 x 128:
+        # planned, and its peak (tens of GB) beyond what the host has free.
+        # Before, the first grew the daemon to 12.7 GB before an allocation
+        # failed.
+        def rss():
+            with open("/proc/%d/status" % self.d.proc.pid) as f:
+                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+        for batch, needle in ((2 ** 20, "real host memory"), (2 ** 16, "planned to peak")):
+            before = rss()
+            start = time.time()
+            op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+                steps=1, batch_size=batch, seq_len=128)).id, timeout=120)
+            elapsed = time.time() - start
+            grew = rss() - before
+            print("batch %d x 128 refused in %.2f s, RSS +%.0f MB: %s" % (
+                batch, elapsed, grew / 1e6, op.error.message[:160]))
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             op.error.message)
+            self.assertIn("refused before it allocated", op.error.message)
+            self.assertIn(needle, op.error.message)
+            self.assertLess(grew, 500e6)
+        # The next training runs.
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=1, batch_size=1, seq_len=8)).id, timeout=120)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+
     def test_long_values_are_cut_in_the_status_not_turned_into_resource_exhausted(self):
         huge = "x" * 20000
         for fn, code in ((lambda: self.d.call("GetOperation", pb.GetOperationRequest(id=huge)),
