@@ -103,6 +103,10 @@ ABSL_FLAG(int64_t, keep_last, memprofd::SessionOptions().keep_last,
           "keep only the newest N snapshots (0 keeps all)");
 ABSL_FLAG(int64_t, snapshot_every_steps, memprofd::SessionOptions().snapshot_every_steps,
           "snapshot every N training steps (0: never)");
+ABSL_FLAG(bool, refuse_unfit_steps, memprofd::SessionOptions().refuse_unfit_steps,
+          "refuse a training whose step is planned to peak above what the device has "
+          "free, before it allocates anything; false: run it, and let an allocation fail "
+          "(with an OOM report)");
 ABSL_FLAG(bool, snapshot_on_shutdown, memprofd::ServerOptions().snapshot_on_shutdown,
           "take a final snapshot on SIGTERM/SIGINT");
 ABSL_FLAG(double, drain_seconds, 25.0,
@@ -278,6 +282,7 @@ int main(int argc, char** argv) {
   }
   session.sharding = *sharding;
   session.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
+  session.refuse_unfit_steps = absl::GetFlag(FLAGS_refuse_unfit_steps);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =
       memprofd::snapshot::ParseSnapshotKind(absl::GetFlag(FLAGS_auto_snapshot_kind));

@@ -113,6 +113,11 @@ inline constexpr int64_t kMaxPlannedLayers = 1024;
 inline constexpr int64_t kMaxPlannedBytes = int64_t{1} << 62;  // 4 EiB
 inline constexpr int64_t kMaxPlanHostBytes = int64_t{2} << 30;  // 2 GiB
 
+// The size admission above that needs no dry run (all but the live-bytes
+// guard): INVALID_ARGUMENT, or RESOURCE_EXHAUSTED for the host memory,
+// naming what to lower. Pure arithmetic; a training admits its step by it.
+absl::Status CheckPlanSize(const PlanSpec& spec);
+
 // The largest world a plan accepts (a sanity bound: a plan of more than
 // kMaxRanksPlannedEach ranks dry-runs two of them whatever the size).
 inline constexpr int kMaxPlannedWorldSize = 65536;

@@ -26,7 +26,9 @@ namespace {
 // kPlannedSteps steps, without evaluation.
 TrainOptions PlannedOptions(const PlanSpec& spec) {
   TrainOptions options = spec.train;
-  options.steps = kPlannedSteps;
+  // Two steps run, but the schedule's fields (warmup_steps) were checked
+  // against the request's steps: keep those, at least kPlannedSteps.
+  options.steps = std::max<int64_t>(options.steps, kPlannedSteps);
   // Every micro-batch after the first starts from the same memory (the
   // gradients exist, nothing else stays), so a step of k >= 2 micro-batches
   // peaks as one of 2 does: a plan never runs more, however many a Train
@@ -74,74 +76,8 @@ absl::Status CheckDataParallelPlan(const PlanSpec& spec) {
 
 namespace memprofd::plan::internal {
 
-// The size admission of a plan, before anything is made for it: what a dry
-// run costs in real host memory and bookkeeping, and the sizes its byte
-// counts reach, bounded so that neither the host nor an int64 overflows.
-absl::Status CheckPlanSize(const PlanSpec& spec) {
-  const LlamaConfig& m = spec.model;
-  auto too_large = [](absl::string_view what, absl::string_view fix) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("plan: ", what, " is beyond what a plan counts; ", fix));
-  };
-  if (m.num_hidden_layers > kMaxPlannedLayers) {
-    return too_large(
-        absl::StrCat("num_hidden_layers ", m.num_hidden_layers, " (at most ",
-                     kMaxPlannedLayers, ": a dry run keeps about 100 KB of host bookkeeping "
-                     "per layer, and the deepest released models have 126)"),
-        "plan a shallower model");
-  }
-  // The model's own state (float32 parameters, gradients and AdamW's two
-  // moments) in bytes, without overflow.
-  const int64_t params = m.NumParameters();
-  int64_t state = 0;
-  if (params < 0 || __builtin_mul_overflow(params, int64_t{16}, &state) ||
-      state > kMaxPlannedBytes) {
-    return too_large(absl::StrCat("a model of ", params < 0 ? "more than 2^63" : "",
-                                  params < 0 ? "" : absl::StrCat(params),
-                                  " parameters (16 bytes each to train, over 2^62 bytes)"),
-                     "check vocab_size, hidden_size, intermediate_size and "
-                     "num_hidden_layers");
-  }
-  // The largest activations of a micro-batch: the logits, the MLP's and
-  // (eager) the attention scores, each well inside int64's bytes.
-  const int64_t batch = std::max<int64_t>(spec.train.batch_size, 1);
-  const int64_t seq = std::max<int64_t>(spec.train.seq_len, 1);
-  int64_t tokens = 0;
-  if (__builtin_mul_overflow(batch, seq + 1, &tokens)) tokens = INT64_MAX;
-  int64_t scores = 0;  // eager attention's, per token
-  if (__builtin_mul_overflow(m.num_attention_heads, seq, &scores)) scores = INT64_MAX;
-  for (const auto& [name, width] :
-       {std::pair<const char*, int64_t>{"vocab_size", m.vocab_size},
-        {"intermediate_size", m.intermediate_size},
-        {"num_attention_heads x seq_len", scores}}) {
-    int64_t elements = 0;
-    if (__builtin_mul_overflow(tokens, width, &elements) ||
-        elements > kMaxPlannedBytes / 8) {
-      return too_large(absl::StrCat("batch_size ", batch, " x seq_len ", seq, " x ", name,
-                                    " (a tensor of a micro-batch over 2^59 elements)"),
-                       "lower batch_size or seq_len");
-    }
-  }
-  // Real host memory: the synthetic window and a micro-batch's inputs and
-  // targets (int64), and the rotary caches the model computes on the CPU.
-  int64_t rope = 0;
-  int64_t host = 0;
-  if (__builtin_mul_overflow(m.max_position_embeddings, m.head_dim(), &rope) ||
-      __builtin_mul_overflow(rope, int64_t{12}, &rope) ||
-      __builtin_mul_overflow(tokens, int64_t{20}, &host) ||
-      __builtin_add_overflow(host, rope, &host) || host > kMaxPlanHostBytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "plan: the dry run would hold more than ", kMaxPlanHostBytes,
-        " bytes of real host memory (20 bytes per token of a micro-batch of ", batch, " x ",
-        seq, ", 12 per max_position_embeddings x head_dim of the rotary caches, ",
-        m.max_position_embeddings, " x ", m.head_dim(),
-        "); plan a smaller batch_size or seq_len, or a model with fewer positions"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CheckPlannable(const PlanSpec& spec) {
-  RETURN_IF_ERROR(CheckPlanSize(spec));
+  RETURN_IF_ERROR(plan::CheckPlanSize(spec));
   if (spec.train.mixed_precision == MixedPrecision::kBf16) {
     // The dry run follows the target's autocast policy (meta_autocast.h).
     RETURN_IF_ERROR(EnableMetaAutocast());
@@ -215,3 +151,70 @@ absl::Status RunPlannedSteps(
 }
 
 }  // namespace memprofd::plan::internal
+
+namespace memprofd::plan {
+
+absl::Status CheckPlanSize(const PlanSpec& spec) {
+  const LlamaConfig& m = spec.model;
+  auto too_large = [](absl::string_view what, absl::string_view fix) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: ", what, " is beyond what a plan counts; ", fix));
+  };
+  if (m.num_hidden_layers > kMaxPlannedLayers) {
+    return too_large(
+        absl::StrCat("num_hidden_layers ", m.num_hidden_layers, " (at most ",
+                     kMaxPlannedLayers, ": a dry run keeps about 100 KB of host bookkeeping "
+                     "per layer, and the deepest released models have 126)"),
+        "plan a shallower model");
+  }
+  // The model's own state (float32 parameters, gradients and AdamW's two
+  // moments) in bytes, without overflow.
+  const int64_t params = m.NumParameters();
+  int64_t state = 0;
+  if (params < 0 || __builtin_mul_overflow(params, int64_t{16}, &state) ||
+      state > kMaxPlannedBytes) {
+    return too_large(absl::StrCat("a model of ", params < 0 ? "more than 2^63" : "",
+                                  params < 0 ? "" : absl::StrCat(params),
+                                  " parameters (16 bytes each to train, over 2^62 bytes)"),
+                     "check vocab_size, hidden_size, intermediate_size and "
+                     "num_hidden_layers");
+  }
+  // The largest activations of a micro-batch: the logits, the MLP's and
+  // (eager) the attention scores, each well inside int64's bytes.
+  const int64_t batch = std::max<int64_t>(spec.train.batch_size, 1);
+  const int64_t seq = std::max<int64_t>(spec.train.seq_len, 1);
+  int64_t tokens = 0;
+  if (__builtin_mul_overflow(batch, seq + 1, &tokens)) tokens = INT64_MAX;
+  int64_t scores = 0;  // eager attention's, per token
+  if (__builtin_mul_overflow(m.num_attention_heads, seq, &scores)) scores = INT64_MAX;
+  for (const auto& [name, width] :
+       {std::pair<const char*, int64_t>{"vocab_size", m.vocab_size},
+        {"intermediate_size", m.intermediate_size},
+        {"num_attention_heads x seq_len", scores}}) {
+    int64_t elements = 0;
+    if (__builtin_mul_overflow(tokens, width, &elements) ||
+        elements > kMaxPlannedBytes / 8) {
+      return too_large(absl::StrCat("batch_size ", batch, " x seq_len ", seq, " x ", name,
+                                    " (a tensor of a micro-batch over 2^59 elements)"),
+                       "lower batch_size or seq_len");
+    }
+  }
+  // Real host memory: the synthetic window and a micro-batch's inputs and
+  // targets (int64), and the rotary caches the model computes on the CPU.
+  int64_t rope = 0;
+  int64_t host = 0;
+  if (__builtin_mul_overflow(m.max_position_embeddings, m.head_dim(), &rope) ||
+      __builtin_mul_overflow(rope, int64_t{12}, &rope) ||
+      __builtin_mul_overflow(tokens, int64_t{20}, &host) ||
+      __builtin_add_overflow(host, rope, &host) || host > kMaxPlanHostBytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "plan: the dry run would hold more than ", kMaxPlanHostBytes,
+        " bytes of real host memory (20 bytes per token of a micro-batch of ", batch, " x ",
+        seq, ", 12 per max_position_embeddings x head_dim of the rotary caches, ",
+        m.max_position_embeddings, " x ", m.head_dim(),
+        "); plan a smaller batch_size or seq_len, or a model with fewer positions"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace memprofd::plan

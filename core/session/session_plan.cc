@@ -275,17 +275,18 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                            const std::shared_ptr<TrainingPlan>& plan,
                            const StartRun& start) {
   if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
+    const plan::PlanSpec spec = TrainingPlanSpec(device_, options_, config, train, offload);
+    // Admission: a step beyond the plan's size admission, or whose planned
+    // peak cannot fit what the device has free, is refused before the run
+    // allocates anything. A plan that fails otherwise leaves the run
+    // unplanned (logged below), never refused.
+    absl::Status admitted = plan::CheckPlanSize(spec);
     absl::StatusOr<plan::MemoryPlan> planned =
-        PlanGuarded<plan::MemoryPlan>("calibration plan", [&] {
-          return plan::PlanTrainingStep(
-              TrainingPlanSpec(device_, options_, config, train, offload));
-        });
-    // Admission: a step whose plan cannot be made within the plan's size
-    // admission, or whose planned peak cannot fit what the device has, is
-    // refused before the run allocates anything.
-    absl::Status admitted = planned.ok() ? StepFits(*planned) : planned.status();
-    if (!admitted.ok() && (absl::IsResourceExhausted(admitted) ||
-                           absl::IsInvalidArgument(admitted))) {
+        admitted.ok() ? PlanGuarded<plan::MemoryPlan>(
+                            "calibration plan", [&] { return plan::PlanTrainingStep(spec); })
+                      : absl::StatusOr<plan::MemoryPlan>(admitted);
+    if (planned.ok()) admitted = StepFits(*planned);
+    if (options_.refuse_unfit_steps && !admitted.ok()) {
       {
         absl::MutexLock lock(&mu_);
         calibration_pending_ = false;

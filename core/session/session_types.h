@@ -96,6 +96,12 @@ struct SessionOptions {
   // leave, and also yields to any other nice-0 process on the host. 0
   // leaves every thread at the process's priority.
   int bulk_nice = 0;
+  // Refuse a single-process Train whose step, planned just before the run
+  // (its calibration plan), would peak above what the compute device has
+  // free, or is beyond the plan's size admission, before it allocates
+  // anything (RESOURCE_EXHAUSTED naming the peak). False: such a step runs,
+  // and fails when an allocation does (with its OOM report).
+  bool refuse_unfit_steps = true;
 };
 
 // The one check of SessionOptions' values: Session::Create calls it first,

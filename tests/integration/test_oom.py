@@ -50,7 +50,10 @@ class OomReportTest(unittest.TestCase):
         def cap():
             resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
-        cls.d = Daemon("--device=cpu", "--report_dir=" + cls.report_dir, preexec_fn=cap)
+        # The step must run to fail for real: a daemon refuses a step planned
+        # beyond the device's room before it allocates, unless told not to.
+        cls.d = Daemon("--device=cpu", "--report_dir=" + cls.report_dir,
+                       "--refuse_unfit_steps=false", preexec_fn=cap)
 
     @classmethod
     def tearDownClass(cls):

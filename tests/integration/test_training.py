@@ -341,7 +341,9 @@ class OutOfMemoryTest(unittest.TestCase):
         # An address-space cap 1 GiB above what the idle daemon maps makes the
         # CPU allocator fail inside a step. Relative, because LibTorch's
         # libraries alone (CUDA ones included) map gigabytes of address space.
-        d = Daemon("--model=tiny")
+        # --refuse_unfit_steps=false: the step runs and fails for real (by
+        # default its plan would refuse it before it allocates).
+        d = Daemon("--model=tiny", "--refuse_unfit_steps=false")
         try:
             import resource
             pid = d.proc.pid
