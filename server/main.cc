@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -333,13 +334,25 @@ int main(int argc, char** argv) {
   }
   InstallSignalHandlers();
   memprofd::Server server(options, **runtime);
-  if (absl::Status s = server.Start(); !s.ok()) {
-    return Fail(absl::StrCat("cannot start: ", memprofd::MessageWithFlag(s)));
-  }
-  std::thread signal_thread([&server, drain_seconds] {
+  // The signal thread runs from before Start: a signal while the daemon
+  // starts (a rank waiting at the rendezvous for up to
+  // --collective_timeout_seconds, a model loading) exits at once, since
+  // nothing has been started that a drain would keep.
+  enum class Stage { kStarting, kServing, kStartFailed };
+  std::atomic<Stage> stage{Stage::kStarting};
+  std::thread signal_thread([&server, &stage, drain_seconds] {
     memprofd::NameThisThread("mpd-signals");
     char sig = 0;
-    if (read(g_signal_pipe[0], &sig, 1) == 1 && sig != 0) {
+    if (read(g_signal_pipe[0], &sig, 1) != 1) sig = 0;
+    if (stage.load() == Stage::kStartFailed) return;
+    if (sig != 0 && stage.load() == Stage::kStarting) {
+      memprofd::LogInfo(absl::StrFormat(
+          "received signal %d while starting (joining the run or loading the model): "
+          "exiting now; nothing was started",
+          static_cast<int>(sig)));
+      _exit(0);
+    }
+    if (sig != 0) {
       memprofd::LogInfo(absl::StrFormat(
           "received signal %d; draining and shutting down (at most %.1f s; a second "
           "signal exits at once)",
@@ -361,11 +374,21 @@ int main(int argc, char** argv) {
     }
     server.Shutdown();
   });
+  auto wake_signal_thread = [] {
+    const char wake = 0;
+    ssize_t unused = write(g_signal_pipe[1], &wake, 1);
+    (void)unused;
+  };
+  if (absl::Status s = server.Start(); !s.ok()) {
+    stage.store(Stage::kStartFailed);
+    wake_signal_thread();
+    signal_thread.join();
+    return Fail(absl::StrCat("cannot start: ", memprofd::MessageWithFlag(s)));
+  }
+  stage.store(Stage::kServing);
   server.Wait();
   // Wakes the signal thread when Shutdown came from elsewhere.
-  const char wake = 0;
-  ssize_t unused = write(g_signal_pipe[1], &wake, 1);
-  (void)unused;
+  wake_signal_thread();
   signal_thread.join();
   const int exit_code = server.exit_code();
   memprofd::LogInfo(exit_code == 0 ? "stopped"

@@ -95,6 +95,16 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir, const PathRo
   return out;
 }
 
+// True when `directory` lies below `root` (both after links).
+bool InsideRoot(const std::string& directory, const std::string& root) {
+  if (root.empty()) return false;
+  const std::string dir = CanonicalPath(directory);
+  const std::string canonical_root = CanonicalPath(root);
+  return dir.size() > canonical_root.size() &&
+         dir.compare(0, canonical_root.size(), canonical_root) == 0 &&
+         dir[canonical_root.size()] == '/';
+}
+
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB (%d bytes)", static_cast<double>(bytes) / (1 << 30),
                          bytes);
@@ -237,9 +247,17 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
     }
   }
   std::string mapped_directory;
+  // Disk placement maps the directory's own files only when they are the
+  // daemon's snapshots, which it guards (DeleteSnapshot refuses the mapped
+  // one). Another directory's file could be truncated under the mapping,
+  // and a mapped page past the end raises SIGBUS, which kills the process:
+  // its weights go to a spill file of the daemon's own, unlinked at once.
+  const bool map_directory =
+      mapped && InsideRoot(mapped->directory, options_.snapshot_root);
   for (const auto& [module, placement] : spec.placement) {
     ASSIGN_OR_RETURN(bool from_directory,
-                     PlaceModule(*model, module, placement, mapped ? &*mapped : nullptr));
+                     PlaceModule(*model, module, placement,
+                                 map_directory ? &*mapped : nullptr));
     if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
   }
   RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));

@@ -223,7 +223,8 @@ class Daemon:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self.channel.close()
+        if hasattr(self, "channel"):  # none when it never became ready
+            self.channel.close()
         self.log.close()
         self.tmp.cleanup()
 

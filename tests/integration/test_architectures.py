@@ -193,8 +193,9 @@ class ArchitectureParityTest(harness.DaemonTestCase):
                 self.assertAlmostEqual(bf16, plain, delta=0.05 * abs(plain), msg=name)
 
     def test_placement_on_cpu_and_disk_keeps_each_familys_loss(self):
-        # Layer 0 on the CPU placement, layer 1 mapped from the directory's
-        # safetensors (frozen): the same evaluation loss as all on the device.
+        # Layer 0 on the CPU placement, layer 1 on disk (frozen; a spill file
+        # of the daemon's own, the directory being no snapshot of its own):
+        # the same evaluation loss as all on the device.
         for name in ("biases", "qwen2", "qwen3-window"):
             with self.subTest(name):
                 model, directory = self.make("placed-" + name, *CASES[name])

@@ -226,6 +226,32 @@ class HostileInputTest(harness.DaemonTestCase):
             steps=1, batch_size=1, seq_len=8)).id, timeout=120)
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
 
+    def test_a_disk_placed_modules_file_truncated_under_the_daemon_kills_nothing(self):
+        # A client's directory (not one of the daemon's snapshots) with layer 1
+        # on disk: its weights go to a spill file of the daemon's own, so
+        # truncating the client's file cannot raise SIGBUS at the next
+        # forward (before, it killed the daemon).
+        before = self.d.call("DescribeModel", pb.DescribeModelRequest()).source
+        op = wait_done(self.d, self.d.call("Snapshot", pb.SnapshotRequest(name="to-place")).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        directory = os.path.join(self.scratch, "placed-copy")
+        shutil.copytree(op.snapshot.directory, directory)
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+            hf_directory=directory, placement=[pb.ModulePlacement(
+                module="model.layers.1", placement=pb.PLACEMENT_DISK)])).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        first = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(max_batches=1)).id)
+        self.assertEqual(first.state, pb.OPERATION_STATE_SUCCEEDED, first.error.message)
+        with open(os.path.join(directory, "model.safetensors"), "r+b") as f:
+            f.truncate(100)
+        again = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(max_batches=1)).id)
+        self.assertEqual(again.state, pb.OPERATION_STATE_SUCCEEDED, again.error.message)
+        self.assertEqual(again.evaluate.loss, first.evaluate.loss)
+        self.assertIsNone(self.d.proc.poll())
+        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+            hf_directory=harness.micro_model_dir(), init_weights=True)).id)
+        self.assertNotEqual(before, "")
+
     def test_long_values_are_cut_in_the_status_not_turned_into_resource_exhausted(self):
         huge = "x" * 20000
         for fn, code in ((lambda: self.d.call("GetOperation", pb.GetOperationRequest(id=huge)),
@@ -352,6 +378,31 @@ class CancelQueuedLoadTest(harness.DaemonTestCase):
         self.assertEqual(done.state, pb.OPERATION_STATE_CANCELLED, done.error.message)
         after = self.d.call("DescribeModel", pb.DescribeModelRequest())
         self.assertEqual((after.source, after.num_parameters), (before.source, before.num_parameters))
+
+
+class SignalAtTheRendezvousTest(unittest.TestCase):
+    """A rank waiting at the rendezvous for a rank 0 that never comes stops on
+    SIGTERM at once (before, it waited out the store's retries: 70 s)."""
+
+    def test_sigterm_while_waiting_for_rank_0_exits_at_once(self):
+        env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(harness.free_port())}
+        d = Daemon("--model=", "--collective_timeout_seconds=120", env=env, wait=False)
+        try:
+            time.sleep(2)
+            self.assertIsNone(d.proc.poll(), d.output())
+            start = time.time()
+            d.proc.send_signal(signal.SIGTERM)
+            code = d.proc.wait(30)
+            elapsed = time.time() - start
+            print("rank 1 at the rendezvous: exit %d %.2f s after SIGTERM" % (code, elapsed))
+            self.assertEqual(code, 0, d.output())
+            self.assertLess(elapsed, 3)
+            self.assertIn("while starting", d.output())
+        finally:
+            if d.proc.poll() is None:
+                d.proc.kill()
+            d.close()
 
 
 class BearerAnyCaseTest(harness.DaemonTestCase):
