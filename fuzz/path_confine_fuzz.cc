@@ -1,7 +1,7 @@
 // Client-named paths against a root with hostile links in it: PathRoots and
-// MappedFile (core/common/files.h). Whatever the path, nothing outside the
+// ReadOnlyFile (core/common/files.h). Whatever the path, nothing outside the
 // root is ever opened: a path Confine accepts resolves inside the root, and
-// a file MappedFile::Open maps under the roots is one of the root's own.
+// a file ReadOnlyFile::Open opens under the roots is one of the root's own.
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,14 +88,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const std::string& candidate :
        {confined.ok() ? *confined : std::string(), under_root ? path : std::string()}) {
     if (candidate.empty() || candidate.find('\0') != std::string::npos) continue;
-    absl::StatusOr<std::unique_ptr<memprofd::MappedFile>> file =
-        memprofd::MappedFile::Open(candidate, 1 << 20, "data file", &tree.roots);
+    absl::StatusOr<std::unique_ptr<memprofd::ReadOnlyFile>> file =
+        memprofd::ReadOnlyFile::Open(candidate, 1 << 20, "data file", &tree.roots);
     if (!file.ok()) {
       FUZZ_CHECK(absl::StrContains(candidate, kSecret) ||
                  !absl::StrContains(file.status().message(), kSecret));
       continue;
     }
-    FUZZ_CHECK((*file)->bytes() == kInside);
+    std::string bytes(static_cast<size_t>((*file)->size()), '\0');
+    FUZZ_CHECK((*file)->ReadAt(0, (*file)->size(), bytes.data()).ok());
+    FUZZ_CHECK(bytes == kInside);
   }
   return 0;
 }

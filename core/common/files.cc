@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -122,8 +121,7 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
 }
 
 // OpenRegular, and INVALID_ARGUMENT for a file of size 0 (which is also
-// how /proc and /sys files present themselves): what MappedFile and
-// ReadOnlyFile read.
+// how /proc and /sys files present themselves): what ReadOnlyFile reads.
 absl::StatusOr<OpenedFile> OpenNonEmptyRegular(const std::string& path, int64_t max_bytes,
                                                absl::string_view what,
                                                const PathRoots* roots) {
@@ -220,32 +218,6 @@ absl::StatusOr<std::string> PathRoots::Confine(absl::string_view path,
   }
   if (!Contains(*real)) return denied();
   return *std::move(real);
-}
-
-absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path,
-                                                             int64_t max_bytes,
-                                                             absl::string_view what,
-                                                             const PathRoots* roots) {
-  absl::StatusOr<OpenedFile> file = OpenNonEmptyRegular(path, max_bytes, what, roots);
-  if (!file.ok()) return file.status();
-  void* data = ::mmap(nullptr, file->size, PROT_READ, MAP_PRIVATE, file->fd, 0);
-  const int err = errno;
-  ::close(file->fd);  // the mapping stays valid
-  if (data == MAP_FAILED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " ", Echo(path), " cannot be mapped: ", std::strerror(err)));
-  }
-  return std::unique_ptr<MappedFile>(new MappedFile(path, data, file->size));
-}
-
-MappedFile::~MappedFile() { ::munmap(data_, size_); }
-
-void MappedFile::Release(size_t offset, size_t length) const {
-  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-  const size_t begin = (offset + page - 1) / page * page;  // whole pages inside only
-  const size_t end = std::min(size_, offset + length) / page * page;
-  if (end <= begin) return;
-  ::madvise(static_cast<char*>(data_) + begin, end - begin, MADV_DONTNEED);
 }
 
 absl::StatusOr<std::unique_ptr<ReadOnlyFile>> ReadOnlyFile::Open(const std::string& path,

@@ -9,9 +9,9 @@
 // between the two (a FIFO renamed over a file); opening a FIFO for reading
 // blocks until a writer comes, and a /proc file can block in read() (kmsg),
 // so the open is O_NONBLOCK and only a regular file of known size is taken;
-// a mapping costs page cache the kernel can reclaim, not the daemon's own
-// memory. Every message quotes the path through Echo and never the file's
-// contents.
+// files are read with pread, never mapped, since a mapped page past a
+// truncation raises SIGBUS, which would kill the daemon. Every message
+// quotes the path through Echo and never the file's contents.
 
 #include <cstddef>
 #include <cstdint>
@@ -66,49 +66,18 @@ class PathRoots {
   std::string option_ = "data_roots";
 };
 
-// A regular file mapped read-only. Open refuses anything else without
-// blocking: FIFOs, devices, directories, sockets, symbolic links as the last
-// component, files of size 0 (which is also how /proc files present
-// themselves) and files over `max_bytes`. Immutable; thread-safe.
-class MappedFile {
- public:
-  // `what` names the file in messages ("data file"). INVALID_ARGUMENT for
-  // the refusals above (saying which) and a missing file,
-  // PERMISSION_DENIED when the daemon may not read it, and when `roots` is
-  // given and the opened file is not inside them (a rename between the
-  // check and the open).
-  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(
-      const std::string& path, int64_t max_bytes, absl::string_view what,
-      const PathRoots* roots = nullptr);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  absl::string_view bytes() const {
-    return absl::string_view(static_cast<const char*>(data_), size_);
-  }
-  const std::string& path() const { return path_; }
-
-  // Tells the kernel the pages of [offset, offset + length) are not needed
-  // now (they are read again from the file when touched): a scan over a
-  // large file then keeps only a window resident.
-  void Release(size_t offset, size_t length) const;
-
- private:
-  MappedFile(std::string path, void* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
-
-  const std::string path_;
-  void* const data_;
-  const size_t size_;
-};
-
-// A regular file read at offsets with pread(), opened as MappedFile::Open
-// opens (the same refusals and statuses). Unlike a mapping, a file that
-// shrinks or is rewritten underneath cannot kill the process (a mapped page
-// past a truncation raises SIGBUS): a read that comes back short is
-// DATA_LOSS naming the file. For data the daemon reads in windows over a
-// run (token files). Immutable; thread-safe (pread has no shared offset).
+// A regular file read at offsets with pread(). Open refuses anything else
+// without blocking: FIFOs, devices, directories, sockets, symbolic links as
+// the last component (without `roots`; with them, links are followed as
+// PathToOpen says), files of size 0 (which is also how /proc files present
+// themselves) and files over `max_bytes`: INVALID_ARGUMENT saying which,
+// and for a missing file; PERMISSION_DENIED when the daemon may not read
+// it, or, with `roots`, when it leads outside them. Unlike a mapping, a
+// file that shrinks or is rewritten underneath cannot kill the process (a
+// mapped page past a truncation raises SIGBUS): a read that comes back short
+// is DATA_LOSS naming the file. For data the daemon reads in windows over a
+// run (token files, a Megatron pair). Immutable; thread-safe (pread has no
+// shared offset).
 class ReadOnlyFile {
  public:
   static absl::StatusOr<std::unique_ptr<ReadOnlyFile>> Open(
@@ -142,7 +111,7 @@ class ReadOnlyFile {
 };
 
 // The whole of a small regular file (config.json, an index), opened as
-// MappedFile::Open opens, read with read() up to `max_bytes`. The same
+// ReadOnlyFile::Open opens, read with read() up to `max_bytes`. The same
 // statuses; a size-0 file is read as empty, not refused.
 absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
                                                  int64_t max_bytes,

@@ -133,20 +133,22 @@ absl::StatusOr<std::unique_ptr<TokenDataset>> TokenDataset::CreateIndexed(
   }
   const std::string idx_path = spec.path + ".idx";
   const std::string bin_path = spec.path + ".bin";
-  // The index is parsed once from a mapping; the data is read in windows.
-  ASSIGN_OR_RETURN(const std::string idx_resolved,
-                   DataFilePath(idx_path, access, "indexed dataset index"));
-  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> idx,
-                   MappedFile::Open(idx_resolved, access.max_file_bytes,
-                                    "indexed dataset index", access.roots));
+  // The index is parsed once, read as it is parsed (never mapped: a file
+  // truncated meanwhile fails the parse instead of raising SIGBUS); the
+  // data is read in windows.
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyFile> idx,
+                   OpenDataFile(idx_path, access, "indexed dataset index"));
   ASSIGN_OR_RETURN(std::unique_ptr<ReadOnlyFile> bin,
                    OpenDataFile(bin_path, access, "indexed dataset data"));
   const std::string idx_name = Echo(idx_path);
   const std::string bin_name = Echo(bin_path);
+  const IndexReader read = [&idx](int64_t offset, int64_t length, void* out) {
+    return idx->ReadAt(offset, length, out);
+  };
   ASSIGN_OR_RETURN(MegatronIndex index,
-                   ParseMegatronIndex(idx->bytes(), idx_name, bin->size(), bin_name,
+                   ParseMegatronIndex(read, idx->size(), idx_name, bin->size(), bin_name,
                                       access.cancelled));
-  idx->Release(0, idx->bytes().size());
+  idx->Release(0, idx->size());
   std::unique_ptr<TokenDataset> out(new TokenDataset());
   out->file_ = std::move(bin);
   out->width_ = index.width;

@@ -58,10 +58,11 @@ struct DataAccess {
 // and a file truncated or rewritten under a run fails it with DATA_LOSS
 // rather than killing the process (a mapped page past a truncation raises
 // SIGBUS). A Megatron indexed dataset is its .bin read so (the documents
-// concatenated, in order), its .idx checked from a mapping at Create and
-// its document boundaries kept. Immutable after Create but for a table of within-document
-// window starts built by the first NextBatch of a seq_len (under a mutex); NextBatch may
-// be called from one thread at a time (the generator is the caller's).
+// concatenated, in order), its .idx read and checked as it is parsed at
+// Create (never mapped either) and its document boundaries kept. Immutable
+// after Create but for a table of within-document window starts built by
+// the first NextBatch of a seq_len (under a mutex); NextBatch may be called
+// from one thread at a time (the generator is the caller's).
 class TokenDataset {
  public:
   // Loads and checks the tokens of `spec` (see DataSpec) under `access`.

@@ -1,9 +1,12 @@
 #include "core/train/indexed_dataset.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd {
 namespace {
@@ -45,6 +48,36 @@ absl::Status Truncated(absl::string_view file, int64_t size, int64_t needed,
       absl::StrCat("the file ends there but ", what, " needs ", needed, " bytes"));
 }
 
+// Reads an index front to back through a window of its own: each cursor
+// walks one array in increasing offsets, so a window is read once, and the
+// memory is the window's, whatever the index's size.
+class Cursor {
+ public:
+  Cursor(const IndexReader& read, int64_t size) : read_(read), size_(size) {}
+
+  // The `n` (at most 8) bytes at `offset`, inside the index.
+  absl::StatusOr<const unsigned char*> At(int64_t offset, int64_t n) {
+    if (offset < begin_ || offset + n > begin_ + length_) {
+      begin_ = offset;
+      length_ = std::min<int64_t>(kWindowBytes, size_ - offset);
+      window_.resize(static_cast<size_t>(kWindowBytes));
+      if (absl::Status s = read_(begin_, length_, window_.data()); !s.ok()) {
+        length_ = 0;
+        return s;
+      }
+    }
+    return window_.data() + (offset - begin_);
+  }
+
+ private:
+  static constexpr int64_t kWindowBytes = int64_t{1} << 20;
+  const IndexReader& read_;
+  const int64_t size_;
+  std::vector<unsigned char> window_;
+  int64_t begin_ = 0;
+  int64_t length_ = 0;
+};
+
 }  // namespace
 
 absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
@@ -52,11 +85,25 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                                                  int64_t bin_bytes,
                                                  absl::string_view bin_name,
                                                  const std::function<bool()>& cancelled) {
-  const auto* p = reinterpret_cast<const unsigned char*>(idx.data());
-  const int64_t size = static_cast<int64_t>(idx.size());
+  const IndexReader read = [idx](int64_t offset, int64_t length, void* out) {
+    std::memcpy(out, idx.data() + offset, static_cast<size_t>(length));
+    return absl::OkStatus();
+  };
+  return ParseMegatronIndex(read, static_cast<int64_t>(idx.size()), idx_name, bin_bytes,
+                            bin_name, cancelled);
+}
+
+absl::StatusOr<MegatronIndex> ParseMegatronIndex(const IndexReader& read, int64_t size,
+                                                 absl::string_view idx_name,
+                                                 int64_t bin_bytes,
+                                                 absl::string_view bin_name,
+                                                 const std::function<bool()>& cancelled) {
   if (size < kArraysOffset) {
     return Truncated(idx_name, size, kArraysOffset, "the MMIDIDX header");
   }
+  unsigned char header[kArraysOffset];
+  RETURN_IF_ERROR(read(0, kArraysOffset, header));
+  const unsigned char* p = header;
   if (std::memcmp(p, kMagic, kMagicBytes) != 0) {
     return Loss(idx_name, 0, "the magic is not MMIDIDX\\0\\0 (not a Megatron .idx)");
   }
@@ -119,18 +166,22 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                 "a document count of 0: the document indices hold at least the first 0");
   }
   out.sequences = s;
+  Cursor lengths(read, size);
+  Cursor pointers(read, size);
   // The sequences tile the .bin: pointer i is the bytes of those before it.
   int64_t next = 0;
   for (int64_t i = 0; i < s; ++i) {
     if (i % kPollEntries == 0 && cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("cancelled while checking ", idx_name));
     }
-    const int32_t length = I32(p + lengths_at + 4 * i);
+    ASSIGN_OR_RETURN(const unsigned char* length_at, lengths.At(lengths_at + 4 * i, 4));
+    const int32_t length = I32(length_at);
     if (length < 0) {
       return Loss(idx_name, lengths_at + 4 * i,
                   absl::StrCat("sequence ", i, " has length ", length));
     }
-    const int64_t pointer = I64(p + pointers_at + 8 * i);
+    ASSIGN_OR_RETURN(const unsigned char* pointer_at, pointers.At(pointers_at + 8 * i, 8));
+    const int64_t pointer = I64(pointer_at);
     if (pointer != next) {
       return Loss(idx_name, pointers_at + 8 * i,
                   absl::StrCat("sequence ", i, " points at .bin byte ", pointer,
@@ -149,13 +200,16 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                              bin_bytes - next, " more bytes"));
   }
   out.tokens = next / out.width;
+  Cursor document_indices(read, size);
+  Cursor firsts(read, size);  // the pointers of documents' first sequences
   int64_t previous = 0;
   for (int64_t i = 0; i < d; ++i) {
     if (i % kPollEntries == 0 && cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("cancelled while checking ", idx_name));
     }
     const int64_t at = documents_at + 8 * i;
-    const int64_t first = I64(p + at);
+    ASSIGN_OR_RETURN(const unsigned char* first_at, document_indices.At(at, 8));
+    const int64_t first = I64(first_at);
     if (i == 0 && first != 0) {
       return Loss(idx_name, at,
                   absl::StrCat("the document indices start at ", first, ", not 0"));
@@ -168,8 +222,11 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(absl::string_view idx,
                        "]: the indices must not decrease or pass the sequence count"));
     }
     previous = first;
-    const int64_t bound =
-        first == s ? out.tokens : I64(p + pointers_at + 8 * first) / out.width;
+    int64_t bound = out.tokens;
+    if (first < s) {
+      ASSIGN_OR_RETURN(const unsigned char* pointer_at, firsts.At(pointers_at + 8 * first, 8));
+      bound = I64(pointer_at) / out.width;
+    }
     // An empty document (no sequence, or empty ones) holds no window: only a
     // bound past the last is kept, so the heap this costs is bounded by the
     // .bin's tokens, not by a document count a sparse index can make

@@ -27,6 +27,7 @@
 #include <functional>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -59,6 +60,21 @@ struct MegatronIndex {
 // arrays are scanned). Thread-safe.
 absl::StatusOr<MegatronIndex> ParseMegatronIndex(
     absl::string_view idx, absl::string_view idx_name, int64_t bin_bytes,
+    absl::string_view bin_name, const std::function<bool()>& cancelled = {});
+
+// Where an index's bytes come from when it is read as it is parsed: fills
+// `out` with the `length` bytes at `offset` (inside the index), or fails,
+// and that status is the parse's (a file read with pread says DATA_LOSS
+// when it shrank meanwhile).
+using IndexReader =
+    std::function<absl::Status(int64_t offset, int64_t length, void* out)>;
+
+// The same over an index of `size` bytes read through `read`, front to back
+// through windows of 1 MiB: the memory is a few windows, and nothing is
+// mapped, so a file truncated during the parse fails it (DATA_LOSS) rather
+// than raising SIGBUS.
+absl::StatusOr<MegatronIndex> ParseMegatronIndex(
+    const IndexReader& read, int64_t size, absl::string_view idx_name, int64_t bin_bytes,
     absl::string_view bin_name, const std::function<bool()>& cancelled = {});
 
 }  // namespace memprofd

@@ -207,6 +207,25 @@ TEST_F(IndexedDataTest, EmptyDocumentsOfASparseIndexCostNoHeap) {
   EXPECT_EQ((*t)->document_bounds(), (std::vector<int64_t>{0, (*t)->size()}));
 }
 
+// The .idx is read as it is parsed, never mapped: truncated during the
+// parse (here by the cancellation poll, which runs before the arrays are
+// read), it fails with DATA_LOSS naming it. A mapping would raise SIGBUS,
+// killing the process.
+TEST_F(IndexedDataTest, AnIndexTruncatedWhileParsedIsDataLossNotASignal) {
+  const TempDir tmp;
+  const std::string prefix = Corrupt(tmp, "u16", Idx("u16"));
+  const std::string idx_path = prefix + ".idx";
+  DataAccess access;
+  access.cancelled = [&idx_path] {
+    EXPECT_EQ(::truncate(idx_path.c_str(), 40), 0);
+    return false;
+  };
+  absl::StatusOr<std::unique_ptr<TokenDataset>> t =
+      TokenDataset::Create(Indexed(prefix), 1000, access);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kDataLoss) << t.status();
+  EXPECT_THAT(t.status().message(), HasSubstr("bad.idx"));
+}
+
 TEST_F(IndexedDataTest, EveryCorruptionIsDataLossNamingTheFileAndOffset) {
   const TempDir tmp;
   const std::string idx = Idx("u16");
