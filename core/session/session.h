@@ -142,11 +142,14 @@ class Session {
   // configuration planned on the plan thread just before the run starts
   // there (a dry run of at most two micro-batches per step: milliseconds to
   // a fraction of a second), so that the plan's real CPU bytes and its
-  // cores never overlap the run's steps; skipped, the run starting at once,
-  // when a memory plan or another training's calibration is queued or
-  // running, so a run never waits behind a PlanMemory. Step reports carry
+  // cores never overlap the run's steps. It is also the run's admission
+  // (CalibrateRun), so a run queues behind a PlanMemory (bounded and
+  // cancellable) rather than skip it; skipped, the run starting at once,
+  // only when another training's calibration is still queued or running
+  // (one cancelled before its plan ran). Step reports carry
   // planned_peak_bytes and the counters plan_error_ratio. A PlanMemory that
-  // comes meanwhile queues behind it.
+  // comes meanwhile queues behind it. Under a budget, the chosen
+  // configuration's plan admits the run as calibration does.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Merges the request over EvalOptions' defaults, validates, reads the

@@ -353,6 +353,19 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
     fail(chosen.status());
     return;
   }
+  // The budget is the client's; the device's room is admitted as for a
+  // calibrated run.
+  if (options_.refuse_unfit_steps) {
+    if (absl::Status fits = StepFits(choice->chosen.plan); !fits.ok()) {
+      fail(absl::Status(fits.code(),
+                        absl::StrCat("the training was refused before it allocated "
+                                     "anything: under memory_budget_bytes ",
+                                     budget_bytes, " the chosen configuration (",
+                                     choice->chosen.Describe(base), ") ",
+                                     fits.message())));
+      return;
+    }
+  }
   plan->budget_choice = choice->chosen.Describe(base);
   plan->planned_peak_bytes.store(choice->chosen.plan.peak_allocated_bytes);
   op->SetProgress(

@@ -263,11 +263,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kTrain));
     training_active_ = true;
     const StartRun start = start_with(op);
-    // Calibration plans the run just before it starts, when the plan thread
-    // is free (StartTraining's contract); a data-parallel step has buckets
-    // the plan does not see.
-    const bool calibrate = !spec.memory_budget_bytes && world().world_size == 1 &&
-                           plan_active_.empty() && !calibration_pending_;
+    // Calibration plans (and admits) the run just before it starts, behind
+    // a PlanMemory if one is queued (StartTraining's contract); a
+    // data-parallel step has buckets the plan does not see.
+    const bool calibrate =
+        !spec.memory_budget_bytes && world().world_size == 1 && !calibration_pending_;
     absl::Status posted =
         spec.memory_budget_bytes
             ? plans_->Post([this, op, config = model->config, valid, offload_options,

@@ -221,6 +221,15 @@ class HostileInputTest(harness.DaemonTestCase):
             self.assertIn("refused before it allocated", op.error.message)
             self.assertIn(needle, op.error.message)
             self.assertLess(grew, 500e6)
+        # Under a budget larger than the device, the chosen configuration
+        # is admitted the same way.
+        op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
+            steps=1, batch_size=2 ** 16, seq_len=128, memory_budget_bytes=2 ** 50)).id,
+            timeout=300)
+        self.assertEqual(op.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                         op.error.message)
+        self.assertIn("under memory_budget_bytes", op.error.message)
+        self.assertIn("planned to peak", op.error.message)
         # The next training runs.
         op = wait_done(self.d, self.d.call("Train", pb.TrainRequest(
             steps=1, batch_size=1, seq_len=8)).id, timeout=120)
