@@ -115,14 +115,15 @@ ServerMetrics::ServerMetrics(const BuildLabels& build, const WorldSpec& world)
 
 absl::StatusOr<int> ServerMetrics::Serve(const std::string& listen) {
   if (absl::Status s = ValidateListenAddress("metrics_listen", listen); !s.ok()) return s;
-  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http = MetricsHttpServer::Create(
-      listen, [served = served_] {
+  absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+      MetricsHttpServer::Create(listen, [served = served_] {
         return prometheus::TextSerializer().Serialize(served->Collect());
       });
   if (!http.ok()) {
     return absl::UnavailableError(
         absl::StrCat("cannot serve metrics on --metrics_listen=", listen, ": ",
-                     http.status().message(), " (is the port in use? pick another or use "
+                     http.status().message(),
+                     " (is the port in use? pick another or use "
                      "port 0)"));
   }
   http_ = *std::move(http);

@@ -238,8 +238,8 @@ void MetricsHttpServer::Loop() {
       }
       if (fd == listen_fd_) {
         while (true) {
-          const int client = ::accept4(listen_fd_, nullptr, nullptr,
-                                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+          const int client =
+              ::accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
           if (client < 0) break;  // EAGAIN, or a client gone before its accept
           if (static_cast<int>(connections.size()) >= kMaxConnections) {
             const std::string busy =
@@ -290,8 +290,7 @@ void MetricsHttpServer::Loop() {
       }
       if (c.state != Connection::State::kReading) continue;
       const size_t end = HeadEnd(c.in);
-      if (end != std::string::npos &&
-          static_cast<int64_t>(end) <= kMaxRequestBytes) {
+      if (end != std::string::npos && static_cast<int64_t>(end) <= kMaxRequestBytes) {
         answer(fd, c, Respond(absl::string_view(c.in).substr(0, end), render_));
       } else if (static_cast<int64_t>(c.in.size()) > kMaxRequestBytes) {
         answer(fd, c, Plain(400, "Bad Request", "request head too large\n"));

@@ -115,11 +115,12 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
         c.last_step->step.learning_rate);
   }
   Families::Sample(
-      out.Add("memprofd_train_nonfinite_steps_total",
-              "Training steps whose loss or gradient norm was not finite, or whose update "
-              "would have made a parameter not finite or larger than 1e6: their update "
-              "was skipped and the training failed (FAILED_PRECONDITION).",
-              MetricType::Counter),
+      out.Add(
+          "memprofd_train_nonfinite_steps_total",
+          "Training steps whose loss or gradient norm was not finite, or whose update "
+          "would have made a parameter not finite or larger than 1e6: their update "
+          "was skipped and the training failed (FAILED_PRECONDITION).",
+          MetricType::Counter),
       static_cast<double>(c.nonfinite_steps_total));
   Families::Sample(
       out.Add("memprofd_eval_evaluations_total",

@@ -147,8 +147,8 @@ absl::StatusOr<bool> DataParallel::AgreeOnUpdate(bool keep) {
   RETURN_IF_ERROR(group_->AllReduceSum(refusals));
   if (refusals.is_meta()) return keep;  // a plan's dry run, as CombineGradNorm
   double sum = 0;
-  RETURN_IF_ERROR(
-      TorchBoundary("agreeing on the update", [&] { sum = refusals.cpu().item<double>(); }));
+  RETURN_IF_ERROR(TorchBoundary("agreeing on the update",
+                                [&] { sum = refusals.cpu().item<double>(); }));
   return sum == 0;
 }
 

@@ -150,7 +150,8 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
         }
         spec.capacity_bytes = budget_bytes;
         // Only what a Train would accept is planned, chosen or proposed.
-        if (!ValidTrainOptions::Check(spec.train, base.model.max_position_embeddings).ok()) {
+        if (!ValidTrainOptions::Check(spec.train, base.model.max_position_embeddings)
+                 .ok()) {
           continue;
         }
         absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
@@ -187,9 +188,9 @@ absl::StatusOr<BudgetChoice> ChooseUnderBudget(const PlanSpec& base, int64_t bud
     return choice;
   }
   if (choice.candidates.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "memory_budget_bytes: no configuration of ", base.train.batch_size,
-        " windows a step passes a Train's checks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_budget_bytes: no configuration of ", base.train.batch_size,
+                     " windows a step passes a Train's checks"));
   }
   const BudgetCandidate& smallest = *std::min_element(
       choice.candidates.begin(), choice.candidates.end(),

@@ -110,7 +110,7 @@ struct PlanSpec {
 //   max_position_embeddings x head_dim (the rotary caches, computed on the
 //   CPU).
 inline constexpr int64_t kMaxPlannedLayers = 1024;
-inline constexpr int64_t kMaxPlannedBytes = int64_t{1} << 62;  // 4 EiB
+inline constexpr int64_t kMaxPlannedBytes = int64_t{1} << 62;   // 4 EiB
 inline constexpr int64_t kMaxPlanHostBytes = int64_t{2} << 30;  // 2 GiB
 
 // The size admission above that needs no dry run (all but the live-bytes

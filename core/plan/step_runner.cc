@@ -161,11 +161,11 @@ absl::Status CheckPlanSize(const PlanSpec& spec) {
         absl::StrCat("plan: ", what, " is beyond what a plan counts; ", fix));
   };
   if (m.num_hidden_layers > kMaxPlannedLayers) {
-    return too_large(
-        absl::StrCat("num_hidden_layers ", m.num_hidden_layers, " (at most ",
-                     kMaxPlannedLayers, ": a dry run keeps about 100 KB of host bookkeeping "
-                     "per layer, and the deepest released models have 126)"),
-        "plan a shallower model");
+    return too_large(absl::StrCat("num_hidden_layers ", m.num_hidden_layers, " (at most ",
+                                  kMaxPlannedLayers,
+                                  ": a dry run keeps about 100 KB of host bookkeeping "
+                                  "per layer, and the deepest released models have 126)"),
+                     "plan a shallower model");
   }
   // The model's own state (float32 parameters, gradients and AdamW's two
   // moments) in bytes, without overflow.
@@ -173,11 +173,12 @@ absl::Status CheckPlanSize(const PlanSpec& spec) {
   int64_t state = 0;
   if (params < 0 || __builtin_mul_overflow(params, int64_t{16}, &state) ||
       state > kMaxPlannedBytes) {
-    return too_large(absl::StrCat("a model of ", params < 0 ? "more than 2^63" : "",
-                                  params < 0 ? "" : absl::StrCat(params),
-                                  " parameters (16 bytes each to train, over 2^62 bytes)"),
-                     "check vocab_size, hidden_size, intermediate_size and "
-                     "num_hidden_layers");
+    return too_large(
+        absl::StrCat("a model of ", params < 0 ? "more than 2^63" : "",
+                     params < 0 ? "" : absl::StrCat(params),
+                     " parameters (16 bytes each to train, over 2^62 bytes)"),
+        "check vocab_size, hidden_size, intermediate_size and "
+        "num_hidden_layers");
   }
   // The largest activations of a micro-batch: the logits, the MLP's and
   // (eager) the attention scores, each well inside int64's bytes.
@@ -209,8 +210,8 @@ absl::Status CheckPlanSize(const PlanSpec& spec) {
       __builtin_add_overflow(host, rope, &host) || host > kMaxPlanHostBytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "plan: the dry run would hold more than ", kMaxPlanHostBytes,
-        " bytes of real host memory (20 bytes per token of a micro-batch of ", batch, " x ",
-        seq, ", 12 per max_position_embeddings x head_dim of the rotary caches, ",
+        " bytes of real host memory (20 bytes per token of a micro-batch of ", batch,
+        " x ", seq, ", 12 per max_position_embeddings x head_dim of the rotary caches, ",
         m.max_position_embeddings, " x ", m.head_dim(),
         "); plan a smaller batch_size or seq_len, or a model with fewer positions"));
   }

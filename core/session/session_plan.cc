@@ -211,7 +211,8 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   if (op->cancel_requested()) {
-    finish(absl::CancelledError("cancelled as its plan was finished; the plan was dropped"));
+    finish(
+        absl::CancelledError("cancelled as its plan was finished; the plan was dropped"));
     return;
   }
   op->SetProgress(1, 1, "plans",
@@ -275,16 +276,18 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                            const std::shared_ptr<TrainingPlan>& plan,
                            const StartRun& start) {
   if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
-    const plan::PlanSpec spec = TrainingPlanSpec(device_, options_, config, train, offload);
+    const plan::PlanSpec spec =
+        TrainingPlanSpec(device_, options_, config, train, offload);
     // Admission: a step beyond the plan's size admission, or whose planned
     // peak cannot fit what the device has free, is refused before the run
     // allocates anything. A plan that fails otherwise leaves the run
     // unplanned (logged below), never refused.
     absl::Status admitted = plan::CheckPlanSize(spec);
     absl::StatusOr<plan::MemoryPlan> planned =
-        admitted.ok() ? PlanGuarded<plan::MemoryPlan>(
-                            "calibration plan", [&] { return plan::PlanTrainingStep(spec); })
-                      : absl::StatusOr<plan::MemoryPlan>(admitted);
+        admitted.ok()
+            ? PlanGuarded<plan::MemoryPlan>("calibration plan",
+                                            [&] { return plan::PlanTrainingStep(spec); })
+            : absl::StatusOr<plan::MemoryPlan>(admitted);
     if (planned.ok()) admitted = StepFits(*planned);
     if (options_.refuse_unfit_steps && !admitted.ok()) {
       {
@@ -357,12 +360,12 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
   // calibrated run.
   if (options_.refuse_unfit_steps) {
     if (absl::Status fits = StepFits(choice->chosen.plan); !fits.ok()) {
-      fail(absl::Status(fits.code(),
-                        absl::StrCat("the training was refused before it allocated "
-                                     "anything: under memory_budget_bytes ",
-                                     budget_bytes, " the chosen configuration (",
-                                     choice->chosen.Describe(base), ") ",
-                                     fits.message())));
+      fail(absl::Status(
+          fits.code(),
+          absl::StrCat("the training was refused before it allocated "
+                       "anything: under memory_budget_bytes ",
+                       budget_bytes, " the chosen configuration (",
+                       choice->chosen.Describe(base), ") ", fits.message())));
       return;
     }
   }

@@ -51,7 +51,8 @@ absl::StatusOr<std::set<std::string>> ReadOptimizerIndex(const fs::path& path,
     return absl::DataLossError(absl::StrCat("damaged optimizer index ", path.string(),
                                             ": ", why, "; take the checkpoint again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string(), roots));
+  ASSIGN_OR_RETURN(std::string text,
+                   snapshot::internal::ReadSmallFile(path.string(), roots));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");
@@ -299,11 +300,13 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
         "without resume"));
   }
   LoadedCheckpoint out;
-  ASSIGN_OR_RETURN(out.trainer_state_json, snapshot::internal::ReadSmallFile(
-                                               (root / kTrainerStateFile).string(), roots));
+  ASSIGN_OR_RETURN(
+      out.trainer_state_json,
+      snapshot::internal::ReadSmallFile((root / kTrainerStateFile).string(), roots));
   if (has_ranks) {
     const std::string path = (root / kOptimizerShardingFile).string();
-    ASSIGN_OR_RETURN(const std::string text, snapshot::internal::ReadSmallFile(path, roots));
+    ASSIGN_OR_RETURN(const std::string text,
+                     snapshot::internal::ReadSmallFile(path, roots));
     ASSIGN_OR_RETURN(out.sharding, OptimizerShardingFromJson(text, path));
     RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, roots, &out));
     return out;

@@ -28,7 +28,8 @@ bool Present(const fs::path& path) {
   return fs::exists(fs::symlink_status(path, ec));
 }
 
-absl::Status AppendFile(const fs::path& path, const PathRoots* roots, LoadedWeights* out) {
+absl::Status AppendFile(const fs::path& path, const PathRoots* roots,
+                        LoadedWeights* out) {
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                    SafetensorsFile::Open(path.string(), roots));
   ASSIGN_OR_RETURN(TensorList tensors, file->Tensors());
@@ -44,7 +45,8 @@ absl::StatusOr<std::map<std::string, std::string>> ReadIndex(const fs::path& pat
     return absl::DataLossError(absl::StrCat("damaged safetensors index ", path.string(),
                                             ": ", why, "; restore it or save again"));
   };
-  ASSIGN_OR_RETURN(std::string text, snapshot::internal::ReadSmallFile(path.string(), roots));
+  ASSIGN_OR_RETURN(std::string text,
+                   snapshot::internal::ReadSmallFile(path.string(), roots));
   absl::StatusOr<Json> json = ParseJson(text);
   if (!json.ok()) return bad(json.status().message());
   const Json* map = JsonFind(*json, "weight_map");

@@ -83,7 +83,8 @@ FusedAdamW::Peek FusedAdamW::PeekStep(int64_t chunk_elements) const {
         if (s.target.grad().defined()) updated += s.target.numel();
       }
     }
-    chunk_elements = std::clamp<int64_t>(updated / 64, int64_t{1} << 16, int64_t{1} << 22);
+    chunk_elements =
+        std::clamp<int64_t>(updated / 64, int64_t{1} << 16, int64_t{1} << 22);
   }
   // Each chunk's largest |value|, as a tensor on its device: one copy to the
   // host at the end, not a synchronisation per chunk.
@@ -110,8 +111,9 @@ FusedAdamW::Peek FusedAdamW::PeekStep(int64_t chunk_elements) const {
         at::Tensor exp_avg = copy(s.exp_avg);
         at::Tensor exp_avg_sq = copy(s.exp_avg_sq);
         at::_fused_adamw_({value}, {g.narrow(0, begin, length)}, {exp_avg}, {exp_avg_sq},
-                          /*max_exp_avg_sqs=*/{}, {step}, o.learning_rate, o.beta1, o.beta2,
-                          o.weight_decay, o.eps, /*amsgrad=*/false, /*maximize=*/false);
+                          /*max_exp_avg_sqs=*/{}, {step}, o.learning_rate, o.beta1,
+                          o.beta2, o.weight_decay, o.eps, /*amsgrad=*/false,
+                          /*maximize=*/false);
         // The largest |value| from the extremes (aminmax is one vectorised
         // pass; the infinity norm is several times slower on the CPU). A NaN
         // anywhere makes it NaN, read as not finite below.

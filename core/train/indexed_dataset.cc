@@ -180,7 +180,8 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(const IndexReader& read, int64_
       return Loss(idx_name, lengths_at + 4 * i,
                   absl::StrCat("sequence ", i, " has length ", length));
     }
-    ASSIGN_OR_RETURN(const unsigned char* pointer_at, pointers.At(pointers_at + 8 * i, 8));
+    ASSIGN_OR_RETURN(const unsigned char* pointer_at,
+                     pointers.At(pointers_at + 8 * i, 8));
     const int64_t pointer = I64(pointer_at);
     if (pointer != next) {
       return Loss(idx_name, pointers_at + 8 * i,
@@ -224,7 +225,8 @@ absl::StatusOr<MegatronIndex> ParseMegatronIndex(const IndexReader& read, int64_
     previous = first;
     int64_t bound = out.tokens;
     if (first < s) {
-      ASSIGN_OR_RETURN(const unsigned char* pointer_at, firsts.At(pointers_at + 8 * first, 8));
+      ASSIGN_OR_RETURN(const unsigned char* pointer_at,
+                       firsts.At(pointers_at + 8 * first, 8));
       bound = I64(pointer_at) / out.width;
     }
     // An empty document (no sequence, or empty ones) holds no window: only a

@@ -93,8 +93,8 @@ TEST_F(PlannerTest, ACancelStopsTheDryRunBetweenLayers) {
     int polls = 0;
     spec.cancelled = [&polls, stop_at] { return ++polls >= stop_at; };
     absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
-    EXPECT_EQ(plan.status().code(), absl::StatusCode::kCancelled) << stop_at << ": "
-                                                                  << plan.status();
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kCancelled)
+        << stop_at << ": " << plan.status();
     EXPECT_EQ(polls, stop_at);
   }
   spec.cancelled = [] { return false; };

@@ -135,8 +135,9 @@ TEST_F(CorruptFileTest, RejectsSizeNotNumelTimesElementSize) {
 
 TEST_F(CorruptFileTest, AShapeWhoseSizeOverflowsSaysSo) {
   ExpectDataLoss(
-      RawFile(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
-              8),
+      RawFile(
+          R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
+          8),
       "need more bytes than a file can hold (over 2^63)");
 }
 

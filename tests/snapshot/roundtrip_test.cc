@@ -446,7 +446,8 @@ TEST(LoaderTest, LinksAreFollowedInsideTheRootsOnly) {
   SnapshotOptions options;
   ASSERT_TRUE(SnapshotWriter(outside.path()).Write("s", model, kConfig, options).ok());
   options.max_shard_size = 1000;
-  ASSERT_TRUE(SnapshotWriter(outside.path()).Write("sharded", model, kConfig, options).ok());
+  ASSERT_TRUE(
+      SnapshotWriter(outside.path()).Write("sharded", model, kConfig, options).ok());
   const std::string secret = outside.Join("secret");
   std::ofstream(secret) << "root:*:20000:0:99999:7:::\n";
   absl::StatusOr<PathRoots> roots = PathRoots::Create({root.path()}, "data_roots");
@@ -467,7 +468,8 @@ TEST(LoaderTest, LinksAreFollowedInsideTheRootsOnly) {
   ASSERT_TRUE(cached.ok()) << cached.status();
   EXPECT_EQ(cached->tensors.size(), model.size());
   EXPECT_THAT(cached->config_json, HasSubstr("LlamaForCausalLM"));
-  absl::StatusOr<CarriedFiles> carried = ReadCarriedFiles(repo + "/snapshots/rev1", &*roots);
+  absl::StatusOr<CarriedFiles> carried =
+      ReadCarriedFiles(repo + "/snapshots/rev1", &*roots);
   ASSERT_TRUE(carried.ok()) << carried.status();
   ASSERT_EQ(carried->files.size(), 1u);
   EXPECT_EQ(carried->files[0].bytes, R"({"version": "1.0"})");
@@ -476,7 +478,8 @@ TEST(LoaderTest, LinksAreFollowedInsideTheRootsOnly) {
   // outside file in the message.
   const std::string secret_size = std::to_string(fs::file_size(secret));
   auto expect_denied = [&](const std::string& dir, const absl::Status& status) {
-    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied) << dir << ": " << status;
+    EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied)
+        << dir << ": " << status;
     EXPECT_THAT(status.message(), HasSubstr("outside"));
     EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("length prefix")));
     EXPECT_THAT(status.message(), ::testing::Not(HasSubstr("root:")));
@@ -489,7 +492,8 @@ TEST(LoaderTest, LinksAreFollowedInsideTheRootsOnly) {
   };
   const std::string weights_out = make_dir("weights-out");
   fs::copy_file(outside.Join("s/config.json"), weights_out + "/config.json");
-  fs::create_symlink(outside.Join("s/model.safetensors"), weights_out + "/model.safetensors");
+  fs::create_symlink(outside.Join("s/model.safetensors"),
+                     weights_out + "/model.safetensors");
   expect_denied(weights_out, LoadSafetensorsDirectory(weights_out, &*roots).status());
   // Without roots (the operator's own directory) the same link is followed.
   EXPECT_TRUE(LoadSafetensorsDirectory(weights_out).ok());

@@ -118,8 +118,9 @@ TEST_F(IndexedDataTest, TokensEqualWhatMegatronReadsForUint16AndInt32) {
     const std::vector<int64_t> docs = ref["document_indices"].get<std::vector<int64_t>>();
     std::vector<int64_t> expected;
     for (const int64_t first : docs) {
-      const int64_t bound =
-          first < static_cast<int64_t>(sequence_starts.size()) ? sequence_starts[first] : at;
+      const int64_t bound = first < static_cast<int64_t>(sequence_starts.size())
+                                ? sequence_starts[first]
+                                : at;
       if (expected.empty() || bound > expected.back()) expected.push_back(bound);
     }
     EXPECT_EQ((*d)->document_bounds(), expected);
@@ -201,8 +202,8 @@ TEST_F(IndexedDataTest, EmptyDocumentsOfASparseIndexCostNoHeap) {
   struct stat st;
   ASSERT_EQ(::stat(idx_path.c_str(), &st), 0);
   ASSERT_LT(st.st_blocks * 512, st.st_size / 100) << "the file is not sparse here";
-  absl::StatusOr<std::unique_ptr<TokenDataset>> t =
-      TokenDataset::Create(Indexed(tmp.Join("sparse"), DataSpec::Windows::kWithinDocuments), 1000);
+  absl::StatusOr<std::unique_ptr<TokenDataset>> t = TokenDataset::Create(
+      Indexed(tmp.Join("sparse"), DataSpec::Windows::kWithinDocuments), 1000);
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ((*t)->document_bounds(), (std::vector<int64_t>{0, (*t)->size()}));
 }

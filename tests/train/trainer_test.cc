@@ -299,17 +299,21 @@ TEST(TrainerTest, AnUpdateThatDivergesIsNotApplied) {
   EXPECT_EQ(trainer.nonfinite_steps(), 1);
   const std::vector<at::Tensor> now = m->Parameters();
   ASSERT_EQ(now.size(), before.size());
-  for (size_t i = 0; i < now.size(); ++i) EXPECT_TRUE(torch::equal(now[i], before[i])) << i;
-  for (const at::Tensor& p : now) EXPECT_FALSE(trainer.optimizer()->StateOf(p)) << "state made";
+  for (size_t i = 0; i < now.size(); ++i)
+    EXPECT_TRUE(torch::equal(now[i], before[i])) << i;
+  for (const at::Tensor& p : now)
+    EXPECT_FALSE(trainer.optimizer()->StateOf(p)) << "state made";
 
   // The same run at a sane rate, on this trainer and on a fresh one: equal
   // losses bit for bit.
   o.learning_rate = 1e-3;
   std::vector<double> losses[2];
   Trainer fresh_trainer(fresh.get());
-  ASSERT_TRUE(trainer.Run(o, [&](const StepReport& s) { losses[0].push_back(s.loss); }).ok());
   ASSERT_TRUE(
-      fresh_trainer.Run(o, [&](const StepReport& s) { losses[1].push_back(s.loss); }).ok());
+      trainer.Run(o, [&](const StepReport& s) { losses[0].push_back(s.loss); }).ok());
+  ASSERT_TRUE(
+      fresh_trainer.Run(o, [&](const StepReport& s) { losses[1].push_back(s.loss); })
+          .ok());
   EXPECT_EQ(losses[0].size(), 3u);
   EXPECT_EQ(losses[0], losses[1]);
 }
