@@ -66,9 +66,10 @@ struct OpenedFile {
 
 absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_bytes,
                                        absl::string_view what, const PathRoots* roots) {
-  ASSIGN_OR_RETURN(const std::string to_open, PathToOpen(path, what, roots));
-  const int fd =
-      ::open(to_open.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC);
+  ASSIGN_OR_RETURN(
+      const int fd,
+      OpenConfined(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, what,
+                   roots));
   if (fd < 0) {
     const int err = errno;
     const std::string p = Echo(path);
@@ -91,12 +92,6 @@ absl::StatusOr<OpenedFile> OpenRegular(const std::string& path, int64_t max_byte
     ::close(fd);
     return s;
   };
-  // Before anything about the file is learnt (its kind, its size).
-  if (roots != nullptr) {
-    if (absl::Status inside = roots->CheckOpened(fd, path, what); !inside.ok()) {
-      return fail(std::move(inside));
-    }
-  }
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     return fail(absl::InvalidArgumentError(
@@ -177,10 +172,18 @@ absl::Status PathRoots::CheckOpened(int fd, absl::string_view path,
                                   Describe(), ")"));
 }
 
-absl::StatusOr<std::string> PathToOpen(const std::string& path, absl::string_view what,
-                                       const PathRoots* roots) {
-  if (roots == nullptr) return path;
-  return roots->Confine(path, what);
+absl::StatusOr<int> OpenConfined(const std::string& path, int flags,
+                                 absl::string_view what, const PathRoots* roots) {
+  if (roots == nullptr) return ::open(path.c_str(), flags);
+  ASSIGN_OR_RETURN(const std::string canonical, roots->Confine(path, what));
+  const int fd = ::open(canonical.c_str(), flags | O_NOFOLLOW);
+  if (fd < 0) return fd;  // errno is open's
+  // Before anything about the file is learnt (its kind, its size).
+  if (absl::Status inside = roots->CheckOpened(fd, path, what); !inside.ok()) {
+    ::close(fd);
+    return inside;
+  }
+  return fd;
 }
 
 std::string PathRoots::Describe() const {

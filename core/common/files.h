@@ -69,7 +69,7 @@ class PathRoots {
 // A regular file read at offsets with pread(). Open refuses anything else
 // without blocking: FIFOs, devices, directories, sockets, symbolic links as
 // the last component (without `roots`; with them, links are followed as
-// PathToOpen says), files of size 0 (which is also how /proc files present
+// OpenConfined says), files of size 0 (which is also how /proc files present
 // themselves) and files over `max_bytes`: INVALID_ARGUMENT saying which,
 // and for a missing file; PERMISSION_DENIED when the daemon may not read
 // it, or, with `roots`, when it leads outside them. Unlike a mapping, a
@@ -118,14 +118,16 @@ absl::StatusOr<std::string> ReadSmallRegularFile(const std::string& path,
                                                  absl::string_view what,
                                                  const PathRoots* roots = nullptr);
 
-// The path to open for `path` under one rule for every file the daemon
-// reads for a client: with `roots`, `path` is resolved (symbolic links
+// Opens `path` with open(2) `flags` under one rule for every file the daemon
+// reads for a client: with `roots`, `path` is resolved first (symbolic links
 // followed) and must lie inside them (PathRoots::Confine's statuses, before
-// anything is opened, so that nothing is read or sized outside); the
-// canonical path comes back, to be opened with O_NOFOLLOW and checked with
-// PathRoots::CheckOpened. Without roots, `path` itself.
-absl::StatusOr<std::string> PathToOpen(const std::string& path, absl::string_view what,
-                                       const PathRoots* roots);
+// anything is opened, so that nothing is read or sized outside), its
+// canonical path is opened with O_NOFOLLOW added, and what was opened is
+// checked again (PathRoots::CheckOpened; the fd is closed on failure).
+// Without roots, `path` itself is opened. Those statuses are returned;
+// otherwise the fd, or -1 with errno set by open(2), for the caller to word.
+absl::StatusOr<int> OpenConfined(const std::string& path, int flags,
+                                 absl::string_view what, const PathRoots* roots);
 
 }  // namespace memprofd
 

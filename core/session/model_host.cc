@@ -58,7 +58,8 @@ struct HfDirectory {
 // The text of model directory `dir`'s config.json: NOT_FOUND when `dir` is
 // not a directory, INVALID_ARGUMENT when it has no readable config.json,
 // PERMISSION_DENIED when it links outside `roots` (when given).
-absl::StatusOr<std::string> ReadConfigJson(const std::string& dir, const PathRoots* roots) {
+absl::StatusOr<std::string> ReadConfigJson(const std::string& dir,
+                                           const PathRoots* roots) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
@@ -81,7 +82,8 @@ absl::StatusOr<std::string> ReadConfigJson(const std::string& dir, const PathRoo
 
 // Every file confined to `roots` when given (the model directory's one
 // rule: links inside them are followed, links outside PERMISSION_DENIED).
-absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir, const PathRoots* roots) {
+absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir,
+                                            const PathRoots* roots) {
   HfDirectory out;
   ASSIGN_OR_RETURN(out.config_json, ReadConfigJson(dir, roots));
   absl::StatusOr<snapshot::LoadedWeights> weights =
@@ -93,16 +95,6 @@ absl::StatusOr<HfDirectory> ReadHfDirectory(const std::string& dir, const PathRo
   }
   ASSIGN_OR_RETURN(out.carried, snapshot::ReadCarriedFiles(dir, roots));
   return out;
-}
-
-// True when `directory` lies below `root` (both after links).
-bool InsideRoot(const std::string& directory, const std::string& root) {
-  if (root.empty()) return false;
-  const std::string dir = CanonicalPath(directory);
-  const std::string canonical_root = CanonicalPath(root);
-  return dir.size() > canonical_root.size() &&
-         dir.compare(0, canonical_root.size(), canonical_root) == 0 &&
-         dir[canonical_root.size()] == '/';
 }
 
 std::string Gib(int64_t bytes) {
@@ -252,12 +244,17 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   // one). Another directory's file could be truncated under the mapping,
   // and a mapped page past the end raises SIGBUS, which kills the process:
   // its weights go to a spill file of the daemon's own, unlinked at once.
-  const bool map_directory =
-      mapped && InsideRoot(mapped->directory, options_.snapshot_root);
+  bool map_directory = false;
+  if (mapped && !options_.snapshot_root.empty()) {
+    absl::StatusOr<PathRoots> snapshots =
+        PathRoots::Create({options_.snapshot_root}, "snapshot_root");
+    map_directory =
+        snapshots.ok() && snapshots->Contains(CanonicalPath(mapped->directory));
+  }
   for (const auto& [module, placement] : spec.placement) {
-    ASSIGN_OR_RETURN(bool from_directory,
-                     PlaceModule(*model, module, placement,
-                                 map_directory ? &*mapped : nullptr));
+    ASSIGN_OR_RETURN(
+        bool from_directory,
+        PlaceModule(*model, module, placement, map_directory ? &*mapped : nullptr));
     if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
   }
   RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));

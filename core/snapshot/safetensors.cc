@@ -65,24 +65,16 @@ struct SafetensorsFile::Mapping {
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     const std::string& path, const PathRoots* roots) {
-  ASSIGN_OR_RETURN(const std::string to_open, PathToOpen(path, "safetensors file", roots));
   // O_NONBLOCK: a FIFO under a weights file's name is refused below, not
   // waited on.
-  const int fd = ::open(to_open.c_str(),
-                        O_RDONLY | O_NONBLOCK | O_CLOEXEC | (roots ? O_NOFOLLOW : 0));
+  ASSIGN_OR_RETURN(const int fd, OpenConfined(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC,
+                                              "safetensors file", roots));
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(
           absl::StrCat("safetensors file ", path, " does not exist"));
     }
     return snapshot::internal::ErrnoStatus(errno, absl::StrCat("opening ", path));
-  }
-  if (roots != nullptr) {
-    if (absl::Status inside = roots->CheckOpened(fd, path, "safetensors file");
-        !inside.ok()) {
-      ::close(fd);
-      return inside;
-    }
   }
   struct stat st;
   if (::fstat(fd, &st) != 0) {

@@ -47,7 +47,7 @@ class SafetensorsFile {
   // NOT_FOUND when missing; DATA_LOSS naming the file when it is corrupt or
   // truncated (see ParseSafetensors); INVALID_ARGUMENT for dtypes memprofd
   // does not handle.
-  // With `roots`, the file is confined as PathToOpen says (a link is
+  // With `roots`, the file is confined as OpenConfined says (a link is
   // followed only inside the roots; PERMISSION_DENIED outside, before a
   // byte is read).
   static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(

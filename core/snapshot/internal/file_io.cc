@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd {
 namespace snapshot::internal {
@@ -93,21 +94,13 @@ absl::Status WriteFileSynced(const std::string& path, absl::string_view contents
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
                                           const PathRoots* roots) {
-  absl::StatusOr<std::string> to_open = PathToOpen(path, "file", roots);
-  if (!to_open.ok()) return to_open.status();
   // O_NONBLOCK: a FIFO in a model directory must not hold the owner thread.
-  const int fd = ::open(to_open->c_str(),
-                        O_RDONLY | O_NONBLOCK | O_CLOEXEC | (roots ? O_NOFOLLOW : 0));
+  ASSIGN_OR_RETURN(const int fd,
+                   OpenConfined(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC, "file", roots));
   if (fd < 0) {
     if (errno == ENOENT)
       return absl::NotFoundError(absl::StrCat(path, " does not exist"));
     return ErrnoStatus(errno, absl::StrCat("opening ", path));
-  }
-  if (roots != nullptr) {
-    if (absl::Status inside = roots->CheckOpened(fd, path, "file"); !inside.ok()) {
-      ::close(fd);
-      return inside;
-    }
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -53,7 +53,7 @@ inline constexpr int64_t kMaxSmallFileBytes = int64_t{64} << 20;
 // Reads a whole (small) file. NOT_FOUND when missing; DATA_LOSS for anything
 // but a regular file (opened without blocking, so a FIFO is refused, not
 // waited on) and for one over kMaxSmallFileBytes. With `roots`, the file is
-// confined as PathToOpen says (links followed inside the roots,
+// confined as OpenConfined says (links followed inside the roots,
 // PERMISSION_DENIED outside, before anything is read).
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
                                           const PathRoots* roots = nullptr);
