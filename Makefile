@@ -3,6 +3,8 @@
 #   make test   install what is missing, build, run every test (ctest)
 #   make check  build and run the fast tests (ctest without the slow, fuzz and
 #               gpu_kit labels); no sanitizer or fuzz build
+#   make unit   build and run every C++ test case that starts no daemon and is
+#               not labelled slow, one process per test binary (about a minute)
 #   make bench  build and run the benchmarks (prints figures)
 #   make fuzz   build the libFuzzer targets (clang, ASan + UBSan) and run each
 #               for FUZZ_SECONDS (default 300)
@@ -14,7 +16,7 @@ BUILD_TYPE ?= Release
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build run test check bench format clean \
+.PHONY: all deps configure build run test check unit bench format clean \
         fuzz-build fuzz test-sanitized-core test-asan test-ubsan test-tsan
 
 all: build
@@ -32,14 +34,19 @@ run: build
 	deploy/demo.sh $(BUILD)
 
 test: build fuzz-build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 1200
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 1200 -LE unit
 	$(MAKE) --no-print-directory test-sanitized-core
 
 # The edit-test loop: the main build's tests without the minutes-long ones
 # (label slow), the fuzz smoke runs (fuzz) and the GPU kit's dry run (gpu_kit);
 # no build-fuzz tree. `make test` (CI) runs everything.
 check: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE 'slow|fuzz|gpu_kit' --timeout 1200
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -LE 'slow|fuzz|gpu_kit|unit' --timeout 1200
+
+# The unit loop: the same C++ cases as check, without the Python integration
+# tests (they start the daemon), each binary in one process (ctest label unit).
+unit: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit --timeout 1200
 
 # --- Sanitizers and fuzzing (issue 15; cmake/sanitizers.cmake) -------------
 # One clang build directory serves the fuzz targets and the core unit tests
@@ -75,7 +82,7 @@ fuzz-build: deps
 # Each fuzz target briefly, then the core unit tests, under ASan + UBSan.
 test-sanitized-core: fuzz-build
 	cd $(FUZZ_BUILD) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1200 \
-	  -LE slow -E '_NOT_BUILT$$'
+	  -LE 'slow|unit' -E '_NOT_BUILT$$'
 
 fuzz: fuzz-build
 	$(SAN_ENV) fuzz/run.sh $(FUZZ_BUILD)/fuzz $(FUZZ_SECONDS)
@@ -86,7 +93,7 @@ test-asan test-ubsan: deps
 	  -DMEMPROFD_SANITIZE=$(if $(filter test-asan,$@),address,undefined)
 	cmake --build build-$(@:test-%=%) -j$(JOBS)
 	cd build-$(@:test-%=%) && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1800 \
-	  -LE 'slow|gpu_kit|fuzz' -E '_NOT_BUILT$$'
+	  -LE 'slow|gpu_kit|fuzz|unit' -E '_NOT_BUILT$$'
 
 # TSan over the threads memprofd runs: the offloader's writer and read-ahead
 # threads (offload_test), the recorder (memory_test), the session's owner
@@ -98,7 +105,7 @@ test-tsan: deps
 	cmake -S . -B build-tsan $(SAN_CMAKE) -DMEMPROFD_SANITIZE=thread
 	cmake --build build-tsan -j$(JOBS) --target $(TSAN_TESTS)
 	cd build-tsan && $(SAN_ENV) ctest --output-on-failure -j$(JOBS) --timeout 1800 \
-	  -LE slow -E '_NOT_BUILT$$'
+	  -LE 'slow|unit' -E '_NOT_BUILT$$'
 
 bench: build
 	deploy/bench.sh $(BUILD)

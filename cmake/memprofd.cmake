@@ -22,18 +22,26 @@ if(MEMPROFD_SANITIZE MATCHES "thread")
 endif()
 
 # memprofd_test(NAME name SOURCES ... DEPS ... [TIMEOUT seconds]
-#               [SLOW gtest-filter [SLOW_TIMEOUT seconds]]): one GoogleTest
+#               [SLOW gtest-filter [SLOW_TIMEOUT seconds]] [UNIT_SHARDS n]):
+# one GoogleTest
 # binary, run by ctest, each test case a ctest test (default timeout 600 s).
 # The cases SLOW matches (a --gtest_filter pattern, e.g. "AcceptanceTest.*")
 # are the ones that take minutes: they get the label `slow` (skipped by
 # `ctest -LE slow`, still run by `make test`) and SLOW_TIMEOUT (default:
 # TIMEOUT), and hold the ctest resource lock memprofd_cores (they train on
 # every core for minutes; tests that measure a training's pace take the same
-# lock, so that ctest -j never runs the two side by side). Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
+# lock, so that ctest -j never runs the two side by side).
+#
+# Besides, the binary's fast cases are registered as one ctest test per shard
+# (`<name>.unit`, or `<name>.unit<k>` with UNIT_SHARDS n > 1), labelled `unit`:
+# one process runs them all, so LibTorch is loaded once rather than once per
+# case (about a second each). `make unit` runs that label; `make check` and
+# `make test` leave it out, since they run the same cases one by one. Test bodies find the build's binaries through MEMPROFD_BINARY_DIR,
 # the source tree through MEMPROFD_SOURCE_DIR and the venv's interpreter (the
 # real consumers and Python references) through MEMPROFD_PYTHON.
 function(memprofd_test)
-  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT;SLOW;SLOW_TIMEOUT" "SOURCES;DEPS" ${ARGN})
+  cmake_parse_arguments(T "TORCH" "NAME;TIMEOUT;SLOW;SLOW_TIMEOUT;UNIT_SHARDS" "SOURCES;DEPS"
+                        ${ARGN})
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
@@ -72,4 +80,31 @@ function(memprofd_test)
     gtest_discover_tests(${T_NAME} DISCOVERY_TIMEOUT 60
                          PROPERTIES TIMEOUT ${T_TIMEOUT})
   endif()
+  memprofd_unit_tests(${T_NAME} "${T_SLOW}" "${T_UNIT_SHARDS}" ${T_TIMEOUT})
+endfunction()
+
+# The `unit` label: the binary's cases that SLOW does not match, one process
+# per shard (gtest's own GTEST_TOTAL_SHARDS / GTEST_SHARD_INDEX). One intra-op
+# thread each: ctest -j runs as many binaries as there are cores, and LibTorch's
+# default of one thread per core in each of them oversubscribes the machine
+# (on two cores, 89 s with the default against 66 s with one thread).
+function(memprofd_unit_tests name slow shards timeout)
+  if(NOT shards)
+    set(shards 1)
+  endif()
+  set(args --gtest_brief=1)
+  if(slow)
+    list(APPEND args "--gtest_filter=-${slow}")
+  endif()
+  math(EXPR last "${shards} - 1")
+  foreach(index RANGE ${last})
+    if(shards EQUAL 1)
+      set(test_name ${name}.unit)
+    else()
+      set(test_name ${name}.unit${index})
+    endif()
+    add_test(NAME ${test_name} COMMAND ${name} ${args})
+    set_tests_properties(${test_name} PROPERTIES LABELS unit TIMEOUT ${timeout}
+      ENVIRONMENT "GTEST_TOTAL_SHARDS=${shards};GTEST_SHARD_INDEX=${index};OMP_NUM_THREADS=1")
+  endforeach()
 endfunction()
