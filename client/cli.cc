@@ -66,7 +66,7 @@ int Usage(const std::string& message) {
       "        [--weight_decay W] [--beta1 B] [--beta2 B] [--adam_eps E]\n"
       "        [--max_grad_norm N] [--grad_accumulation_steps K]\n"
       "        [--[no]offload [--offload_target disk|host] [--prefetch_depth auto|N]\n"
-      "         [--min_offload_bytes N] [--[no]offload_head]]\n"
+      "         [--min_offload_bytes N] [--max_copies_in_flight N] [--[no]offload_head]]\n"
       "        [--lr_scheduler_type constant|constant_with_warmup|linear|cosine|\n"
       "         cosine_with_min_lr] [--warmup_steps N] [--min_lr_ratio R]\n"
       "        [--mixed_precision no|bf16] [--loss_chunk_tokens N|0 (auto)|-1 (off)]\n"

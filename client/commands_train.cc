@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/flags.h"
+#include "core/offload/offload_fields.h"
 #include "core/train/request_fields.h"
 
 namespace memprofd::cli {
@@ -37,6 +39,39 @@ bool Either(const absl::Flag<T>& flag, const absl::Flag<T>& alias,
   *value = a ? a : b;
   return true;
 }
+
+// An offload flag's value as the proto's field takes it: scalars as they are,
+// a target by name, a read-ahead depth as "auto" (-1) or a number >= 0. false
+// when the text is neither; OffloadFlagSpelling then says what it may be.
+template <typename T>
+bool OffloadFlagToWire(T value, T* wire) {
+  *wire = value;
+  return true;
+}
+// Only text can be misspelt: the error's echo of the other kinds is never built.
+template <typename T>
+std::string OffloadFlagText(T value) {
+  return absl::StrCat(value);
+}
+inline std::string OffloadFlagText(bool value) { return value ? "true" : "false"; }
+bool OffloadFlagToWire(const std::string& text, v1::OffloadTarget* wire) {
+  if (text == "disk") *wire = v1::OFFLOAD_TARGET_DISK;
+  if (text == "host") *wire = v1::OFFLOAD_TARGET_HOST;
+  return text == "disk" || text == "host";
+}
+bool OffloadFlagToWire(const std::string& text, int32_t* wire) {
+  if (text == "auto") {
+    *wire = -1;
+    return true;
+  }
+  return absl::SimpleAtoi(text, wire) && *wire >= 0;
+}
+template <typename T>
+const char* OffloadFlagSpelling(T) {
+  return "see usage";
+}
+const char* OffloadFlagSpelling(v1::OffloadTarget) { return "use disk or host"; }
+const char* OffloadFlagSpelling(int32_t) { return "use auto or a number >= 0"; }
 
 // A request field's flag, when given, into the request `req` (the flag is
 // named as the field).
@@ -174,35 +209,23 @@ bool TrainRequestFromFlags(v1::TrainRequest* out, std::string* error) {
       return false;
     }
   }
-  const std::optional<bool> offload = GivenFlag(FLAGS_offload);
-  const std::optional<bool> offload_head = GivenFlag(FLAGS_offload_head);
-  const std::optional<int64_t> min_offload_bytes = GivenFlag(FLAGS_min_offload_bytes);
-  const std::optional<std::string> target = GivenFlag(FLAGS_offload_target);
-  const std::optional<std::string> prefetch = GivenFlag(FLAGS_prefetch_depth);
-  if (offload || offload_head || min_offload_bytes || target || prefetch) {
-    v1::OffloadOptions* o = req.mutable_offload();
-    if (offload) o->set_enabled(*offload);
-    if (offload_head) o->set_offload_head(*offload_head);
-    if (min_offload_bytes) o->set_min_offload_bytes(*min_offload_bytes);
-    if (target == "disk") {
-      o->set_target(v1::OFFLOAD_TARGET_DISK);
-    } else if (target == "host") {
-      o->set_target(v1::OFFLOAD_TARGET_HOST);
-    } else if (target) {
-      *error = absl::StrCat("--offload_target must be disk or host, not '", *target, "'");
-      return false;
-    }
-    // "auto" is -1 on the wire.
-    if (prefetch) {
-      int32_t depth = -1;
-      if (*prefetch != "auto" && (!absl::SimpleAtoi(*prefetch, &depth) || depth < 0)) {
-        *error = absl::StrCat("--prefetch_depth must be auto or a number >= 0, not '",
-                              *prefetch, "'");
-        return false;
-      }
-      o->set_prefetch_depth(depth);
-    }
+  // Every field of offload_fields.h has a flag (its CLI_FLAG).
+  v1::OffloadOptions offload;
+  bool any_offload = false;
+#define MEMPROFD_OFFLOAD_FROM_FLAG_(name, type, flag, ...)                  \
+  if (auto v = GivenFlag(FLAGS_##flag)) {                                   \
+    std::decay_t<decltype(offload.name())> wire{};                          \
+    if (!OffloadFlagToWire(*v, &wire)) {                                    \
+      *error = absl::StrCat("--" #flag " cannot be '", OffloadFlagText(*v), \
+                            "': ", OffloadFlagSpelling(wire));              \
+      return false;                                                         \
+    }                                                                       \
+    offload.set_##name(wire);                                               \
+    any_offload = true;                                                     \
   }
+  MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_FROM_FLAG_)
+#undef MEMPROFD_OFFLOAD_FROM_FLAG_
+  if (any_offload) *req.mutable_offload() = offload;
   return true;
 }
 

@@ -64,6 +64,9 @@ ABSL_FLAG(std::string, offload_target, "",
           "train: disk or host (default: the daemon's, disk on CPU hosts)");
 ABSL_FLAG(int64_t, min_offload_bytes, 1024,
           "train: smallest span moved (default: the daemon's; 0 moves every tensor)");
+ABSL_FLAG(int32_t, max_copies_in_flight, 5,
+          "train: copies off the device in flight at once during forward (default: "
+          "the daemon's)");
 ABSL_FLAG(bool, offload_head, false,
           "train: offload the LM head's activations too; --nooffload_head keeps them "
           "(default: the daemon's)");

@@ -75,6 +75,7 @@ ABSL_DECLARE_FLAG(int64_t, grad_accum);
 ABSL_DECLARE_FLAG(bool, offload);
 ABSL_DECLARE_FLAG(std::string, offload_target);
 ABSL_DECLARE_FLAG(int64_t, min_offload_bytes);
+ABSL_DECLARE_FLAG(int32_t, max_copies_in_flight);
 ABSL_DECLARE_FLAG(bool, offload_head);
 ABSL_DECLARE_FLAG(std::string, prefetch_depth);
 ABSL_DECLARE_FLAG(std::string, lr_scheduler_type);

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/dist/sharding.h"
+#include "core/offload/offload_fields.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/train/request_fields.h"
 #include "server/convert_plan.h"
@@ -25,6 +26,24 @@ absl::Status CheckEnum(absl::string_view field, int value, IsValid is_valid) {
   if (is_valid(value)) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(field, ": unknown value ", value, " (see the enum in memprofd.v1)"));
+}
+
+// One field of memprofd.v1.OffloadOptions into its OffloadOverrides member
+// (offload_fields.h): scalars as they are; a target by enum, where
+// OFFLOAD_TARGET_UNSPECIFIED leaves it to the daemon.
+template <typename Wire, typename Core>
+absl::Status OffloadFieldFromProto(absl::string_view, Wire value,
+                                   std::optional<Core>* out) {
+  *out = value;
+  return absl::OkStatus();
+}
+absl::Status OffloadFieldFromProto(absl::string_view field, v1::OffloadTarget value,
+                                   std::optional<offload::Target>* out) {
+  if (absl::Status s = CheckEnum(field, value, v1::OffloadTarget_IsValid); !s.ok())
+    return s;
+  if (value == v1::OFFLOAD_TARGET_HOST) *out = offload::Target::kHost;
+  if (value == v1::OFFLOAD_TARGET_DISK) *out = offload::Target::kDisk;
+  return absl::OkStatus();
 }
 
 v1::OperationState ToProto(OperationState s) {
@@ -157,23 +176,18 @@ absl::StatusOr<TrainSpec> FromProto(const v1::TrainRequest& r) {
   if (r.has_memory_budget_bytes()) spec.memory_budget_bytes = r.memory_budget_bytes();
   if (r.has_offload()) {
     const v1::OffloadOptions& o = r.offload();
-    if (absl::Status s =
-            CheckEnum("offload.target", o.target(), v1::OffloadTarget_IsValid);
-        !s.ok()) {
-      return s;
-    }
-    offload::OffloadOverrides& req = spec.offload;
-    if (o.has_enabled()) req.enabled = o.enabled();
-    if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_HOST) {
-      req.target = offload::Target::kHost;
-    }
-    if (o.has_target() && o.target() == v1::OFFLOAD_TARGET_DISK) {
-      req.target = offload::Target::kDisk;
-    }
-    if (o.has_min_offload_bytes()) req.min_offload_bytes = o.min_offload_bytes();
-    if (o.has_max_copies_in_flight()) req.max_copies_in_flight = o.max_copies_in_flight();
-    if (o.has_prefetch_depth()) req.prefetch_depth = o.prefetch_depth();
-    if (o.has_offload_head()) req.offload_head = o.offload_head();
+    // offload_fields.h's fields: the same name in the proto and in
+    // OffloadOverrides.
+#define MEMPROFD_OFFLOAD_FROM_PROTO_(name, ...)                                    \
+  if (o.has_##name()) {                                                            \
+    if (absl::Status s =                                                           \
+            OffloadFieldFromProto("offload." #name, o.name(), &spec.offload.name); \
+        !s.ok()) {                                                                 \
+      return s;                                                                    \
+    }                                                                              \
+  }
+    MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_FROM_PROTO_)
+#undef MEMPROFD_OFFLOAD_FROM_PROTO_
   }
   return spec;
 }

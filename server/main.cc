@@ -29,6 +29,7 @@
 #include "core/common/threads.h"
 #include "core/dist/sharding.h"
 #include "core/dist/world.h"
+#include "core/offload/offload_fields.h"
 #include "core/session/runtime.h"
 #include "server/option_flags.h"
 #include "server/options.h"
@@ -48,6 +49,29 @@ std::string DefaultOffloadTarget() {
 std::string DefaultPrefetchDepth() {
   const int depth = memprofd::SessionOptions().offload.prefetch_depth;
   return depth == memprofd::offload::kPrefetchAuto ? "auto" : absl::StrCat(depth);
+}
+
+// A daemon offload flag's value as OffloadOptions keeps it: scalars as they
+// are, a target by name ("auto": left as it is, resolved by the session), a
+// read-ahead depth as "auto" or a number >= 0.
+template <typename T>
+absl::Status OffloadDefaultFromFlag(T value, T* out) {
+  *out = value;
+  return absl::OkStatus();
+}
+absl::Status OffloadDefaultFromFlag(const std::string& text,
+                                    memprofd::offload::Target* out) {
+  if (text == "auto") return absl::OkStatus();
+  absl::StatusOr<memprofd::offload::Target> target = memprofd::offload::ParseTarget(text);
+  if (!target.ok()) return target.status();
+  *out = *target;
+  return absl::OkStatus();
+}
+absl::Status OffloadDefaultFromFlag(const std::string& text, int* out) {
+  absl::StatusOr<int> depth = memprofd::offload::ParsePrefetchDepth(text);
+  if (!depth.ok()) return depth.status();
+  *out = *depth;
+  return absl::OkStatus();
 }
 
 // --sharding's help: the levels as sharding.h names them.
@@ -293,25 +317,18 @@ int main(int argc, char** argv) {
   session.auto_snapshot_kind = *auto_kind;
   session.resume = absl::GetFlag(FLAGS_resume);
   memprofd::offload::OffloadOptions& offload = session.offload;
-  offload.enabled = absl::GetFlag(FLAGS_offload);
-  const std::string target = absl::GetFlag(FLAGS_offload_target);
-  session.offload_target_auto = target == "auto";
-  if (!session.offload_target_auto) {
-    absl::StatusOr<memprofd::offload::Target> parsed =
-        memprofd::offload::ParseTarget(target);
-    if (!parsed.ok())
-      return Fail(absl::StrCat("--offload_target: ", parsed.status().message()));
-    offload.target = *parsed;
+  // Every field of offload_fields.h has a flag (its DAEMON_FLAG): the defaults
+  // a request's offload options are merged over. "auto" leaves the target to
+  // the compute device.
+  session.offload_target_auto = absl::GetFlag(FLAGS_offload_target) == "auto";
+#define MEMPROFD_OFFLOAD_DEFAULT_FROM_FLAG_(name, type, cli_flag, flag)       \
+  if (absl::Status s =                                                        \
+          OffloadDefaultFromFlag(absl::GetFlag(FLAGS_##flag), &offload.name); \
+      !s.ok()) {                                                              \
+    return Fail(absl::StrCat("--" #flag ": ", s.message()));                  \
   }
-  offload.min_offload_bytes = absl::GetFlag(FLAGS_min_offload_bytes);
-  offload.max_copies_in_flight = absl::GetFlag(FLAGS_max_copies_in_flight);
-  absl::StatusOr<int> prefetch =
-      memprofd::offload::ParsePrefetchDepth(absl::GetFlag(FLAGS_offload_prefetch_depth));
-  if (!prefetch.ok()) {
-    return Fail(absl::StrCat("--offload_prefetch_depth: ", prefetch.status().message()));
-  }
-  offload.prefetch_depth = *prefetch;
-  offload.offload_head = absl::GetFlag(FLAGS_offload_head);
+  MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_DEFAULT_FROM_FLAG_)
+#undef MEMPROFD_OFFLOAD_DEFAULT_FROM_FLAG_
   offload.spill_dir = per_rank(absl::GetFlag(FLAGS_spill_dir));
   offload.host_limit_bytes = absl::GetFlag(FLAGS_host_limit_bytes);
   if (absl::Status s = memprofd::ValidateSessionOptions(session); !s.ok()) {

@@ -101,13 +101,10 @@ absl::Status ValidateOffloadOptions(const OffloadOptions& options,
 absl::StatusOr<OffloadOptions> MergeOffloadOverrides(const OffloadOptions& defaults,
                                                      const OffloadOverrides& request) {
   OffloadOptions merged = defaults;
-  merged.enabled = request.enabled.value_or(merged.enabled);
-  merged.target = request.target.value_or(merged.target);
-  merged.min_offload_bytes = request.min_offload_bytes.value_or(merged.min_offload_bytes);
-  merged.max_copies_in_flight =
-      request.max_copies_in_flight.value_or(merged.max_copies_in_flight);
-  merged.prefetch_depth = request.prefetch_depth.value_or(merged.prefetch_depth);
-  merged.offload_head = request.offload_head.value_or(merged.offload_head);
+#define MEMPROFD_OFFLOAD_MERGE_(name, ...) \
+  if (request.name) merged.name = *request.name;
+  MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_MERGE_)
+#undef MEMPROFD_OFFLOAD_MERGE_
   RETURN_IF_ERROR(ValidateOffloadOptions(merged));
   return merged;
 }

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/offload/offload_fields.h"
 
 namespace memprofd::offload {
 
@@ -99,15 +100,22 @@ struct OffloadOptions {
 absl::Status ValidateOffloadOptions(const OffloadOptions& options,
                                     absl::string_view field_prefix = "offload.");
 
-// The offload options a request may give: every field left unset means "the
-// daemon's" (its flags). Where it goes, paths and limits stay the daemon's.
+// The offload options a request may give (offload_fields.h): every field left
+// unset means "the daemon's" (its flags). Where it goes, paths and limits
+// stay the daemon's.
 struct OffloadOverrides {
-  std::optional<bool> enabled;
-  std::optional<Target> target;
-  std::optional<int64_t> min_offload_bytes;
-  std::optional<int> max_copies_in_flight;
-  std::optional<int> prefetch_depth;
-  std::optional<bool> offload_head;
+#define MEMPROFD_OFFLOAD_OVERRIDE_(name, type, ...) std::optional<type> name;
+  MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_OVERRIDE_)
+#undef MEMPROFD_OFFLOAD_OVERRIDE_
+
+  friend bool operator==(const OffloadOverrides& a, const OffloadOverrides& b) {
+#define MEMPROFD_OFFLOAD_EQUAL_(name, ...) &&a.name == b.name
+    return true MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_EQUAL_);
+#undef MEMPROFD_OFFLOAD_EQUAL_
+  }
+  friend bool operator!=(const OffloadOverrides& a, const OffloadOverrides& b) {
+    return !(a == b);
+  }
 };
 
 // `defaults` with each field `request` gives in its place; then validated

@@ -209,6 +209,13 @@ class TrainingTest(harness.DaemonTestCase):
         r = self.d.ctl("train", "--steps", "1", "--offload", "--prefetch_depth", "lots")
         self.assertEqual(r.returncode, 2)
         self.assertIn("--prefetch_depth", r.stderr)
+        r = self.d.ctl("train", "--steps", "1", "--offload", "--offload_target", "tape")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--offload_target cannot be 'tape': use disk or host", r.stderr)
+        # Every offload flag reaches the daemon: one it refuses says so by field.
+        r = self.d.ctl("train", "--steps", "1", "--offload", "--max_copies_in_flight", "0")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("offload.max_copies_in_flight", r.stderr)
         r = self.d.ctl("train", "--steps", "1", "--batch_size", "2", "--seq_len", "32",
                        "--offload", "--prefetch_depth", "2")
         self.assertEqual(r.returncode, 0, r.stderr)

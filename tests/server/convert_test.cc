@@ -183,6 +183,20 @@ TEST(ConvertTest, EveryTrainRequestFieldIsInTheTableOrHandledApart) {
                      kTrainFieldsApart);
 }
 
+TEST(ConvertTest, EveryOffloadOptionsFieldIsInTheOffloadTable) {
+  const std::set<std::string> listed(std::begin(offload::kOffloadFieldNames),
+                                     std::end(offload::kOffloadFieldNames));
+  const google::protobuf::Descriptor* message = v1::OffloadOptions::descriptor();
+  for (int i = 0; i < message->field_count(); ++i) {
+    EXPECT_EQ(listed.count(std::string(message->field(i)->name())), 1u)
+        << message->field(i)->name() << " is not in offload_fields.h";
+  }
+  for (const std::string& name : listed) {
+    EXPECT_NE(message->FindFieldByName(name), nullptr)
+        << name << " is in offload_fields.h but not in " << message->full_name();
+  }
+}
+
 TEST(ConvertTest, EveryEvaluateRequestFieldIsInTheTableOrHandledApart) {
   ExpectTableMatches(v1::EvaluateRequest::descriptor(), kEvalTableFieldNames,
                      kEvalFieldsApart);
