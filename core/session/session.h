@@ -44,6 +44,7 @@
 #include "core/memory/memory_stats.h"
 #include "core/session/operation.h"
 #include "core/session/session_types.h"
+#include "core/session/training_slot.h"
 
 namespace memprofd {
 
@@ -308,10 +309,10 @@ class Session {
     std::string budget_choice;                   // empty: no budget
     std::atomic<int64_t> planned_peak_bytes{0};  // 0: not planned (yet)
   };
-  // Queues a training run of these options on the owner thread (the caller
-  // holds the training flag for it): what StartTraining posts. Post's
-  // UNAVAILABLE once Shutdown has begun; the caller then finishes the
-  // operation and clears the flag.
+  // Queues a training run of these options on the owner thread (with the
+  // training's ticket): what StartTraining posts. Post's UNAVAILABLE once
+  // Shutdown has begun; the caller then finishes the operation through the
+  // ticket.
   using StartRun = std::function<absl::Status(const ValidTrainOptions& train,
                                               const offload::OffloadOptions& offload)>;
 
@@ -320,9 +321,10 @@ class Session {
   // `budget_bytes` with plan::ChooseUnderBudget, records it in `plan` and
   // starts the run with `start`; or, when nothing fits, the planner fails,
   // the operation was cancelled or start is refused, finishes `op` with that
-  // status and clears the training flag.
-  void PlanUnderBudget(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
-                       const ValidTrainOptions& train,
+  // status through `ticket`.
+  void PlanUnderBudget(const std::shared_ptr<Operation>& op,
+                       const std::shared_ptr<TrainingSlot::Ticket>& ticket,
+                       const LlamaConfig& config, const ValidTrainOptions& train,
                        const offload::OffloadOptions& offload, int64_t budget_bytes,
                        const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
 
@@ -334,23 +336,20 @@ class Session {
   // training `op` (model `config`, the merged `train` and `offload`),
   // records its peak in `plan`, where the run's step reports and the
   // plan-error gauge find it, clears calibration_pending_ and starts the run
-  // with `start` (refused: finishes `op` with that status and clears the
-  // training flag). The plan is skipped when `op` is done or cancelled, or
-  // the session is stopping; one that fails (bf16: UNIMPLEMENTED) leaves the
-  // run without one (logged). Admission first: a plan refused by the
-  // planner's size admission, or whose peak StepFits refuses, ends `op`
+  // with `start` (refused: finishes `op` with that status through `ticket`). The plan is
+  // skipped when `op` is done or cancelled, or the session is stopping; one that fails
+  // (bf16: UNIMPLEMENTED) leaves the run without one (logged). Admission first: a plan
+  // refused by the planner's size admission, or whose peak StepFits refuses, ends `op`
   // with that status before the run allocates anything.
-  void CalibrateRun(const std::shared_ptr<Operation>& op, const LlamaConfig& config,
-                    const ValidTrainOptions& train,
+  void CalibrateRun(const std::shared_ptr<Operation>& op,
+                    const std::shared_ptr<TrainingSlot::Ticket>& ticket,
+                    const LlamaConfig& config, const ValidTrainOptions& train,
                     const offload::OffloadOptions& offload,
                     const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
-  // Finishes training `op`, which never started its run, with `status` and
-  // clears the training flag it held. Any thread but with mu_ free.
-  void EndTrainingThatDidNotStart(const std::shared_ptr<Operation>& op,
-                                  absl::Status status);
-
-  // Owner thread only.
-  void RunTraining(const std::shared_ptr<Operation>& op, const ValidTrainOptions& train,
+  // Owner thread only: runs training `op` and finishes it through `ticket`.
+  void RunTraining(const std::shared_ptr<Operation>& op,
+                   std::shared_ptr<TrainingSlot::Ticket> ticket,
+                   const ValidTrainOptions& train,
                    const offload::OffloadOptions& offload_options,
                    const TokenDataset& data, const TokenDataset* eval_data, bool resume,
                    std::shared_ptr<const TrainingPlan> plan);
@@ -381,8 +380,11 @@ class Session {
   // Set by the first BeginDrain.
   std::atomic<bool> drain_begun_{false};
 
+  // The one training at a time: its ticket goes with the training's work
+  // from admission to its end (training_slot.h).
+  TrainingSlot training_slot_;
+
   mutable absl::Mutex mu_;
-  bool training_active_ ABSL_GUARDED_BY(mu_) = false;
   // The id of the PLAN operation queued or running on plans_; empty: none.
   std::string plan_active_ ABSL_GUARDED_BY(mu_);
   // A training's calibration plan (CalibrateRun) is queued or running on

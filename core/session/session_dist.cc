@@ -111,17 +111,16 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
   }
   absl::MutexLock lock(&mu_);
   if (owner_->stopping()) return absl::CancelledError("shutting down");
-  training_active_ = true;
+  std::shared_ptr<TrainingSlot::Ticket> ticket = training_slot_.TakeInTurn();
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kTrain);
   absl::Status posted =
-      owner_->Post([this, op, valid, offload_options, data, eval_data, resume] {
-        RunTraining(op, valid, offload_options, *data, eval_data.get(), resume,
+      owner_->Post([this, op, ticket, valid, offload_options, data, eval_data, resume] {
+        RunTraining(op, ticket, valid, offload_options, *data, eval_data.get(), resume,
                     std::make_shared<TrainingPlan>());
       });
   if (!posted.ok()) {
     // Shutdown began since the check above.
-    training_active_ = false;
-    op->Finish(absl::CancelledError("shutting down"));
+    ticket->Finish(op, absl::CancelledError("shutting down"));
     return absl::CancelledError("shutting down");
   }
   return absl::OkStatus();

@@ -75,13 +75,10 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
         "without placement (every module on the compute device)");
   }
   if (!spec.preset.empty()) RETURN_IF_ERROR(LlamaConfig::Preset(spec.preset).status());
-  {
-    absl::MutexLock lock(&mu_);
-    if (training_active_) {
-      return absl::FailedPreconditionError(
-          "training is running on the current model; cancel it (CancelOperation) before "
-          "loading another");
-    }
+  if (training_slot_.held()) {
+    return absl::FailedPreconditionError(
+        "training is running on the current model; cancel it (CancelOperation) before "
+        "loading another");
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Operation> op,
                    operations_.Admit(OperationKind::kLoadModel));

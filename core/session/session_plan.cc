@@ -241,16 +241,6 @@ plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions&
 
 }  // namespace
 
-void Session::EndTrainingThatDidNotStart(const std::shared_ptr<Operation>& op,
-                                         absl::Status status) {
-  // Cleared before the operation is finished, as RunTraining does.
-  {
-    absl::MutexLock lock(&mu_);
-    training_active_ = false;
-  }
-  op->Finish(std::move(status), TrainResult{});
-}
-
 absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
   const int device = host_->recorder_device();
   const memory::DeviceRoom room = memory::QueryDeviceRoom(device);
@@ -271,6 +261,7 @@ absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
 }
 
 void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
+                           const std::shared_ptr<TrainingSlot::Ticket>& ticket,
                            const LlamaConfig& config, const ValidTrainOptions& train,
                            const offload::OffloadOptions& offload,
                            const std::shared_ptr<TrainingPlan>& plan,
@@ -294,11 +285,12 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
         absl::MutexLock lock(&mu_);
         calibration_pending_ = false;
       }
-      EndTrainingThatDidNotStart(
-          op, absl::Status(admitted.code(),
-                           absl::StrCat("the training was refused before it allocated "
-                                        "anything: ",
-                                        admitted.message())));
+      ticket->Finish(
+          op,
+          absl::Status(admitted.code(), absl::StrCat("the training was refused before it "
+                                                     "allocated anything: ",
+                                                     admitted.message())),
+          TrainResult{});
       return;
     }
     if (planned.ok()) {
@@ -316,18 +308,19 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
     calibration_pending_ = false;
   }
   if (absl::Status posted = start(train, offload); !posted.ok()) {
-    EndTrainingThatDidNotStart(op, std::move(posted));
+    ticket->Finish(op, std::move(posted), TrainResult{});
   }
 }
 
 void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
+                              const std::shared_ptr<TrainingSlot::Ticket>& ticket,
                               const LlamaConfig& config, const ValidTrainOptions& train,
                               const offload::OffloadOptions& offload,
                               int64_t budget_bytes,
                               const std::shared_ptr<TrainingPlan>& plan,
                               const StartRun& start) {
   auto fail = [&](absl::Status status) {
-    EndTrainingThatDidNotStart(op, std::move(status));
+    ticket->Finish(op, std::move(status), TrainResult{});
   };
   if (op->cancel_requested()) {
     fail(absl::CancelledError("cancelled before it started"));

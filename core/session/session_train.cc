@@ -196,11 +196,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   // (under a budget) from the plan thread with the options it chose.
   auto plan = std::make_shared<TrainingPlan>();
   auto start_with = [this, vocab_size, resumed_tokens, in_request, resume = spec.resume,
-                     offload_request = spec.offload,
-                     plan](const std::shared_ptr<Operation>& op) -> StartRun {
-    return [this, op, vocab_size, resumed_tokens, in_request, resume, offload_request,
-            plan](const ValidTrainOptions& valid,
-                  const offload::OffloadOptions& offload_options) {
+                     offload_request = spec.offload, plan](
+                        const std::shared_ptr<Operation>& op,
+                        const std::shared_ptr<TrainingSlot::Ticket>& ticket) -> StartRun {
+    return [this, op, ticket, vocab_size, resumed_tokens, in_request, resume,
+            offload_request, plan](const ValidTrainOptions& valid,
+                                   const offload::OffloadOptions& offload_options) {
       // Data parallel: the followers get the merged options and the
       // request's own offload fields (each merges them over its own flags),
       // with whether to offload, and where, as a budget chose it; published
@@ -211,18 +212,12 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
         followers_offload.enabled = offload_options.enabled;
         followers_offload.target = offload_options.target;
       }
-      return owner_->Post([this, op, valid, offload_options, vocab_size, resumed_tokens,
-                           in_request, resume, plan,
+      return owner_->Post([this, op, ticket, valid, offload_options, vocab_size,
+                           resumed_tokens, in_request, resume, plan,
                            command =
                                ranks_->TrainCommand(valid, followers_offload, resume)] {
-        // The run never started: the training's place is free again.
-        auto fail = [this, &op](const absl::Status& status) {
-          {
-            absl::MutexLock lock(&mu_);
-            training_active_ = false;
-          }
-          op->Finish(status);
-        };
+        // The run never started.
+        auto fail = [&](const absl::Status& status) { ticket->Finish(op, status); };
         absl::StatusOr<TrainingData> read =
             in_request ? absl::StatusOr<TrainingData>(*in_request)
                        : ReadTrainingData(valid, vocab_size, resumed_tokens,
@@ -238,8 +233,8 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
             return;
           }
         }
-        RunTraining(op, valid, offload_options, *read->data, read->eval_data.get(),
-                    resume, plan);
+        RunTraining(op, ticket, valid, offload_options, *read->data,
+                    read->eval_data.get(), resume, plan);
       });
     };
   };
@@ -253,16 +248,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
           "memprofd is shutting down; retry against another instance, or once it is "
           "back");
     }
-    if (training_active_) {
-      return absl::AbortedError(
-          "another training operation is queued or running; wait for it or cancel it "
-          "(ListOperations shows it)");
-    }
-    // The flag is the training's place: held from here, through a budget's
-    // planning, to the run's end.
+    // The training's place, held from here, through a budget's planning, to
+    // the run's end (or given back at once if the operation is refused).
+    ASSIGN_OR_RETURN(std::shared_ptr<TrainingSlot::Ticket> ticket, training_slot_.Take());
     ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kTrain));
-    training_active_ = true;
-    const StartRun start = start_with(op);
+    const StartRun start = start_with(op, ticket);
     // Calibration plans (and admits) the run just before it starts, behind
     // a PlanMemory if one is queued (StartTraining's contract); a
     // data-parallel step has buckets the plan does not see.
@@ -270,19 +260,20 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
         !spec.memory_budget_bytes && world().world_size == 1 && !calibration_pending_;
     absl::Status posted =
         spec.memory_budget_bytes
-            ? plans_->Post([this, op, config = model->config, valid, offload_options,
-                            budget = *spec.memory_budget_bytes, plan, start] {
-                PlanUnderBudget(op, config, valid, offload_options, budget, plan, start);
+            ? plans_->Post([this, op, ticket, config = model->config, valid,
+                            offload_options, budget = *spec.memory_budget_bytes, plan,
+                            start] {
+                PlanUnderBudget(op, ticket, config, valid, offload_options, budget, plan,
+                                start);
               })
-        : calibrate ? plans_->Post([this, op, config = model->config, valid,
+        : calibrate ? plans_->Post([this, op, ticket, config = model->config, valid,
                                     offload_options, plan, start] {
-            CalibrateRun(op, config, valid, offload_options, plan, start);
+            CalibrateRun(op, ticket, config, valid, offload_options, plan, start);
           })
                     : start(valid, offload_options);
     // Shutdown began since the check above.
     if (!posted.ok()) {
-      training_active_ = false;
-      op->Finish(posted);
+      ticket->Finish(op, posted);
       return posted;
     }
     if (calibrate) calibration_pending_ = true;
@@ -418,18 +409,13 @@ void Session::TrainingRun::OnStepReported(const StepReport& report) {
 }
 
 void Session::RunTraining(const std::shared_ptr<Operation>& op,
+                          std::shared_ptr<TrainingSlot::Ticket> ticket,
                           const ValidTrainOptions& train,
                           const offload::OffloadOptions& offload_options,
                           const TokenDataset& data, const TokenDataset* eval_data,
                           bool resume, std::shared_ptr<const TrainingPlan> plan) {
-  // The flag clears before the operation reports done, so that a client that
-  // saw it finish can start the next training at once.
-  auto finish = [this, &op](absl::Status status, OperationResult result = {}) {
-    {
-      absl::MutexLock lock(&mu_);
-      training_active_ = false;
-    }
-    op->Finish(std::move(status), std::move(result));
+  auto finish = [&](absl::Status status, OperationResult result = {}) {
+    ticket->Finish(op, std::move(status), std::move(result));
   };
   // Data parallel: every rank runs what rank 0 runs, so a cancel before the
   // start is left to the first step boundary, which all ranks see alike.
