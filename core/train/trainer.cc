@@ -174,7 +174,6 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
     int64_t step_in_run, int64_t schedule_position, int64_t schedule_steps,
     const StepContext& context) {
   const StepListeners& listeners = context.listeners;
-  const std::function<bool()>& interrupted = context.interrupted;
   const DataShard shard = context.shard;
   // A sharded optimizer updates the pieces a data-parallel listener feeds;
   // without one over the same ranks, nothing would train.
@@ -197,215 +196,19 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
   StepMarker marker(report.global_step);
   for (StepListener* l : listeners) l->OnStepBegin(report.global_step);
 
-  const c10::Device device = model_->device();
   double loss_sum = 0.0;
-  // A data or AfterBackward error, carried out of the boundary.
-  absl::Status batch_status;
+  // A stage's own failure (data, a listener, an interrupt, a diverging
+  // update), carried out of the boundary; the boundary's status is LibTorch's.
+  absl::Status stages_status;
   absl::Status status = TorchBoundary("training step", [&] {
-    ConfigureOptimizer(options, report.learning_rate);
-    ClearGradients();
-    for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
-      if (micro > 0 && interrupted && interrupted()) {
-        batch_status = absl::CancelledError(
-            absl::StrCat("step interrupted after ", micro, " of ",
-                         options.grad_accumulation_steps, " micro-batches"));
-        return;
-      }
-      absl::StatusOr<TokenBatch> batch =
-          data.NextBatch(options.batch_size * shard.count, options.seq_len, generator);
-      if (!batch.ok()) {
-        batch_status = batch.status();
-        return;
-      }
-      const int64_t first_row = options.batch_size * shard.index;
-      at::Tensor inputs =
-          batch->inputs.narrow(0, first_row, options.batch_size).to(device);
-      at::Tensor targets =
-          batch->targets.narrow(0, first_row, options.batch_size).to(device);
-
-      at::Tensor loss;
-      Clock::time_point t0 = Clock::now();
-      {
-        PhaseScope phase(Phase::kForward);
-        // Autocast covers the forward only; backward runs outside it, as
-        // with torch.autocast (gradient checkpointing replays it).
-        AutocastScope autocast(options.mixed_precision, device.type());
-        at::Tensor hidden;
-        {
-          ScopeStack scope{
-              EnterScopes(listeners, [](StepListener& l) { return l.BodyScope(); })};
-          // ForwardHidden, layer by layer, so that a long micro-batch can be
-          // interrupted between layers, in forward here and in backward
-          // through the hook on each layer's input.
-          if (absl::Status s = BeforeUnit(listeners, ModelUnit::Embedding(), false);
-              !s.ok()) {
-            batch_status = s;
-            return;
-          }
-          hidden = model_->Embed(inputs);
-          AfterUnitForward(listeners, ModelUnit::Embedding(), hidden);
-          for (int64_t i = 0; i < model_->num_layers(); ++i) {
-            if (i > 0 && interrupted) {
-              if (interrupted()) {
-                batch_status = absl::CancelledError(
-                    absl::StrCat("step interrupted in the forward of micro-batch ",
-                                 micro + 1, ", before layer ", i));
-                return;
-              }
-              if (hidden.requires_grad()) {
-                hidden.register_hook([interrupted](const at::Tensor&) {
-                  if (interrupted()) throw StepInterrupted();
-                });
-              }
-            }
-            if (absl::Status s = BeforeUnit(listeners, ModelUnit::Layer(i), false);
-                !s.ok()) {
-              batch_status = s;
-              return;
-            }
-            hidden = CheckpointsLayer(options, i) ? CheckpointedLayer(*model_, i, hidden)
-                                                  : model_->Layer(i, hidden);
-            AfterUnitForward(listeners, ModelUnit::Layer(i), hidden);
-          }
-          if (absl::Status s = BeforeUnit(listeners, ModelUnit::Head(), false); !s.ok()) {
-            batch_status = s;
-            return;
-          }
-          hidden = model_->FinalNorm(hidden);
-        }
-        ScopeStack scope{
-            EnterScopes(listeners, [](StepListener& l) { return l.HeadScope(); })};
-        loss = LanguageModelLoss(*model_, hidden, targets, options.loss_chunk_tokens,
-                                 LossReduction::kMean);
-        if (options.grad_accumulation_steps > 1)
-          loss = loss / static_cast<double>(options.grad_accumulation_steps);
-        for (StepListener* l : listeners) l->AfterUnitForward(ModelUnit::Head());
-      }
-      for (StepListener* l : listeners) l->OnForwardEnd();
-      Clock::time_point t1 = Clock::now();
-      report.forward_seconds += std::chrono::duration<double>(t1 - t0).count();
-      {
-        PhaseScope phase(Phase::kBackward);
-        const bool last = micro + 1 == options.grad_accumulation_steps;
-        for (StepListener* l : listeners) l->BeforeBackward(last);
-        if (absl::Status s = BeforeUnit(listeners, ModelUnit::Head(), true); !s.ok()) {
-          batch_status = s;
-          return;
-        }
-        try {
-          loss.backward();
-        } catch (const StepInterrupted&) {
-          batch_status = absl::CancelledError(absl::StrCat(
-              "step interrupted in the backward of micro-batch ", micro + 1));
-          return;
-        } catch (const UnitFailed& failed) {
-          batch_status = failed.status;
-          return;
-        }
-        // Gradients AccumulateGrad made rather than adopted (a clone of a
-        // non-stealable gradient) are gradients too, named by their parameter.
-        for (const at::Tensor& p : model_->Parameters()) {
-          if (!p.grad().defined()) continue;
-          const std::optional<Attribution> param = memory::StorageAttribution(p);
-          if (param) memory::TagStorage(p.grad(), param->module, Category::kGradients);
-        }
-        if (last) {
-          for (StepListener* l : listeners) {
-            absl::Status synced = l->AfterBackward();
-            if (!synced.ok()) {
-              batch_status = synced;
-              return;
-            }
-          }
-        }
-      }
-      report.backward_seconds += SecondsSince(t1);
-      loss_sum += ValueOf(loss);
-    }
-
-    Clock::time_point t2 = Clock::now();
-    PhaseScope phase(Phase::kOptimizer);
-    const std::vector<at::Tensor> grads = UpdateGradients();
-    std::vector<at::Tensor> norms;
-    for (const at::Tensor& g : grads) norms.push_back(g.norm());
-    double total = norms.empty() ? 0.0 : ValueOf(torch::stack(norms).norm());
-    for (StepListener* l : listeners) {
-      absl::StatusOr<double> combined = l->CombineGradNorm(total);
-      if (!combined.ok()) {
-        batch_status = combined.status();
-        return;
-      }
-      total = *combined;
-    }
-    report.grad_norm = total;
-    // A NaN or infinite loss or gradient would make every weight NaN: the
-    // update is skipped, so the model stays as it was, and the run fails.
-    if (!std::isfinite(loss_sum) || !std::isfinite(total)) {
-      ++nonfinite_steps_;
-      batch_status = absl::FailedPreconditionError(absl::StrCat(
-          "step ", report.global_step, " has a non-finite ",
-          std::isfinite(loss_sum) ? "gradient norm" : "loss", " (loss ", loss_sum,
-          ", gradient norm ", total,
-          "); its update was skipped and the weights are as they were before it. "
-          "Lower learning_rate, or set max_grad_norm"));
-      return;
-    }
-    if (options.max_grad_norm > 0 && total > options.max_grad_norm) {
-      // torch.nn.utils.clip_grad_norm_'s coefficient.
-      const double coef = options.max_grad_norm / (total + 1e-6);
-      torch::NoGradGuard no_grad;
-      for (const at::Tensor& g : grads) g.mul_(coef);
-    }
-    for (StepListener* l : listeners) l->BeforeUpdate();
-    // The update is seen before it is made (on copies, a chunk at a time):
-    // one that diverges is never applied, so the weights stay as they were.
-    const FusedAdamW::Peek peek = optimizer_->PeekStep();
-    const bool local_keep = peek.largest <= kMaxParameterMagnitude;
-    bool keep = local_keep;
-    for (StepListener* l : listeners) {
-      absl::StatusOr<bool> agreed = l->AgreeOnUpdate(keep);
-      if (!agreed.ok()) {
-        batch_status = agreed.status();
-        return;
-      }
-      keep = *agreed;
-    }
-    if (!keep) {
-      ++nonfinite_steps_;
-      std::string what = "another rank's share of the parameters";
-      if (!local_keep) {
-        what = "a parameter";
-        for (const auto& [name, p] : model_->NamedParameters()) {
-          if (p.unsafeGetTensorImpl() == peek.param.unsafeGetTensorImpl()) what = name;
-        }
-        what = absl::StrCat(what, std::isfinite(peek.largest)
-                                      ? absl::StrFormat(" %.3g", peek.largest)
-                                      : std::string(" not finite"));
-      }
-      batch_status = absl::FailedPreconditionError(absl::StrCat(
-          "step ", report.global_step, "'s update would make ", what,
-          " (every parameter must stay finite and within ", kMaxParameterMagnitude,
-          " in magnitude): the training diverged. The update was not applied and the "
-          "weights are as they were before it. Lower learning_rate (",
-          options.learning_rate, "), or set max_grad_norm"));
-      return;
-    }
-    optimizer_->Step();
-    for (StepListener* l : listeners) {
-      absl::Status shared = l->AfterUpdate();
-      if (!shared.ok()) {
-        batch_status = shared;
-        return;
-      }
-    }
-    report.optimizer_seconds = SecondsSince(t2);
+    stages_status = RunStepStages(options, data, generator, context, report, loss_sum);
   });
   if (!status.ok()) {
     for (StepListener* l : listeners) l->OnStepFailed(status, report.global_step);
   }
   ClearGradients();
   RETURN_IF_ERROR(status);
-  RETURN_IF_ERROR(batch_status);
+  RETURN_IF_ERROR(stages_status);
 
   ++global_step_;
   report.loss = loss_sum;
@@ -415,6 +218,201 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
                               : 0;
   for (StepListener* l : listeners) RETURN_IF_ERROR(l->OnStepEnd(report));
   return report;
+}
+
+// The stages of a step, in order: for each micro-batch NextMicroBatch,
+// ForwardMicroBatch and BackwardMicroBatch, then ClipAndUpdate. Each returns
+// the status that ends the step (cancelled, a listener's failure, bad data, a
+// diverging update); LibTorch's exceptions are left to StepUnchecked's
+// boundary.
+absl::Status Trainer::RunStepStages(const TrainOptions& options, const TokenDataset& data,
+                                    at::Generator& generator, const StepContext& context,
+                                    StepReport& report, double& loss_sum) {
+  ConfigureOptimizer(options, report.learning_rate);
+  ClearGradients();
+  for (int64_t micro = 0; micro < options.grad_accumulation_steps; ++micro) {
+    if (micro > 0 && context.interrupted && context.interrupted()) {
+      return absl::CancelledError(absl::StrCat("step interrupted after ", micro, " of ",
+                                               options.grad_accumulation_steps,
+                                               " micro-batches"));
+    }
+    ASSIGN_OR_RETURN(const MicroBatch batch,
+                     NextMicroBatch(options, data, generator, context.shard, micro));
+    const Clock::time_point forward_start = Clock::now();
+    ASSIGN_OR_RETURN(at::Tensor loss, ForwardMicroBatch(options, batch, context));
+    const Clock::time_point backward_start = Clock::now();
+    report.forward_seconds +=
+        std::chrono::duration<double>(backward_start - forward_start).count();
+    RETURN_IF_ERROR(BackwardMicroBatch(loss, batch, context));
+    report.backward_seconds += SecondsSince(backward_start);
+    loss_sum += ValueOf(loss);
+  }
+  const Clock::time_point update_start = Clock::now();
+  RETURN_IF_ERROR(ClipAndUpdate(options, loss_sum, context, report));
+  report.optimizer_seconds = SecondsSince(update_start);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Trainer::MicroBatch> Trainer::NextMicroBatch(const TrainOptions& options,
+                                                            const TokenDataset& data,
+                                                            at::Generator& generator,
+                                                            const DataShard& shard,
+                                                            int64_t index) const {
+  // Every rank draws the whole batch of all ranks and keeps its rows, so the
+  // ranks together see what one process with the larger batch would.
+  ASSIGN_OR_RETURN(TokenBatch batch, data.NextBatch(options.batch_size * shard.count,
+                                                    options.seq_len, generator));
+  const c10::Device device = model_->device();
+  const int64_t first_row = options.batch_size * shard.index;
+  MicroBatch out;
+  out.inputs = batch.inputs.narrow(0, first_row, options.batch_size).to(device);
+  out.targets = batch.targets.narrow(0, first_row, options.batch_size).to(device);
+  out.index = index;
+  out.last = index + 1 == options.grad_accumulation_steps;
+  return out;
+}
+
+absl::StatusOr<at::Tensor> Trainer::ForwardMicroBatch(const TrainOptions& options,
+                                                      const MicroBatch& batch,
+                                                      const StepContext& context) {
+  const StepListeners& listeners = context.listeners;
+  const std::function<bool()>& interrupted = context.interrupted;
+  at::Tensor loss;
+  {
+    PhaseScope phase(Phase::kForward);
+    // Autocast covers the forward only; backward runs outside it, as with
+    // torch.autocast (gradient checkpointing replays it).
+    AutocastScope autocast(options.mixed_precision, model_->device().type());
+    at::Tensor hidden;
+    {
+      ScopeStack scope{
+          EnterScopes(listeners, [](StepListener& l) { return l.BodyScope(); })};
+      // ForwardHidden, layer by layer, so that a long micro-batch can be
+      // interrupted between layers, in forward here and in backward through
+      // the hook on each layer's input.
+      RETURN_IF_ERROR(BeforeUnit(listeners, ModelUnit::Embedding(), false));
+      hidden = model_->Embed(batch.inputs);
+      AfterUnitForward(listeners, ModelUnit::Embedding(), hidden);
+      for (int64_t i = 0; i < model_->num_layers(); ++i) {
+        if (i > 0 && interrupted) {
+          if (interrupted()) {
+            return absl::CancelledError(
+                absl::StrCat("step interrupted in the forward of micro-batch ",
+                             batch.index + 1, ", before layer ", i));
+          }
+          if (hidden.requires_grad()) {
+            hidden.register_hook([interrupted](const at::Tensor&) {
+              if (interrupted()) throw StepInterrupted();
+            });
+          }
+        }
+        RETURN_IF_ERROR(BeforeUnit(listeners, ModelUnit::Layer(i), false));
+        hidden = CheckpointsLayer(options, i) ? CheckpointedLayer(*model_, i, hidden)
+                                              : model_->Layer(i, hidden);
+        AfterUnitForward(listeners, ModelUnit::Layer(i), hidden);
+      }
+      RETURN_IF_ERROR(BeforeUnit(listeners, ModelUnit::Head(), false));
+      hidden = model_->FinalNorm(hidden);
+    }
+    ScopeStack scope{
+        EnterScopes(listeners, [](StepListener& l) { return l.HeadScope(); })};
+    loss = LanguageModelLoss(*model_, hidden, batch.targets, options.loss_chunk_tokens,
+                             LossReduction::kMean);
+    if (options.grad_accumulation_steps > 1)
+      loss = loss / static_cast<double>(options.grad_accumulation_steps);
+    for (StepListener* l : listeners) l->AfterUnitForward(ModelUnit::Head());
+  }
+  for (StepListener* l : listeners) l->OnForwardEnd();
+  return loss;
+}
+
+absl::Status Trainer::BackwardMicroBatch(const at::Tensor& loss, const MicroBatch& batch,
+                                         const StepContext& context) {
+  const StepListeners& listeners = context.listeners;
+  PhaseScope phase(Phase::kBackward);
+  for (StepListener* l : listeners) l->BeforeBackward(batch.last);
+  RETURN_IF_ERROR(BeforeUnit(listeners, ModelUnit::Head(), true));
+  try {
+    loss.backward();
+  } catch (const StepInterrupted&) {
+    return absl::CancelledError(absl::StrCat(
+        "step interrupted in the backward of micro-batch ", batch.index + 1));
+  } catch (const UnitFailed& failed) {
+    return failed.status;
+  }
+  // Gradients AccumulateGrad made rather than adopted (a clone of a
+  // non-stealable gradient) are gradients too, named by their parameter.
+  for (const at::Tensor& p : model_->Parameters()) {
+    if (!p.grad().defined()) continue;
+    const std::optional<Attribution> param = memory::StorageAttribution(p);
+    if (param) memory::TagStorage(p.grad(), param->module, Category::kGradients);
+  }
+  if (batch.last) {
+    for (StepListener* l : listeners) RETURN_IF_ERROR(l->AfterBackward());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::ClipAndUpdate(const TrainOptions& options, double loss_sum,
+                                    const StepContext& context, StepReport& report) {
+  const StepListeners& listeners = context.listeners;
+  PhaseScope phase(Phase::kOptimizer);
+  const std::vector<at::Tensor> grads = UpdateGradients();
+  std::vector<at::Tensor> norms;
+  for (const at::Tensor& g : grads) norms.push_back(g.norm());
+  double total = norms.empty() ? 0.0 : ValueOf(torch::stack(norms).norm());
+  for (StepListener* l : listeners) {
+    ASSIGN_OR_RETURN(total, l->CombineGradNorm(total));
+  }
+  report.grad_norm = total;
+  // A NaN or infinite loss or gradient would make every weight NaN: the
+  // update is skipped, so the model stays as it was, and the run fails.
+  if (!std::isfinite(loss_sum) || !std::isfinite(total)) {
+    ++nonfinite_steps_;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", report.global_step, " has a non-finite ",
+        std::isfinite(loss_sum) ? "gradient norm" : "loss", " (loss ", loss_sum,
+        ", gradient norm ", total,
+        "); its update was skipped and the weights are as they were before it. "
+        "Lower learning_rate, or set max_grad_norm"));
+  }
+  if (options.max_grad_norm > 0 && total > options.max_grad_norm) {
+    // torch.nn.utils.clip_grad_norm_'s coefficient.
+    const double coef = options.max_grad_norm / (total + 1e-6);
+    torch::NoGradGuard no_grad;
+    for (const at::Tensor& g : grads) g.mul_(coef);
+  }
+  for (StepListener* l : listeners) l->BeforeUpdate();
+  // The update is seen before it is made (on copies, a chunk at a time): one
+  // that diverges is never applied, so the weights stay as they were.
+  const FusedAdamW::Peek peek = optimizer_->PeekStep();
+  const bool local_keep = peek.largest <= kMaxParameterMagnitude;
+  bool keep = local_keep;
+  for (StepListener* l : listeners) {
+    ASSIGN_OR_RETURN(keep, l->AgreeOnUpdate(keep));
+  }
+  if (!keep) {
+    ++nonfinite_steps_;
+    std::string what = "another rank's share of the parameters";
+    if (!local_keep) {
+      what = "a parameter";
+      for (const auto& [name, p] : model_->NamedParameters()) {
+        if (p.unsafeGetTensorImpl() == peek.param.unsafeGetTensorImpl()) what = name;
+      }
+      what = absl::StrCat(what, std::isfinite(peek.largest)
+                                    ? absl::StrFormat(" %.3g", peek.largest)
+                                    : std::string(" not finite"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step ", report.global_step, "'s update would make ", what,
+        " (every parameter must stay finite and within ", kMaxParameterMagnitude,
+        " in magnitude): the training diverged. The update was not applied and the "
+        "weights are as they were before it. Lower learning_rate (",
+        options.learning_rate, "), or set max_grad_norm"));
+  }
+  optimizer_->Step();
+  for (StepListener* l : listeners) RETURN_IF_ERROR(l->AfterUpdate());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<TrainResult> Trainer::Run(

@@ -212,6 +212,35 @@ class Trainer {
                                            int64_t schedule_position,
                                            int64_t schedule_steps,
                                            const StepContext& context);
+  // One micro-batch of a step: this rank's rows, on the model's device.
+  struct MicroBatch {
+    at::Tensor inputs;
+    at::Tensor targets;
+    int64_t index = 0;  // 0-based, within the step
+    bool last = false;  // the step's last: gradients are complete after it
+  };
+  // A step's named stages (trainer.cc says what each does); `report` gets
+  // their timings, the gradient norm; `loss_sum` the micro-batches' losses.
+  absl::Status RunStepStages(const TrainOptions& options, const TokenDataset& data,
+                             at::Generator& generator, const StepContext& context,
+                             StepReport& report, double& loss_sum);
+  absl::StatusOr<MicroBatch> NextMicroBatch(const TrainOptions& options,
+                                            const TokenDataset& data,
+                                            at::Generator& generator,
+                                            const DataShard& shard, int64_t index) const;
+  // The loss of one micro-batch (divided by the accumulation steps), with
+  // autograd's graph for BackwardMicroBatch.
+  absl::StatusOr<at::Tensor> ForwardMicroBatch(const TrainOptions& options,
+                                               const MicroBatch& batch,
+                                               const StepContext& context);
+  // Accumulates the micro-batch's gradients; after the last, the listeners'
+  // AfterBackward (the gradient synchronisation) completes them.
+  absl::Status BackwardMicroBatch(const at::Tensor& loss, const MicroBatch& batch,
+                                  const StepContext& context);
+  // The gradient norm (combined across ranks), clipping, and the AdamW
+  // update unless the loss, the norm or the update is not sane.
+  absl::Status ClipAndUpdate(const TrainOptions& options, double loss_sum,
+                             const StepContext& context, StepReport& report);
   // The options checked for this model (ValidTrainOptions::Check, or the
   // options as they are when checked for a model of no longer positions).
   absl::StatusOr<ValidTrainOptions> CheckOptions(const TrainOptions& options) const;
