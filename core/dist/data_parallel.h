@@ -13,7 +13,7 @@
 // Sharding (DataParallelOptions::sharding) chooses how much of the training
 // state each rank keeps. kNone replicates everything. Every other level
 // gives each rank a flat piece of every trainable parameter (equal chunks of
-// ceil(n / N) elements rounded up to 16, core/train/flat_shard.h) and shards the
+// ceil(n / N) elements rounded up to 16, core/common/flat_shard.h) and shards the
 // trainer's optimizer to it (optimizer_sharding.h): the rank keeps AdamW's state for its
 // pieces only and updates them alone, so the optimizer state per rank falls as 1/N; the
 // gradient norm that clipping and the non-finite check use is the root of the ranks'

@@ -17,7 +17,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/memory/tagging.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 
 namespace memprofd {
 

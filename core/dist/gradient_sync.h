@@ -16,7 +16,7 @@
 // over the union of the ranks' batches.
 //
 // Sharded (ZeRO-2 and ZeRO-3: Create with `targets`, the optimizer's target
-// for each parameter's flat piece, core/train/flat_shard.h): each rank ends a
+// for each parameter's flat piece, core/common/flat_shard.h): each rank ends a
 // step holding only the averaged gradients of its pieces, as the targets'
 // `.grad`s. A ready bucket is laid out rank-major, as FSDP2 lays out its
 // reduce-scatter input: a flat buffer of N rows, row r holding piece r of

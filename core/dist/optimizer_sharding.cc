@@ -11,7 +11,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/memory/tagging.h"
 #include "core/train/adamw.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {

@@ -3,7 +3,7 @@
 
 // Optimizer-state sharding for data parallel, the part every sharded level
 // shares: each rank keeps AdamW's state for, and updates, its flat piece of
-// every trainable parameter (core/train/flat_shard.h: equal chunks of
+// every trainable parameter (core/common/flat_shard.h: equal chunks of
 // ceil(n / N) elements rounded up to 16, the last ones shorter or empty),
 // through the trainer's sharded optimizer (FusedAdamW::ShardFlat).
 //

@@ -3,7 +3,7 @@
 
 // The parameters of a fully sharded (ZeRO-3, FSDP-style) data-parallel run:
 // each rank keeps only a flat shard of each parameter (its piece, the
-// partition of core/train/flat_shard.h, padded with zeros to the chunk size
+// partition of core/common/flat_shard.h, padded with zeros to the chunk size
 // c, ceil(n / N) rounded up to 16, in a storage of its own tagged
 // `parameters`), and holds a
 // parameter whole only while a unit of the model that uses it runs. The
@@ -75,7 +75,7 @@
 #include "absl/status/statusor.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/dist/process_group.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "core/train/step_listener.h"
 
 namespace memprofd {

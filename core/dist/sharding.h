@@ -26,7 +26,7 @@
 // parameter: no rank holds more than 1 / world_size of the model plus 16
 // elements per parameter (the chunks are aligned; rank 0 holds the most,
 // the last ranks' pieces may run short or empty). The rule:
-// core/train/flat_shard.h.
+// core/common/flat_shard.h.
 
 #include <string>
 #include <vector>

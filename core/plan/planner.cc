@@ -20,7 +20,7 @@
 #include "core/plan/caching_allocator_model.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 
 namespace memprofd::plan {
 namespace {

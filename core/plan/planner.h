@@ -123,7 +123,7 @@ absl::Status CheckPlanSize(const PlanSpec& spec);
 inline constexpr int kMaxPlannedWorldSize = 65536;
 // Up to this many ranks every rank is planned; beyond, the ranks owning the
 // smallest and the largest share of the parameters (their flat pieces,
-// core/train/flat_shard.h: rank 0's is the largest), and the last rank.
+// core/common/flat_shard.h: rank 0's is the largest), and the last rank.
 inline constexpr int kMaxRanksPlannedEach = 8;
 
 // OK when spec.world_size and spec.sharding can be planned: INVALID_ARGUMENT

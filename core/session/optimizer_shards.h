@@ -4,7 +4,7 @@
 // How this daemon's run splits the optimizer state, for the checkpoints it
 // writes and the resumes it makes: the one place the session reads the run's
 // sharding level. A sharded run's ranks each keep the state of their flat
-// piece of every trainable parameter (core/train/flat_shard.h). Pure
+// piece of every trainable parameter (core/common/flat_shard.h). Pure
 // functions; any thread.
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 
 #include "core/dist/sharding.h"
 #include "core/session/session_types.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 
 namespace memprofd {
 

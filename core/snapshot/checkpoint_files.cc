@@ -18,7 +18,7 @@
 #include "core/snapshot/internal/file_io.h"
 #include "core/snapshot/internal/shard_writer.h"
 #include "core/snapshot/internal/staging.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -82,7 +82,7 @@ std::string ParameterOf(const std::string& tensor) {
 
 // Appends every rank file the description names to `out`, each parameter's
 // state assembled whole: its moments are the ranks' flat pieces end to end
-// (core/train/flat_shard.h), reshaped to the parameter's shape, its step
+// (core/common/flat_shard.h), reshaped to the parameter's shape, its step
 // the first rank's. DATA_LOSS for a file that is missing, a tensor the
 // description does not name or that appears twice, a piece of the wrong
 // size, or a parameter with state on some ranks and not on others.

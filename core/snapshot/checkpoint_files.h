@@ -12,7 +12,7 @@
 // - trainer_state.json (core/train/trainer_state.h).
 // A checkpoint of a data-parallel run whose optimizer state is sharded (each
 // rank holds the AdamW state of its flat piece of every parameter,
-// core/train/flat_shard.h) has, instead of the optimizer files above, one
+// core/common/flat_shard.h) has, instead of the optimizer files above, one
 // file per rank, optimizer-rank-0000R-of-0000N.safetensors (the same tensor
 // names, each moment the rank's piece, 1-D; a rank whose piece of a
 // parameter is empty has none of its tensors; never split by

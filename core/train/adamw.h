@@ -10,7 +10,7 @@
 // bit-identical from run to run.
 //
 // Sharded (ShardFlat, every sharded data-parallel level): each parameter's
-// slot updates only this rank's flat piece of it (core/train/flat_shard.h),
+// slot updates only this rank's flat piece of it (core/common/flat_shard.h),
 // through a target: a tensor of its own, 1-D, over the piece's memory (the
 // parameter's storage at first; Retarget moves it to a shard kept elsewhere,
 // as full sharding keeps its parameters). The target's `.grad` is the
@@ -25,7 +25,7 @@
 #include <optional>
 #include <vector>
 
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 
 namespace memprofd {
 

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "core/model/llama.h"
 #include "core/train/data.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "core/train/step_listener.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer_state.h"

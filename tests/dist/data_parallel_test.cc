@@ -27,7 +27,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "core/dist/gradient_sync.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"

@@ -28,7 +28,7 @@
 #include "core/dist/parameter_sharding.h"
 #include "core/memory/install.h"
 #include "core/plan/planner.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "tests/testing/command.h"
 #include "tests/testing/llama.h"
 

@@ -13,7 +13,7 @@
 #include "core/snapshot/shard_plan.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
@@ -168,7 +168,7 @@ TEST(CheckpointFilesTest, WeightsOnlyDirectoriesAndDamagedFilesAreRefused) {
 }
 
 // `whole`'s optimizer tensors cut into the flat pieces of `world` ranks
-// (core/train/flat_shard.h), as each rank of a sharded run holds them: each
+// (core/common/flat_shard.h), as each rank of a sharded run holds them: each
 // moment's piece 1-D, the step on every rank with a piece.
 std::vector<TensorList> Pieces(const TensorList& whole, int world) {
   std::vector<TensorList> ranks(static_cast<size_t>(world));

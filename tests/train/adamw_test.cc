@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/train/flat_shard.h"
+#include "core/common/flat_shard.h"
 #include "gtest/gtest.h"
 
 namespace memprofd {
@@ -150,7 +150,9 @@ TEST(FusedAdamWTest, ShardedPiecesUpdateBitForBitAsTheWhole) {
       // An empty piece keeps no state; the others' state is the piece's.
       const std::optional<FusedAdamW::ParamState> state = opt.StateOf(p[i]);
       EXPECT_EQ(state.has_value(), piece.length > 0) << rank << " " << i;
-      if (state) EXPECT_EQ(state->exp_avg.numel(), piece.length);
+      if (state) {
+        EXPECT_EQ(state->exp_avg.numel(), piece.length);
+      }
     }
   }
 }
@@ -210,7 +212,9 @@ TEST(FusedAdamWTest, ChunkOfCutsEqualPaddedAlignedPieces) {
       EXPECT_EQ(c.begin, std::min(r * c.chunk, numel));
       EXPECT_GE(c.length, 0);
       EXPECT_LE(c.length, c.chunk);
-      if (c.length > 0) EXPECT_EQ(c.begin, covered);
+      if (c.length > 0) {
+        EXPECT_EQ(c.begin, covered);
+      }
       covered += c.length;
     }
     EXPECT_EQ(covered, numel) << numel << " over " << world;

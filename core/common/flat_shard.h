@@ -1,5 +1,5 @@
-#ifndef MEMPROFD_CORE_TRAIN_FLAT_SHARD_H_
-#define MEMPROFD_CORE_TRAIN_FLAT_SHARD_H_
+#ifndef MEMPROFD_CORE_COMMON_FLAT_SHARD_H_
+#define MEMPROFD_CORE_COMMON_FLAT_SHARD_H_
 
 // The flat partition of a parameter among the ranks of a sharded run
 // (core/dist/sharding.h says which state each level shards this way). A
@@ -55,4 +55,4 @@ struct FlatShardSpec {
 
 }  // namespace memprofd
 
-#endif  // MEMPROFD_CORE_TRAIN_FLAT_SHARD_H_
+#endif  // MEMPROFD_CORE_COMMON_FLAT_SHARD_H_
