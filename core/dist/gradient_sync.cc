@@ -13,11 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/attribution.h"
+#include "core/common/flat_shard.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/memory/tagging.h"
-#include "core/common/flat_shard.h"
 
 namespace memprofd {
 
@@ -291,11 +291,11 @@ absl::Status GradientSync::ConsumeFinished() {
   while (!in_flight_.empty()) {
     const size_t oldest = in_flight_.front();
     const bool too_many = in_flight_.size() > static_cast<size_t>(kMaxBucketsInFlight);
-    // A plan's dry run (ProcessGroup::ForPlan) completes every collective
-    // at once; it keeps the buckets in flight as a real rank does when its
-    // reduces have not finished yet, so that a plan counts the most a rank
+    // A plan's collectives (ProcessGroup::ForPlan) read as not finished
+    // until waited for, so a plan keeps the buckets in flight as a real rank
+    // does when its reduces have not finished yet: it counts the most a rank
     // can hold rather than the least.
-    const bool finished = !group_->planning() && buckets_[oldest].reduce.Done();
+    const bool finished = buckets_[oldest].reduce.Done();
     if (!too_many && !finished) break;
     const auto start = std::chrono::steady_clock::now();
     in_flight_.erase(in_flight_.begin());

@@ -60,6 +60,8 @@ struct PendingCollective::State {
   // Run once the work has finished on this rank, before Wait returns OK
   // (a reduce-scatter made of an all-reduce copies its chunk out).
   std::function<void()> then;
+  // DoneOnlyWhenWaited's: no work, Done false until Wait.
+  bool until_waited = false;
 };
 
 PendingCollective::PendingCollective() = default;
@@ -67,7 +69,15 @@ PendingCollective::~PendingCollective() = default;
 PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 
+PendingCollective PendingCollective::DoneOnlyWhenWaited() {
+  PendingCollective pending;
+  pending.state_ = std::make_unique<State>();
+  pending.state_->until_waited = true;
+  return pending;
+}
+
 absl::Status PendingCollective::Wait() {
+  if (state_ != nullptr) state_->until_waited = false;
   if (state_ == nullptr || !state_->work) return absl::OkStatus();
   try {
     if (!state_->work->wait(state_->timeout)) {
@@ -92,6 +102,7 @@ absl::Status PendingCollective::Wait() {
 }
 
 bool PendingCollective::Done() const {
+  if (state_ != nullptr && state_->until_waited) return false;
   if (state_ == nullptr || !state_->work) return true;
   try {
     return state_->work->isCompleted();
@@ -100,30 +111,81 @@ bool PendingCollective::Done() const {
   }
 }
 
-struct ProcessGroup::Impl {
-  c10::intrusive_ptr<c10d::Store> store;
-  c10::intrusive_ptr<c10d::Backend> backend;
-  const char* name = "gloo";
-  std::chrono::milliseconds timeout{0};
-};
-
-ProcessGroup::ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl)
-    : world_(std::move(world)), impl_(std::move(impl)) {}
+ProcessGroup::ProcessGroup(WorldSpec world) : world_(std::move(world)) {}
 
 ProcessGroup::~ProcessGroup() = default;
 
-const char* ProcessGroup::backend_name() const { return impl_->name; }
-
-bool ProcessGroup::planning() const { return !impl_->backend; }
-
-std::unique_ptr<ProcessGroup> ProcessGroup::ForPlan(int rank, int world_size) {
-  WorldSpec world;
-  world.rank = rank;
-  world.world_size = world_size;
-  auto impl = std::make_unique<Impl>();
-  impl->name = "plan";
-  return std::unique_ptr<ProcessGroup>(new ProcessGroup(world, std::move(impl)));
+absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
+  absl::StatusOr<PendingCollective> pending = StartAllReduceSum(tensor);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
 }
+
+absl::Status ProcessGroup::Broadcast(const at::Tensor& tensor, int root) {
+  absl::StatusOr<PendingCollective> pending = StartBroadcast(tensor, root);
+  if (!pending.ok()) return pending.status();
+  return pending->Wait();
+}
+
+absl::Status ProcessGroup::CheckChunks(const char* what, const at::Tensor& whole,
+                                       const at::Tensor& chunk) const {
+  if (!whole.is_contiguous() || !chunk.is_contiguous() ||
+      whole.scalar_type() != chunk.scalar_type() ||
+      whole.numel() != chunk.numel() * world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " needs contiguous tensors of one dtype, the whole world_size (",
+        world_size(), ") times the chunk; got ", whole.numel(), " ",
+        c10::toString(whole.scalar_type()), " elements and ", chunk.numel(), " ",
+        c10::toString(chunk.scalar_type())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ProcessGroup::CheckRoot(const char* what, int root) const {
+  if (root >= 0 && root < world_size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
+}
+
+// A rank of a real run: c10d's store and backend (Gloo, or NCCL on CUDA).
+class C10dProcessGroup : public ProcessGroup {
+ public:
+  struct Impl {
+    c10::intrusive_ptr<c10d::Store> store;
+    c10::intrusive_ptr<c10d::Backend> backend;
+    const char* name = "gloo";
+    std::chrono::milliseconds timeout{0};
+  };
+  C10dProcessGroup(WorldSpec world, Impl impl)
+      : ProcessGroup(std::move(world)), impl_(std::move(impl)) {}
+
+  const char* backend_name() const override { return impl_.name; }
+  absl::StatusOr<PendingCollective> StartAllReduceSum(const at::Tensor& tensor) override;
+  absl::StatusOr<PendingCollective> StartReduceSum(const at::Tensor& tensor,
+                                                   int root) override;
+  absl::StatusOr<PendingCollective> StartBroadcast(const at::Tensor& tensor,
+                                                   int root) override;
+  absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor) override;
+  absl::StatusOr<PendingCollective> StartAllGatherInto(const at::Tensor& output,
+                                                       const at::Tensor& input) override;
+  absl::StatusOr<PendingCollective> StartReduceScatterSum(
+      const at::Tensor& output, const at::Tensor& input) override;
+  absl::Status Barrier() override;
+  absl::Status SetKey(const std::string& key, const std::string& value) override;
+  absl::StatusOr<std::string> WaitKey(const std::string& key,
+                                      absl::Duration timeout) override;
+  absl::StatusOr<std::unique_ptr<StoreChannel>> OpenChannel() override;
+
+ private:
+  // Starts `what` through `start` (which returns c10d's work).
+  template <typename Start>
+  absl::StatusOr<PendingCollective> Begin(const std::string& what, Start start);
+  // Begins `what` and waits for it.
+  template <typename Start>
+  absl::Status Run(const std::string& what, Start start);
+
+  Impl impl_;
+};
 
 absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
     const WorldSpec& world, const ProcessGroupOptions& options) {
@@ -138,7 +200,8 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
   if (backend == CollectiveBackend::kNccl && !options.cuda) {
     return absl::InvalidArgumentError("NCCL needs CUDA tensors; on CPU use Gloo");
   }
-  auto impl = std::make_unique<Impl>();
+  C10dProcessGroup::Impl group;
+  C10dProcessGroup::Impl* const impl = &group;
   impl->timeout = ToChrono(options.timeout);
   const std::string where = absl::StrCat(world.master_addr, ":", world.master_port);
   try {
@@ -194,18 +257,17 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Connect(
         world.rank, e);
   }
   LogInfo(absl::StrCat("joined ", DescribeWorld(world), " over ", impl->name));
-  return std::unique_ptr<ProcessGroup>(new ProcessGroup(world, std::move(impl)));
+  return std::unique_ptr<ProcessGroup>(new C10dProcessGroup(world, std::move(group)));
 }
 
 template <typename Start>
-absl::StatusOr<PendingCollective> ProcessGroup::Begin(const std::string& what,
-                                                      Start start) {
+absl::StatusOr<PendingCollective> C10dProcessGroup::Begin(const std::string& what,
+                                                          Start start) {
   PendingCollective pending;
-  if (planning()) return pending;  // done at once
   pending.state_ = std::make_unique<PendingCollective::State>();
   pending.state_->what = what;
   pending.state_->rank = rank();
-  pending.state_->timeout = impl_->timeout;
+  pending.state_->timeout = impl_.timeout;
   try {
     pending.state_->work = start();
   } catch (const std::exception& e) {
@@ -215,125 +277,80 @@ absl::StatusOr<PendingCollective> ProcessGroup::Begin(const std::string& what,
 }
 
 template <typename Start>
-absl::Status ProcessGroup::Run(const std::string& what, Start start) {
+absl::Status C10dProcessGroup::Run(const std::string& what, Start start) {
   absl::StatusOr<PendingCollective> pending = Begin(what, start);
   if (!pending.ok()) return pending.status();
   return pending->Wait();
 }
 
-absl::StatusOr<PendingCollective> ProcessGroup::StartAllReduceSum(
+absl::StatusOr<PendingCollective> C10dProcessGroup::StartAllReduceSum(
     const at::Tensor& tensor) {
   return Begin(absl::StrCat("all-reduce of ", tensor.numel(), " elements"), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::AllreduceOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
-    options.timeout = impl_->timeout;
-    return impl_->backend->allreduce(tensors, options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->allreduce(tensors, options);
   });
 }
 
-absl::StatusOr<PendingCollective> ProcessGroup::StartReduceSum(const at::Tensor& tensor,
-                                                               int root) {
-  if (root < 0 || root >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
-  }
+absl::StatusOr<PendingCollective> C10dProcessGroup::StartReduceSum(
+    const at::Tensor& tensor, int root) {
+  RETURN_IF_ERROR(CheckRoot("reduce", root));
   return Begin(absl::StrCat("reduce of ", tensor.numel(), " elements to rank ", root),
                [&] {
                  std::vector<at::Tensor> tensors{tensor};
                  c10d::ReduceOptions options;
                  options.reduceOp = c10d::ReduceOp::SUM;
                  options.rootRank = root;
-                 options.timeout = impl_->timeout;
-                 return impl_->backend->reduce(tensors, options);
+                 options.timeout = impl_.timeout;
+                 return impl_.backend->reduce(tensors, options);
                });
 }
 
-absl::Status ProcessGroup::AllReduceSum(const at::Tensor& tensor) {
-  absl::StatusOr<PendingCollective> pending = StartAllReduceSum(tensor);
-  if (!pending.ok()) return pending.status();
-  return pending->Wait();
-}
-
-absl::Status ProcessGroup::Broadcast(const at::Tensor& tensor, int root) {
-  absl::StatusOr<PendingCollective> pending = StartBroadcast(tensor, root);
-  if (!pending.ok()) return pending.status();
-  return pending->Wait();
-}
-
-absl::StatusOr<PendingCollective> ProcessGroup::StartBroadcast(const at::Tensor& tensor,
-                                                               int root) {
-  if (root < 0 || root >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "broadcast root ", root, " is not a rank (0 to ", world_size() - 1, ")"));
-  }
+absl::StatusOr<PendingCollective> C10dProcessGroup::StartBroadcast(
+    const at::Tensor& tensor, int root) {
+  RETURN_IF_ERROR(CheckRoot("broadcast", root));
   return Begin(absl::StrCat("broadcast from rank ", root), [&] {
     std::vector<at::Tensor> tensors{tensor};
     c10d::BroadcastOptions options;
     options.rootRank = root;
-    options.timeout = impl_->timeout;
-    return impl_->backend->broadcast(tensors, options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->broadcast(tensors, options);
   });
 }
 
-absl::StatusOr<std::vector<at::Tensor>> ProcessGroup::AllGather(
+absl::StatusOr<std::vector<at::Tensor>> C10dProcessGroup::AllGather(
     const at::Tensor& tensor) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(tensor));
   absl::Status status = Run("all-gather", [&] {
     std::vector<at::Tensor> inputs{tensor};
     c10d::AllgatherOptions options;
-    options.timeout = impl_->timeout;
-    return impl_->backend->allgather(outputs, inputs, options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->allgather(outputs, inputs, options);
   });
   if (!status.ok()) return status;
-  if (planning()) {
-    for (at::Tensor& out : outputs[0]) out.copy_(tensor);
-  }
   return std::move(outputs[0]);
 }
 
-absl::Status ProcessGroup::CheckChunks(const char* what, const at::Tensor& whole,
-                                       const at::Tensor& chunk) const {
-  if (!whole.is_contiguous() || !chunk.is_contiguous() ||
-      whole.scalar_type() != chunk.scalar_type() ||
-      whole.numel() != chunk.numel() * world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " needs contiguous tensors of one dtype, the whole world_size (",
-        world_size(), ") times the chunk; got ", whole.numel(), " ",
-        c10::toString(whole.scalar_type()), " elements and ", chunk.numel(), " ",
-        c10::toString(chunk.scalar_type())));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<PendingCollective> ProcessGroup::StartAllGatherInto(
+absl::StatusOr<PendingCollective> C10dProcessGroup::StartAllGatherInto(
     const at::Tensor& output, const at::Tensor& input) {
   RETURN_IF_ERROR(CheckChunks("all-gather into a tensor", output, input));
-  if (planning()) {
-    at::NoGradGuard no_grad;
-    output.view({world_size(), -1}).copy_(input.reshape({1, -1}));
-    return PendingCollective();
-  }
   return Begin(absl::StrCat("all-gather of ", input.numel(), " elements per rank"), [&] {
     at::Tensor out = output, in = input;
     c10d::AllgatherOptions options;
-    options.timeout = impl_->timeout;
-    return impl_->backend->_allgather_base(out, in, options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->_allgather_base(out, in, options);
   });
 }
 
-absl::StatusOr<PendingCollective> ProcessGroup::StartReduceScatterSum(
+absl::StatusOr<PendingCollective> C10dProcessGroup::StartReduceScatterSum(
     const at::Tensor& output, const at::Tensor& input) {
   RETURN_IF_ERROR(CheckChunks("reduce-scatter", input, output));
-  if (planning()) {
-    at::NoGradGuard no_grad;
-    output.copy_(input.view({world_size(), -1})[rank()]);
-    return PendingCollective();
-  }
   const std::string what =
       absl::StrCat("reduce-scatter of ", output.numel(), " elements per rank");
-  if (std::string_view(impl_->name) == "gloo") {
+  if (std::string_view(impl_.name) == "gloo") {
     // Gloo's reduce_scatter_tensor all-reduces a copy of the whole input and
     // keeps this rank's chunk: the same traffic, and a second bucket held
     // while it runs. All-reducing the input in place moves the same bytes
@@ -342,8 +359,8 @@ absl::StatusOr<PendingCollective> ProcessGroup::StartReduceScatterSum(
                        std::vector<at::Tensor> tensors{input};
                        c10d::AllreduceOptions options;
                        options.reduceOp = c10d::ReduceOp::SUM;
-                       options.timeout = impl_->timeout;
-                       return impl_->backend->allreduce(tensors, options);
+                       options.timeout = impl_.timeout;
+                       return impl_.backend->allreduce(tensors, options);
                      }));
     pending.state_->then = [output, input, world = world_size(), rank = rank()] {
       at::NoGradGuard no_grad;
@@ -355,16 +372,16 @@ absl::StatusOr<PendingCollective> ProcessGroup::StartReduceScatterSum(
     at::Tensor out = output, in = input;
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d::ReduceOp::SUM;
-    options.timeout = impl_->timeout;
-    return impl_->backend->_reduce_scatter_base(out, in, options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->_reduce_scatter_base(out, in, options);
   });
 }
 
-absl::Status ProcessGroup::Barrier() {
+absl::Status C10dProcessGroup::Barrier() {
   return Run("barrier", [&] {
     c10d::BarrierOptions options;
-    options.timeout = impl_->timeout;
-    return impl_->backend->barrier(options);
+    options.timeout = impl_.timeout;
+    return impl_.backend->barrier(options);
   });
 }
 
@@ -380,24 +397,17 @@ absl::Status StoreSet(c10d::Store& store, int rank, const std::string& key,
   return absl::OkStatus();
 }
 
-absl::Status PlanHasNoStore(int rank) {
-  return absl::FailedPreconditionError(
-      absl::StrCat("rank ", rank, ": a group for planning has no key-value store"));
-}
-
 }  // namespace
 
-absl::Status ProcessGroup::SetKey(const std::string& key, const std::string& value) {
-  if (planning()) return PlanHasNoStore(rank());
-  return StoreSet(*impl_->store, rank(), key, value);
+absl::Status C10dProcessGroup::SetKey(const std::string& key, const std::string& value) {
+  return StoreSet(*impl_.store, rank(), key, value);
 }
 
-absl::StatusOr<std::string> ProcessGroup::WaitKey(const std::string& key,
-                                                  absl::Duration timeout) {
-  if (planning()) return PlanHasNoStore(rank());
+absl::StatusOr<std::string> C10dProcessGroup::WaitKey(const std::string& key,
+                                                      absl::Duration timeout) {
   try {
-    impl_->store->wait({key}, ToChrono(timeout));
-    std::vector<uint8_t> value = impl_->store->get(key);
+    impl_.store->wait({key}, ToChrono(timeout));
+    std::vector<uint8_t> value = impl_.store->get(key);
     return std::string(value.begin(), value.end());
   } catch (const std::exception& e) {
     return CollectiveFailure(absl::StrCat("waiting for store key '", key, "'"), rank(),
@@ -432,13 +442,12 @@ absl::StatusOr<std::optional<std::string>> StoreChannel::GetKeyIfSet(
   }
 }
 
-absl::StatusOr<std::unique_ptr<StoreChannel>> ProcessGroup::OpenChannel() {
-  if (planning()) return PlanHasNoStore(rank());
+absl::StatusOr<std::unique_ptr<StoreChannel>> C10dProcessGroup::OpenChannel() {
   auto impl = std::make_unique<StoreChannel::Impl>();
   try {
     // PrefixStore's clone keeps the prefix over a new TCPStore connection.
     absl::MutexLock lock(&impl->mu);
-    impl->store = impl_->store->clone();
+    impl->store = impl_.store->clone();
   } catch (const std::exception& e) {
     return CollectiveFailure("opening a second store connection", rank(), e);
   }

@@ -11,6 +11,10 @@
 // same collectives in the same order with tensors of the same shapes; Gloo
 // has no AVG, so averages are SUM then divide.
 //
+// Two implementations of one interface: Connect's joins a real run over c10d
+// (process_group.cc); ForPlan's is the planner's dry run of one rank, with no
+// peers (plan_process_group.cc). Callers never ask which one they hold.
+//
 // Thread-safety: one thread issues collectives (the session's owner thread;
 // the gradient hooks run on it too). PendingCollective::Wait may be called
 // from that thread only.
@@ -63,8 +67,14 @@ class PendingCollective {
   // finished collective's Wait returns at once.
   bool Done() const;
 
+  // A collective with nothing left to do that still reads as not finished
+  // (Done false) until it is waited for: a plan's (ForPlan), which stands
+  // for a real rank whose collective has not finished yet, so that what a
+  // plan counts is the most a rank can hold while collectives are in flight.
+  static PendingCollective DoneOnlyWhenWaited();
+
  private:
-  friend class ProcessGroup;
+  friend class C10dProcessGroup;
   struct State;
   std::unique_ptr<State> state_;
 };
@@ -88,7 +98,7 @@ class StoreChannel {
   absl::StatusOr<std::optional<std::string>> GetKeyIfSet(const std::string& key);
 
  private:
-  friend class ProcessGroup;
+  friend class C10dProcessGroup;
   struct Impl;
   StoreChannel(int rank, std::unique_ptr<Impl> impl);
   const int rank_;
@@ -117,9 +127,10 @@ class ProcessGroup {
   // rank's chunk of its own input. On meta tensors nothing has values.
   // The store calls return FAILED_PRECONDITION. `rank` must be in
   // [0, world_size).
+  // Its collectives' PendingCollective is DoneOnlyWhenWaited.
   static std::unique_ptr<ProcessGroup> ForPlan(int rank, int world_size);
 
-  ~ProcessGroup();
+  virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
 
@@ -127,34 +138,35 @@ class ProcessGroup {
   int world_size() const { return world_.world_size; }
   const WorldSpec& world() const { return world_; }
   // "gloo", "nccl", or "plan" (ForPlan).
-  const char* backend_name() const;
-  // Whether this is a group for planning (ForPlan).
-  bool planning() const;
+  virtual const char* backend_name() const = 0;
 
   // Starts summing `tensor` (dense, contiguous) across ranks, in place.
-  absl::StatusOr<PendingCollective> StartAllReduceSum(const at::Tensor& tensor);
+  virtual absl::StatusOr<PendingCollective> StartAllReduceSum(
+      const at::Tensor& tensor) = 0;
   // The same, waited for.
   absl::Status AllReduceSum(const at::Tensor& tensor);
   // Starts summing every rank's `tensor` (dense, contiguous, the same shape on
   // all) into root's, in place: only root's holds the sum afterwards; the
   // others' contents are unspecified (c10d may use them as scratch).
   // INVALID_ARGUMENT for a root that is not a rank.
-  absl::StatusOr<PendingCollective> StartReduceSum(const at::Tensor& tensor, int root);
+  virtual absl::StatusOr<PendingCollective> StartReduceSum(const at::Tensor& tensor,
+                                                           int root) = 0;
   // Starts replacing `tensor` on every rank by root's, in place.
   // INVALID_ARGUMENT for a root that is not a rank.
-  absl::StatusOr<PendingCollective> StartBroadcast(const at::Tensor& tensor, int root);
+  virtual absl::StatusOr<PendingCollective> StartBroadcast(const at::Tensor& tensor,
+                                                           int root) = 0;
   // The same, waited for.
   absl::Status Broadcast(const at::Tensor& tensor, int root);
   // Every rank's `tensor` (same shape on all), in rank order.
-  absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor);
+  virtual absl::StatusOr<std::vector<at::Tensor>> AllGather(const at::Tensor& tensor) = 0;
   // c10d's all_gather_into_tensor: starts writing every rank's `input` (dense,
   // contiguous, n elements, the same n and dtype on all) into `output`
   // (dense, contiguous, world_size * n elements), rank r's at [r * n,
   // (r + 1) * n). `input` may be output's own chunk of this rank.
   // INVALID_ARGUMENT when the sizes or dtypes do not fit. A plan's group
   // copies `input` into every chunk.
-  absl::StatusOr<PendingCollective> StartAllGatherInto(const at::Tensor& output,
-                                                       const at::Tensor& input);
+  virtual absl::StatusOr<PendingCollective> StartAllGatherInto(
+      const at::Tensor& output, const at::Tensor& input) = 0;
   // c10d's reduce_scatter_tensor with SUM: starts summing every rank's `input`
   // (world_size * n elements) and writing chunk r of the sum, [r * n,
   // (r + 1) * n), into rank r's `output` (n elements), which holds it once
@@ -164,37 +176,34 @@ class ProcessGroup {
   // Wait copies the chunk out. INVALID_ARGUMENT
   // when the sizes or dtypes do not fit. A plan's group copies this rank's
   // chunk of `input` into `output`.
-  absl::StatusOr<PendingCollective> StartReduceScatterSum(const at::Tensor& output,
-                                                          const at::Tensor& input);
-  absl::Status Barrier();
+  virtual absl::StatusOr<PendingCollective> StartReduceScatterSum(
+      const at::Tensor& output, const at::Tensor& input) = 0;
+  virtual absl::Status Barrier() = 0;
 
   // The run's key-value store (this attempt's prefix), for what is not a
   // collective: rank 0 publishing a command that the others pick up whenever
   // they next look. SetKey overwrites. WaitKey blocks until `key` exists or
   // `timeout` passes: DEADLINE_EXCEEDED then (the caller may wait again);
   // UNAVAILABLE when the store (rank 0, or torchrun's agent) is gone.
-  absl::Status SetKey(const std::string& key, const std::string& value);
-  absl::StatusOr<std::string> WaitKey(const std::string& key, absl::Duration timeout);
+  // A plan's group has no store: FAILED_PRECONDITION.
+  virtual absl::Status SetKey(const std::string& key, const std::string& value) = 0;
+  virtual absl::StatusOr<std::string> WaitKey(const std::string& key,
+                                              absl::Duration timeout) = 0;
   // A second connection to the same store, for another thread. UNAVAILABLE
   // when the store cannot be reached.
-  absl::StatusOr<std::unique_ptr<StoreChannel>> OpenChannel();
+  virtual absl::StatusOr<std::unique_ptr<StoreChannel>> OpenChannel() = 0;
 
- private:
-  struct Impl;
-  ProcessGroup(WorldSpec world, std::unique_ptr<Impl> impl);
-  // Starts `what` through `start` (which returns c10d's work).
-  template <typename Start>
-  absl::StatusOr<PendingCollective> Begin(const std::string& what, Start start);
+ protected:
+  explicit ProcessGroup(WorldSpec world);
   // INVALID_ARGUMENT unless `whole` is world_size() times `chunk`, both
   // contiguous and of one dtype.
   absl::Status CheckChunks(const char* what, const at::Tensor& whole,
                            const at::Tensor& chunk) const;
-  // Begins `what` and waits for it.
-  template <typename Start>
-  absl::Status Run(const std::string& what, Start start);
+  // INVALID_ARGUMENT unless `root` is a rank (`what`: "reduce", "broadcast").
+  absl::Status CheckRoot(const char* what, int root) const;
 
+ private:
   const WorldSpec world_;
-  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace memprofd
