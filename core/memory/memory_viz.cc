@@ -351,10 +351,10 @@ std::string BuildMemoryVizPickle(const MemoryVizInput& in) {
   return w.Finish();
 }
 
-std::string CaptureMemoryVizPickle() {
+std::string CaptureMemoryVizPickle(const MemoryRecorder& recorder) {
   MemoryVizInput in;
   in.live_blocks = LiveCpuBlocks();
-  HistorySnapshot history = MemoryRecorder::Global().History();
+  HistorySnapshot history = recorder.History();
   in.history = std::move(history.entries);
   in.history_max_entries = history.max_entries;
   in.history_dropped = history.dropped;

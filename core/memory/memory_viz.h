@@ -22,6 +22,8 @@
 namespace memprofd {
 namespace memory {
 
+class MemoryRecorder;
+
 enum class VizBlockState { kActiveAllocated, kActivePendingFree, kInactive };
 enum class VizAction {
   kAlloc,
@@ -97,11 +99,11 @@ struct MemoryVizInput {
 // history_dropped, recording). Never fails.
 std::string BuildMemoryVizPickle(const MemoryVizInput& input);
 
-// Collects the live CPU blocks, then MemoryRecorder::Global()'s history (in
-// that order: the history is the newer of the two), then the CUDA allocator's
-// snapshot when built with CUDA, and builds the pickle. Thread-safe; O(live
-// blocks + history entries); does not stop recording.
-std::string CaptureMemoryVizPickle();
+// Collects the live CPU blocks, then `recorder`'s history (in that order: the
+// history is the newer of the two), then the CUDA allocator's snapshot when
+// built with CUDA, and builds the pickle. Thread-safe; O(live blocks +
+// history entries); does not stop recording.
+std::string CaptureMemoryVizPickle(const MemoryRecorder& recorder);
 
 }  // namespace memory
 }  // namespace memprofd

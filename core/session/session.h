@@ -139,18 +139,19 @@ class Session {
   // run allocates anything; the planner's other errors fail it likewise.
   // The choice and its planned peak are in the first step report and the
   // TrainResult.
-  // Calibration: a single-process Train without a budget also has its
-  // configuration planned on the plan thread just before the run starts
-  // there (a dry run of at most two micro-batches per step: milliseconds to
-  // a fraction of a second), so that the plan's real CPU bytes and its
-  // cores never overlap the run's steps. It is also the run's admission
-  // (CalibrateRun), so a run queues behind a PlanMemory (bounded and
-  // cancellable) rather than skip it; skipped, the run starting at once,
-  // only when another training's calibration is still queued or running
-  // (one cancelled before its plan ran). Step reports carry
-  // planned_peak_bytes and the counters plan_error_ratio. A PlanMemory that
-  // comes meanwhile queues behind it. Under a budget, the chosen
-  // configuration's plan admits the run as calibration does.
+  // Calibration: a Train without a budget also has its configuration
+  // planned on the plan thread just before the run starts there (a dry run
+  // of at most two micro-batches per step, each rank's in a data-parallel
+  // run: milliseconds to a fraction of a second), so that the plan's real
+  // CPU bytes and its cores never overlap the run's steps. It is also the
+  // run's admission (CalibrateRun), so a run queues behind a PlanMemory or
+  // another training's calibration (each bounded and cancellable) rather
+  // than skip it. In a data-parallel run rank 0 admits the run for every
+  // rank, on its own device's room and its own planned peak. Step reports
+  // carry planned_peak_bytes (this rank's) and the counters
+  // plan_error_ratio. A PlanMemory that comes meanwhile queues behind it.
+  // Under a budget, the chosen configuration's plan admits the run as
+  // calibration does.
   absl::StatusOr<std::shared_ptr<Operation>> StartTraining(const TrainSpec& spec);
 
   // Merges the request over EvalOptions' defaults, validates, reads the
@@ -332,15 +333,20 @@ class Session {
   // free now (with what this process already holds there); RESOURCE_EXHAUSTED
   // naming the planned peak otherwise. OK when the room is unknown.
   absl::Status StepFits(const plan::MemoryPlan& planned) const;
+  // This rank's planned peak in `planned` (its RankPlan's; the plan's peak
+  // when the rank was not planned on its own).
+  int64_t OwnPlannedPeak(const plan::MemoryPlan& planned) const;
   // Plan thread only (session_plan.cc): calibration. Plans the step of
-  // training `op` (model `config`, the merged `train` and `offload`),
-  // records its peak in `plan`, where the run's step reports and the
-  // plan-error gauge find it, clears calibration_pending_ and starts the run
-  // with `start` (refused: finishes `op` with that status through `ticket`). The plan is
-  // skipped when `op` is done or cancelled, or the session is stopping; one that fails
-  // (bf16: UNIMPLEMENTED) leaves the run without one (logged). Admission first: a plan
-  // refused by the planner's size admission, or whose peak StepFits refuses, ends `op`
-  // with that status before the run allocates anything.
+  // training `op` (model `config`, the merged `train` and `offload`; each
+  // rank of a data-parallel run), records this rank's planned peak in
+  // `plan`, where the run's step reports and the plan-error gauge find it,
+  // and starts the run with `start` (refused: finishes `op` with that status
+  // through `ticket`). The plan is skipped when `op` is done or cancelled,
+  // or the session is stopping, and stops when `op` is cancelled during it;
+  // one that fails otherwise leaves the run without one (logged). Admission
+  // first: a plan refused by the planner's size admission, or whose peak
+  // StepFits refuses, ends `op` with that status before the run allocates
+  // anything.
   void CalibrateRun(const std::shared_ptr<Operation>& op,
                     const std::shared_ptr<TrainingSlot::Ticket>& ticket,
                     const LlamaConfig& config, const ValidTrainOptions& train,
@@ -387,9 +393,6 @@ class Session {
   mutable absl::Mutex mu_;
   // The id of the PLAN operation queued or running on plans_; empty: none.
   std::string plan_active_ ABSL_GUARDED_BY(mu_);
-  // A training's calibration plan (CalibrateRun) is queued or running on
-  // plans_: the next training's is skipped rather than queued behind it.
-  bool calibration_pending_ ABSL_GUARDED_BY(mu_) = false;
   SessionCounters counters_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
 

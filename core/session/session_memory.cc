@@ -40,7 +40,7 @@ absl::StatusOr<std::string> Session::DumpMemoryHistory() const {
     return absl::FailedPreconditionError(
         "nothing was recorded; StartMemoryRecording first");
   }
-  return memory::CaptureMemoryVizPickle();
+  return memory::CaptureMemoryVizPickle(runtime_.recorder());
 }
 
 absl::StatusOr<memory::MemoryBreakdown> Session::MemoryBreakdown(

@@ -241,7 +241,15 @@ plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions&
 
 }  // namespace
 
+int64_t Session::OwnPlannedPeak(const plan::MemoryPlan& planned) const {
+  for (const plan::RankPlan& rank : planned.ranks) {
+    if (rank.rank == options_.world.rank) return rank.peak_allocated_bytes;
+  }
+  return planned.peak_allocated_bytes;
+}
+
 absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
+  const int64_t peak = OwnPlannedPeak(planned);
   const int device = host_->recorder_device();
   const memory::DeviceRoom room = memory::QueryDeviceRoom(device);
   if (room.free_bytes < 0) return absl::OkStatus();  // nothing known to compare with
@@ -251,13 +259,16 @@ absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
   for (const memory::DeviceMemoryStats& d : runtime_.recorder().Stats().devices) {
     if (d.index == device) held = d.current_bytes;
   }
-  const int64_t more = planned.peak_allocated_bytes - held;
+  const int64_t more = peak - held;
   if (more <= room.free_bytes) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrFormat(
-      "its step is planned to peak at %d bytes, %d more than this process holds now, and "
-      "the %s device has %d bytes free; lower batch_size or seq_len, set "
+      "its step is planned to peak at %d bytes%s, %d more than this process holds now, "
+      "and the %s device has %d bytes free; lower batch_size or seq_len, set "
       "gradient_checkpointing or offloading, or give memory_budget_bytes",
-      planned.peak_allocated_bytes, more, device_, room.free_bytes));
+      peak,
+      planned.world_size > 1 ? absl::StrCat(" on rank ", options_.world.rank)
+                             : std::string(),
+      more, device_, room.free_bytes));
 }
 
 void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
@@ -267,8 +278,10 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                            const std::shared_ptr<TrainingPlan>& plan,
                            const StartRun& start) {
   if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
-    const plan::PlanSpec spec =
-        TrainingPlanSpec(device_, options_, config, train, offload);
+    plan::PlanSpec spec = TrainingPlanSpec(device_, options_, config, train, offload);
+    // A training cancelled meanwhile stops its plan between layers, so that
+    // the next training's calibration, queued behind it, runs at once.
+    spec.cancelled = [op] { return op->cancel_requested(); };
     // Admission: a step beyond the plan's size admission, or whose planned
     // peak cannot fit what the device has free, is refused before the run
     // allocates anything. A plan that fails otherwise leaves the run
@@ -281,10 +294,6 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
             : absl::StatusOr<plan::MemoryPlan>(admitted);
     if (planned.ok()) admitted = StepFits(*planned);
     if (options_.refuse_unfit_steps && !admitted.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        calibration_pending_ = false;
-      }
       ticket->Finish(
           op,
           absl::Status(admitted.code(), absl::StrCat("the training was refused before it "
@@ -294,18 +303,14 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
       return;
     }
     if (planned.ok()) {
-      plan->planned_peak_bytes.store(planned->peak_allocated_bytes);
-    } else {
+      plan->planned_peak_bytes.store(OwnPlannedPeak(*planned));
+    } else if (!op->cancel_requested()) {
       // The run goes on unplanned (its reports' planned_peak_bytes stay 0,
       // "not planned"); the log says why, so that no plan fails unseen.
       LogWarning(absl::StrCat(
           "training operation ", op->id(),
           " runs without a calibration plan: ", planned.status().ToString()));
     }
-  }
-  {
-    absl::MutexLock lock(&mu_);
-    calibration_pending_ = false;
   }
   if (absl::Status posted = start(train, offload); !posted.ok()) {
     ticket->Finish(op, std::move(posted), TrainResult{});

@@ -253,11 +253,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
     ASSIGN_OR_RETURN(std::shared_ptr<TrainingSlot::Ticket> ticket, training_slot_.Take());
     ASSIGN_OR_RETURN(op, operations_.Admit(OperationKind::kTrain));
     const StartRun start = start_with(op, ticket);
-    // Calibration plans (and admits) the run just before it starts, behind
-    // a PlanMemory if one is queued (StartTraining's contract); a
-    // data-parallel step has buckets the plan does not see.
-    const bool calibrate =
-        !spec.memory_budget_bytes && world().world_size == 1 && !calibration_pending_;
+    // The plan thread admits the run: it chooses the configuration under a
+    // budget, or plans (calibrates) the one given, just before the run
+    // starts, behind a PlanMemory if one is queued (StartTraining's
+    // contract). In a data-parallel run rank 0 admits it for every rank:
+    // refused, the command never reaches the followers.
     absl::Status posted =
         spec.memory_budget_bytes
             ? plans_->Post([this, op, ticket, config = model->config, valid,
@@ -266,17 +266,15 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
                 PlanUnderBudget(op, ticket, config, valid, offload_options, budget, plan,
                                 start);
               })
-        : calibrate ? plans_->Post([this, op, ticket, config = model->config, valid,
-                                    offload_options, plan, start] {
-            CalibrateRun(op, ticket, config, valid, offload_options, plan, start);
-          })
-                    : start(valid, offload_options);
+            : plans_->Post([this, op, ticket, config = model->config, valid,
+                            offload_options, plan, start] {
+                CalibrateRun(op, ticket, config, valid, offload_options, plan, start);
+              });
     // Shutdown began since the check above.
     if (!posted.ok()) {
       ticket->Finish(op, posted);
       return posted;
     }
-    if (calibrate) calibration_pending_ = true;
   }
   return op;
 }

@@ -284,6 +284,32 @@ def step_reports(d, kind_filter=pb.OPERATION_KIND_TRAIN):
 
 
 
+class AdmissionTest(unittest.TestCase):
+    def test_rank_zero_refuses_a_step_no_rank_could_hold_before_any_rank_allocates(self):
+        ranks = start_ranks(2)
+        try:
+            leader, follower = ranks
+            op = wait_done(leader, train(leader, steps=1, batch_size=2 ** 16, seq_len=128).id,
+                           timeout=300)
+            print("2 ranks, batch 65536 x 128: %s" % op.error.message[:200])
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             op.error.message)
+            self.assertIn("refused before it allocated", op.error.message)
+            # The command never reached the follower, and the run is whole.
+            ops = follower.call("ListOperations", pb.ListOperationsRequest()).operations
+            self.assertEqual([o for o in ops if o.kind == pb.OPERATION_KIND_TRAIN], [])
+            for d in ranks:
+                self.assertIsNone(d.proc.poll(), d.output())
+            # A step that fits runs on both ranks, planned on rank 0.
+            done = wait_done(leader, train(leader, steps=2, batch_size=2).id, timeout=300)
+            self.assertEqual(done.state, pb.OPERATION_STATE_SUCCEEDED, done.error.message)
+            self.assertGreater(done.train.planned_peak_bytes, 0)
+            self.assertEqual(status_at_steps(follower, 2).model.steps_trained, 2)
+        finally:
+            close_all(ranks)
+
+
 class LoadModelTest(unittest.TestCase):
     def test_load_on_rank_zero_reaches_every_rank(self):
         ranks = start_ranks(2)

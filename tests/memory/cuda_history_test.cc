@@ -206,7 +206,7 @@ TEST(CudaHistoryTest, MemoryVizDumpHoldsDevice0SegmentsAndTrace) {
   at::Tensor freed = CudaBytes(kTracedBytes);
   const uint64_t freed_addr = Address(freed);
   freed.reset();
-  const std::string pickle = CaptureMemoryVizPickle();
+  const std::string pickle = CaptureMemoryVizPickle(MemoryRecorder::Global());
   r.StopRecording();
 
   const testing::TempDir dir;

@@ -198,7 +198,7 @@ TEST(MemoryVizTest, RecordedStepDumpsAViewerReadableSnapshot) {
     freed_later.reset();
   }
   EndStep(5);
-  const std::string pickle = CaptureMemoryVizPickle();
+  const std::string pickle = CaptureMemoryVizPickle(MemoryRecorder::Global());
   const int64_t current = r.CurrentBytes(kCpuDevice);
   r.StopRecording();
   r.ClearHistory();
@@ -224,7 +224,7 @@ TEST(MemoryVizTest, TorchsMemoryVizHelpersAcceptTheDump) {
   ASSERT_TRUE(r.StartRecording(1000).ok());
   at::Tensor keep = at::randn({32, 32});
   { at::Tensor tmp = at::matmul(keep, keep); }
-  const std::string pickle = CaptureMemoryVizPickle();
+  const std::string pickle = CaptureMemoryVizPickle(MemoryRecorder::Global());
   r.StopRecording();
   r.ClearHistory();
   std::string out;
