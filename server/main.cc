@@ -177,6 +177,10 @@ ABSL_FLAG(std::string, report_dir, memprofd::SessionOptions().report_dir,
 ABSL_FLAG(std::string, peak_file, memprofd::SessionOptions().peak_file,
           "write the last completed step's peaks there (JSON, replaced atomically "
           "every step; empty: off)");
+ABSL_FLAG(double, max_plan_seconds,
+          absl::ToDoubleSeconds(memprofd::SessionOptions().max_plan_time),
+          "the wall-clock cap on one memory plan (PlanMemory, a training's admission, a "
+          "budget's candidates); past it the plan fails DEADLINE_EXCEEDED");
 ABSL_FLAG(double, collective_timeout_seconds,
           absl::ToDoubleSeconds(memprofd::SessionOptions().collective_timeout),
           "data parallel: the bound on the rendezvous and on every collective; a rank "
@@ -300,6 +304,11 @@ int main(int argc, char** argv) {
     return Fail("--collective_timeout_seconds is not a number: give seconds > 0");
   }
   session.collective_timeout = absl::Seconds(collective_timeout);
+  const double max_plan_seconds = absl::GetFlag(FLAGS_max_plan_seconds);
+  if (std::isnan(max_plan_seconds)) {
+    return Fail("--max_plan_seconds is not a number: give seconds > 0");
+  }
+  session.max_plan_time = absl::Seconds(max_plan_seconds);
   absl::StatusOr<memprofd::Sharding> sharding =
       memprofd::ParseSharding(absl::GetFlag(FLAGS_sharding));
   if (!sharding.ok()) {

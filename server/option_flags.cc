@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "core/common/option_status.h"
+#include "core/offload/offload_fields.h"
 
 namespace memprofd {
 
@@ -13,13 +14,16 @@ std::string FlagOfOption(absl::string_view option) {
   static constexpr std::pair<absl::string_view, absl::string_view> kRenamed[] = {
       {"data_roots", "data_root"},
       {"collective_timeout", "collective_timeout_seconds"},
-      {"offload.enabled", "offload"},
-      {"offload.target", "offload_target"},
-      {"offload.prefetch_depth", "offload_prefetch_depth"},
+      {"max_plan_time", "max_plan_seconds"},
   };
   for (const auto& [field, flag] : kRenamed) {
     if (option == field) return std::string(flag);
   }
+  // A request's offload fields: their daemon flags (offload_fields.h).
+#define MEMPROFD_OFFLOAD_FLAG_OF_(name, type, cli_flag, daemon_flag) \
+  if (option == "offload." #name) return #daemon_flag;
+  MEMPROFD_OFFLOAD_FIELDS(MEMPROFD_OFFLOAD_FLAG_OF_)
+#undef MEMPROFD_OFFLOAD_FLAG_OF_
   return std::string(absl::StripPrefix(option, "offload."));
 }
 

@@ -41,6 +41,10 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
                absl::StrCat("must be >= ", kMinSnapshotStagingBytes),
                options.snapshot_staging_bytes);
   }
+  if (!(options.max_plan_time > absl::ZeroDuration())) {
+    return bad("max_plan_time", "must be > 0",
+               absl::FormatDuration(options.max_plan_time));
+  }
   if (!(options.collective_timeout > absl::ZeroDuration())) {
     return bad("collective_timeout", "must be > 0",
                absl::FormatDuration(options.collective_timeout));

@@ -74,6 +74,39 @@ absl::StatusOr<T> PlanGuarded(absl::string_view what,
   return out;
 }
 
+// When a plan stops (PlanSpec::cancelled): its operation was cancelled (by
+// its client, or a drain), or it ran past the daemon's wall-clock cap on a
+// plan (SessionOptions::max_plan_time), counted from when it starts.
+class PlanClock {
+ public:
+  PlanClock(std::shared_ptr<Operation> op, absl::Duration cap)
+      : op_(std::move(op)), cap_(cap), deadline_(absl::Now() + cap) {}
+
+  std::function<bool()> StopWhen() const {
+    return [op = op_, deadline = deadline_] {
+      return op->cancel_requested() || absl::Now() >= deadline;
+    };
+  }
+
+  // A plan's failure as its client reads it: one the cap stopped (the
+  // planner says CANCELLED) is DEADLINE_EXCEEDED naming the cap.
+  absl::Status Explain(absl::Status status, absl::string_view what) const {
+    if (!absl::IsCancelled(status) || op_->cancel_requested() ||
+        absl::Now() < deadline_) {
+      return status;
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        what, " ran past the daemon's cap on a plan (max_plan_time, ",
+        absl::FormatDuration(cap_),
+        ") and was stopped: plan a smaller model or configuration, or raise the cap"));
+  }
+
+ private:
+  const std::shared_ptr<Operation> op_;
+  const absl::Duration cap_;
+  const absl::Time deadline_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<Operation>> Session::StartPlan(
@@ -177,6 +210,7 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   op->MarkRunning();
+  const PlanClock clock(op, options_.max_plan_time);
   absl::StatusOr<plan::PlanSpec> planned = std::move(base);
   if (!ready) {
     op->SetProgress(0, 1, "plans", "reading config.json");
@@ -201,13 +235,13 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
     return;
   }
   op->SetProgress(0, 1, "plans", "planning one training step on the meta device");
-  // A client's cancel and a drain (RequestDrain) stop the dry run within a
-  // layer's work.
-  planned->cancelled = [op] { return op->cancel_requested(); };
+  // A client's cancel, a drain (RequestDrain) and the cap stop the dry run
+  // within a layer's work.
+  planned->cancelled = clock.StopWhen();
   absl::StatusOr<plan::MemoryPlan> plan = PlanGuarded<plan::MemoryPlan>(
       "memory plan", [&] { return plan::PlanTrainingStep(*planned); });
   if (!plan.ok()) {
-    finish(plan.status());
+    finish(clock.Explain(plan.status(), "the memory plan"));
     return;
   }
   if (op->cancel_requested()) {
@@ -280,8 +314,10 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
   if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
     plan::PlanSpec spec = TrainingPlanSpec(device_, options_, config, train, offload);
     // A training cancelled meanwhile stops its plan between layers, so that
-    // the next training's calibration, queued behind it, runs at once.
-    spec.cancelled = [op] { return op->cancel_requested(); };
+    // the next training's calibration, queued behind it, runs at once; so
+    // does the cap on a plan.
+    const PlanClock clock(op, options_.max_plan_time);
+    spec.cancelled = clock.StopWhen();
     // Admission: a step beyond the plan's size admission, or whose planned
     // peak cannot fit what the device has free, is refused before the run
     // allocates anything. A plan that fails otherwise leaves the run
@@ -293,6 +329,10 @@ void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
                                             [&] { return plan::PlanTrainingStep(spec); })
             : absl::StatusOr<plan::MemoryPlan>(admitted);
     if (planned.ok()) admitted = StepFits(*planned);
+    // A plan the cap stopped decided nothing: the run is not admitted.
+    const absl::Status explained =
+        clock.Explain(planned.status(), "the plan that admits the training");
+    if (absl::IsDeadlineExceeded(explained)) admitted = explained;
     if (options_.refuse_unfit_steps && !admitted.ok()) {
       ticket->Finish(
           op,
@@ -335,11 +375,12 @@ void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
       0, train->steps, "steps",
       absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
   plan::PlanSpec base = TrainingPlanSpec(device_, options_, config, train, offload);
-  base.cancelled = [op] { return op->cancel_requested(); };
+  const PlanClock clock(op, options_.max_plan_time);
+  base.cancelled = clock.StopWhen();
   absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
       "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
   if (!choice.ok()) {
-    fail(choice.status());
+    fail(clock.Explain(choice.status(), "the memory budget's plans"));
     return;
   }
   if (op->cancel_requested()) {

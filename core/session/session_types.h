@@ -102,6 +102,12 @@ struct SessionOptions {
   // anything (RESOURCE_EXHAUSTED naming the peak). False: such a step runs,
   // and fails when an allocation does (with its OOM report).
   bool refuse_unfit_steps = true;
+  // The wall-clock cap on one plan (PlanMemory, a training's calibration,
+  // a budget's candidates), from when it starts running: past it the dry run
+  // stops within a layer's work and the plan fails DEADLINE_EXCEEDED (a
+  // training is then not admitted). The planner's size admission bounds
+  // what a plan may cost; this bounds how long a slow host may take.
+  absl::Duration max_plan_time = absl::Minutes(10);
 };
 
 // The one check of SessionOptions' values: Session::Create calls it first,
@@ -111,8 +117,8 @@ struct SessionOptions {
 // ':' ("keep_last: must be >= 0 ..., got -1"; "offload." before
 // OffloadOptions' fields, as offload::ValidateOffloadOptions writes them):
 // keep_last or snapshot_every_steps < 0, snapshot_staging_bytes < 4096,
-// collective_timeout <= 0, bulk_nice outside 0..19, max_data_file_bytes < 1,
-// resume without snapshot_root, and the offload options. Values only: paths
+// collective_timeout or max_plan_time <= 0, bulk_nice outside 0..19, max_data_file_bytes
+// < 1, resume without snapshot_root, and the offload options. Values only: paths
 // (snapshot_root, data_roots, peak_file) are checked by Session::Create. Pure and
 // thread-safe.
 absl::Status ValidateSessionOptions(const SessionOptions& options);

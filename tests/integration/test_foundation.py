@@ -259,6 +259,12 @@ class BadStartTest(unittest.TestCase):
             self.assertNotEqual(r.returncode, 0, flag)
             self.assertIn(needle, r.stderr, flag)
 
+    def test_a_plan_cap_that_is_not_positive_is_refused(self):
+        for value in ("0", "-1", "nan"):
+            r = self.run_memprofd("--max_plan_seconds=" + value)
+            self.assertNotEqual(r.returncode, 0, value)
+            self.assertIn("--max_plan_seconds", r.stderr, value)
+
     def test_public_address_without_token_warns(self):
         d = Daemon("--listen=0.0.0.0:0")
         try:

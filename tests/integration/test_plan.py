@@ -386,5 +386,33 @@ class PlanTest(harness.DaemonTestCase):
         self.assertGreater(plan.peak_allocated_bytes, 0)
 
 
+class PlanCapTest(harness.DaemonTestCase):
+    """A daemon whose plans may run 0.3 s of wall-clock time."""
+
+    DAEMON_FLAGS = ("--max_plan_seconds=0.3",)
+
+    def test_a_plan_past_the_cap_fails_deadline_exceeded_and_the_next_one_runs(self):
+        directory = os.path.join(self.scratch, "deep")
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, "config.json"), "w") as f:
+            json.dump(dict(harness.MICRO, num_hidden_layers=1024), f)
+        start = time.time()
+        final = wait_done(self.d, self.d.call("PlanMemory", pb.PlanMemoryRequest(
+            hf_config_dir=directory, train=pb.TrainRequest(batch_size=1, seq_len=8))).id,
+            timeout=60)
+        elapsed = time.time() - start
+        print("1,024-layer plan under a 0.3 s cap: %s after %.2f s"
+              % (pb.OperationState.Name(final.state), elapsed))
+        self.assertEqual(final.state, pb.OPERATION_STATE_FAILED)
+        self.assertEqual(final.error.code, grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
+                         final.error.message)
+        self.assertIn("max_plan_time", final.error.message)
+        self.assertLess(elapsed, 30)
+        # A small plan fits the cap, and the daemon serves on.
+        done = wait_done(self.d, self.d.call("PlanMemory", pb.PlanMemoryRequest(
+            preset="tiny", train=pb.TrainRequest(**SMALL))).id)
+        self.assertEqual(done.state, pb.OPERATION_STATE_SUCCEEDED, done.error.message)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -930,6 +930,9 @@ TEST(OptionFlagsTest, StatusesAboutAnOptionNameItsFlag) {
   EXPECT_EQ(FlagOfOption("collective_timeout"), "collective_timeout_seconds");
   EXPECT_EQ(FlagOfOption("offload.enabled"), "offload");
   EXPECT_EQ(FlagOfOption("offload.min_offload_bytes"), "min_offload_bytes");
+  EXPECT_EQ(FlagOfOption("offload.target"), "offload_target");
+  EXPECT_EQ(FlagOfOption("offload.prefetch_depth"), "offload_prefetch_depth");
+  EXPECT_EQ(FlagOfOption("max_plan_time"), "max_plan_seconds");
   const grpc::Status marked = ToGrpcStatus(OptionError(
       absl::StatusCode::kFailedPrecondition, "snapshot_root", "snapshots are off"));
   EXPECT_EQ(marked.error_code(), grpc::StatusCode::FAILED_PRECONDITION);

@@ -31,5 +31,17 @@ TEST(ValidateSessionOptionsShardingTest, EveryLevelPassesInASingleProcess) {
   }
 }
 
+TEST(ValidateSessionOptionsTest, APlanCapMustBePositiveAndNamesItsOption) {
+  SessionOptions options;
+  EXPECT_TRUE(ValidateSessionOptions(options).ok());
+  for (absl::Duration cap : {absl::ZeroDuration(), absl::Seconds(-1)}) {
+    options.max_plan_time = cap;
+    const absl::Status s = ValidateSessionOptions(options);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("max_plan_time"));
+    EXPECT_EQ(OptionOf(s), std::optional<std::string>("max_plan_time"));
+  }
+}
+
 }  // namespace
 }  // namespace memprofd
