@@ -40,12 +40,6 @@
 namespace memprofd {
 namespace {
 
-std::string CanonicalPath(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
-  return ec ? path : p.string();
-}
-
 // A config.json is a few kB; anything near this is not one.
 constexpr int64_t kMaxConfigBytes = int64_t{16} << 20;
 
@@ -141,15 +135,13 @@ absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device
 }  // namespace
 
 ModelHost::ModelHost(const SessionOptions& options, std::string device,
-                     memory::MemoryRecorder& recorder, PathRoots model_roots,
-                     Callbacks callbacks)
+                     memory::MemoryRecorder& recorder, PathRoots model_roots)
     : options_(options),
       device_(std::move(device)),
       recorder_(recorder),
       recorder_device_(c10::Device(device_).is_cpu() ? memory::kCpuDevice
                                                      : c10::Device(device_).index()),
-      model_roots_(std::move(model_roots)),
-      callbacks_(std::move(callbacks)) {}
+      model_roots_(std::move(model_roots)) {}
 
 ModelHost::~ModelHost() {
   // The trainer (whose optimizer state points at the model) and the
@@ -188,7 +180,6 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   const c10::Device device(device_);
   std::unique_ptr<LlamaModel> model;
   std::string source;
-  std::optional<snapshot::LoadedWeights> mapped;  // the directory's mapped weights
   auto carried = std::make_shared<snapshot::CarriedFiles>();
   std::vector<std::string> notes;
   // A client's directory was confined (ConfineDirectory); every file read
@@ -225,7 +216,6 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
             " rotary_emb.inv_freq tensors (a buffer older transformers saved; the model "
             "computes it from config.json, as transformers does)"));
       }
-      mapped = std::move(dir.weights);
     }
     source = spec.hf_directory;
     *carried = std::move(dir.carried);
@@ -238,24 +228,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
       notes.push_back(absl::StrCat("not carried into snapshots: ", skipped));
     }
   }
-  std::string mapped_directory;
-  // Disk placement maps the directory's own files only when they are the
-  // daemon's snapshots, which it guards (DeleteSnapshot refuses the mapped
-  // one). Another directory's file could be truncated under the mapping,
-  // and a mapped page past the end raises SIGBUS, which kills the process:
-  // its weights go to a spill file of the daemon's own, unlinked at once.
-  bool map_directory = false;
-  if (mapped && !options_.snapshot_root.empty()) {
-    absl::StatusOr<PathRoots> snapshots =
-        PathRoots::Create({options_.snapshot_root}, "snapshot_root");
-    map_directory =
-        snapshots.ok() && snapshots->Contains(CanonicalPath(mapped->directory));
-  }
   for (const auto& [module, placement] : spec.placement) {
-    ASSIGN_OR_RETURN(
-        bool from_directory,
-        PlaceModule(*model, module, placement, map_directory ? &*mapped : nullptr));
-    if (from_directory) mapped_directory = CanonicalPath(mapped->directory);
+    RETURN_IF_ERROR(PlaceModule(*model, module, placement));
   }
   RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));
   auto trainer = std::make_unique<Trainer>(model.get());
@@ -285,7 +259,6 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   model_source_ = source;
   carried_files_ = std::move(carried);
   load_notes_ = std::move(notes);
-  callbacks_.set_mapped_directory(mapped_directory);
   trainer_ = std::move(trainer);
   // Its steps are numbered afresh (or from its checkpoint): the kept step
   // records of the model it replaces would diff against the wrong steps.
@@ -297,40 +270,22 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> ModelHost::PlaceModule(LlamaModel& model, const std::string& module,
-                                            Placement placement,
-                                            const snapshot::LoadedWeights* mapped) {
+absl::Status ModelHost::PlaceModule(LlamaModel& model, const std::string& module,
+                                    Placement placement) {
   snapshot::TensorList weights;
   for (const auto& [name, t] : model.NamedParameters()) {
     if (ModuleOfParameter(name) == module) weights.emplace_back(name, t);
   }
-  if (placement == Placement::kDevice) {
-    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
-    return false;
-  }
+  if (placement == Placement::kDevice)
+    return model.PlaceModule(module, placement, weights);
   if (placement == Placement::kCpu) {
     RETURN_IF_ERROR(TorchBoundary("moving weights to host memory", [&] {
       for (auto& [name, t] : weights) t = t.detach().to(at::kCPU);
     }));
-    RETURN_IF_ERROR(model.PlaceModule(module, placement, weights));
-    return false;
+    return model.PlaceModule(module, placement, weights);
   }
-  // Disk: map the module's weights from the directory the model came from
-  // when it holds them in float32; else write them to a file of our own in
-  // the spill directory, map it and unlink it (the mapping keeps the data).
-  if (mapped != nullptr) {
-    snapshot::TensorList from_file;
-    for (const auto& [name, t] : weights) {
-      for (const auto& [mname, mt] : mapped->tensors) {
-        if (mname == name && mt.scalar_type() == at::kFloat)
-          from_file.emplace_back(name, mt);
-      }
-    }
-    if (from_file.size() == weights.size()) {
-      RETURN_IF_ERROR(model.PlaceModule(module, placement, from_file));
-      return true;
-    }
-  }
+  // Disk: write the module's weights to a file of our own in the spill
+  // directory, map it and unlink it (the mapping keeps the data).
   const std::string path =
       absl::StrCat(options_.offload.spill_dir, "/memprofd-placement-", getpid(), "-",
                    placement_files_++, ".safetensors");
@@ -345,8 +300,7 @@ absl::StatusOr<bool> ModelHost::PlaceModule(LlamaModel& model, const std::string
   ::unlink(path.c_str());
   if (!file.ok()) return file.status();
   ASSIGN_OR_RETURN(snapshot::TensorList on_disk, (*file)->Tensors());
-  RETURN_IF_ERROR(model.PlaceModule(module, placement, on_disk));
-  return false;
+  return model.PlaceModule(module, placement, on_disk);
 }
 
 void ModelHost::DescribeSource(snapshot::SnapshotOptions* options) const {

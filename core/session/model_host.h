@@ -67,21 +67,13 @@ struct SnapshotOptions;
 
 class ModelHost {
  public:
-  // What the host needs of the rest of the session. Each is set.
-  struct Callbacks {
-    // Owner thread, as a model is swapped in: the canonical snapshot
-    // directory its disk-placed modules map (empty: none), which may not be
-    // deleted while mapped (SnapshotScheduler::SetMappedDirectory).
-    std::function<void(std::string directory)> set_mapped_directory;
-  };
-
   // `options` (offload.spill_dir and snapshot_staging_bytes, for modules
   // placed on disk) and `recorder` outlive the host. `device` is the
   // session's compute device, resolved ("cpu", "cuda:N"). `model_roots` are
   // where a client-named model directory may lead (ConfineDirectory). Loads
   // nothing.
   ModelHost(const SessionOptions& options, std::string device,
-            memory::MemoryRecorder& recorder, PathRoots model_roots, Callbacks callbacks);
+            memory::MemoryRecorder& recorder, PathRoots model_roots);
   // Releases the trainer, the offloader, then the model.
   ~ModelHost();
 
@@ -158,11 +150,13 @@ class ModelHost {
                                                absl::string_view what) const;
 
  private:
-  // Places one module of a model being loaded; true when its weights map
-  // the loaded directory's files.
-  absl::StatusOr<bool> PlaceModule(LlamaModel& model, const std::string& module,
-                                   Placement placement,
-                                   const snapshot::LoadedWeights* mapped);
+  // Places one module of a model being loaded. Its weights placed on disk
+  // go to a spill file of the daemon's own, mapped and unlinked at once:
+  // never the loaded directory's files, which could be truncated under the
+  // mapping (a mapped page past the end raises SIGBUS and kills the
+  // process), even the daemon's own snapshots.
+  absl::Status PlaceModule(LlamaModel& model, const std::string& module,
+                           Placement placement);
   // The compute device's bytes by category now, as the recorder has them.
   memory::CategoryBytes CategoriesNow() const;
 
@@ -173,7 +167,6 @@ class ModelHost {
   // Where client-named model directories may lead: the data roots and the
   // snapshot root (SessionOptions).
   const PathRoots model_roots_;
-  const Callbacks callbacks_;
 
   // The owner thread's.
   std::unique_ptr<LlamaModel> model_;

@@ -216,12 +216,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
       device_(std::move(device)),
       data_roots_(std::move(data_roots)),
       start_time_(absl::Now()) {
-  ModelHost::Callbacks host;
-  host.set_mapped_directory = [this](std::string directory) {
-    snapshots_->SetMappedDirectory(std::move(directory));
-  };
   host_ = std::make_unique<ModelHost>(options_, device_, runtime_.recorder(),
-                                      std::move(model_roots), std::move(host));
+                                      std::move(model_roots));
   RankCoordinator::Callbacks ranks;
   ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
   ranks.follow_train = [this](const TrainOptions& train,

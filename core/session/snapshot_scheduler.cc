@@ -351,11 +351,6 @@ absl::Status SnapshotScheduler::DeleteSnapshot(const std::string& name) {
   std::map<std::string, std::string> loads;
   {
     absl::MutexLock lock(&mu_);
-    if (!mapped_directory_.empty() && mapped_directory_ == dir) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("the model's disk-placed modules are mapped from snapshot '", name,
-                       "'; load another model before deleting it"));
-    }
     loads = loads_in_flight_;
   }
   for (const auto& [id, named] : loads) {
@@ -371,11 +366,6 @@ absl::Status SnapshotScheduler::DeleteSnapshot(const std::string& name) {
     }
   }
   return snapshot::DeleteSnapshot(options_.snapshot_root, name);
-}
-
-void SnapshotScheduler::SetMappedDirectory(std::string directory) {
-  absl::MutexLock lock(&mu_);
-  mapped_directory_ = std::move(directory);
 }
 
 void SnapshotScheduler::TrackLoad(const std::string& id, const std::string& directory) {

@@ -16,14 +16,13 @@
 // session queues its evaluations there too (QueueBoundaryWork), and the rank
 // coordinator asks HasBoundaryWork at each boundary of a data-parallel run.
 //
-// Deleting guards what is in use: the snapshot directory the loaded model's
-// disk-placed modules map (SetMappedDirectory), and the directories LoadModel
-// operations queued or running will read (TrackLoad / ForgetLoad). They live
-// here, beside the deletion that consults them.
+// Deleting guards what is in use: the directories LoadModel operations
+// queued or running will read (TrackLoad / ForgetLoad). They live here,
+// beside the deletion that consults them.
 //
 // Threads:
 // - The session's owner thread: RunBoundaryWork (so every snapshot and
-//   evaluation), MaybeQueuePeriodicSnapshot, SetMappedDirectory.
+//   evaluation), MaybeQueuePeriodicSnapshot.
 // - The async writers, started by RunBoundaryWork's snapshots, joined by
 //   Join: the write and its finish (counters, observers, retention).
 // - Any thread: the rest.
@@ -151,16 +150,13 @@ class SnapshotScheduler {
 
   // Session's ListSnapshots (empty without a root), DescribeSnapshot and
   // DeleteSnapshot (NOT_FOUND without a root; the store's errors).
-  // DeleteSnapshot after the leader check: FAILED_PRECONDITION for the
-  // directory the model maps, or one a LoadModel in flight will read.
+  // DeleteSnapshot after the leader check: FAILED_PRECONDITION for one a
+  // LoadModel in flight will read.
   absl::StatusOr<std::vector<snapshot::SnapshotManifest>> ListSnapshots() const;
   absl::StatusOr<snapshot::SnapshotManifest> DescribeSnapshot(
       const std::string& name) const;
   absl::Status DeleteSnapshot(const std::string& name);
 
-  // Owner thread, as a model is swapped in: the canonical snapshot directory
-  // its disk-placed modules map (empty: none).
-  void SetMappedDirectory(std::string directory);
   // Any thread: LoadModel operation `id` will read `directory` (as the
   // client named it), until ForgetLoad(id).
   void TrackLoad(const std::string& id, const std::string& directory);
@@ -206,9 +202,6 @@ class SnapshotScheduler {
   // Run at the next step boundary (or after the owner's next item when idle).
   std::deque<std::function<void()>> boundary_ ABSL_GUARDED_BY(mu_);
   std::vector<std::thread> async_writers_ ABSL_GUARDED_BY(mu_);
-  // The snapshot directory disk-placed weights map (empty: none); it may not
-  // be deleted while mapped.
-  std::string mapped_directory_ ABSL_GUARDED_BY(mu_);
   // The directories (as the client named them) of LoadModel operations
   // queued or running, by operation id: DeleteSnapshot refuses to delete
   // what one of them is about to read.

@@ -237,7 +237,8 @@ class TransformersReadsSnapshotsTest(DaemonWithSnapshotsTest):
             self.assertLessEqual(abs(hf_loss(model) - expected), FP32_TOLERANCE, m.name)
 
     def test_snapshots_of_cpu_and_disk_placed_models_give_the_daemons_loss(self):
-        # Disk weights mapped from the loaded snapshot's own files.
+        # Disk weights from a snapshot of the daemon's own (copied to a spill
+        # file, as every directory's are).
         load_model(self, preset="tiny", seed=4)
         warm_up(self)
         base = take_snapshot(self, "placement-base")
@@ -248,7 +249,7 @@ class TransformersReadsSnapshotsTest(DaemonWithSnapshotsTest):
         described = {p.name: p.placement for p in parameters(self)}
         self.assertEqual(described["model.layers.0.self_attn.q_proj.weight"], pb.PLACEMENT_DISK)
         self.assertEqual(described["model.embed_tokens.weight"], pb.PLACEMENT_CPU)
-        placed = take_snapshot(self, "placement-mapped")
+        placed = take_snapshot(self, "placement-from-snapshot")
         expected = daemon_loss(self)
         # The placed model is the same model: same tensors, and one loss on all three sides.
         base_tensors = safetensors.torch.load_file(os.path.join(base.directory, "model.safetensors"))

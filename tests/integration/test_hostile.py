@@ -236,10 +236,10 @@ class HostileInputTest(harness.DaemonTestCase):
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
 
     def test_a_disk_placed_modules_file_truncated_under_the_daemon_kills_nothing(self):
-        # A client's directory (not one of the daemon's snapshots) with layer 1
-        # on disk: its weights go to a spill file of the daemon's own, so
-        # truncating the client's file cannot raise SIGBUS at the next
-        # forward (before, it killed the daemon).
+        # A client's directory with layer 1 on disk: its weights go to a
+        # spill file of the daemon's own, so truncating the client's file
+        # cannot raise SIGBUS at the next forward (before, it killed the
+        # daemon).
         before = self.d.call("DescribeModel", pb.DescribeModelRequest()).source
         op = wait_done(self.d, self.d.call("Snapshot", pb.SnapshotRequest(name="to-place")).id)
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
@@ -256,6 +256,22 @@ class HostileInputTest(harness.DaemonTestCase):
         again = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(max_batches=1)).id)
         self.assertEqual(again.state, pb.OPERATION_STATE_SUCCEEDED, again.error.message)
         self.assertEqual(again.evaluate.loss, first.evaluate.loss)
+        self.assertIsNone(self.d.proc.poll())
+        # The daemon's own snapshot likewise: its files are copied too, so
+        # an operator's truncation in the snapshot root kills nothing, and
+        # the snapshot may be deleted while the model is loaded.
+        own = wait_done(self.d, self.d.call("Snapshot", pb.SnapshotRequest(name="own-placed")).id)
+        self.assertEqual(own.state, pb.OPERATION_STATE_SUCCEEDED, own.error.message)
+        op = wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
+            hf_directory=own.snapshot.directory, placement=[pb.ModulePlacement(
+                module="model.layers.1", placement=pb.PLACEMENT_DISK)])).id)
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        with open(os.path.join(own.snapshot.directory, "model.safetensors"), "r+b") as f:
+            f.truncate(100)
+        again = wait_done(self.d, self.d.call("Evaluate", pb.EvaluateRequest(max_batches=1)).id)
+        self.assertEqual(again.state, pb.OPERATION_STATE_SUCCEEDED, again.error.message)
+        self.assertEqual(again.evaluate.loss, first.evaluate.loss)
+        self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="own-placed"))
         self.assertIsNone(self.d.proc.poll())
         wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(
             hf_directory=harness.micro_model_dir(), init_weights=True)).id)

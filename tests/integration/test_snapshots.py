@@ -214,7 +214,7 @@ class SnapshotTest(harness.DaemonTestCase):
             shutil.rmtree(only_config)
             shutil.rmtree(empty)
 
-    def test_placement_maps_disk_modules_from_the_snapshot(self):
+    def test_placement_from_a_snapshot_keeps_no_hold_on_it(self):
         m = self.snapshot(name="to-map")
         req = pb.LoadModelRequest(hf_directory=m.directory, placement=[
             pb.ModulePlacement(module="model.layers.0", placement=pb.PLACEMENT_CPU),
@@ -228,13 +228,15 @@ class SnapshotTest(harness.DaemonTestCase):
         self.assertEqual(placement["model.layers.1.mlp.up_proj.weight"], pb.PLACEMENT_DEVICE)
         train = wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=2, batch_size=2, seq_len=32)).id)
         self.assertEqual(train.state, pb.OPERATION_STATE_SUCCEEDED, train.error.message)
-        # Mapped weights never write back: the published snapshot is intact.
+        # Training writes nothing back: the published snapshot is intact.
         parse_safetensors(os.path.join(m.directory, "model.safetensors"))
-        with self.assertRaises(grpc.RpcError) as e:
-            self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-map"))
-        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
-        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny")).id)
+        # The disk-placed weights live in a spill file of the daemon's own,
+        # so the snapshot may go while the model is loaded, and the model
+        # trains on.
         self.d.call("DeleteSnapshot", pb.DeleteSnapshotRequest(name="to-map"))
+        train = wait_done(self.d, self.d.call("Train", pb.TrainRequest(steps=1, batch_size=2, seq_len=32)).id)
+        self.assertEqual(train.state, pb.OPERATION_STATE_SUCCEEDED, train.error.message)
+        wait_done(self.d, self.d.call("LoadModel", pb.LoadModelRequest(preset="tiny")).id)
 
     def test_a_snapshot_a_queued_load_will_read_cannot_be_deleted(self):
         m = self.snapshot(name="to-load")
