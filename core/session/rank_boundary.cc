@@ -36,7 +36,7 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested,
   const bool leader = !follower();
   // [any rank cancelled, rank 0 has boundary work]
   at::Tensor flags = at::tensor({int64_t{cancel_requested ? 1 : 0},
-                                 int64_t{leader && callbacks_.has_boundary_work()}},
+                                 int64_t{leader && boundary_work_->HasBoundaryWork()}},
                                 at::kLong);
   RETURN_IF_ERROR(group_->AllReduceSum(flags));
   const int64_t boundary = boundaries_++;
@@ -50,7 +50,7 @@ absl::StatusOr<bool> RankCoordinator::SyncStepBoundary(bool cancel_requested,
     current_boundary_ = boundary;
     boundary_events_ = 0;
     boundary_failure_ = absl::OkStatus();
-    callbacks_.run_boundary_work();
+    boundary_work_->RunBoundaryWork();
     current_boundary_ = -1;
     const absl::Status failure = boundary_failure_;
     Json end = {{"kind", "done"}};
@@ -189,7 +189,7 @@ absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
 }
 
 absl::Status RankCoordinator::AnswerOptimizerShard(const std::string& dir, int64_t id) {
-  absl::Status written = callbacks_.write_optimizer_shard(dir);
+  absl::Status written = boundary_work_->WriteOptimizerShard(dir);
   if (!written.ok()) {
     LogError(
         absl::StrCat("rank ", world_.rank,

@@ -118,7 +118,8 @@ absl::Status RankCoordinator::AgreeOnSharding(Sharding sharding) {
   return absl::OkStatus();
 }
 
-void RankCoordinator::Start() {
+void RankCoordinator::Start(BoundaryWork* work) {
+  boundary_work_ = work;
   if (group_ == nullptr) return;
   if (follower()) {
     follower_ = std::thread([this] { FollowerLoop(); });

@@ -77,6 +77,7 @@
 #include "absl/time/time.h"
 #include "core/dist/sharding.h"
 #include "core/memory/memory_stats.h"
+#include "core/session/boundary_work.h"
 #include "core/session/session_types.h"
 
 namespace at {
@@ -91,7 +92,7 @@ namespace snapshot {
 class TensorAccess;
 }
 
-class RankCoordinator {
+class RankCoordinator : public ShardedState {
  public:
   // What the coordinator needs of the session. Each is set (none may be
   // empty in a run of several ranks).
@@ -104,13 +105,6 @@ class RankCoordinator {
     std::function<absl::Status(const TrainOptions& train,
                                const offload::OffloadOverrides& offload, bool resume)>
         follow_train;
-    // Rank 0, owner thread: whether snapshots or evaluations wait for the
-    // next step boundary, and running them there.
-    std::function<bool()> has_boundary_work;
-    std::function<void()> run_boundary_work;
-    // A follower, owner thread: write this rank's optimizer state into
-    // `dir` (SnapshotScheduler::WriteOptimizerShard).
-    std::function<absl::Status(const std::string& dir)> write_optimizer_shard;
     // A follower's thread: run `work` on the session's owner thread, after
     // what was queued before (Session::Post); UNAVAILABLE when shutting down.
     std::function<absl::Status(std::function<void()> work)> post;
@@ -125,7 +119,7 @@ class RankCoordinator {
   RankCoordinator(const WorldSpec& world, std::string device,
                   absl::Duration collective_timeout, Callbacks callbacks);
   // Stop, then Join.
-  ~RankCoordinator();
+  ~RankCoordinator() override;
 
   RankCoordinator(const RankCoordinator&) = delete;
   RankCoordinator& operator=(const RankCoordinator&) = delete;
@@ -154,8 +148,11 @@ class RankCoordinator {
       Sharding sharding,
       const std::function<absl::StatusOr<std::string>()>& resume_directory);
   // After JoinRun and the ranks' alignment: starts the follower's thread (a
-  // follower) or the rank-memory reader (rank 0).
-  void Start();
+  // follower) or the rank-memory reader (rank 0). `work` (the snapshot
+  // scheduler, made after the coordinator) is what step boundaries run and
+  // what writes a follower's optimizer state; it outlives the coordinator's
+  // threads (Stop and Join come first).
+  void Start(BoundaryWork* work);
   // Makes the threads stop at their next poll; idempotent.
   void Stop();
   // Rank 0, once its owner thread has stopped (the runs stopped at a step
@@ -201,7 +198,7 @@ class RankCoordinator {
   // followers cannot be told. A failed collective of the stream fails the
   // boundary (SyncStepBoundary returns it on every rank).
   absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> StreamParameters(
-      const std::vector<std::pair<std::string, at::Tensor>>& weights);
+      const std::vector<std::pair<std::string, at::Tensor>>& weights) override;
   // Rank 0, owner thread, in boundary work (an evaluation): the model whole
   // on every rank, and sharded again after. OK at once where the parameters
   // are not sharded or not at a step boundary. Failures fail the boundary.
@@ -218,7 +215,7 @@ class RankCoordinator {
   // At a step boundary a failure also fails the boundary: SyncStepBoundary
   // returns it on every rank, which breaks the run. OK at once on a single
   // process.
-  absl::Status GatherOptimizerShards(const std::string& dir);
+  absl::Status GatherOptimizerShards(const std::string& dir) override;
 
   // Called once, from the thread that saw it, when the run is broken (see
   // Session::SetFatalHandler); at once when it already is.
@@ -266,6 +263,8 @@ class RankCoordinator {
   const std::string device_;
   const absl::Duration collective_timeout_;
   const Callbacks callbacks_;
+  // Start's: the snapshot scheduler's boundary work (null before Start).
+  BoundaryWork* boundary_work_ = nullptr;
 
   // The group: its collectives and store calls are the owner thread's (and
   // Create's, before the owner runs anything; and Shutdown's, after it

@@ -201,7 +201,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     RETURN_IF_ERROR(
         session->Post([s, &aligned] { aligned.set_value(s->AlignWithRankZero()); }));
     RETURN_IF_ERROR(aligned.get_future().get());
-    session->ranks_->Start();
+    session->ranks_->Start(session->snapshots_.get());
     LogInfo(absl::StrCat("data parallel: ", DescribeWorld(options.world),
                          session->follower() ? "; following rank 0's commands"
                                              : "; serving the run's API"));
@@ -224,11 +224,6 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
                               const offload::OffloadOverrides& offload, bool resume) {
     return FollowTrain(train, offload, resume);
   };
-  ranks.has_boundary_work = [this] { return snapshots_->HasBoundaryWork(); };
-  ranks.run_boundary_work = [this] { snapshots_->RunBoundaryWork(); };
-  ranks.write_optimizer_shard = [this](const std::string& dir) {
-    return snapshots_->WriteOptimizerShard(dir);
-  };
   ranks.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   ranks.memory_stats = [this] { return MemoryStats(); };
   ranks.steps_total = [this] {
@@ -246,13 +241,6 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   snapshots.model_loaded = [this] { return host_->Summary().has_value(); };
   snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
   snapshots.observers = [this] { return Observers(); };
-  snapshots.gather_optimizer_shards = [this](const std::string& dir) {
-    return ranks_->GatherOptimizerShards(dir);
-  };
-  snapshots.stream_parameters =
-      [this](const std::vector<std::pair<std::string, at::Tensor>>& weights) {
-        return ranks_->StreamParameters(weights);
-      };
   snapshots.count_snapshot =
       [this](const absl::StatusOr<snapshot::SnapshotManifest>& manifest) {
         absl::MutexLock lock(&mu_);
@@ -263,8 +251,8 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
           counters_.snapshots_failed += 1;
         }
       };
-  snapshots_ = std::make_unique<SnapshotScheduler>(options_, ranks_->follower(),
-                                                   operations_, std::move(snapshots));
+  snapshots_ = std::make_unique<SnapshotScheduler>(
+      options_, ranks_->follower(), operations_, *ranks_, std::move(snapshots));
   oom_ = std::make_unique<OomReporter>(runtime_.recorder(), device_, options_.report_dir,
                                        options_.peak_file);
   owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,

@@ -60,7 +60,7 @@ absl::Status SnapshotScheduler::GatherOptimizerShards(
         "; make snapshot_root a writable directory"));
   }
   checkpoint->other_ranks_dir = side;
-  if (absl::Status s = callbacks_.gather_optimizer_shards(side); !s.ok()) {
+  if (absl::Status s = sharded_.GatherOptimizerShards(side); !s.ok()) {
     RemoveSideDirectory(*checkpoint);
     return s;
   }
@@ -89,10 +89,12 @@ absl::Status SnapshotScheduler::WriteOptimizerShard(const std::string& dir) {
 }
 
 SnapshotScheduler::SnapshotScheduler(const SessionOptions& options, bool follower,
-                                     OperationRegistry& operations, Callbacks callbacks)
+                                     OperationRegistry& operations, ShardedState& sharded,
+                                     Callbacks callbacks)
     : options_(options),
       follower_(follower),
       operations_(operations),
+      sharded_(sharded),
       callbacks_(std::move(callbacks)) {}
 
 SnapshotScheduler::~SnapshotScheduler() { Join(); }
@@ -221,7 +223,7 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   // are read, every rank taking part, until `access` goes.
   const snapshot::TensorList weights = model.NamedParameters();
   absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> access =
-      callbacks_.stream_parameters(weights);
+      sharded_.StreamParameters(weights);
   if (!access.ok()) {
     if (checkpoint) RemoveSideDirectory(*checkpoint);
     FinishSnapshot(op, access.status(), s.mode);

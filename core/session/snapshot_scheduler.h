@@ -56,6 +56,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/session/boundary_work.h"
 #include "core/session/operation.h"
 #include "core/session/session_types.h"
 
@@ -72,7 +73,7 @@ struct CheckpointPayload;
 class TensorAccess;
 }  // namespace snapshot
 
-class SnapshotScheduler {
+class SnapshotScheduler : public BoundaryWork {
  public:
   // What the scheduler needs of the session. Each is set.
   struct Callbacks {
@@ -94,28 +95,19 @@ class SnapshotScheduler {
     std::function<std::vector<std::shared_ptr<SessionObserver>>()> observers;
     std::function<void(const absl::StatusOr<snapshot::SnapshotManifest>& manifest)>
         count_snapshot;
-    // Rank 0, owner thread, in a run whose optimizer state is sharded: has
-    // every other rank write its optimizer state into `dir` and waits for
-    // them (RankCoordinator::GatherOptimizerShards).
-    std::function<absl::Status(const std::string& dir)> gather_optimizer_shards;
-    // Rank 0, owner thread: the access a snapshot reads `weights` (the
-    // model's named parameters) through, at a step boundary of a run whose
-    // parameters are sharded, each gathered from its owner as it is written
-    // (RankCoordinator::StreamParameters); destroying it ends the stream.
-    // Null: every weight is resident.
-    std::function<absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>>(
-        const std::vector<std::pair<std::string, at::Tensor>>& weights)>
-        stream_parameters;
   };
 
   // `options` (snapshot_root, snapshot_staging_bytes, snapshot_every_steps,
   // auto_snapshot_kind, keep_last) and `operations` outlive the scheduler.
   // `follower`: this process is a follower rank of a data-parallel run,
-  // where rank 0 writes the run's snapshots. Starts nothing.
+  // where rank 0 writes the run's snapshots. `sharded` (the rank
+  // coordinator, which outlives the scheduler) holds what other ranks keep
+  // of the training state. Starts nothing.
   SnapshotScheduler(const SessionOptions& options, bool follower,
-                    OperationRegistry& operations, Callbacks callbacks);
+                    OperationRegistry& operations, ShardedState& sharded,
+                    Callbacks callbacks);
   // Join.
-  ~SnapshotScheduler();
+  ~SnapshotScheduler() override;
 
   SnapshotScheduler(const SnapshotScheduler&) = delete;
   SnapshotScheduler& operator=(const SnapshotScheduler&) = delete;
@@ -125,10 +117,10 @@ class SnapshotScheduler {
   // (post's) once the session is shutting down; nothing is queued then.
   absl::Status QueueBoundaryWork(std::function<void()> work);
   // Any thread: whether work waits for the next step boundary.
-  bool HasBoundaryWork() const;
+  bool HasBoundaryWork() const override;
   // Owner thread: runs the queued boundary work, and what that work queues,
   // until none is left.
-  void RunBoundaryWork();
+  void RunBoundaryWork() override;
 
   // Session::StartSnapshot after the leader check (a client's snapshot;
   // `daemons_own`: the shutdown snapshot, made while draining too):
@@ -146,7 +138,7 @@ class SnapshotScheduler {
   // state is sharded: writes this rank's optimizer state (its shard) as its
   // rank file in `dir` (snapshot::WriteRankOptimizerFile).
   // FAILED_PRECONDITION without a model; the write's errors.
-  absl::Status WriteOptimizerShard(const std::string& dir);
+  absl::Status WriteOptimizerShard(const std::string& dir) override;
 
   // Session's ListSnapshots (empty without a root), DescribeSnapshot and
   // DeleteSnapshot (NOT_FOUND without a root; the store's errors).
@@ -195,6 +187,7 @@ class SnapshotScheduler {
   const SessionOptions& options_;
   const bool follower_;
   OperationRegistry& operations_;
+  ShardedState& sharded_;
   const Callbacks callbacks_;
   std::atomic<int64_t> async_staging_bytes_{0};
 
