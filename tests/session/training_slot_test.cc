@@ -27,8 +27,11 @@ TEST(TrainingSlotTest, ASecondTrainingIsAbortedUntilTheFirstFinishes) {
   std::shared_ptr<TrainingSlot::Ticket> copy = *first;
   bool held_when_done = true;
   std::thread watcher([&] {
-    op->WaitForChange(0, absl::Now() + absl::Seconds(30));
-    while (!op->done()) op->WaitForChange(0, absl::Now() + absl::Milliseconds(10));
+    OperationView view = op->View();
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (!view.done && absl::Now() < deadline) {
+      view = op->WaitForChange(view.version, deadline);
+    }
     held_when_done = slot.held();
   });
   (*first)->Finish(op, absl::OkStatus());
