@@ -408,9 +408,14 @@ class PlanCapTest(harness.DaemonTestCase):
                          final.error.message)
         self.assertIn("max_plan_time", final.error.message)
         self.assertLess(elapsed, 30)
-        # A small plan fits the cap, and the daemon serves on.
+        # A small plan (two micro layers, milliseconds) fits the cap, and the
+        # daemon serves on.
+        small = os.path.join(self.scratch, "shallow")
+        os.makedirs(small, exist_ok=True)
+        with open(os.path.join(small, "config.json"), "w") as f:
+            json.dump(dict(harness.MICRO, num_hidden_layers=2), f)
         done = wait_done(self.d, self.d.call("PlanMemory", pb.PlanMemoryRequest(
-            preset="tiny", train=pb.TrainRequest(**SMALL))).id)
+            hf_config_dir=small, train=pb.TrainRequest(batch_size=1, seq_len=8))).id)
         self.assertEqual(done.state, pb.OPERATION_STATE_SUCCEEDED, done.error.message)
 
 
