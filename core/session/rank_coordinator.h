@@ -36,7 +36,7 @@
 // Threads:
 // - Create's thread, before the session serves: JoinRun, then Start.
 // - The session's owner thread: PublishCommand, SyncStepBoundary (which
-//   calls has_boundary_work and run_boundary_work there), and the
+//   runs the scheduler's BoundaryWork there), and the
 //   collectives of group().
 // - Its own threads, started by Start and joined by Join: on a follower the
 //   follower thread ("mpd-follower": polls for rank 0's commands and hands
