@@ -269,7 +269,8 @@ static int DumpSample(const char* path) {
     }
     EndStep(step);
   }
-  const std::string pickle = memprofd::memory::CaptureMemoryVizPickle(memprofd::memory::MemoryRecorder::Global());
+  const std::string pickle = memprofd::memory::CaptureMemoryVizPickle(
+      memprofd::memory::MemoryRecorder::Global());
   FILE* f = std::fopen(path, "wb");
   if (f == nullptr || std::fwrite(pickle.data(), 1, pickle.size(), f) != pickle.size()) {
     std::fprintf(stderr, "cannot write %s\n", path);

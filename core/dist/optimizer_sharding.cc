@@ -7,11 +7,11 @@
 #include <utility>
 
 #include "core/common/attribution.h"
+#include "core/common/flat_shard.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/memory/tagging.h"
 #include "core/train/adamw.h"
-#include "core/common/flat_shard.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {

@@ -73,9 +73,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/common/flat_shard.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/dist/process_group.h"
-#include "core/common/flat_shard.h"
 #include "core/train/step_listener.h"
 
 namespace memprofd {

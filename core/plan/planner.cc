@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/flat_shard.h"
 #include "core/common/status_macros.h"
 #include "core/dist/process_group.h"
 #include "core/memory/meta_accounting.h"
@@ -20,7 +21,6 @@
 #include "core/plan/caching_allocator_model.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
-#include "core/common/flat_shard.h"
 
 namespace memprofd::plan {
 namespace {
