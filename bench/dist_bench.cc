@@ -52,9 +52,12 @@
 #include "core/model/llama.h"
 #include "core/train/adamw.h"
 #include "core/train/trainer.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
   std::map<std::string, std::string> args = {
@@ -176,7 +179,7 @@ int RunRank(const std::map<std::string, std::string>& args) {
   StepListeners listeners;
   if (dp != nullptr) listeners.push_back(dp.get());
   listeners.push_back(&grad_bytes);
-  if (!data.ok() || !trainer.Run(options, **data, {}, {}, nullptr, listeners).ok())
+  if (!data.ok() || !CheckAndRun(trainer, options, {{}, {}, listeners, &**data}).ok())
     return 2;
   const int64_t steps = IntArg(args, "steps");
   at::Generator generator = MakeDataGenerator(3);

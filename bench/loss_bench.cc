@@ -46,9 +46,12 @@
 #include "core/model/llama.h"
 #include "core/train/chunked_loss.h"
 #include "core/train/trainer.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 struct Args {
   int64_t vocab = 128256;
@@ -133,7 +136,7 @@ Figures BenchMemprofd(const Args& a, int64_t loss_chunk_tokens) {
   Figures f;
   auto run = [&] {
     absl::StatusOr<TrainResult> r =
-        trainer.Run(o, [&](const StepReport& s) { f.loss = s.loss; });
+        CheckAndRun(trainer, o, {[&](const StepReport& s) { f.loss = s.loss; }});
     if (!r.ok()) {
       std::fprintf(stderr, "step: %s\n", std::string(r.status().message()).c_str());
       std::exit(1);

@@ -69,9 +69,12 @@
 #include "core/offload/offloader.h"
 #include "core/offload/step_listener.h"
 #include "core/train/trainer.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 // What each side runs, in this order (the tables' rows per preset).
 struct Variant {
@@ -203,7 +206,7 @@ absl::StatusOr<int64_t> SavedBytesCpp(LlamaModel* model, Trainer& trainer,
   offload::OffloadStepListener listener(offloader, model);
   TrainOptions one = options;
   one.steps = 1;
-  absl::StatusOr<TrainResult> r = trainer.Run(one, {}, {}, {&listener});
+  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, one, {{}, {}, {&listener}});
   if (!r.ok()) return r.status();
   return listener.last_step().peak_resident_saved_bytes;
 }
@@ -213,16 +216,17 @@ absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,
   absl::StatusOr<std::unique_ptr<LlamaModel>> model = LlamaModel::Create(config, 0);
   if (!model.ok()) return model.status();
   Trainer trainer(model->get());
-  absl::StatusOr<TrainResult> warm = trainer.Run(Options(args, variant, args.warmup));
+  absl::StatusOr<TrainResult> warm =
+      CheckAndRun(trainer, Options(args, variant, args.warmup));
   if (!warm.ok()) return warm.status();
   Figures f;
   const std::clock_t cpu_start = std::clock();
   absl::StatusOr<TrainResult> r =
-      trainer.Run(Options(args, variant, steps), [&](const StepReport& s) {
-        f.forward += s.forward_seconds / steps;
-        f.backward += s.backward_seconds / steps;
-        f.optimizer += s.optimizer_seconds / steps;
-      });
+      CheckAndRun(trainer, Options(args, variant, steps), {[&](const StepReport& s) {
+                    f.forward += s.forward_seconds / steps;
+                    f.backward += s.backward_seconds / steps;
+                    f.optimizer += s.optimizer_seconds / steps;
+                  }});
   if (!r.ok()) return r.status();
   f.cpu_seconds_per_step =
       static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC / steps;

@@ -469,9 +469,13 @@ void Session::RunTraining(const std::shared_ptr<Operation>& op,
   // ops, autograd's included; the module scopes come from the forward).
   memory::OpAttribution op_attribution;
   const int64_t nonfinite_before = trainer->nonfinite_steps();
-  absl::StatusOr<TrainResult> result =
-      resume ? trainer->ContinueRun(train, data, {}, cancelled, eval_data, listeners)
-             : trainer->Run(train, data, {}, cancelled, eval_data, listeners);
+  TrainRunRequest request;
+  request.cancelled = std::move(cancelled);
+  request.listeners = std::move(listeners);
+  request.data = &data;
+  request.eval_data = eval_data;
+  request.continue_last = resume;
+  absl::StatusOr<TrainResult> result = trainer->Run(train, request);
   // Fully sharded: the model whole again on every rank, as outside a run,
   // when the ranks are still in step: the run succeeded or was cancelled,
   // or its options were refused alike on every rank before any collective.

@@ -415,110 +415,66 @@ absl::Status Trainer::ClipAndUpdate(const TrainOptions& options, double loss_sum
   return absl::OkStatus();
 }
 
-absl::StatusOr<TrainResult> Trainer::Run(
-    const TrainOptions& options, const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
-  ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
-                   TokenDataset::Create(options.data, model_->config().vocab_size));
-  std::unique_ptr<TokenDataset> eval_data;
-  if (options.eval_data) {
-    ASSIGN_OR_RETURN(
-        eval_data, TokenDataset::Create(*options.eval_data, model_->config().vocab_size));
-  }
-  return Run(valid, *data, on_step, cancelled, eval_data.get(), listeners);
-}
-
-absl::StatusOr<TrainResult> Trainer::Run(
-    const TrainOptions& options, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-    const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
-  return Run(valid, data, on_step, cancelled, eval_data, listeners);
-}
-
-absl::StatusOr<TrainResult> Trainer::Run(
-    const ValidTrainOptions& valid, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-    const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions checked,
-                   CheckRunInputs(valid, data, eval_data));
-  const TrainOptions& options = checked.get();
-  generator_ = MakeDataGenerator(options.seed);
-  RunState run;
-  run.options = options;
-  run.data_tokens = data.size();
-  run.sampler.seed = options.seed;
-  run_ = std::move(run);
-  return RunSteps(options, data, on_step, cancelled, eval_data, listeners);
-}
-
-absl::StatusOr<ValidTrainOptions> Trainer::CheckOptions(
-    const TrainOptions& options) const {
+absl::StatusOr<ValidTrainOptions> Trainer::Check(const TrainOptions& options) const {
   return ValidTrainOptions::Check(options, model_->config().max_position_embeddings);
 }
 
-absl::StatusOr<ValidTrainOptions> Trainer::CheckOptions(
-    const ValidTrainOptions& options) const {
+absl::StatusOr<TrainResult> Trainer::Run(const ValidTrainOptions& valid,
+                                         const TrainRunRequest& request) {
   // Checked for a model of at most this one's positions: valid here too.
-  if (options.max_position_embeddings() <= model_->config().max_position_embeddings) {
-    return options;
+  if (valid.max_position_embeddings() > model_->config().max_position_embeddings) {
+    RETURN_IF_ERROR(Check(valid.get()).status());
   }
-  return CheckOptions(options.get());
-}
-
-absl::StatusOr<ValidTrainOptions> Trainer::CheckRunInputs(
-    const ValidTrainOptions& valid, const TokenDataset& data,
-    const TokenDataset* eval_data) const {
-  ASSIGN_OR_RETURN(ValidTrainOptions checked, CheckOptions(valid));
-  const TrainOptions& options = checked.get();
-  RETURN_IF_ERROR(data.Validate(options.seq_len));
-  if (options.eval_every_steps > 0) {
-    if (eval_data == nullptr) {
-      return absl::InvalidArgumentError(
-          "eval_every_steps is set but no evaluation data was passed");
-    }
-    RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
-  }
-  return checked;
-}
-
-absl::StatusOr<TrainResult> Trainer::ContinueRun(
-    const TrainOptions& options, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-    const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions valid, CheckOptions(options));
-  return ContinueRun(valid, data, on_step, cancelled, eval_data, listeners);
-}
-
-absl::StatusOr<TrainResult> Trainer::ContinueRun(
-    const ValidTrainOptions& valid, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-    const StepListeners& listeners) {
-  ASSIGN_OR_RETURN(const ValidTrainOptions checked,
-                   CheckRunInputs(valid, data, eval_data));
-  const TrainOptions& options = checked.get();
-  if (!run_ || !generator_.defined()) {
+  const TrainOptions& options = valid.get();
+  if (request.continue_last && (!run_ || !generator_.defined())) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "
         "resume (LoadModel with resume, or the daemon's resume option at start) or train "
         "without resume");
   }
-  run_->options = options;
-  run_->options.steps = run_->steps_completed + options.steps;
-  run_->data_tokens = data.size();
-  return RunSteps(options, data, on_step, cancelled, eval_data, listeners);
+  // The data: the caller's, or read here.
+  const int64_t vocab_size = model_->config().vocab_size;
+  std::unique_ptr<TokenDataset> read_data;
+  const TokenDataset* data = request.data;
+  if (data == nullptr) {
+    ASSIGN_OR_RETURN(read_data, TokenDataset::Create(options.data, vocab_size));
+    data = read_data.get();
+  }
+  RETURN_IF_ERROR(data->Validate(options.seq_len));
+  std::unique_ptr<TokenDataset> read_eval;
+  const TokenDataset* eval_data = nullptr;
+  if (options.eval_every_steps > 0) {
+    eval_data = request.eval_data;
+    if (eval_data == nullptr && options.eval_data) {
+      ASSIGN_OR_RETURN(read_eval, TokenDataset::Create(*options.eval_data, vocab_size));
+      eval_data = read_eval.get();
+    }
+    if (eval_data == nullptr) {
+      return absl::InvalidArgumentError(
+          "eval_every_steps is set but no evaluation data was given");
+    }
+    RETURN_IF_ERROR(eval_data->Validate(options.seq_len));
+  }
+  if (request.continue_last) {
+    run_->options = options;
+    run_->options.steps = run_->steps_completed + options.steps;
+  } else {
+    generator_ = MakeDataGenerator(options.seed);
+    RunState run;
+    run.options = options;
+    run.sampler.seed = options.seed;
+    run_ = std::move(run);
+  }
+  run_->data_tokens = data->size();
+  return RunSteps(options, *data, eval_data, request);
 }
 
-absl::StatusOr<TrainResult> Trainer::RunSteps(
-    const TrainOptions& options, const TokenDataset& data,
-    const std::function<void(const StepReport&)>& on_step,
-    const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-    const StepListeners& listeners) {
+absl::StatusOr<TrainResult> Trainer::RunSteps(const TrainOptions& options,
+                                              const TokenDataset& data,
+                                              const TokenDataset* eval_data,
+                                              const TrainRunRequest& request) {
+  const StepListeners& listeners = request.listeners;
+  const std::function<bool()>& cancelled = request.cancelled;
   TrainResult result;
   const StepContext context{listeners, cancelled, ShardOf(listeners)};
   const Clock::time_point start = Clock::now();
@@ -566,7 +522,7 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(
     result.steps_completed = step;
     result.tokens += report.tokens;
     for (StepListener* l : listeners) l->OnStepReported(report);
-    if (on_step) on_step(report);
+    if (request.on_step) request.on_step(report);
   }
   result.seconds = SecondsSince(start);
   result.mean_tokens_per_second =

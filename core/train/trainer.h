@@ -22,9 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/common/flat_shard.h"
 #include "core/model/llama.h"
 #include "core/train/data.h"
-#include "core/common/flat_shard.h"
 #include "core/train/step_listener.h"
 #include "core/train/train_options.h"
 #include "core/train/trainer_state.h"
@@ -32,6 +32,24 @@
 namespace memprofd {
 
 class FusedAdamW;
+
+// What Trainer::Run is given besides its options.
+struct TrainRunRequest {
+  // Called after each step, after the listeners' OnStepReported.
+  std::function<void(const StepReport&)> on_step;
+  // A cheap predicate, polled as Trainer::Run says; empty: never.
+  std::function<bool()> cancelled;
+  // Take part in every step (step_listener.h), in this order.
+  StepListeners listeners;
+  // The training data, already created (TokenDataset::Create); null: read
+  // options->data. Validated against seq_len here either way.
+  const TokenDataset* data = nullptr;
+  // The evaluation data; null: read options->eval_data when evaluation is
+  // due (INVALID_ARGUMENT when there is none).
+  const TokenDataset* eval_data = nullptr;
+  // Continue the last run instead of starting one.
+  bool continue_last = false;
+};
 
 // Trains one model. Holds the AdamW optimizer, whose state (moments, step
 // counts) persists across Step and Run calls; new options with another
@@ -67,70 +85,46 @@ class Trainer {
                                   const StepListeners& listeners = {},
                                   const std::function<bool()>& interrupted = {});
 
-  // options.steps steps on options.data, windows drawn by a generator seeded
-  // with options.seed, with `listeners` taking part in every step
-  // (step_listener.h). Calls `on_step` (optional) after each step, after the
-  // listeners' OnStepReported.
+  // `options` checked for this model (ValidTrainOptions::Check with its
+  // max_position_embeddings): what Run takes. INVALID_ARGUMENT as Check.
+  absl::StatusOr<ValidTrainOptions> Check(const TrainOptions& options) const;
+
+  // Runs options->steps steps: a new run, or (request.continue_last) more
+  // of the last one. See TrainRunRequest for what else a run is given.
   //
-  // `cancelled` (optional; a cheap predicate) is polled at every boundary,
-  // after the listeners' AtBoundary, and within every step: before each
-  // micro-batch after the first, and within each micro-batch between its
-  // decoder layers, in forward (before layers 1..L-1) and in backward (as the
-  // gradient reaches the inputs of layers L-1..1), so that even one long
-  // micro-batch stops within a layer's work. True at a boundary stops the run
-  // there; true within a step abandons it: no optimizer update (the weights
-  // stay as the last completed step left them), its gradients dropped, the
-  // run's generator put back where the step began (a continued run draws the
-  // same windows). Either way the run returns OK with result.cancelled and
-  // the steps completed. A data-parallel run passes none (a rank leaving
+  // A new run draws its windows with a generator seeded with options->seed.
+  // A continued run (the last one started by Run, or restored by Restore)
+  // draws on from where it stopped, so the windows, and with the same
+  // options the losses, are those an uninterrupted run would have had; its
+  // total becomes the steps done so far plus options->steps.
+  //
+  // `request.cancelled` is polled at every boundary, after the listeners'
+  // AtBoundary, and within every step: before each micro-batch after the
+  // first, and within each micro-batch between its decoder layers, in
+  // forward (before layers 1..L-1) and in backward (as the gradient reaches
+  // the inputs of layers L-1..1), so that even one long micro-batch stops
+  // within a layer's work. True at a boundary stops the run there; true
+  // within a step abandons it: no optimizer update (the weights stay as the
+  // last completed step left them), its gradients dropped, the run's
+  // generator put back where the step began (a continued run draws the same
+  // windows). Either way the run returns OK with result.cancelled and the
+  // steps completed. A data-parallel run passes none (a rank leaving
   // mid-step would leave the others in the gradient all-reduce): its ranks
   // agree on stopping at boundaries, through a listener's AtBoundary.
   //
-  // Errors: the options' or data's INVALID_ARGUMENT, a listener's AtBoundary
-  // error, or the first failed step's status (the steps before it were
-  // reported). The run becomes the one ContinueRun continues and State()
-  // saves.
-  absl::StatusOr<TrainResult> Run(
-      const TrainOptions& options,
-      const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {}, const StepListeners& listeners = {});
-
-  // The same over `data`, already checked by the caller (TokenDataset::Create
-  // and Validate(options.seq_len)); options are still validated. With
-  // options.eval_every_steps > 0, after every eval_every_steps-th step of the
-  // run the model is evaluated on `eval_data` (EvaluateModel with
-  // EvalOptionsOf(options)) and the result goes in that step's report, before
-  // on_step; INVALID_ARGUMENT when eval_data is null or too short for
-  // seq_len, and an evaluation's failure ends the run like a step's.
-  absl::StatusOr<TrainResult> Run(
-      const TrainOptions& options, const TokenDataset& data,
-      const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
-  // The same with options already validated (MergeTrainOverrides's): only the
-  // data is checked.
-  absl::StatusOr<TrainResult> Run(
-      const ValidTrainOptions& options, const TokenDataset& data,
-      const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
-
-  // Continues the last run (started by Run, or restored by Restore) with
-  // `options` for options.steps more steps: the run's generator draws on
-  // from where it stopped, so the windows, and with the same options the
-  // losses, are those an uninterrupted run would have had. The run's total
-  // becomes the steps done so far plus options.steps. FAILED_PRECONDITION
-  // when there is no run to continue; otherwise Run's errors.
-  absl::StatusOr<TrainResult> ContinueRun(
-      const TrainOptions& options, const TokenDataset& data,
-      const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
-  absl::StatusOr<TrainResult> ContinueRun(
-      const ValidTrainOptions& options, const TokenDataset& data,
-      const std::function<void(const StepReport&)>& on_step = {},
-      const std::function<bool()>& cancelled = {},
-      const TokenDataset* eval_data = nullptr, const StepListeners& listeners = {});
+  // With options->eval_every_steps > 0, after every eval_every_steps-th step
+  // the model is evaluated on the evaluation data (EvaluateModel with
+  // EvalOptionsOf(options)) and the result goes in that step's report,
+  // before on_step; an evaluation's failure ends the run like a step's.
+  //
+  // Errors: INVALID_ARGUMENT for data (or evaluation data, when due) that
+  // cannot be read or is too short for seq_len, or for options checked for
+  // a model of more positions than this one; FAILED_PRECONDITION for
+  // continue_last with no run to continue; a listener's AtBoundary error;
+  // or the first failed step's status (the steps before it were reported).
+  // The run becomes the one a continued run continues and State() saves.
+  absl::StatusOr<TrainResult> Run(const ValidTrainOptions& options,
+                                  const TrainRunRequest& request = {});
 
   // The optimizer's state tensors (AdamW moments; empty before the first
   // step), for memory accounting. Owner thread only.
@@ -190,7 +184,7 @@ class Trainer {
   // it has diverged, and keeping it would leave Evaluate and Snapshot
   // serving a broken model. Such a step fails and its update is not applied.
   static constexpr double kMaxParameterMagnitude = 1e6;
-  // The run ContinueRun would continue; unset before the first run. Its
+  // The run a continued Run continues; unset before the first run. Its
   // sampler's generator_state is empty (State() fills it).
   const std::optional<RunState>& run() const { return run_; }
   LlamaModel* model() const { return model_; }
@@ -241,25 +235,15 @@ class Trainer {
   // update unless the loss, the norm or the update is not sane.
   absl::Status ClipAndUpdate(const TrainOptions& options, double loss_sum,
                              const StepContext& context, StepReport& report);
-  // The options checked for this model (ValidTrainOptions::Check, or the
-  // options as they are when checked for a model of no longer positions).
-  absl::StatusOr<ValidTrainOptions> CheckOptions(const TrainOptions& options) const;
-  absl::StatusOr<ValidTrainOptions> CheckOptions(const ValidTrainOptions& options) const;
-  // The checks Run and ContinueRun make before a step: the options for this
-  // model (CheckOptions), the data against seq_len, and evaluation data
-  // present exactly when due.
-  absl::StatusOr<ValidTrainOptions> CheckRunInputs(const ValidTrainOptions& options,
-                                                   const TokenDataset& data,
-                                                   const TokenDataset* eval_data) const;
-  // The steps of Run and ContinueRun, on run_ and generator_. A step's
-  // learning rate is the schedule's at its position in the whole run (the
-  // steps of the run before it plus its own), so a resumed run gets the
-  // rates an uninterrupted one would have had.
-  absl::StatusOr<TrainResult> RunSteps(
-      const TrainOptions& options, const TokenDataset& data,
-      const std::function<void(const StepReport&)>& on_step,
-      const std::function<bool()>& cancelled, const TokenDataset* eval_data,
-      const StepListeners& listeners);
+  // The steps of Run, on run_ and generator_, over data validated for
+  // options->seq_len. A step's learning rate is the schedule's at its
+  // position in the whole run (the steps of the run before it plus its
+  // own), so a continued run gets the rates an uninterrupted one would have
+  // had.
+  absl::StatusOr<TrainResult> RunSteps(const TrainOptions& options,
+                                       const TokenDataset& data,
+                                       const TokenDataset* eval_data,
+                                       const TrainRunRequest& request);
   // Creates the optimizer on first use; updates its hyperparameters after
   // (the learning rate: this step's, from the schedule).
   void ConfigureOptimizer(const TrainOptions& options, double learning_rate);
@@ -274,7 +258,7 @@ class Trainer {
   bool optimizer_configured_ = false;             // by a step or Restore
   int64_t nonfinite_steps_ = 0;
   int64_t global_step_ = 0;
-  // The run ContinueRun continues (its sampler's generator_state is filled
+  // The run a continued Run continues (its sampler's generator_state is filled
   // only by State()), and its generator.
   std::optional<RunState> run_;
   at::Generator generator_;

@@ -60,6 +60,7 @@
 #include "core/train/step_listener.h"
 #include "core/train/trainer.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 ABSL_FLAG(std::string, scenario, "train", "collectives or train");
 ABSL_FLAG(int64_t, steps, 3, "optimizer steps");
@@ -88,6 +89,8 @@ ABSL_FLAG(std::string, grads_out, "",
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 int Fail(const absl::Status& status) {
   std::cout << "FAILED " << absl::StatusCodeToString(status.code()) << ": "
@@ -337,7 +340,7 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   };
   if (options.steps > 0) {
     absl::StatusOr<TrainResult> result =
-        trainer.Run(options, **data, print_step, {}, nullptr, listeners);
+        CheckAndRun(trainer, options, {print_step, {}, listeners, &**data});
     if (!result.ok()) return Fail(result.status());
   }
   if (absl::GetFlag(FLAGS_continue_steps) > 0) {
@@ -348,8 +351,8 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
       return Fail(s);
     }
     options.steps = absl::GetFlag(FLAGS_continue_steps);
-    absl::StatusOr<TrainResult> result =
-        trainer.ContinueRun(options, **data, print_step, {}, nullptr, listeners);
+    absl::StatusOr<TrainResult> result = CheckAndRun(
+        trainer, options, {print_step, {}, listeners, &**data, nullptr, true});
     if (!result.ok()) return Fail(result.status());
   }
   // The moments (each rank's step counts are copies of one number).

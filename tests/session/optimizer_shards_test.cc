@@ -20,9 +20,12 @@
 #include "core/train/trainer_state.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 using testing::MakeLlama;
 using testing::SmallLlamaConfig;
@@ -80,7 +83,7 @@ TEST(OptimizerShardsTest, ACheckpointOfTwoRanksReshardsOntoThreeAndOne) {
   options.steps = 2;
   options.batch_size = 2;
   options.seq_len = 16;
-  ASSERT_TRUE(trainer.Run(options).ok());
+  ASSERT_TRUE(CheckAndRun(trainer, options).ok());
   std::vector<std::pair<std::string, at::Tensor>> state;
   for (const auto& [name, t] : trainer.NamedOptimizerState()) {
     state.emplace_back(name, t.detach().clone());

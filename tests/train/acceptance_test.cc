@@ -8,9 +8,12 @@
 #include "core/train/trainer.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 constexpr char kGpl3[] = "/usr/share/common-licenses/GPL-3";
 
@@ -31,7 +34,7 @@ std::pair<double, double> TrainTiny(const DataSpec& data) {
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<TrainResult> r =
-      trainer.Run(o, [&](const StepReport& s) { losses.push_back(s.loss); });
+      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses.push_back(s.loss); }});
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(r.ok()) << r.status();

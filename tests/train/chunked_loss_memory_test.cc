@@ -27,9 +27,12 @@
 #include "gtest/gtest.h"
 #include "tests/offload/offload_test_util.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -185,10 +188,11 @@ TEST(ChunkedLossMemoryTest, TrainerStepsWithChunksHaveTheLossOfStepsWithout) {
         o.grad_accumulation_steps = accumulation;
         o.gradient_checkpointing = checkpointing;
         o.loss_chunk_tokens = chunked ? 24 : kLossChunkOff;
-        absl::StatusOr<TrainResult> r = trainer.Run(o, [&](const StepReport& s) {
-          losses[chunked].push_back(s.loss);
-          norms[chunked].push_back(s.grad_norm);
-        });
+        absl::StatusOr<TrainResult> r =
+            CheckAndRun(trainer, o, {[&](const StepReport& s) {
+                          losses[chunked].push_back(s.loss);
+                          norms[chunked].push_back(s.grad_norm);
+                        }});
         ASSERT_TRUE(r.ok()) << r.status();
       }
       ASSERT_EQ(losses[0].size(), 3u);
@@ -257,10 +261,10 @@ TEST(ChunkedLossMemoryTest,
     o.data.kind = DataSpec::Kind::kInlineTokens;
     o.data.tokens = tokens;
     // One step first, so that AdamW's state exists in both measured steps.
-    ASSERT_TRUE(trainer.Run(o).ok());
+    ASSERT_TRUE(CheckAndRun(trainer, o).ok());
     recorder.ResetPeak();
     const int64_t before = recorder.CurrentBytes(memory::kCpuDevice);
-    ASSERT_TRUE(trainer.Run(o).ok());
+    ASSERT_TRUE(CheckAndRun(trainer, o).ok());
     peak[chunked] = recorder.PeakBytes(memory::kCpuDevice) - before;
     const std::vector<memory::StepAttribution> steps = recorder.StepRecords();
     ASSERT_FALSE(steps.empty());

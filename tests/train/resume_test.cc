@@ -22,9 +22,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -232,12 +235,10 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     {
       std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
       Trainer trainer(m.get());
-      ASSERT_TRUE(trainer
-                      .Run(o,
-                           [&](const StepReport& r) {
-                             reference.push_back(r.loss);
-                             reference_lr.push_back(r.learning_rate);
-                           })
+      ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& r) {
+                                reference.push_back(r.loss);
+                                reference_lr.push_back(r.learning_rate);
+                              }})
                       .ok());
     }
     ASSERT_EQ(reference.size(), 6u);
@@ -250,8 +251,8 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
       std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
       Trainer trainer(m.get());
       int done = 0;
-      absl::StatusOr<TrainResult> r = trainer.Run(
-          o, [&](const StepReport&) { ++done; }, [&] { return done == 3; });
+      absl::StatusOr<TrainResult> r = CheckAndRun(
+          trainer, o, {[&](const StepReport&) { ++done; }, [&] { return done == 3; }});
       ASSERT_TRUE(r.ok());
       ASSERT_TRUE(r->cancelled);
       state_json = TrainerStateToJson(trainer.State());
@@ -282,12 +283,17 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     rest.steps = 3;
     std::vector<double> resumed, resumed_lr;
     std::vector<int64_t> global;
-    absl::StatusOr<TrainResult> r =
-        trainer.ContinueRun(rest, **data, [&](const StepReport& s) {
-          resumed.push_back(s.loss);
-          resumed_lr.push_back(s.learning_rate);
-          global.push_back(s.global_step);
-        });
+    absl::StatusOr<TrainResult> r = CheckAndRun(trainer, rest,
+                                                {[&](const StepReport& s) {
+                                                   resumed.push_back(s.loss);
+                                                   resumed_lr.push_back(s.learning_rate);
+                                                   global.push_back(s.global_step);
+                                                 },
+                                                 {},
+                                                 {},
+                                                 &**data,
+                                                 nullptr,
+                                                 true});
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(global, (std::vector<int64_t>{4, 5, 6}));
     EXPECT_EQ(resumed, std::vector<double>(reference.begin() + 3, reference.end()));
@@ -304,7 +310,7 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
 TEST(ResumeTest, RestoreRefusesAnotherModelsStateAndChangesNothing) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
-  ASSERT_TRUE(trainer.Run(Options(1)).ok());
+  ASSERT_TRUE(CheckAndRun(trainer, Options(1)).ok());
   const TrainerState state = trainer.State();
   std::vector<std::pair<std::string, at::Tensor>> optimizer =
       Copies(trainer.NamedOptimizerState());
@@ -362,7 +368,7 @@ TEST(ResumeTest, RestoreOfAShardKeepsExactlyItsPieces) {
   {
     std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
     Trainer trainer(m.get());
-    ASSERT_TRUE(trainer.Run(Options(2)).ok());
+    ASSERT_TRUE(CheckAndRun(trainer, Options(2)).ok());
     state_json = TrainerStateToJson(trainer.State());
     optimizer = Copies(trainer.NamedOptimizerState());
     for (const auto& [name, t] : optimizer) {
@@ -421,19 +427,20 @@ TEST(ResumeTest, ShardedOptimizerNeedsItsDataParallelRunAndReportsOnlySetOptions
   EXPECT_EQ(trainer.ShardOptimizer({0, 2}).code(), absl::StatusCode::kInternal);
   // Without the data-parallel run that feeds the pieces, a step is refused
   // rather than training nothing.
-  absl::StatusOr<TrainResult> alone = trainer.Run(Options(1));
+  absl::StatusOr<TrainResult> alone = CheckAndRun(trainer, Options(1));
   EXPECT_EQ(alone.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(alone.status().message(), HasSubstr("rank 1 of 2"));
   EXPECT_EQ(trainer.OptimizerMetadata().count("group.decay.lr"), 0u);
 }
 
-TEST(ResumeTest, ContinueRunWithoutARunIsFailedPrecondition) {
+TEST(ResumeTest, ContinuingWithoutARunIsFailedPrecondition) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(DataSpec(), 256);
   ASSERT_TRUE(data.ok());
-  absl::StatusOr<TrainResult> r = trainer.ContinueRun(Options(1), **data);
+  absl::StatusOr<TrainResult> r =
+      CheckAndRun(trainer, Options(1), {{}, {}, {}, &**data, nullptr, true});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("no training run to resume"));
 }

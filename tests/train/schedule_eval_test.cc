@@ -17,9 +17,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -141,18 +144,16 @@ TEST(TrainerScheduleTest, EachStepUsesItsScheduledRateAndWarmupStartsAtZero) {
   o.lr_schedule = Schedule(LrSchedulerType::kLinear, 1);
   std::vector<double> rates;
   int unchanged_after_first = -1;
-  ASSERT_TRUE(trainer
-                  .Run(o,
-                       [&](const StepReport& r) {
-                         rates.push_back(r.learning_rate);
-                         if (r.step != 1) return;
-                         unchanged_after_first = 1;
-                         std::vector<at::Tensor> now = m->Parameters();
-                         for (size_t i = 0; i < now.size(); ++i) {
-                           if (!torch::equal(now[i], initial[i]))
-                             unchanged_after_first = 0;
-                         }
-                       })
+  ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& r) {
+                            rates.push_back(r.learning_rate);
+                            if (r.step != 1) return;
+                            unchanged_after_first = 1;
+                            std::vector<at::Tensor> now = m->Parameters();
+                            for (size_t i = 0; i < now.size(); ++i) {
+                              if (!torch::equal(now[i], initial[i]))
+                                unchanged_after_first = 0;
+                            }
+                          }})
                   .ok());
   // Warmup 1 of 4: 0, then (4 - s) / 3 of the peak.
   EXPECT_THAT(rates,
@@ -231,20 +232,30 @@ TEST(EvaluateTest, RunsEvaluateEveryNStepsAndReportThem) {
   o.eval_max_batches = 2;
   std::vector<int64_t> evaluated;
   double last_eval = 0;
-  ASSERT_TRUE(trainer
-                  .Run(
-                      o, *train,
-                      [&](const StepReport& r) {
-                        if (!r.eval) return;
-                        evaluated.push_back(r.step);
-                        EXPECT_EQ(r.eval->tokens, 2 * 4 * 32);
-                        EXPECT_EQ(r.eval->global_step, r.global_step);
-                        last_eval = r.eval->loss;
-                      },
-                      {}, held_out.get())
+  ASSERT_TRUE(CheckAndRun(trainer, o,
+                          {[&](const StepReport& r) {
+                             if (!r.eval) return;
+                             evaluated.push_back(r.step);
+                             EXPECT_EQ(r.eval->tokens, 2 * 4 * 32);
+                             EXPECT_EQ(r.eval->global_step, r.global_step);
+                             last_eval = r.eval->loss;
+                           },
+                           {},
+                           {},
+                           &*train,
+                           held_out.get()})
                   .ok());
   EXPECT_THAT(evaluated, ::testing::ElementsAre(2, 4));
-  EXPECT_EQ(trainer.Run(o, *train).status().code(), absl::StatusCode::kInvalidArgument);
+  // Due evaluations with no evaluation data, given or named, run nothing.
+  TrainOptions no_eval_data = o;
+  no_eval_data.eval_data.reset();
+  EXPECT_EQ(CheckAndRun(trainer, no_eval_data, {{}, {}, {}, &*train}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TrainRunRequest request;
+  request.data = train.get();
+  EXPECT_EQ(trainer.Run(*trainer.Check(o), request).status().code(),
+            absl::StatusCode::kOk)
+      << "a named eval_data source is read when none is given";
   // Step 4's evaluation saw the weights before step 5 changed them.
   absl::StatusOr<EvalResult> now = EvaluateModel(*m, *held_out, EvalOptionsOf(o));
   ASSERT_TRUE(now.ok());
@@ -258,7 +269,7 @@ std::vector<double> Losses(const TrainOptions& o, uint64_t seed,
   Trainer trainer(m.get());
   std::vector<double> losses;
   absl::StatusOr<TrainResult> r =
-      trainer.Run(o, [&](const StepReport& s) { losses.push_back(s.loss); });
+      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses.push_back(s.loss); }});
   EXPECT_TRUE(r.ok()) << r.status();
   if (params) *params = m->Parameters();
   if (state) *state = trainer.OptimizerState();

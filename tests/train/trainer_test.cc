@@ -14,9 +14,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/llama.h"
+#include "tests/testing/train.h"
 
 namespace memprofd {
 namespace {
+
+using testing::CheckAndRun;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -87,8 +90,9 @@ TEST(CheckpointTest, FrozenParametersGetNoGradientAndStayPut) {
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(3);
     o.gradient_checkpointing = checkpointing;
-    absl::StatusOr<TrainResult> r = trainer.Run(
-        o, [&](const StepReport& s) { losses[checkpointing].push_back(s.loss); });
+    absl::StatusOr<TrainResult> r = CheckAndRun(trainer, o, {[&](const StepReport& s) {
+                                                  losses[checkpointing].push_back(s.loss);
+                                                }});
     ASSERT_TRUE(r.ok()) << r.status();
     for (size_t i = 0; i < frozen.size(); ++i)
       EXPECT_TRUE(torch::equal(frozen[i], before[i]));
@@ -108,8 +112,8 @@ TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
     TrainOptions o = SmallOptions(8);
     o.weight_decay = 0.1;
     o.max_grad_norm = 1.0;
-    absl::StatusOr<TrainResult> r =
-        trainer.Run(o, [&](const StepReport& s) { losses->push_back(s.loss); });
+    absl::StatusOr<TrainResult> r = CheckAndRun(
+        trainer, o, {[&](const StepReport& s) { losses->push_back(s.loss); }});
     ASSERT_TRUE(r.ok()) << r.status();
   }
   ASSERT_EQ(first.size(), 8u);
@@ -132,14 +136,14 @@ TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences)
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(valid->get().data, 256);
   ASSERT_TRUE(data.ok()) << data.status();
-  absl::StatusOr<TrainResult> r = trainer.Run(*valid, **data);
+  absl::StatusOr<TrainResult> r = trainer.Run(*valid, {{}, {}, {}, &**data});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps_completed, 2);
 
   request.seq_len = 128;  // fits a model of 4096 positions, not this one
   valid = MergeTrainOverrides(TrainOptions(), request, 4096);
   ASSERT_TRUE(valid.ok()) << valid.status();
-  r = trainer.Run(*valid, **data);
+  r = trainer.Run(*valid, {{}, {}, {}, &**data});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("max_position_embeddings"));
   EXPECT_EQ(MergeTrainOverrides(TrainOptions(), request, 64).status().code(),
@@ -155,9 +159,10 @@ TEST(TrainerTest, CheckpointingTrainsIdentically) {
     TrainOptions o = SmallOptions(4);
     o.gradient_checkpointing = variant > 0;
     if (variant == 2) o.checkpoint_layers = 1;
-    ASSERT_TRUE(
-        trainer.Run(o, [&](const StepReport& s) { losses[variant].push_back(s.loss); })
-            .ok());
+    ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& s) {
+                              losses[variant].push_back(s.loss);
+                            }})
+                    .ok());
   }
   EXPECT_EQ(losses[0], losses[1]);
   EXPECT_EQ(losses[0], losses[2]);
@@ -188,7 +193,7 @@ TEST(TrainerTest, ReportsEveryStep) {
   o.grad_accumulation_steps = 2;
   std::vector<StepReport> reports;
   absl::StatusOr<TrainResult> r =
-      trainer.Run(o, [&](const StepReport& s) { reports.push_back(s); });
+      CheckAndRun(trainer, o, {[&](const StepReport& s) { reports.push_back(s); }});
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(reports.size(), 3u);
   for (size_t i = 0; i < reports.size(); ++i) {
@@ -227,7 +232,8 @@ TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
     o.batch_size = 8 / accum;
     o.grad_accumulation_steps = accum;
     ASSERT_TRUE(
-        trainer.Run(o, [&](const StepReport& s) { reports[accum - 1] = s; }).ok());
+        CheckAndRun(trainer, o, {[&](const StepReport& s) { reports[accum - 1] = s; }})
+            .ok());
   }
   EXPECT_EQ(reports[0].tokens, reports[1].tokens);
   EXPECT_NEAR(reports[0].loss, reports[1].loss, 1e-5);
@@ -244,7 +250,8 @@ TEST(TrainerTest, ClippingBoundsTheGradientNorm) {
     TrainOptions o = SmallOptions(1);
     o.max_grad_norm = clip ? 1e-9 : 0.0;
     ASSERT_TRUE(
-        trainer.Run(o, [&](const StepReport& s) { norms[clip] = s.grad_norm; }).ok());
+        CheckAndRun(trainer, o, {[&](const StepReport& s) { norms[clip] = s.grad_norm; }})
+            .ok());
     change[clip] = (m->Parameters()[1] - before).abs().max().item<double>();
   }
   // The report gives the norm before clipping.
@@ -264,7 +271,7 @@ TEST(TrainerTest, ANonFiniteStepFailsAndLeavesTheWeightsAsTheyWere) {
   }
   std::vector<at::Tensor> before;
   for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
-  absl::StatusOr<TrainResult> r = trainer.Run(o, nullptr);
+  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("non-finite loss"));
@@ -289,7 +296,7 @@ TEST(TrainerTest, AnUpdateThatDivergesIsNotApplied) {
   o.learning_rate = 1e30;
   std::vector<at::Tensor> before;
   for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
-  absl::StatusOr<TrainResult> r = trainer.Run(o, nullptr);
+  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, o);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("diverged"));
@@ -310,10 +317,11 @@ TEST(TrainerTest, AnUpdateThatDivergesIsNotApplied) {
   std::vector<double> losses[2];
   Trainer fresh_trainer(fresh.get());
   ASSERT_TRUE(
-      trainer.Run(o, [&](const StepReport& s) { losses[0].push_back(s.loss); }).ok());
-  ASSERT_TRUE(
-      fresh_trainer.Run(o, [&](const StepReport& s) { losses[1].push_back(s.loss); })
+      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses[0].push_back(s.loss); }})
           .ok());
+  ASSERT_TRUE(CheckAndRun(fresh_trainer, o,
+                          {[&](const StepReport& s) { losses[1].push_back(s.loss); }})
+                  .ok());
   EXPECT_EQ(losses[0].size(), 3u);
   EXPECT_EQ(losses[0], losses[1]);
 }
@@ -383,8 +391,8 @@ TEST(TrainerTest, MarksPhasesAndCallsItsListenersInOrder) {
   SetPhaseListener(&phases);
   double seen_norm = 0;
   absl::StatusOr<TrainResult> r =
-      trainer.Run(SmallOptions(1), [&](const StepReport& s) { seen_norm = s.grad_norm; },
-                  {}, {&a, &b});
+      CheckAndRun(trainer, SmallOptions(1),
+                  {[&](const StepReport& s) { seen_norm = s.grad_norm; }, {}, {&a, &b}});
   SetPhaseListener(nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(phases.events,
@@ -413,7 +421,8 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
       for (const at::Tensor& p : m->Parameters()) v.push_back(p.detach().clone());
       return v;
     }();
-    absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(2), {}, {}, {&failing});
+    absl::StatusOr<TrainResult> r =
+        CheckAndRun(trainer, SmallOptions(2), {{}, {}, {&failing}});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
     EXPECT_EQ(trainer.global_step(), 0);
     const std::vector<at::Tensor> now = m->Parameters();
@@ -427,7 +436,8 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
       int boundaries = 0;
     } stop;
     Trainer trainer(m.get());
-    absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(3), {}, {}, {&stop});
+    absl::StatusOr<TrainResult> r =
+        CheckAndRun(trainer, SmallOptions(3), {{}, {}, {&stop}});
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->cancelled);
     EXPECT_EQ(r->steps_completed, 1);
@@ -441,7 +451,7 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
       }
     } fail;
     Trainer trainer(m.get());
-    EXPECT_EQ(trainer.Run(SmallOptions(1), {}, {}, {&fail}).status().code(),
+    EXPECT_EQ(CheckAndRun(trainer, SmallOptions(1), {{}, {}, {&fail}}).status().code(),
               absl::StatusCode::kDeadlineExceeded);
     EXPECT_EQ(trainer.global_step(), 0);
   }
@@ -451,15 +461,15 @@ TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
   int steps_seen = 0;
-  absl::StatusOr<TrainResult> r = trainer.Run(
-      SmallOptions(10), [&](const StepReport&) { ++steps_seen; },
-      [&] { return steps_seen >= 3; });
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, SmallOptions(10),
+      {[&](const StepReport&) { ++steps_seen; }, [&] { return steps_seen >= 3; }});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
   EXPECT_EQ(r->steps_completed, 3);
   EXPECT_EQ(trainer.global_step(), 3);
   // Training resumes where it stopped, with the optimizer state kept.
-  r = trainer.Run(SmallOptions(2));
+  r = CheckAndRun(trainer, SmallOptions(2));
   ASSERT_TRUE(r.ok());
   EXPECT_FALSE(r->cancelled);
   EXPECT_EQ(r->global_step, 5);
@@ -472,14 +482,12 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   Trainer reference(ref_model.get());
   std::vector<double> losses;
   std::vector<at::Tensor> after_first;
-  ASSERT_TRUE(reference
-                  .Run(o,
-                       [&](const StepReport& s) {
-                         losses.push_back(s.loss);
-                         if (s.step != 1) return;
-                         for (const at::Tensor& p : ref_model->Parameters())
-                           after_first.push_back(p.detach().clone());
-                       })
+  ASSERT_TRUE(CheckAndRun(reference, o, {[&](const StepReport& s) {
+                            losses.push_back(s.loss);
+                            if (s.step != 1) return;
+                            for (const at::Tensor& p : ref_model->Parameters())
+                              after_first.push_back(p.detach().clone());
+                          }})
                   .ok());
 
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
@@ -490,7 +498,8 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   // second micro-batch, after its first ran forward and backward.
   ASSERT_EQ(m->num_layers(), 2);
   int polls = 0;
-  absl::StatusOr<TrainResult> r = trainer.Run(o, {}, [&] { return ++polls == 13; });
+  absl::StatusOr<TrainResult> r =
+      CheckAndRun(trainer, o, {{}, [&] { return ++polls == 13; }});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
   EXPECT_EQ(r->steps_completed, 1);
@@ -507,9 +516,13 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   TrainOptions rest = o;
   rest.steps = 2;
   std::vector<double> resumed;
-  ASSERT_TRUE(trainer
-                  .ContinueRun(rest, **data,
-                               [&](const StepReport& s) { resumed.push_back(s.loss); })
+  ASSERT_TRUE(CheckAndRun(trainer, rest,
+                          {[&](const StepReport& s) { resumed.push_back(s.loss); },
+                           {},
+                           {},
+                           &**data,
+                           nullptr,
+                           true})
                   .ok());
   EXPECT_EQ(resumed, std::vector<double>(losses.begin() + 1, losses.end()));
 }
@@ -533,7 +546,7 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
       o.gradient_checkpointing = checkpointing;
       int polls = 0;
       absl::StatusOr<TrainResult> r =
-          trainer.Run(o, {}, [&] { return ++polls == at_poll; });
+          CheckAndRun(trainer, o, {{}, [&] { return ++polls == at_poll; }});
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_TRUE(r->cancelled);
       EXPECT_EQ(r->steps_completed, 0);
@@ -544,7 +557,7 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
         EXPECT_FALSE(now[i].grad().defined()) << i;
       }
       // The model trains on afterwards, from the same windows.
-      absl::StatusOr<TrainResult> again = trainer.Run(o);
+      absl::StatusOr<TrainResult> again = CheckAndRun(trainer, o);
       ASSERT_TRUE(again.ok()) << again.status();
       EXPECT_EQ(again->steps_completed, 1);
     }
@@ -554,19 +567,19 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
 TEST(TrainerTest, NewOptionsUpdateTheOptimizer) {
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
   Trainer trainer(m.get());
-  ASSERT_TRUE(trainer.Run(SmallOptions(2)).ok());
+  ASSERT_TRUE(CheckAndRun(trainer, SmallOptions(2)).ok());
   std::vector<at::Tensor> before;
   for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
   TrainOptions slow = SmallOptions(2);
   slow.learning_rate = 1e-12;
-  ASSERT_TRUE(trainer.Run(slow).ok());
+  ASSERT_TRUE(CheckAndRun(trainer, slow).ok());
   double max_change = 0;
   auto params = m->Parameters();
   for (size_t i = 0; i < params.size(); ++i) {
     max_change = std::max(max_change, (params[i] - before[i]).abs().max().item<double>());
   }
   EXPECT_LT(max_change, 1e-9);
-  ASSERT_TRUE(trainer.Run(SmallOptions(1)).ok());
+  ASSERT_TRUE(CheckAndRun(trainer, SmallOptions(1)).ok());
   double changed = (params[1] - before[1]).abs().max().item<double>();
   EXPECT_GT(changed, 1e-5);
 }
@@ -580,7 +593,8 @@ TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
   for (int i = 0; i < 300; ++i) spec.tokens.push_back(i % 200);
   absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(spec, 256);
   ASSERT_TRUE(data.ok());
-  absl::StatusOr<TrainResult> r = trainer.Run(SmallOptions(2), **data);
+  absl::StatusOr<TrainResult> r =
+      CheckAndRun(trainer, SmallOptions(2), {{}, {}, {}, &**data});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps_completed, 2);
   // AdamW keeps two moments per parameter.
@@ -588,7 +602,8 @@ TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
   EXPECT_EQ(state.size(), 2 * m->Parameters().size());
   TrainOptions bad = SmallOptions(1);
   bad.seq_len = 400;
-  EXPECT_EQ(trainer.Run(bad, **data).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckAndRun(trainer, bad, {{}, {}, {}, &**data}).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TrainerTest, BadRequestsAreInvalidArgument) {
@@ -596,23 +611,24 @@ TEST(TrainerTest, BadRequestsAreInvalidArgument) {
   Trainer trainer(m.get());
   TrainOptions o = SmallOptions(1);
   o.seq_len = 65;
-  EXPECT_THAT(trainer.Run(o).status().message(),
+  EXPECT_THAT(CheckAndRun(trainer, o).status().message(),
               HasSubstr("max_position_embeddings (64)"));
   o = SmallOptions(0);
-  EXPECT_EQ(trainer.Run(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckAndRun(trainer, o).status().code(), absl::StatusCode::kInvalidArgument);
   o = SmallOptions(1);
   o.data.kind = DataSpec::Kind::kTextFile;
   o.data.path = "/no/such/file";
-  EXPECT_THAT(trainer.Run(o).status().message(), HasSubstr("/no/such/file"));
+  EXPECT_THAT(CheckAndRun(trainer, o).status().message(), HasSubstr("/no/such/file"));
   o = SmallOptions(1);
   o.data.kind = DataSpec::Kind::kInlineTokens;
   o.data.tokens = std::vector<int64_t>(100, 7);
   o.data.tokens[50] = 256;
-  absl::Status s = trainer.Run(o).status();
+  absl::Status s = CheckAndRun(trainer, o).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("token id 256 at position 50"));
   o.data.tokens = std::vector<int64_t>(20, 7);
-  EXPECT_THAT(trainer.Run(o).status().message(), HasSubstr("fewer than seq_len + 1"));
+  EXPECT_THAT(CheckAndRun(trainer, o).status().message(),
+              HasSubstr("fewer than seq_len + 1"));
   EXPECT_EQ(trainer.global_step(), 0);
 }
 
@@ -663,7 +679,7 @@ TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
   huge.data.kind = DataSpec::Kind::kInlineTokens;
   huge.data.tokens.resize(seq_len + 1);
   for (size_t i = 0; i < huge.data.tokens.size(); ++i) huge.data.tokens[i] = i % 251;
-  absl::StatusOr<TrainResult> r = trainer.Run(huge);
+  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, huge);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << r.status();
   EXPECT_THAT(r.status().message(), HasSubstr("out of memory"));
   auto params = m->Parameters();
@@ -673,7 +689,7 @@ TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
   }
   EXPECT_EQ(trainer.global_step(), 0);
 
-  r = trainer.Run(SmallOptions(2));
+  r = CheckAndRun(trainer, SmallOptions(2));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->global_step, 2);
   EXPECT_TRUE(std::isfinite(r->last_loss));
