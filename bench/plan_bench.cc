@@ -41,6 +41,7 @@
 
 #include "absl/strings/str_split.h"
 #include "core/memory/install.h"
+#include "core/memory/recorder.h"
 #include "core/model/config.h"
 #include "core/plan/calibration.h"
 #include "core/plan/planner.h"
@@ -168,7 +169,7 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
     for (const Cell& cell : Grid(*config, name, device, batches, seqs, precisions)) {
       absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
       absl::StatusOr<std::vector<MeasuredStep>> measured =
-          MeasureTrainingSteps(cell.spec, device);
+          MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
       if (!plan.ok() || !measured.ok()) {
         std::fprintf(
             stderr, "plan_bench: %s: %s\n", cell.label.c_str(),

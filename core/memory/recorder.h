@@ -81,7 +81,11 @@ class MemoryRecorder : public PhaseListener {
   static constexpr int kMaxCudaDevices = 16;
 
   // The process-wide instance the allocator wrapper reports to. Never
-  // destroyed (tensors may be freed during static destruction).
+  // destroyed (tensors may be freed during static destruction). In core/,
+  // only the installer and its hooks (install.h, cpu_allocator.h,
+  // cuda_stats.h, an allocation failure's capture) and the Runtime
+  // (core/session/runtime.h) name it; everything else is handed the Runtime's
+  // recorder (a layering test checks it). Tests and benchmarks may use it.
   static MemoryRecorder& Global();
 
   // Separate instances are for tests; only Global() receives allocator events.

@@ -9,15 +9,14 @@
 
 namespace memprofd::plan {
 
-absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(const PlanSpec& spec,
-                                                               c10::Device device,
-                                                               ProcessGroup* group) {
+absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(
+    const PlanSpec& spec, c10::Device device, memory::MemoryRecorder& recorder,
+    ProcessGroup* group) {
   if (!memory::IsCountingCpuAllocatorInstalled()) {
     return absl::FailedPreconditionError(
         "calibration: the process's memory accounting is not installed "
         "(memory::InstallMemoryAccounting)");
   }
-  memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
   const int index =
       device.is_cuda() ? device.index() < 0 ? 0 : device.index() : memory::kCpuDevice;
   // The bytes held before the model exists. The recorder's CUDA figures are

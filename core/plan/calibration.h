@@ -15,6 +15,10 @@
 #include "core/dist/process_group.h"
 #include "core/plan/planner.h"
 
+namespace memprofd::memory {
+class MemoryRecorder;
+}  // namespace memprofd::memory
+
 namespace memprofd::plan {
 
 struct MeasuredStep {
@@ -32,15 +36,18 @@ struct MeasuredStep {
 
 // Makes spec.model on `device` (CPU, or CUDA with the CUDA accounting
 // attached) with weights from seed 0, and runs the two steps the planner
-// plans, with the offloader's accounting as the planner has it. Needs the
-// process's memory accounting installed (memory::InstallMemoryAccounting;
+// plans, with the offloader's accounting as the planner has it, measured by
+// `recorder`: the process's, which the allocator hooks report to (the
+// Runtime's; a test's is the process's instance). Needs the process's
+// memory accounting installed (memory::InstallMemoryAccounting;
 // FAILED_PRECONDITION otherwise) and no other training in the process (the
 // recorder's peaks are reset at each step). The planner's refusals apply.
 // With spec.world_size > 1 the steps are rank group->rank()'s of a real
 // data-parallel run over `group` (every rank calls this at once);
 // INVALID_ARGUMENT without a group of that size.
 absl::StatusOr<std::vector<MeasuredStep>> MeasureTrainingSteps(
-    const PlanSpec& spec, c10::Device device, ProcessGroup* group = nullptr);
+    const PlanSpec& spec, c10::Device device, memory::MemoryRecorder& recorder,
+    ProcessGroup* group = nullptr);
 
 }  // namespace memprofd::plan
 

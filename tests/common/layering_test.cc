@@ -70,4 +70,17 @@ TEST(LayeringTest, OneStatusMappingAndTypedResults) {
             5);
 }
 
+// The recorder is passed, not reached for: in core/, only the installer
+// (the allocator hooks it installs, and what they call when an allocation
+// fails) and the Runtime, which hands the recorder to the session and its
+// parts, name the process's instance.
+TEST(LayeringTest, OnlyTheInstallerAndTheRuntimeReachTheProcessRecorder) {
+  EXPECT_GT(ExpectNoFileMentions("core", {".h", ".cc"}, {"MemoryRecorder::Global()"},
+                                 /*exempt=*/
+                                 {"recorder.h", "recorder.cc", "install.h", "install.cc",
+                                  "cpu_allocator.h", "cpu_allocator.cc", "cuda_stats.cc",
+                                  "oom_report.cc", "runtime.cc"}),
+            5);
+}
+
 }  // namespace

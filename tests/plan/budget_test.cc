@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/memory/install.h"
+#include "core/memory/recorder.h"
 #include "core/plan/calibration.h"
 #include "tests/testing/llama.h"
 
@@ -47,8 +48,8 @@ TEST_F(BudgetTest, HalfwayBudgetTrainsUnderItForReal) {
   // The same effective batch.
   EXPECT_EQ(choice->spec.train.batch_size * choice->spec.train.grad_accumulation_steps,
             request.train.batch_size * request.train.grad_accumulation_steps);
-  absl::StatusOr<std::vector<MeasuredStep>> measured =
-      MeasureTrainingSteps(choice->spec, c10::Device(c10::DeviceType::CPU));
+  absl::StatusOr<std::vector<MeasuredStep>> measured = MeasureTrainingSteps(
+      choice->spec, c10::Device(c10::DeviceType::CPU), memory::MemoryRecorder::Global());
   ASSERT_TRUE(measured.ok()) << measured.status();
   int64_t real = 0;
   for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);

@@ -15,6 +15,7 @@
 #include "core/dist/process_group.h"
 #include "core/dist/sharding.h"
 #include "core/memory/install.h"
+#include "core/memory/recorder.h"
 #include "core/plan/calibration.h"
 #include "tests/testing/llama.h"
 
@@ -28,6 +29,7 @@ ABSL_FLAG(int64_t, seq_len, 64, "tokens per window");
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   namespace plan = memprofd::plan;
+  namespace memory = memprofd::memory;
   auto fail = [](const absl::Status& status) {
     std::cerr << status << "\n";
     return 1;
@@ -52,7 +54,8 @@ int main(int argc, char** argv) {
   spec.world_size = world.world_size;
   spec.sharding = *sharding;
   absl::StatusOr<std::vector<plan::MeasuredStep>> steps =
-      plan::MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU), group->get());
+      plan::MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU),
+                                 memory::MemoryRecorder::Global(), group->get());
   if (!steps.ok()) return fail(steps.status());
   for (const plan::MeasuredStep& s : *steps) {
     std::cout << "rank " << world.rank << " step " << s.step << " peak "

@@ -48,8 +48,8 @@ PlanSpec Spec(const LlamaConfig& config, int64_t batch, int64_t seq, bool checkp
 // The higher measured peak of the two steps the planner plans, run for
 // real on the CPU (calibration.h); -1 (and a test failure) when they fail.
 int64_t MeasuredCpuPeak(const PlanSpec& spec) {
-  absl::StatusOr<std::vector<MeasuredStep>> measured =
-      MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+  absl::StatusOr<std::vector<MeasuredStep>> measured = MeasureTrainingSteps(
+      spec, c10::Device(c10::DeviceType::CPU), memory::MemoryRecorder::Global());
   EXPECT_TRUE(measured.ok()) << measured.status();
   if (!measured.ok()) return -1;
   EXPECT_EQ(measured->size(), 2u);
@@ -217,8 +217,8 @@ TEST_F(PlannerTest, Bf16ChangesThePlanAsItChangesTheStep) {
     absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
     ASSERT_TRUE(plan.ok()) << plan.status();
     planned[k] = plan->peak_allocated_bytes;
-    absl::StatusOr<std::vector<MeasuredStep>> steps =
-        MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+    absl::StatusOr<std::vector<MeasuredStep>> steps = MeasureTrainingSteps(
+        spec, c10::Device(c10::DeviceType::CPU), memory::MemoryRecorder::Global());
     ASSERT_TRUE(steps.ok()) << steps.status();
     for (const MeasuredStep& s : *steps)
       measured[k] = std::max(measured[k], s.peak_allocated_bytes);
@@ -568,8 +568,8 @@ TEST_F(PlannerTest, ReadAheadIsPlannedAsAReaderThatKeepsUp) {
     spec.offload.prefetch_depth = 2;
     absl::StatusOr<MemoryPlan> ahead = PlanTrainingStep(spec);
     ASSERT_TRUE(none.ok() && ahead.ok());
-    absl::StatusOr<std::vector<MeasuredStep>> measured =
-        MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU));
+    absl::StatusOr<std::vector<MeasuredStep>> measured = MeasureTrainingSteps(
+        spec, c10::Device(c10::DeviceType::CPU), memory::MemoryRecorder::Global());
     ASSERT_TRUE(measured.ok()) << measured.status();
     int64_t real = 0;
     for (const MeasuredStep& s : *measured) real = std::max(real, s.peak_allocated_bytes);
