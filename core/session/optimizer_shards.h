@@ -13,9 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "core/common/flat_shard.h"
 #include "core/dist/sharding.h"
 #include "core/session/session_types.h"
-#include "core/common/flat_shard.h"
 
 namespace memprofd {
 

@@ -6,11 +6,14 @@
 
 namespace memprofd {
 
-OwnerThread::OwnerThread(std::string name, int nice_increment,
-                         std::function<void()> boundary_work)
-    : boundary_work_(std::move(boundary_work)) {
-  thread_ = std::thread(
-      [this, name = std::move(name), nice_increment] { Loop(name, nice_increment); });
+OwnerThread::OwnerThread(std::string name, int nice_increment)
+    : name_(std::move(name)), nice_increment_(nice_increment) {}
+
+void OwnerThread::Start(BoundaryWork* boundary_work) {
+  absl::MutexLock join_lock(&join_mu_);
+  if (started_) return;
+  started_ = true;
+  thread_ = std::thread([this, boundary_work] { Loop(boundary_work); });
 }
 
 OwnerThread::~OwnerThread() {
@@ -52,11 +55,11 @@ bool OwnerThread::joined() const {
   return joined_;
 }
 
-void OwnerThread::Loop(const std::string& name, int nice_increment) {
+void OwnerThread::Loop(BoundaryWork* boundary_work) {
   // Set first: what this thread starts later inherits both (threads.h).
-  NameAndLowerThisThread(name, nice_increment);
-  auto run_boundary_work = [this] {
-    if (boundary_work_) boundary_work_();
+  NameAndLowerThisThread(name_, nice_increment_);
+  auto run_boundary_work = [boundary_work] {
+    if (boundary_work != nullptr) boundary_work->RunBoundaryWork();
   };
   for (;;) {
     std::function<void()> work;

@@ -4,7 +4,7 @@
 // The session's owner thread: the one thread that runs everything touching
 // the model (loads, trainings, the wake-ups of boundary work), one item at a
 // time, in the order it was posted. After each item, and once more when it
-// stops, it runs the boundary work it was given (snapshots and evaluations
+// stops, it runs the boundary work it was started with (snapshots and evaluations
 // waiting for a step boundary: when no training runs, the end of an item is
 // that boundary). The session's plan thread (mpd-plan) is a second one,
 // without boundary work: memory plans touch no model.
@@ -38,15 +38,19 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "core/session/boundary_work.h"
 
 namespace memprofd {
 
 class OwnerThread {
  public:
-  // Starts the thread, named `name` (as top -H shows it), its nice value
-  // raised by `nice_increment` (0..kMaxNice; 0 leaves it). `boundary_work`
-  // (may be empty) runs on it after each item and once when it stops.
-  OwnerThread(std::string name, int nice_increment, std::function<void()> boundary_work);
+  // A thread to be named `name` (as top -H shows it), its nice value raised
+  // by `nice_increment` (0..kMaxNice; 0 leaves it). Post queues work from
+  // now on; nothing runs before Start.
+  OwnerThread(std::string name, int nice_increment);
+  // Starts the thread. `boundary_work` (null: none; otherwise it outlives
+  // the thread) runs on it after each item and once when it stops. Once.
+  void Start(BoundaryWork* boundary_work);
   // Stop, then Join.
   ~OwnerThread();
 
@@ -72,17 +76,20 @@ class OwnerThread {
   bool joined() const;
 
  private:
-  void Loop(const std::string& name, int nice_increment);
+  void Loop(BoundaryWork* boundary_work);
 
-  const std::function<void()> boundary_work_;
+  const std::string name_;
+  const int nice_increment_;
 
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool joined_ ABSL_GUARDED_BY(mu_) = false;
 
-  // Serialises Join: the thread is joined once, by the first caller.
+  // Serialises Start and Join: the thread is started once, and joined
+  // once, by the first caller.
   absl::Mutex join_mu_;
+  bool started_ ABSL_GUARDED_BY(join_mu_) = false;
   std::thread thread_;
 };
 

@@ -31,6 +31,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/dist/process_group.h"
+#include "core/session/owner_thread.h"
 #include "core/session/rank_messages.h"
 
 namespace memprofd {
@@ -49,12 +50,14 @@ using rank_messages::MemoryKey;
 using rank_messages::RankMemoryToJson;
 using rank_messages::StringField;
 
-RankCoordinator::RankCoordinator(const WorldSpec& world, std::string device,
-                                 absl::Duration collective_timeout, Callbacks callbacks)
-    : world_(world),
-      device_(std::move(device)),
-      collective_timeout_(collective_timeout),
-      callbacks_(std::move(callbacks)) {}
+RankCoordinator::RankCoordinator(Parts parts)
+    : world_(parts.world),
+      device_(std::move(parts.device)),
+      collective_timeout_(parts.collective_timeout),
+      followed_(parts.commands),
+      owner_(parts.owner),
+      recorder_(parts.recorder),
+      counters_(parts.counters) {}
 
 RankCoordinator::~RankCoordinator() {
   Stop();
@@ -243,20 +246,20 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
     spec.seed = static_cast<uint64_t>(IntField(command, "seed").value_or(0));
     spec.resume = BoolField(command, "resume").value_or(false);
     spec.init_weights = BoolField(command, "init_weights").value_or(false);
-    return callbacks_.follow_load(spec);
+    return followed_.FollowLoad(spec);
   }
   if (kind == "optimizer_shard") {
     // Rank 0 checkpoints while idle: write on the owner thread, which
     // holds the trainer, and answer from there.
     const std::string dir = StringField(command, "dir");
     const int64_t id = IntField(command, "id").value_or(-1);
-    return callbacks_.post([this, dir, id] {
+    return owner_.Post([this, dir, id] {
       if (absl::Status s = AnswerOptimizerShard(dir, id); !s.ok()) FailRun(s);
     });
   }
   if (kind != "train") return BadCommand(absl::StrCat("unknown kind '", kind, "'"));
   ASSIGN_OR_RETURN(rank_messages::TrainCommand train, DecodeTrainCommand(command));
-  return callbacks_.follow_train(train.train, train.offload, train.resume);
+  return followed_.FollowTrain(train.train, train.offload, train.resume);
 }
 
 std::string RankCoordinator::TrainCommand(const TrainOptions& train,

@@ -78,6 +78,7 @@
 #include "core/dist/sharding.h"
 #include "core/memory/memory_stats.h"
 #include "core/session/boundary_work.h"
+#include "core/session/followed_commands.h"
 #include "core/session/session_types.h"
 
 namespace at {
@@ -85,39 +86,39 @@ class Tensor;
 }
 namespace memprofd {
 
+class CounterBoard;
+class OwnerThread;
 class ParameterSharding;
 class ProcessGroup;
 class StoreChannel;
+namespace memory {
+class MemoryRecorder;
+}
 namespace snapshot {
 class TensorAccess;
 }
 
 class RankCoordinator : public ShardedState {
  public:
-  // What the coordinator needs of the session. Each is set (none may be
-  // empty in a run of several ranks).
-  struct Callbacks {
-    // The follower's thread: queue a load (or a training) that rank 0
-    // commanded on the session's owner thread, in the order called. An
-    // error breaks the run (FailRun with it), except CANCELLED: the session
-    // is shutting down, and the follower's thread just stops.
-    std::function<absl::Status(const LoadModelSpec& spec)> follow_load;
-    std::function<absl::Status(const TrainOptions& train,
-                               const offload::OffloadOverrides& offload, bool resume)>
-        follow_train;
-    // A follower's thread: run `work` on the session's owner thread, after
-    // what was queued before (Session::Post); UNAVAILABLE when shutting down.
-    std::function<absl::Status(std::function<void()> work)> post;
-    // Any thread: this process's memory, and its completed training steps.
-    std::function<memory::MemoryStatsView()> memory_stats;
-    std::function<int64_t()> steps_total;
+  // What the coordinator works with: the session's parts, made before it
+  // and outliving it. `device` is the session's compute device ("cpu",
+  // "cuda:N"); `collective_timeout` bounds the rendezvous and waiting for
+  // rank 0's choice of checkpoint. `commands` runs what rank 0 tells a
+  // follower to run; `owner` runs a follower's checkpoint answers;
+  // `recorder` and `counters` give this rank's memory and steps to the
+  // rank-memory thread.
+  struct Parts {
+    const WorldSpec& world;
+    std::string device;
+    absl::Duration collective_timeout;
+    FollowedCommands& commands;
+    OwnerThread& owner;
+    const memory::MemoryRecorder& recorder;
+    const CounterBoard& counters;
   };
 
-  // `device` is the session's compute device ("cpu", "cuda:N");
-  // `collective_timeout` bounds the rendezvous and waiting for rank 0's
-  // choice of checkpoint. Starts nothing.
-  RankCoordinator(const WorldSpec& world, std::string device,
-                  absl::Duration collective_timeout, Callbacks callbacks);
+  // Starts nothing.
+  explicit RankCoordinator(Parts parts);
   // Stop, then Join.
   ~RankCoordinator() override;
 
@@ -262,7 +263,10 @@ class RankCoordinator : public ShardedState {
   const WorldSpec world_;
   const std::string device_;
   const absl::Duration collective_timeout_;
-  const Callbacks callbacks_;
+  FollowedCommands& followed_;
+  OwnerThread& owner_;
+  const memory::MemoryRecorder& recorder_;
+  const CounterBoard& counters_;
   // Start's: the snapshot scheduler's boundary work (null before Start).
   BoundaryWork* boundary_work_ = nullptr;
 

@@ -11,8 +11,10 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/dist/process_group.h"
+#include "core/memory/recorder.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/rank_messages.h"
+#include "core/session/session_counters.h"
 
 namespace memprofd {
 
@@ -25,7 +27,7 @@ RankMemory RankCoordinator::OwnRankMemory() const {
   m.rank = world_.rank;
   m.node_rank = world_.node_rank;
   m.device = device_;
-  const memory::MemoryStatsView stats = callbacks_.memory_stats();
+  const memory::MemoryStatsView stats = recorder_.Stats();
   for (const auto& d : stats.devices) {
     if (d.name != device_) continue;
     m.current_bytes = d.current_bytes;
@@ -34,7 +36,7 @@ RankMemory RankCoordinator::OwnRankMemory() const {
   for (const auto& p : stats.last_step_peaks) {
     if (p.device == device_) m.last_step_peak_bytes = p.peak_bytes;
   }
-  m.steps_total = callbacks_.steps_total();
+  m.steps_total = counters_.Read().steps_total;
   return m;
 }
 

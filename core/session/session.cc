@@ -24,6 +24,7 @@
 #include "core/session/rank_coordinator.h"
 #include "core/session/runtime.h"
 #include "core/session/snapshot_scheduler.h"
+#include "core/session/training.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
 
@@ -216,49 +217,27 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
       device_(std::move(device)),
       data_roots_(std::move(data_roots)),
       start_time_(absl::Now()) {
+  // Each part is made with the parts it uses, so this order is the graph
+  // (docs/design.md draws it). The owner thread starts last, with the
+  // snapshot scheduler's boundary work: the one loop, closed once both
+  // exist.
+  owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice);
+  plans_ = std::make_unique<OwnerThread>("mpd-plan", options_.bulk_nice);
   host_ = std::make_unique<ModelHost>(options_, device_, runtime_.recorder(),
                                       std::move(model_roots));
-  RankCoordinator::Callbacks ranks;
-  ranks.follow_load = [this](const LoadModelSpec& spec) { return FollowLoad(spec); };
-  ranks.follow_train = [this](const TrainOptions& train,
-                              const offload::OffloadOverrides& offload, bool resume) {
-    return FollowTrain(train, offload, resume);
-  };
-  ranks.post = [this](std::function<void()> work) { return Post(std::move(work)); };
-  ranks.memory_stats = [this] { return MemoryStats(); };
-  ranks.steps_total = [this] {
-    absl::MutexLock lock(&mu_);
-    return counters_.steps_total;
-  };
   ranks_ = std::make_unique<RankCoordinator>(
-      options_.world, device_, options_.collective_timeout, std::move(ranks));
-  SnapshotScheduler::Callbacks snapshots;
-  snapshots.model = [this] { return host_->model(); };
-  snapshots.trainer = [this] { return host_->trainer(); };
-  snapshots.describe_source = [this](snapshot::SnapshotOptions* options) {
-    host_->DescribeSource(options);
-  };
-  snapshots.model_loaded = [this] { return host_->Summary().has_value(); };
-  snapshots.post = [this](std::function<void()> work) { return Post(std::move(work)); };
-  snapshots.observers = [this] { return Observers(); };
-  snapshots.count_snapshot =
-      [this](const absl::StatusOr<snapshot::SnapshotManifest>& manifest) {
-        absl::MutexLock lock(&mu_);
-        if (manifest.ok()) {
-          counters_.snapshots_succeeded += 1;
-          counters_.snapshot_bytes_total += manifest->bytes_written;
-        } else {
-          counters_.snapshots_failed += 1;
-        }
-      };
+      RankCoordinator::Parts{options_.world, device_, options_.collective_timeout, *this,
+                             *owner_, runtime_.recorder(), counters_});
   snapshots_ = std::make_unique<SnapshotScheduler>(
-      options_, ranks_->follower(), operations_, *ranks_, std::move(snapshots));
+      SnapshotScheduler::Parts{options_, ranks_->follower(), operations_, *ranks_, *host_,
+                               *owner_, counters_, observers_});
   oom_ = std::make_unique<OomReporter>(runtime_.recorder(), device_, options_.report_dir,
                                        options_.peak_file);
-  owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,
-                                         [this] { snapshots_->RunBoundaryWork(); });
-  plans_ = std::make_unique<OwnerThread>("mpd-plan", options_.bulk_nice,
-                                         std::function<void()>());
+  training_ = std::make_unique<Training>(
+      Training::Parts{options_, device_, data_roots_, runtime_, *host_, *ranks_,
+                      *snapshots_, *oom_, *owner_, *plans_, counters_, observers_});
+  owner_->Start(snapshots_.get());
+  plans_->Start(nullptr);
 }
 
 Session::~Session() {
@@ -329,11 +308,7 @@ absl::StatusOr<ModelSummary> Session::DescribeModel() const {
 }
 
 SessionCounters Session::Counters() const {
-  SessionCounters c;
-  {
-    absl::MutexLock lock(&mu_);
-    c = counters_;
-  }
+  SessionCounters c = counters_.Read();
   // The allocator's categories as they are now, not at the last step.
   c.categories = host_->Categories();
   c.oom_reports_total = oom_->reports_total();
@@ -345,13 +320,7 @@ absl::StatusOr<OomReportRecord> Session::LastOomReport() const {
 }
 
 void Session::AddObserver(std::shared_ptr<SessionObserver> observer) {
-  absl::MutexLock lock(&mu_);
-  observers_.push_back(std::move(observer));
-}
-
-std::vector<std::shared_ptr<SessionObserver>> Session::Observers() const {
-  absl::MutexLock lock(&mu_);
-  return observers_;
+  observers_.Add(std::move(observer));
 }
 
 }  // namespace memprofd

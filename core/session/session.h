@@ -16,15 +16,16 @@
 // (rank_coordinator.h) is this rank's seat in a data-parallel run;
 // OomReporter (oom_reporter.h) keeps OOM reports and step peaks; operations
 // live in OperationRegistry (operation.h), and memory is read through the
-// process's Runtime (runtime.h). What is left here: the checks of each
-// request, training runs (TrainingRun, session_train.cc) and evaluations,
-// the counters and the observers.
+// process's Runtime (runtime.h); a training, once its request is checked,
+// is Training's (training.h): admission, start and run. What is left here:
+// the checks of each request (the doors), evaluations and plans, and the
+// counters and observers every part is handed (session_counters.h).
 //
 // Thread-safety: every public method may be called from any thread. Work on
 // the model runs on the owner thread only. The session's lock guards the
-// training flag, the counters and the observers; the model host's published
-// copies are under the host's own lock, and the session never calls the host
-// while holding its own, so the two never nest.
+// admission of trainings and plans; the counters, the observers, the
+// training slot and the model host's published copies each have their own
+// lock, and none is held while calling out, so no two nest.
 
 #include <atomic>
 #include <cstdint>
@@ -42,7 +43,9 @@
 #include "core/common/files.h"
 #include "core/memory/breakdown.h"
 #include "core/memory/memory_stats.h"
+#include "core/session/followed_commands.h"
 #include "core/session/operation.h"
+#include "core/session/session_counters.h"
 #include "core/session/session_types.h"
 #include "core/session/training_slot.h"
 
@@ -56,8 +59,9 @@ class Runtime;
 class RankCoordinator;
 class SnapshotScheduler;
 class TokenDataset;
+class Training;
 
-class Session {
+class Session : private FollowedCommands {
  public:
   // Validates the options (ValidateSessionOptions), resolves the device and
   // prepares `runtime` for it (the process's memory accounting and offload
@@ -71,7 +75,7 @@ class Session {
                                                          Runtime& runtime);
 
   // Shutdown(), then joins the owner and any async snapshot writer.
-  ~Session();
+  ~Session() override;
 
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -144,7 +148,7 @@ class Session {
   // of at most two micro-batches per step, each rank's in a data-parallel
   // run: milliseconds to a fraction of a second), so that the plan's real
   // CPU bytes and its cores never overlap the run's steps. It is also the
-  // run's admission (CalibrateRun), so a run queues behind a PlanMemory or
+  // run's admission (Training::Calibrate), so a run queues behind a PlanMemory or
   // another training's calibration (each bounded and cancellable) rather
   // than skip it. In a data-parallel run rank 0 admits the run for every
   // rank, on its own device's room and its own planned peak. Step reports
@@ -290,88 +294,25 @@ class Session {
   // ranks_'s. After the start model loaded: every rank checks it holds rank
   // 0's model and takes its weights and optimizer state (owner thread).
   absl::Status AlignWithRankZero();
-  // The follower's thread (RankCoordinator::Callbacks): queue rank 0's
+  // The follower's thread (FollowedCommands): queue rank 0's
   // LoadModel or Train as an operation on the owner thread. FollowLoad:
   // Post's UNAVAILABLE once Shutdown has begun. FollowTrain: CANCELLED once
   // Shutdown has begun, the offload merge's and the data's errors (naming
   // this rank), FAILED_PRECONDITION without a model.
-  absl::Status FollowLoad(const LoadModelSpec& spec);
+  absl::Status FollowLoad(const LoadModelSpec& spec) override;
   absl::Status FollowTrain(const TrainOptions& train,
-                           const offload::OffloadOverrides& offload_request, bool resume);
+                           const offload::OffloadOverrides& offload_request,
+                           bool resume) override;
 
-  // One training operation's step listener (session_train.cc).
-  class TrainingRun;
-
-  // What a training run was planned at: a budgeted run's choice (set by the
-  // plan thread before the run starts) and the planned peak of the run's
-  // configuration. Shared by the plan thread and the run's step listener,
-  // which reads it at each step.
-  struct TrainingPlan {
-    std::string budget_choice;                   // empty: no budget
-    std::atomic<int64_t> planned_peak_bytes{0};  // 0: not planned (yet)
-  };
-  // Queues a training run of these options on the owner thread (with the
-  // training's ticket): what StartTraining posts. Post's UNAVAILABLE once
-  // Shutdown has begun; the caller then finishes the operation through the
-  // ticket.
-  using StartRun = std::function<absl::Status(const ValidTrainOptions& train,
-                                              const offload::OffloadOptions& offload)>;
-
-  // Plan thread only (session_plan.cc): chooses the configuration of
-  // training `op` (model `config`, the merged `train` and `offload`) under
-  // `budget_bytes` with plan::ChooseUnderBudget, records it in `plan` and
-  // starts the run with `start`; or, when nothing fits, the planner fails,
-  // the operation was cancelled or start is refused, finishes `op` with that
-  // status through `ticket`.
-  void PlanUnderBudget(const std::shared_ptr<Operation>& op,
-                       const std::shared_ptr<TrainingSlot::Ticket>& ticket,
-                       const LlamaConfig& config, const ValidTrainOptions& train,
-                       const offload::OffloadOptions& offload, int64_t budget_bytes,
-                       const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
-
-  // OK when a step planned as `planned` can fit what the compute device has
-  // free now (with what this process already holds there); RESOURCE_EXHAUSTED
-  // naming the planned peak otherwise. OK when the room is unknown.
-  absl::Status StepFits(const plan::MemoryPlan& planned) const;
-  // This rank's planned peak in `planned` (its RankPlan's; the plan's peak
-  // when the rank was not planned on its own).
-  int64_t OwnPlannedPeak(const plan::MemoryPlan& planned) const;
-  // Plan thread only (session_plan.cc): calibration. Plans the step of
-  // training `op` (model `config`, the merged `train` and `offload`; each
-  // rank of a data-parallel run), records this rank's planned peak in
-  // `plan`, where the run's step reports and the plan-error gauge find it,
-  // and starts the run with `start` (refused: finishes `op` with that status
-  // through `ticket`). The plan is skipped when `op` is done or cancelled,
-  // or the session is stopping, and stops when `op` is cancelled during it;
-  // one that fails otherwise leaves the run without one (logged). Admission
-  // first: a plan refused by the planner's size admission, or whose peak
-  // StepFits refuses, ends `op` with that status before the run allocates
-  // anything.
-  void CalibrateRun(const std::shared_ptr<Operation>& op,
-                    const std::shared_ptr<TrainingSlot::Ticket>& ticket,
-                    const LlamaConfig& config, const ValidTrainOptions& train,
-                    const offload::OffloadOptions& offload,
-                    const std::shared_ptr<TrainingPlan>& plan, const StartRun& start);
-  // Owner thread only: runs training `op` and finishes it through `ticket`.
-  void RunTraining(const std::shared_ptr<Operation>& op,
-                   std::shared_ptr<TrainingSlot::Ticket> ticket,
-                   const ValidTrainOptions& train,
-                   const offload::OffloadOptions& offload_options,
-                   const TokenDataset& data, const TokenDataset* eval_data, bool resume,
-                   std::shared_ptr<const TrainingPlan> plan);
   // Evaluates on `in_request` (the data the request carried, checked), or
   // reads options.data first (a file: bad data fails `op`).
   void RunEvaluation(const std::shared_ptr<Operation>& op, const EvalOptions& options,
                      std::shared_ptr<const TokenDataset> in_request);
-  // Counts a finished evaluation for Counters().
-  void CountEvaluation(const EvalResult& result);
   // Plan thread only (session_plan.cc): runs plan `op` of `spec` (model and
   // training filled in when `ready`, else read from spec.hf_config_dir
   // first) and finishes it.
   void RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec& spec,
                plan::PlanSpec base, bool ready, const std::string& model_name);
-  // The observers, copied under the lock, to call without it.
-  std::vector<std::shared_ptr<SessionObserver>> Observers() const;
 
   const SessionOptions options_;
   // The process's memory accounting: every memory figure is read through
@@ -393,9 +334,19 @@ class Session {
   mutable absl::Mutex mu_;
   // The id of the PLAN operation queued or running on plans_; empty: none.
   std::string plan_active_ ABSL_GUARDED_BY(mu_);
-  SessionCounters counters_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<SessionObserver>> observers_ ABSL_GUARDED_BY(mu_);
+  // What every part counts (Counters() adds the live figures) and whom it
+  // tells of steps and snapshots.
+  CounterBoard counters_;
+  ObserverList observers_;
 
+  // Runs the work posted (Post) and, after each item, the boundary work.
+  // Made first, started last in the constructor (with the snapshot
+  // scheduler's boundary work); stopped and joined by Shutdown.
+  std::unique_ptr<OwnerThread> owner_;
+  // The plan thread (mpd-plan): the same one-item-at-a-time queue as the
+  // owner's, for memory plans, which touch no model and so never wait for
+  // the owner. Started with owner_; stopped and joined by Shutdown.
+  std::unique_ptr<OwnerThread> plans_;
   // The loaded model, its trainer and offloader, and their published
   // summary (ModelHost, model_host.h). Always set; made before the owner
   // thread starts, released by the destructor once the owner thread and the
@@ -420,13 +371,9 @@ class Session {
   // training run's step listener records into it. Made before the owner
   // thread starts.
   std::unique_ptr<OomReporter> oom_;
-  // Runs the work posted (Post) and, after each item, the boundary work.
-  // Started last in the constructor; stopped and joined by Shutdown.
-  std::unique_ptr<OwnerThread> owner_;
-  // The plan thread (mpd-plan): the same one-item-at-a-time queue as the
-  // owner's, for memory plans, which touch no model and so never wait for
-  // the owner. Started with owner_; stopped and joined by Shutdown.
-  std::unique_ptr<OwnerThread> plans_;
+  // Training operations past their door (training.h). Made last: it reaches
+  // every part above.
+  std::unique_ptr<Training> training_;
 };
 
 // Resolves "auto", "cpu", "cuda", "cuda:N" against this build and machine.

@@ -18,6 +18,7 @@
 #include "core/session/owner_thread.h"
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
+#include "core/session/training.h"
 #include "core/session/training_data.h"
 #include "core/train/data.h"
 #include "core/train/trainer.h"
@@ -41,11 +42,9 @@ absl::StatusOr<MemoryAcrossRanks> Session::MemoryOfAllRanks() const {
 }
 
 absl::Status Session::AlignWithRankZero() {
-  {
-    // JoinRun checked that every rank uses this level.
-    absl::MutexLock lock(&mu_);
-    counters_.data_parallel.sharding = options_.sharding;
-  }
+  // JoinRun checked that every rank uses this level.
+  counters_.Update(
+      [&](SessionCounters& c) { c.data_parallel.sharding = options_.sharding; });
   // Every rank was started with the same --model (or resumed from the same
   // checkpoint): the check fails naming the first rank that was not.
   if (host_->model() == nullptr) return absl::OkStatus();
@@ -113,14 +112,9 @@ absl::Status Session::FollowTrain(const TrainOptions& train,
   if (owner_->stopping()) return absl::CancelledError("shutting down");
   std::shared_ptr<TrainingSlot::Ticket> ticket = training_slot_.TakeInTurn();
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kTrain);
-  absl::Status posted =
-      owner_->Post([this, op, ticket, valid, offload_options, data, eval_data, resume] {
-        RunTraining(op, ticket, valid, offload_options, *data, eval_data.get(), resume,
-                    std::make_shared<TrainingPlan>());
-      });
-  if (!posted.ok()) {
+  if (!training_->Follow(op, ticket, valid, offload_options, {data, eval_data}, resume)
+           .ok()) {
     // Shutdown began since the check above.
-    ticket->Finish(op, absl::CancelledError("shutting down"));
     return absl::CancelledError("shutting down");
   }
   return absl::OkStatus();

@@ -102,14 +102,7 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   op->SetProgress(
       batches, batches, "batches",
       absl::StrFormat("loss %.4f, perplexity %.2f", result->loss, result->perplexity));
-  CountEvaluation(*result);
+  counters_.CountEvaluation(*result);
   op->Finish(absl::OkStatus(), *result);
 }
-
-void Session::CountEvaluation(const EvalResult& result) {
-  absl::MutexLock lock(&mu_);
-  counters_.evaluations_total += 1;
-  counters_.last_eval = result;
-}
-
 }  // namespace memprofd

@@ -21,6 +21,7 @@
 #include "core/plan/planner.h"
 #include "core/session/model_host.h"
 #include "core/session/owner_thread.h"
+#include "core/session/plan_support.h"
 #include "core/session/runtime.h"
 #include "core/session/session.h"
 #include "core/session/training_data.h"
@@ -28,21 +29,6 @@
 
 namespace memprofd {
 namespace {
-
-// The device a plan targets when the request names none: the session's
-// (a device string such as "cpu" or "cuda:0").
-plan::PlanSpec::Target TargetOf(absl::string_view device) {
-  return absl::StartsWith(device, "cuda") ? plan::PlanSpec::Target::kCuda
-                                          : plan::PlanSpec::Target::kCpu;
-}
-
-// What a run of `train` keeps of its data in the allocator
-// (plan::PlanSpec::data_bytes): its training and evaluation tokens held in
-// memory.
-int64_t PlannedDataBytes(const TrainOptions& train) {
-  return InMemoryTokenBytes(train.data) +
-         (train.eval_data ? InMemoryTokenBytes(*train.eval_data) : 0);
-}
 
 // `base` with the model and the training a plan of `config` runs: the
 // request's training fields merged over TrainOptions' defaults by
@@ -60,52 +46,6 @@ absl::StatusOr<plan::PlanSpec> WithModel(plan::PlanSpec base, const LlamaConfig&
   base.data_bytes = PlannedDataBytes(base.train);
   return base;
 }
-
-// fn() on the plan thread, where the planner runs LibTorch: nothing it
-// throws may end the thread (and the daemon) instead of the operation, so a
-// throw comes back as TorchBoundary's status, named `what`.
-template <typename T>
-absl::StatusOr<T> PlanGuarded(absl::string_view what,
-                              absl::FunctionRef<absl::StatusOr<T>()> fn) {
-  absl::StatusOr<T> out = absl::InternalError(absl::StrCat(what, " did not run"));
-  if (absl::Status thrown = TorchBoundary(what, [&] { out = fn(); }); !thrown.ok()) {
-    out = thrown;
-  }
-  return out;
-}
-
-// When a plan stops (PlanSpec::cancelled): its operation was cancelled (by
-// its client, or a drain), or it ran past the daemon's wall-clock cap on a
-// plan (SessionOptions::max_plan_time), counted from when it starts.
-class PlanClock {
- public:
-  PlanClock(std::shared_ptr<Operation> op, absl::Duration cap)
-      : op_(std::move(op)), cap_(cap), deadline_(absl::Now() + cap) {}
-
-  std::function<bool()> StopWhen() const {
-    return [op = op_, deadline = deadline_] {
-      return op->cancel_requested() || absl::Now() >= deadline;
-    };
-  }
-
-  // A plan's failure as its client reads it: one the cap stopped (the
-  // planner says CANCELLED) is DEADLINE_EXCEEDED naming the cap.
-  absl::Status Explain(absl::Status status, absl::string_view what) const {
-    if (!absl::IsCancelled(status) || op_->cancel_requested() ||
-        absl::Now() < deadline_) {
-      return status;
-    }
-    return absl::DeadlineExceededError(absl::StrCat(
-        what, " ran past the daemon's cap on a plan (max_plan_time, ",
-        absl::FormatDuration(cap_),
-        ") and was stopped: plan a smaller model or configuration, or raise the cap"));
-  }
-
- private:
-  const std::shared_ptr<Operation> op_;
-  const absl::Duration cap_;
-  const absl::Time deadline_;
-};
 
 }  // namespace
 
@@ -253,170 +193,6 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
                   absl::StrFormat("peak %d bytes in %s", plan->peak_allocated_bytes,
                                   PhaseName(plan->peak_phase)));
   finish(absl::OkStatus(), PlanResult{model_name, planned->target, *std::move(plan)});
-}
-
-namespace {
-
-// The plan of a training step of `config` as this session's device runs it,
-// on each rank of its data-parallel run (one process: world 1).
-plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions& options,
-                                const LlamaConfig& config, const ValidTrainOptions& train,
-                                const offload::OffloadOptions& offload) {
-  plan::PlanSpec spec;
-  spec.model = config;
-  spec.train = train.get();
-  spec.offload = offload;
-  spec.target = TargetOf(device);
-  spec.world_size = options.world.world_size;
-  spec.sharding = options.sharding;
-  spec.data_bytes = PlannedDataBytes(spec.train);
-  return spec;
-}
-
-}  // namespace
-
-int64_t Session::OwnPlannedPeak(const plan::MemoryPlan& planned) const {
-  for (const plan::RankPlan& rank : planned.ranks) {
-    if (rank.rank == options_.world.rank) return rank.peak_allocated_bytes;
-  }
-  return planned.peak_allocated_bytes;
-}
-
-absl::Status Session::StepFits(const plan::MemoryPlan& planned) const {
-  const int64_t peak = OwnPlannedPeak(planned);
-  const int device = host_->recorder_device();
-  const memory::DeviceRoom room = memory::QueryDeviceRoom(device);
-  if (room.free_bytes < 0) return absl::OkStatus();  // nothing known to compare with
-  // What the device holds for this process now (the model, any optimizer
-  // state) is inside the plan's peak and no longer free.
-  int64_t held = 0;
-  for (const memory::DeviceMemoryStats& d : runtime_.recorder().Stats().devices) {
-    if (d.index == device) held = d.current_bytes;
-  }
-  const int64_t more = peak - held;
-  if (more <= room.free_bytes) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrFormat(
-      "its step is planned to peak at %d bytes%s, %d more than this process holds now, "
-      "and the %s device has %d bytes free; lower batch_size or seq_len, set "
-      "gradient_checkpointing or offloading, or give memory_budget_bytes",
-      peak,
-      planned.world_size > 1 ? absl::StrCat(" on rank ", options_.world.rank)
-                             : std::string(),
-      more, device_, room.free_bytes));
-}
-
-void Session::CalibrateRun(const std::shared_ptr<Operation>& op,
-                           const std::shared_ptr<TrainingSlot::Ticket>& ticket,
-                           const LlamaConfig& config, const ValidTrainOptions& train,
-                           const offload::OffloadOptions& offload,
-                           const std::shared_ptr<TrainingPlan>& plan,
-                           const StartRun& start) {
-  if (!op->done() && !op->cancel_requested() && !plans_->stopping()) {
-    plan::PlanSpec spec = TrainingPlanSpec(device_, options_, config, train, offload);
-    // A training cancelled meanwhile stops its plan between layers, so that
-    // the next training's calibration, queued behind it, runs at once; so
-    // does the cap on a plan.
-    const PlanClock clock(op, options_.max_plan_time);
-    spec.cancelled = clock.StopWhen();
-    // Admission: a step beyond the plan's size admission, or whose planned
-    // peak cannot fit what the device has free, is refused before the run
-    // allocates anything. A plan that fails otherwise leaves the run
-    // unplanned (logged below), never refused.
-    absl::Status admitted = plan::CheckPlanSize(spec);
-    absl::StatusOr<plan::MemoryPlan> planned =
-        admitted.ok()
-            ? PlanGuarded<plan::MemoryPlan>("calibration plan",
-                                            [&] { return plan::PlanTrainingStep(spec); })
-            : absl::StatusOr<plan::MemoryPlan>(admitted);
-    if (planned.ok()) admitted = StepFits(*planned);
-    // A plan the cap stopped decided nothing: the run is not admitted.
-    const absl::Status explained =
-        clock.Explain(planned.status(), "the plan that admits the training");
-    if (absl::IsDeadlineExceeded(explained)) admitted = explained;
-    if (options_.refuse_unfit_steps && !admitted.ok()) {
-      ticket->Finish(
-          op,
-          absl::Status(admitted.code(), absl::StrCat("the training was refused before it "
-                                                     "allocated anything: ",
-                                                     admitted.message())),
-          TrainResult{});
-      return;
-    }
-    if (planned.ok()) {
-      plan->planned_peak_bytes.store(OwnPlannedPeak(*planned));
-    } else if (!op->cancel_requested()) {
-      // The run goes on unplanned (its reports' planned_peak_bytes stay 0,
-      // "not planned"); the log says why, so that no plan fails unseen.
-      LogWarning(absl::StrCat(
-          "training operation ", op->id(),
-          " runs without a calibration plan: ", planned.status().ToString()));
-    }
-  }
-  if (absl::Status posted = start(train, offload); !posted.ok()) {
-    ticket->Finish(op, std::move(posted), TrainResult{});
-  }
-}
-
-void Session::PlanUnderBudget(const std::shared_ptr<Operation>& op,
-                              const std::shared_ptr<TrainingSlot::Ticket>& ticket,
-                              const LlamaConfig& config, const ValidTrainOptions& train,
-                              const offload::OffloadOptions& offload,
-                              int64_t budget_bytes,
-                              const std::shared_ptr<TrainingPlan>& plan,
-                              const StartRun& start) {
-  auto fail = [&](absl::Status status) {
-    ticket->Finish(op, std::move(status), TrainResult{});
-  };
-  if (op->cancel_requested()) {
-    fail(absl::CancelledError("cancelled before it started"));
-    return;
-  }
-  op->SetProgress(
-      0, train->steps, "steps",
-      absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
-  plan::PlanSpec base = TrainingPlanSpec(device_, options_, config, train, offload);
-  const PlanClock clock(op, options_.max_plan_time);
-  base.cancelled = clock.StopWhen();
-  absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(
-      "memory budget plan", [&] { return plan::ChooseUnderBudget(base, budget_bytes); });
-  if (!choice.ok()) {
-    fail(clock.Explain(choice.status(), "the memory budget's plans"));
-    return;
-  }
-  if (op->cancel_requested()) {
-    fail(absl::CancelledError("cancelled while its configuration was planned"));
-    return;
-  }
-  // The chosen options went through the one check again: they differ from
-  // the request's in fields the planner may have set.
-  absl::StatusOr<ValidTrainOptions> chosen =
-      ValidTrainOptions::Check(choice->spec.train, config.max_position_embeddings);
-  if (!chosen.ok()) {
-    fail(chosen.status());
-    return;
-  }
-  // The budget is the client's; the device's room is admitted as for a
-  // calibrated run.
-  if (options_.refuse_unfit_steps) {
-    if (absl::Status fits = StepFits(choice->chosen.plan); !fits.ok()) {
-      fail(absl::Status(
-          fits.code(),
-          absl::StrCat("the training was refused before it allocated "
-                       "anything: under memory_budget_bytes ",
-                       budget_bytes, " the chosen configuration (",
-                       choice->chosen.Describe(base), ") ", fits.message())));
-      return;
-    }
-  }
-  plan->budget_choice = choice->chosen.Describe(base);
-  plan->planned_peak_bytes.store(choice->chosen.plan.peak_allocated_bytes);
-  op->SetProgress(
-      0, train->steps, "steps",
-      absl::StrFormat("under %d bytes: %s, planned peak %d bytes", budget_bytes,
-                      plan->budget_choice, choice->chosen.plan.peak_allocated_bytes));
-  if (absl::Status posted = start(*chosen, choice->spec.offload); !posted.ok()) {
-    fail(posted);
-  }
 }
 
 }  // namespace memprofd

@@ -13,7 +13,10 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/model/llama.h"
+#include "core/session/model_host.h"
 #include "core/session/optimizer_shards.h"
+#include "core/session/owner_thread.h"
+#include "core/session/session_counters.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
@@ -73,7 +76,7 @@ absl::Status SnapshotScheduler::GatherOptimizerShards(
 }
 
 absl::Status SnapshotScheduler::WriteOptimizerShard(const std::string& dir) {
-  Trainer* const trainer = callbacks_.trainer();
+  Trainer* const trainer = host_.trainer();
   if (trainer == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "rank ", options_.world.rank,
@@ -88,14 +91,15 @@ absl::Status SnapshotScheduler::WriteOptimizerShard(const std::string& dir) {
       .status();
 }
 
-SnapshotScheduler::SnapshotScheduler(const SessionOptions& options, bool follower,
-                                     OperationRegistry& operations, ShardedState& sharded,
-                                     Callbacks callbacks)
-    : options_(options),
-      follower_(follower),
-      operations_(operations),
-      sharded_(sharded),
-      callbacks_(std::move(callbacks)) {}
+SnapshotScheduler::SnapshotScheduler(Parts parts)
+    : options_(parts.options),
+      follower_(parts.follower),
+      operations_(parts.operations),
+      sharded_(parts.sharded),
+      host_(parts.host),
+      owner_(parts.owner),
+      counters_(parts.counters),
+      observers_(parts.observers) {}
 
 SnapshotScheduler::~SnapshotScheduler() { Join(); }
 
@@ -114,7 +118,7 @@ absl::Status SnapshotScheduler::QueueBoundaryWork(std::function<void()> work) {
   // runs boundary work after every item. Posted under the lock, before the
   // work is queued: the owner's RunBoundaryWork after the empty item waits
   // for the lock, so it finds the work.
-  RETURN_IF_ERROR(callbacks_.post([] {}));
+  RETURN_IF_ERROR(owner_.Post([] {}));
   boundary_.push_back(std::move(work));
   return absl::OkStatus();
 }
@@ -144,7 +148,7 @@ absl::StatusOr<std::shared_ptr<Operation>> SnapshotScheduler::StartSnapshot(
   }
   RETURN_IF_ERROR(snapshot::ValidateSnapshotName(spec.name));
   RETURN_IF_ERROR(snapshot::CheckCheckpointDtype(spec.options));
-  if (!callbacks_.model_loaded())
+  if (!host_.Summary().has_value())
     return absl::FailedPreconditionError("no model is loaded; LoadModel first");
   if (snapshot::DescribeSnapshot(options_.snapshot_root, spec.name).ok()) {
     return absl::AlreadyExistsError(
@@ -195,12 +199,12 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   }
   op->MarkRunning();
   PhaseScope phase(Phase::kSnapshot);
-  LlamaModel& model = *callbacks_.model();
-  Trainer* const trainer = callbacks_.trainer();
+  LlamaModel& model = *host_.model();
+  Trainer* const trainer = host_.trainer();
   SnapshotSpec s = spec;
   s.options.tie_word_embeddings = model.config().tie_word_embeddings;
   s.options.global_step = trainer ? trainer->global_step() : 0;
-  callbacks_.describe_source(&s.options);
+  host_.DescribeSource(&s.options);
   const std::string config_json = model.config().ToJson();
   // A checkpoint's training state, taken here at the step boundary with the
   // weights: the optimizer tensors are the live ones (streamed, never copied
@@ -305,12 +309,19 @@ void SnapshotScheduler::RunAsyncWrite(
 void SnapshotScheduler::FinishSnapshot(
     const std::shared_ptr<Operation>& op,
     absl::StatusOr<snapshot::SnapshotManifest> manifest, SnapshotMode mode) {
-  callbacks_.count_snapshot(manifest);
+  counters_.Update([&](SessionCounters& c) {
+    if (manifest.ok()) {
+      c.snapshots_succeeded += 1;
+      c.snapshot_bytes_total += manifest->bytes_written;
+    } else {
+      c.snapshots_failed += 1;
+    }
+  });
   if (!manifest.ok()) {
     op->Finish(manifest.status());
     return;
   }
-  for (const auto& observer : callbacks_.observers()) {
+  for (const auto& observer : observers_.Get()) {
     observer->OnSnapshotPublished(*manifest);
   }
   SnapshotResult result{*std::move(manifest), mode};

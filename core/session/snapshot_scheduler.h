@@ -36,9 +36,9 @@
 //   were told.
 // - async_staging_bytes() is the host bytes held by async copies not yet
 //   written: 0 when no async writer is running.
-// - Lock order: the scheduler's lock is held while `post` runs (so that an
-//   item is queued only once the owner was woken); no callback is called
-//   with it held otherwise, and the session never calls in with its own
+// - Lock order: the scheduler's lock is held while the owner thread's Post
+//   runs (so that an item is queued only once the owner was woken); nothing
+//   else is called with it held, and the session never calls in with its own
 //   lock held.
 
 #include <atomic>
@@ -67,6 +67,10 @@ class Tensor;
 namespace memprofd {
 
 class LlamaModel;
+class CounterBoard;
+class ModelHost;
+class ObserverList;
+class OwnerThread;
 class Trainer;
 namespace snapshot {
 struct CheckpointPayload;
@@ -75,37 +79,28 @@ class TensorAccess;
 
 class SnapshotScheduler : public BoundaryWork {
  public:
-  // What the scheduler needs of the session. Each is set.
-  struct Callbacks {
-    // Owner thread: the loaded model (set whenever a snapshot runs: one is
-    // queued only with a model loaded) and its trainer (null: none).
-    std::function<LlamaModel*()> model;
-    std::function<Trainer*()> trainer;
-    // Owner thread, a model loaded: fills a snapshot's model_source and
-    // carried_files from the loaded model (ModelHost::DescribeSource).
-    std::function<void(snapshot::SnapshotOptions* options)> describe_source;
-    // Any thread: whether a model is loaded (the published summary).
-    std::function<bool()> model_loaded;
-    // Any thread: runs `work` on the owner thread after what was queued
-    // before it (Session::Post); UNAVAILABLE once the session is shutting
-    // down.
-    std::function<absl::Status(std::function<void()> work)> post;
-    // The thread that finishes a snapshot: the observers to tell of a
-    // published one, and counting it (written or failed).
-    std::function<std::vector<std::shared_ptr<SessionObserver>>()> observers;
-    std::function<void(const absl::StatusOr<snapshot::SnapshotManifest>& manifest)>
-        count_snapshot;
+  // What the scheduler works with: the session's parts, made before it and
+  // outliving it. `follower`: this process is a follower rank of a
+  // data-parallel run, where rank 0 writes the run's snapshots. `sharded`
+  // (the rank coordinator) holds what other ranks keep of the training
+  // state. `host` gives the model and trainer a snapshot reads (owner
+  // thread) and whether one is loaded; `owner` is woken for boundary work
+  // when no training runs; `counters` and `observers` are told of every
+  // snapshot that finishes.
+  struct Parts {
+    const SessionOptions& options;
+    bool follower;
+    OperationRegistry& operations;
+    ShardedState& sharded;
+    ModelHost& host;
+    OwnerThread& owner;
+    CounterBoard& counters;
+    ObserverList& observers;
   };
 
-  // `options` (snapshot_root, snapshot_staging_bytes, snapshot_every_steps,
-  // auto_snapshot_kind, keep_last) and `operations` outlive the scheduler.
-  // `follower`: this process is a follower rank of a data-parallel run,
-  // where rank 0 writes the run's snapshots. `sharded` (the rank
-  // coordinator, which outlives the scheduler) holds what other ranks keep
-  // of the training state. Starts nothing.
-  SnapshotScheduler(const SessionOptions& options, bool follower,
-                    OperationRegistry& operations, ShardedState& sharded,
-                    Callbacks callbacks);
+  // `options` uses snapshot_root, snapshot_staging_bytes,
+  // snapshot_every_steps, auto_snapshot_kind and keep_last. Starts nothing.
+  explicit SnapshotScheduler(Parts parts);
   // Join.
   ~SnapshotScheduler() override;
 
@@ -188,7 +183,10 @@ class SnapshotScheduler : public BoundaryWork {
   const bool follower_;
   OperationRegistry& operations_;
   ShardedState& sharded_;
-  const Callbacks callbacks_;
+  ModelHost& host_;
+  OwnerThread& owner_;
+  CounterBoard& counters_;
+  ObserverList& observers_;
   std::atomic<int64_t> async_staging_bytes_{0};
 
   mutable absl::Mutex mu_;
