@@ -139,8 +139,17 @@ at::Tensor LlamaModel::MetaSdpa(const at::Tensor& q, const at::Tensor& k,
                                           /*scale=*/std::nullopt, /*enable_gqa=*/gqa);
 }
 
-at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules& m,
-                                 int64_t window, const at::Tensor& h) const {
+at::Tensor LlamaModel::Project(const at::Tensor& x, const at::Tensor& weight,
+                               const at::Tensor& bias, const LoraPair& lora) const {
+  at::Tensor out = torch::linear(x, weight, bias);
+  if (!lora.a.defined()) return out;
+  // peft's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling.
+  return out + torch::linear(torch::linear(x, lora.a), lora.b) * lora_->Scaling();
+}
+
+at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LlamaLayerLora& lora,
+                                 const LayerModules& m, int64_t window,
+                                 const at::Tensor& h) const {
   ModuleScope module(m.self_attn);
   const int64_t b = h.size(0);
   const int64_t t = h.size(1);
@@ -153,9 +162,9 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
   // [B, T, n, D]; Qwen3 normalises each head of q and k here (RMSNorm over
   // head_dim), before the rotary embedding, as transformers does.
   auto project = [&](ModuleId id, const at::Tensor& weight, const at::Tensor& bias,
-                     int64_t n) {
+                     const LoraPair& adapter, int64_t n) {
     ModuleScope proj(id);
-    return torch::linear(h, weight, bias).view({b, t, n, d});
+    return Project(h, weight, bias, adapter).view({b, t, n, d});
   };
   auto head_norm = [&](ModuleId id, const at::Tensor& x, const at::Tensor& weight) {
     if (!weight.defined()) return x;
@@ -163,12 +172,15 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
     return RmsNorm(x, weight);
   };
   at::Tensor q =
-      head_norm(m.q_norm, project(m.q_proj, w.q_proj, w.q_bias, heads), w.q_norm)
+      head_norm(m.q_norm, project(m.q_proj, w.q_proj, w.q_bias, lora.q_proj, heads),
+                w.q_norm)
           .transpose(1, 2);
   at::Tensor k =
-      head_norm(m.k_norm, project(m.k_proj, w.k_proj, w.k_bias, kv_heads), w.k_norm)
+      head_norm(m.k_norm, project(m.k_proj, w.k_proj, w.k_bias, lora.k_proj, kv_heads),
+                w.k_norm)
           .transpose(1, 2);
-  at::Tensor v = project(m.v_proj, w.v_proj, w.v_bias, kv_heads).transpose(1, 2);
+  at::Tensor v =
+      project(m.v_proj, w.v_proj, w.v_bias, lora.v_proj, kv_heads).transpose(1, 2);
 
   at::Tensor cos = rope_cos_.narrow(0, 0, t);
   at::Tensor sin = rope_sin_.narrow(0, 0, t);
@@ -191,7 +203,7 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
                                        /*enable_gqa=*/kv_heads != heads);
     at::Tensor merged = out.transpose(1, 2).reshape({b, t, heads * d});
     ModuleScope proj(m.o_proj);
-    return torch::linear(merged, w.o_proj, w.o_bias);
+    return Project(merged, w.o_proj, w.o_bias, lora.o_proj);
   }
   if (kv_heads != heads) {
     // HF's repeat_kv: [B, KV, T, D] -> [B, KV * n_rep, T, D], grouped by kv head.
@@ -213,7 +225,7 @@ at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LayerModules&
   at::Tensor probs = torch::softmax(scores, -1, torch::kFloat32).to(q.scalar_type());
   at::Tensor out = torch::matmul(probs, v).transpose(1, 2).reshape({b, t, heads * d});
   ModuleScope proj(m.o_proj);
-  return torch::linear(out, w.o_proj, w.o_bias);
+  return Project(out, w.o_proj, w.o_bias, lora.o_proj);
 }
 
 at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
@@ -234,7 +246,11 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   // hidden + attention. Under bf16 autocast the projections are bf16 and the
   // residual stream float32: the sum is float32 (type promotion), as in
   // transformers, so it cannot go in place.
-  at::Tensor x = Residual(hidden, Attention(w, m, config_.LayerWindow(index), normed));
+  static const LlamaLayerLora kNoLora;
+  const LlamaLayerLora& lora =
+      lora_layers_.empty() ? kNoLora : lora_layers_[static_cast<size_t>(index)];
+  at::Tensor x =
+      Residual(hidden, Attention(w, lora, m, config_.LayerWindow(index), normed));
   at::Tensor h;
   {
     ModuleScope norm(m.post_attention_layernorm);
@@ -244,15 +260,15 @@ at::Tensor LlamaModel::Layer(int64_t index, const at::Tensor& hidden) const {
   at::Tensor gate, up;
   {
     ModuleScope proj(m.gate_proj);
-    gate = torch::linear(h, w.gate_proj, w.gate_bias);
+    gate = Project(h, w.gate_proj, w.gate_bias, lora.gate_proj);
   }
   {
     ModuleScope proj(m.up_proj);
-    up = torch::linear(h, w.up_proj, w.up_bias);
+    up = Project(h, w.up_proj, w.up_bias, lora.up_proj);
   }
   at::Tensor act = torch::silu(gate) * up;
   ModuleScope proj(m.down_proj);
-  at::Tensor mlp = torch::linear(act, w.down_proj, w.down_bias);
+  at::Tensor mlp = Project(act, w.down_proj, w.down_bias, lora.down_proj);
   return Residual(x, mlp);
 }
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "core/common/attribution.h"
 #include "core/model/config.h"
+#include "core/model/lora.h"
 #include "core/model/placement.h"
 
 namespace memprofd {
@@ -140,18 +142,35 @@ class LlamaModel {
 
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
   const LlamaLayerWeights& layer(int64_t index) const { return layers_.at(index); }
-  // Layer `index`'s parameters in state-dict order.
+  // Layer `index`'s parameters in state-dict order, then its adapters.
   std::vector<at::Tensor> LayerParameters(int64_t index) const;
   // The entries of kLayerParameters this model's layers have.
   const std::vector<LayerParameter>& layer_parameters() const {
     return layer_parameters_;
   }
 
-  // All parameters with their transformers names, in state_dict() order.
+  // All parameters with their transformers names, in state_dict() order,
+  // each layer's LoRA adapters (NamedAdapters) after its own parameters.
   // "lm_head.weight" is always last; when the head is tied it is the same
   // tensor (same storage) as "model.embed_tokens.weight", as in
   // transformers. The tensors are the live parameters (not copies).
   std::vector<std::pair<std::string, at::Tensor>> NamedParameters() const;
+  // transformers' state dict: NamedParameters without the adapters.
+  std::vector<std::pair<std::string, at::Tensor>> NamedBaseParameters() const;
+
+  // LoRA (lora.h). Adds adapters on options' targets in every decoder
+  // layer, on the device: A drawn Kaiming-uniform (bound 1 / sqrt(in)) by a
+  // CPU generator seeded with `seed`, layer by layer and target by target
+  // in kLoraTargets order; B zeros. Every base parameter is frozen from then
+  // on (no gradient, no optimizer state). ValidateLoraOptions's errors;
+  // FAILED_PRECONDITION when the model has adapters already.
+  absl::Status AddLora(const LoraOptions& options, uint64_t seed);
+  // The adapters' options; unset without adapters.
+  const std::optional<LoraOptions>& lora() const { return lora_; }
+  // The adapters by name, peft's without its "base_model.model." prefix
+  // ("model.layers.0.self_attn.q_proj.lora_A.weight", then lora_B), in
+  // peft's state-dict order; empty without adapters.
+  std::vector<std::pair<std::string, at::Tensor>> NamedAdapters() const;
   // The distinct parameters (a tied head once), for an optimizer.
   std::vector<at::Tensor> Parameters() const;
   // Non-parameter tensors the model holds: the rotary cos and sin caches,
@@ -233,8 +252,12 @@ class LlamaModel {
 
   at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight) const;
   // `window`: the layer's sliding window (config.LayerWindow), 0 for none.
-  at::Tensor Attention(const LlamaLayerWeights& w, const LayerModules& m, int64_t window,
-                       const at::Tensor& h) const;
+  at::Tensor Attention(const LlamaLayerWeights& w, const LlamaLayerLora& lora,
+                       const LayerModules& m, int64_t window, const at::Tensor& h) const;
+  // A projection: linear(x, weight, bias), plus B(A(x)) * scaling when
+  // `lora` is defined.
+  at::Tensor Project(const at::Tensor& x, const at::Tensor& weight,
+                     const at::Tensor& bias, const LoraPair& lora) const;
   // SDPA on the meta device: the kernel meta_sdpa_kernel_ names (above),
   // causal unless `windowed` (then `mask` is the window's, and a CUDA
   // kernel falls back to the math path).
@@ -258,6 +281,9 @@ class LlamaModel {
   ModuleId head_module_ = 0;
   // Modules placed away from the device (absent: kDevice).
   std::map<std::string, Placement> placement_;
+  // LoRA: the options, and each layer's adapters (all undefined without).
+  std::optional<LoraOptions> lora_;
+  std::vector<LlamaLayerLora> lora_layers_;
 };
 
 }  // namespace memprofd

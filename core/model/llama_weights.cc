@@ -15,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/model/llama.h"
 
@@ -188,7 +189,8 @@ absl::Status LlamaModel::PlaceModule(
           absl::StrCat("placing ", module, ": \"", name, "\" must be a float32 ",
                        home.str(), " tensor of shape ", ShapeString(*slot)));
     }
-    bound.push_back(t.detach().requires_grad_(placement != Placement::kDisk));
+    bound.push_back(
+        t.detach().requires_grad_(placement != Placement::kDisk && !lora_.has_value()));
   }
   for (size_t i = 0; i < slots.size(); ++i) *slots[i].second = bound[i];
   if (module == "model.embed_tokens" && config_.tie_word_embeddings)
@@ -286,11 +288,34 @@ void LlamaModel::Initialize(uint64_t seed) {
   rope_sin_ = emb.sin().to(device_);
 }
 
+namespace {
+
+// Layer `index`'s adapters (those defined), named as NamedAdapters names
+// them.
+void AppendLayerAdapters(const LlamaLayerLora& lora, size_t index,
+                         std::vector<std::pair<std::string, at::Tensor>>* out) {
+  for (const LoraTarget& target : kLoraTargets) {
+    const LoraPair& pair = lora.*target.pair;
+    if (!pair.a.defined()) continue;
+    const std::string module = absl::StrCat("model.layers.", index, ".", target.module);
+    out->emplace_back(absl::StrCat(module, ".lora_A.weight"), pair.a);
+    out->emplace_back(absl::StrCat(module, ".lora_B.weight"), pair.b);
+  }
+}
+
+}  // namespace
+
 std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
   const LlamaLayerWeights& w = layers_.at(index);
   std::vector<at::Tensor> out;
   out.reserve(layer_parameters_.size());
   for (const LayerParameter& param : layer_parameters_) out.push_back(w.*param.member);
+  if (!lora_layers_.empty()) {
+    std::vector<std::pair<std::string, at::Tensor>> adapters;
+    AppendLayerAdapters(lora_layers_.at(static_cast<size_t>(index)),
+                        static_cast<size_t>(index), &adapters);
+    for (auto& [name, t] : adapters) out.push_back(t);
+  }
   return out;
 }
 
@@ -304,10 +329,74 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() co
       out.emplace_back(absl::StrCat("model.layers.", i, ".", param.name),
                        w.*param.member);
     }
+    if (!lora_layers_.empty()) AppendLayerAdapters(lora_layers_[i], i, &out);
   }
   out.emplace_back("model.norm.weight", norm_);
   out.emplace_back("lm_head.weight", lm_head_);
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedBaseParameters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out = NamedParameters();
+  if (lora_layers_.empty()) return out;
+  std::vector<std::pair<std::string, at::Tensor>> base;
+  base.reserve(out.size());
+  for (auto& [name, t] : out) {
+    if (!absl::StrContains(name, ".lora_A.") && !absl::StrContains(name, ".lora_B.")) {
+      base.emplace_back(std::move(name), std::move(t));
+    }
+  }
+  return base;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedAdapters() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < lora_layers_.size(); ++i) {
+    AppendLayerAdapters(lora_layers_[i], i, &out);
+  }
+  return out;
+}
+
+absl::Status LlamaModel::AddLora(const LoraOptions& options, uint64_t seed) {
+  if (lora_) {
+    return absl::FailedPreconditionError(
+        "the model has LoRA adapters already; load the model again for other ones");
+  }
+  RETURN_IF_ERROR(ValidateLoraOptions(options));
+  std::vector<LlamaLayerLora> layers(layers_.size());
+  RETURN_IF_ERROR(TorchBoundary("adding LoRA adapters", [&] {
+    torch::NoGradGuard no_grad;
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+    const std::vector<std::string> targets = options.Targets();
+    for (LlamaLayerLora& layer : layers) {
+      for (const LoraTarget& target : kLoraTargets) {
+        if (std::find(targets.begin(), targets.end(), target.name) == targets.end()) {
+          continue;
+        }
+        const auto [out, in] = ProjectionShape(config_, target.name);
+        LoraPair& pair = layer.*target.pair;
+        if (device_.is_meta()) {
+          pair.a = at::empty({options.r, in}, cpu.device(device_));
+        } else {
+          // kaiming_uniform_(a=sqrt(5)) on [r, in]: gain sqrt(2 / (1 + 5)),
+          // bound gain * sqrt(3 / in) = 1 / sqrt(in).
+          const double bound = 1.0 / std::sqrt(static_cast<double>(in));
+          pair.a =
+              at::empty({options.r, in}, cpu).uniform_(-bound, bound, gen).to(device_);
+        }
+        pair.b = torch::zeros({out, options.r}, cpu.device(device_));
+        pair.a.requires_grad_(true);
+        pair.b.requires_grad_(true);
+      }
+    }
+  }));
+  lora_layers_ = std::move(layers);
+  lora_ = options;
+  // The base is frozen: what autograd saves of it (the weights, for the
+  // inputs' gradients) are parameters for the offloader, never copied.
+  for (auto& [name, t] : NamedBaseParameters()) t.requires_grad_(false);
+  return absl::OkStatus();
 }
 
 std::vector<at::Tensor> LlamaModel::Parameters() const {
@@ -330,7 +419,7 @@ int64_t LlamaModel::NumParameters() const {
 absl::Status LlamaModel::LoadStateDict(
     const std::vector<std::pair<std::string, at::Tensor>>& state, int64_t* ignored) {
   std::map<std::string, at::Tensor> params;
-  for (auto& [name, t] : NamedParameters()) params.emplace(name, t);
+  for (auto& [name, t] : NamedBaseParameters()) params.emplace(name, t);
   const bool tied = config_.tie_word_embeddings;
 
   std::set<std::string> seen;

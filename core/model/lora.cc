@@ -1,0 +1,137 @@
+#include "core/model/lora.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/common/json.h"
+
+namespace memprofd {
+namespace {
+
+constexpr char kAllLinear[] = "all-linear";
+
+std::string TargetNames() {
+  std::vector<std::string> names;
+  for (const LoraTarget& t : kLoraTargets) names.emplace_back(t.name);
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace
+
+double LoraOptions::Scaling() const {
+  return use_rslora ? alpha / std::sqrt(static_cast<double>(r))
+                    : alpha / static_cast<double>(r);
+}
+
+std::vector<std::string> LoraOptions::Targets() const {
+  const bool all = target_modules.size() == 1 && target_modules[0] == kAllLinear;
+  std::vector<std::string> out;
+  for (const LoraTarget& t : kLoraTargets) {
+    for (const std::string& m : target_modules) {
+      if (all || m == t.name) {
+        out.emplace_back(t.name);
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& config,
+                                            const std::string& name) {
+  const int64_t h = config.hidden_size;
+  const int64_t q = config.num_attention_heads * config.head_dim();
+  const int64_t kv = config.num_key_value_heads * config.head_dim();
+  const int64_t inter = config.intermediate_size;
+  if (name == "q_proj") return {q, h};
+  if (name == "k_proj" || name == "v_proj") return {kv, h};
+  if (name == "o_proj") return {h, q};
+  if (name == "gate_proj" || name == "up_proj") return {inter, h};
+  return {h, inter};  // down_proj
+}
+
+absl::Status ValidateLoraOptions(const LoraOptions& options) {
+  if (options.r < 1 || options.r > kMaxLoraRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora_r must be in [1, ", kMaxLoraRank, "], got ", options.r));
+  }
+  if (!std::isfinite(options.alpha) || options.alpha <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora_alpha must be a finite number > 0, got ", options.alpha));
+  }
+  if (options.target_modules.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("lora_targets is empty; name some of ",
+                                                   TargetNames(), ", or all-linear"));
+  }
+  std::set<std::string> seen;
+  for (const std::string& m : options.target_modules) {
+    if (m == kAllLinear) {
+      if (options.target_modules.size() > 1) {
+        return absl::InvalidArgumentError(
+            "lora_targets: all-linear targets every projection; give it alone");
+      }
+      continue;
+    }
+    bool known = false;
+    for (const LoraTarget& t : kLoraTargets) known = known || m == t.name;
+    if (!known) {
+      return absl::InvalidArgumentError(absl::StrCat("lora_targets: no projection '", m,
+                                                     "'; use ", TargetNames(),
+                                                     ", or all-linear"));
+    }
+    if (!seen.insert(m).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lora_targets names '", m, "' twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(text, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (part.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lora_targets '", text,
+                       "' has an empty name; write names joined by commas, "
+                       "e.g. q_proj,v_proj, or all-linear"));
+    }
+    out.emplace_back(part);
+  }
+  return out;
+}
+
+std::string LoraTargetsName(const std::vector<std::string>& targets) {
+  return absl::StrJoin(targets, ",");
+}
+
+std::string AdapterConfigJson(const LoraOptions& options, const std::string& base_model) {
+  const Json config = {
+      {"peft_type", "LORA"},
+      {"task_type", "CAUSAL_LM"},
+      {"r", options.r},
+      {"lora_alpha", options.alpha},
+      {"lora_dropout", 0.0},
+      {"target_modules", options.Targets()},
+      {"bias", "none"},
+      {"use_rslora", options.use_rslora},
+      {"use_dora", false},
+      {"fan_in_fan_out", false},
+      {"init_lora_weights", true},
+      {"inference_mode", true},
+      {"modules_to_save", nullptr},
+      {"base_model_name_or_path", base_model},
+  };
+  return DumpJson(config, /*indent=*/2);
+}
+
+std::string PeftAdapterName(const std::string& name) {
+  return absl::StrCat("base_model.model.", name);
+}
+
+}  // namespace memprofd

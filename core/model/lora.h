@@ -1,0 +1,61 @@
+#ifndef MEMPROFD_CORE_MODEL_LORA_H_
+#define MEMPROFD_CORE_MODEL_LORA_H_
+
+// LoRA adapters as peft defines them (LoraConfig in peft 0.21; the options
+// are lora_options.h's): on each
+// targeted projection of every decoder layer, A [r, in] and B [out, r], and
+// the projection's forward becomes base(x) + B(A(x)) * scaling, with scaling
+// lora_alpha / r (lora_alpha / sqrt(r) with use_rslora). A starts
+// Kaiming-uniform with a = sqrt(5) (bound 1 / sqrt(in)), B at zero, so a
+// fresh adapter changes nothing. The base weights are frozen.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/model/config.h"
+#include "core/model/lora_options.h"
+
+namespace memprofd {
+
+// One adapted projection: A [r, in] and B [out, r]; undefined when the
+// projection is not targeted.
+struct LoraPair {
+  at::Tensor a;
+  at::Tensor b;
+};
+
+// A decoder layer's adapters, one pair per projection.
+struct LlamaLayerLora {
+  LoraPair q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj;
+};
+
+// The projections LoRA can target, in a layer's module order (peft's
+// state-dict order): the target name, the module under "model.layers.N.",
+// and the adapter pair that holds it.
+struct LoraTarget {
+  const char* name;
+  const char* module;
+  LoraPair LlamaLayerLora::*pair;
+};
+inline constexpr LoraTarget kLoraTargets[] = {
+    {"q_proj", "self_attn.q_proj", &LlamaLayerLora::q_proj},
+    {"k_proj", "self_attn.k_proj", &LlamaLayerLora::k_proj},
+    {"v_proj", "self_attn.v_proj", &LlamaLayerLora::v_proj},
+    {"o_proj", "self_attn.o_proj", &LlamaLayerLora::o_proj},
+    {"gate_proj", "mlp.gate_proj", &LlamaLayerLora::gate_proj},
+    {"up_proj", "mlp.up_proj", &LlamaLayerLora::up_proj},
+    {"down_proj", "mlp.down_proj", &LlamaLayerLora::down_proj},
+};
+
+// The [out, in] shape of projection `name` (a kLoraTargets name) in
+// `config`'s decoder layers.
+std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& config,
+                                            const std::string& name);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MODEL_LORA_H_

@@ -1,0 +1,67 @@
+#ifndef MEMPROFD_CORE_MODEL_LORA_OPTIONS_H_
+#define MEMPROFD_CORE_MODEL_LORA_OPTIONS_H_
+
+// What a LoRA fine-tune adapts (peft's LoraConfig: r, lora_alpha,
+// target_modules, use_rslora). Plain values, free of LibTorch, for the
+// training options; the adapters themselves are lora.h's.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace memprofd {
+
+struct LoraOptions {
+  // The adapter's rank (peft's r); 0: no adapters (a full fine-tune).
+  int64_t r = 0;
+  // peft's lora_alpha.
+  double alpha = 8.0;
+  // Projection names (kLoraTargets: q_proj, k_proj, v_proj, o_proj,
+  // gate_proj, up_proj, down_proj), or {"all-linear"}: every one of them
+  // (peft's all-linear leaves the output layer out, as here). The default
+  // is peft's for the Llama family.
+  std::vector<std::string> target_modules = {"q_proj", "v_proj"};
+  bool use_rslora = false;
+
+  // What B(A(x)) is multiplied by.
+  double Scaling() const;
+  // The targets as kLoraTargets names, in kLoraTargets order.
+  std::vector<std::string> Targets() const;
+
+  bool operator==(const LoraOptions& o) const {
+    return r == o.r && alpha == o.alpha && target_modules == o.target_modules &&
+           use_rslora == o.use_rslora;
+  }
+  bool operator!=(const LoraOptions& o) const { return !(*this == o); }
+};
+
+inline constexpr int64_t kMaxLoraRank = 4096;
+
+// INVALID_ARGUMENT naming the field: r outside [1, kMaxLoraRank]; alpha not
+// finite and > 0; no targets, an unknown or repeated one, "all-linear"
+// beside others.
+absl::Status ValidateLoraOptions(const LoraOptions& options);
+
+// The request's spelling of target_modules: names joined by commas
+// ("q_proj,v_proj", "all-linear"). Parse keeps the names as given (checked
+// by ValidateLoraOptions); INVALID_ARGUMENT for an empty name.
+absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text);
+std::string LoraTargetsName(const std::vector<std::string>& targets);
+
+// peft's adapter_config.json for adapters of `options` on `base_model`
+// (base_model_name_or_path): peft_type LORA, task_type CAUSAL_LM, r,
+// lora_alpha, lora_dropout 0, target_modules (the resolved names), bias
+// "none", use_rslora, and the defaults of the LoRA features memprofd does not
+// use (DoRA, fan_in_fan_out, modules_to_save). "adapter_model.safetensors"
+// beside it holds PeftAdapterName's names.
+std::string AdapterConfigJson(const LoraOptions& options, const std::string& base_model);
+// The key peft saves an adapter tensor under: "base_model.model." + `name`
+// (LlamaModel::NamedAdapters's name).
+std::string PeftAdapterName(const std::string& name);
+
+}  // namespace memprofd
+
+#endif  // MEMPROFD_CORE_MODEL_LORA_OPTIONS_H_

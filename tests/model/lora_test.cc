@@ -1,0 +1,141 @@
+// LoRA adapters on the model (core/model/lora.h): initialised as peft does,
+// named as peft names them, a fresh adapter changing nothing, the base frozen.
+// That the forward and backward equal peft's is tests/snapshot/
+// lora_peft_test.cc's, with peft itself.
+
+#include "core/model/lora.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/model/llama.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/llama.h"
+
+namespace memprofd {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeLlama;
+
+LoraOptions Lora(int64_t r, std::vector<std::string> targets) {
+  LoraOptions o;
+  o.r = r;
+  o.alpha = 16;
+  o.target_modules = std::move(targets);
+  return o;
+}
+
+TEST(LoraTest, AFreshAdapterChangesNothingAndIsInitialisedAsPeftDoes) {
+  const LlamaConfig config = testing::SmallLlamaConfig();
+  std::unique_ptr<LlamaModel> m = MakeLlama(config, 3);
+  const at::Tensor ids = torch::randint(0, config.vocab_size, {2, 16});
+  const at::Tensor before = m->Forward(ids).detach();
+  const std::vector<std::pair<std::string, at::Tensor>> base = m->NamedParameters();
+
+  ASSERT_TRUE(m->AddLora(Lora(4, {"q_proj", "v_proj", "down_proj"}), 7).ok());
+  ASSERT_TRUE(m->lora().has_value());
+  // B starts at zero: the model computes what it did, bit for bit.
+  EXPECT_TRUE(torch::equal(m->Forward(ids).detach(), before));
+
+  const auto adapters = m->NamedAdapters();
+  ASSERT_EQ(adapters.size(), 2u * 3 * static_cast<size_t>(config.num_hidden_layers));
+  EXPECT_EQ(adapters[0].first, "model.layers.0.self_attn.q_proj.lora_A.weight");
+  EXPECT_EQ(adapters[1].first, "model.layers.0.self_attn.q_proj.lora_B.weight");
+  EXPECT_EQ(adapters[4].first, "model.layers.0.mlp.down_proj.lora_A.weight");
+  for (const auto& [name, t] : adapters) {
+    EXPECT_TRUE(t.requires_grad()) << name;
+    if (name.find("lora_B") != std::string::npos) {
+      EXPECT_EQ(t.abs().max().item<double>(), 0.0) << name;
+      continue;
+    }
+    // kaiming_uniform_(a=sqrt(5)) on [r, in]: U(-1/sqrt(in), 1/sqrt(in)).
+    const double bound = 1.0 / std::sqrt(static_cast<double>(t.size(1)));
+    EXPECT_EQ(t.size(0), 4) << name;
+    EXPECT_LE(t.abs().max().item<double>(), bound) << name;
+    EXPECT_GT(t.abs().max().item<double>(), 0.5 * bound) << name;
+    EXPECT_NEAR(t.mean().item<double>(), 0.0, 0.2 * bound) << name;
+  }
+  // down_proj's A reads the intermediate size; its B writes the hidden size.
+  EXPECT_EQ(adapters[4].second.sizes(), (at::IntArrayRef{4, config.intermediate_size}));
+  EXPECT_EQ(adapters[5].second.sizes(), (at::IntArrayRef{config.hidden_size, 4}));
+
+  // The base is frozen and keeps transformers' names; the adapters follow
+  // each layer's parameters, the head stays last.
+  const auto now_base = m->NamedBaseParameters();
+  ASSERT_EQ(now_base.size(), base.size());
+  for (size_t i = 0; i < base.size(); ++i) {
+    EXPECT_EQ(now_base[i].first, base[i].first);
+    EXPECT_FALSE(now_base[i].second.requires_grad()) << now_base[i].first;
+  }
+  const auto all = m->NamedParameters();
+  EXPECT_EQ(all.size(), base.size() + adapters.size());
+  EXPECT_EQ(all.back().first, "lm_head.weight");
+  EXPECT_EQ(m->LayerParameters(0).size(), m->layer_parameters().size() + 6);
+}
+
+TEST(LoraTest, TheSeedDecidesTheAdaptersAndAllLinearTargetsEveryProjection) {
+  const LlamaConfig config = testing::SmallLlamaConfig();
+  std::unique_ptr<LlamaModel> a = MakeLlama(config, 3);
+  std::unique_ptr<LlamaModel> b = MakeLlama(config, 3);
+  std::unique_ptr<LlamaModel> c = MakeLlama(config, 3);
+  ASSERT_TRUE(a->AddLora(Lora(2, {"all-linear"}), 1).ok());
+  ASSERT_TRUE(b->AddLora(Lora(2, {"all-linear"}), 1).ok());
+  ASSERT_TRUE(c->AddLora(Lora(2, {"all-linear"}), 2).ok());
+  const auto na = a->NamedAdapters();
+  const auto nb = b->NamedAdapters();
+  const auto nc = c->NamedAdapters();
+  ASSERT_EQ(na.size(), 2u * 7 * static_cast<size_t>(config.num_hidden_layers));
+  for (size_t i = 0; i < na.size(); ++i) {
+    EXPECT_TRUE(torch::equal(na[i].second, nb[i].second)) << na[i].first;
+  }
+  EXPECT_FALSE(torch::equal(na[0].second, nc[0].second));
+}
+
+TEST(LoraTest, BadOptionsNameTheFieldAndAdaptersAreAddedOnce) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(testing::SmallLlamaConfig(), 3);
+  struct Case {
+    LoraOptions options;
+    const char* says;
+  };
+  LoraOptions bad_alpha = Lora(4, {"q_proj"});
+  bad_alpha.alpha = std::nan("");
+  const Case cases[] = {
+      {Lora(0, {"q_proj"}), "lora_r must be in [1, 4096]"},
+      {Lora(kMaxLoraRank + 1, {"q_proj"}), "lora_r must be in"},
+      {bad_alpha, "lora_alpha must be a finite number > 0"},
+      {Lora(4, {}), "lora_targets is empty"},
+      {Lora(4, {"q_proj", "lm_head"}), "no projection 'lm_head'"},
+      {Lora(4, {"q_proj", "q_proj"}), "names 'q_proj' twice"},
+      {Lora(4, {"all-linear", "q_proj"}), "give it alone"},
+  };
+  for (const Case& c : cases) {
+    absl::Status s = m->AddLora(c.options, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.says;
+    EXPECT_THAT(s.message(), HasSubstr(c.says));
+  }
+  EXPECT_FALSE(m->lora().has_value());
+  ASSERT_TRUE(m->AddLora(Lora(4, {"q_proj"}), 1).ok());
+  EXPECT_EQ(m->AddLora(Lora(4, {"q_proj"}), 1).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LoraTest, TargetsParseFromTheRequestsSpelling) {
+  absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets("q_proj, v_proj");
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(*t, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(LoraTargetsName(*t), "q_proj,v_proj");
+  EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj").ok());
+  LoraOptions all = Lora(4, {"all-linear"});
+  EXPECT_EQ(all.Targets().size(), 7u);
+  EXPECT_DOUBLE_EQ(all.Scaling(), 4.0);
+  all.use_rslora = true;
+  EXPECT_DOUBLE_EQ(all.Scaling(), 8.0);
+}
+
+}  // namespace
+}  // namespace memprofd
