@@ -23,7 +23,9 @@ void PrintManifest(const Context& c, const v1::SnapshotManifest& m) {
   std::printf(
       "%s  %s  %s, %lld tensors, %s in %d file(s), %s, step %lld, %.2f s (%s/s)\n",
       m.name().c_str(), m.directory().c_str(),
-      m.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? "checkpoint" : "weights",
+      m.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? "checkpoint"
+      : m.kind() == v1::SNAPSHOT_KIND_ADAPTER  ? "adapter"
+                                               : "weights",
       static_cast<long long>(m.num_tensors()),
       HumanBytes(static_cast<double>(m.total_size())).c_str(), m.files_size(),
       m.dtype().c_str(), static_cast<long long>(m.global_step()), m.duration_seconds(),
@@ -60,8 +62,11 @@ int SnapshotCommand(const Context& c, const Args& args) {
     req.set_kind(v1::SNAPSHOT_KIND_CHECKPOINT);
   } else if (kind == "weights") {
     req.set_kind(v1::SNAPSHOT_KIND_WEIGHTS);
+  } else if (kind == "adapter") {
+    req.set_kind(v1::SNAPSHOT_KIND_ADAPTER);
   } else if (!kind.empty()) {
-    return Usage(absl::StrCat("--kind must be weights or checkpoint, not '", kind, "'"));
+    return Usage(
+        absl::StrCat("--kind must be weights, checkpoint or adapter, not '", kind, "'"));
   }
 
   v1::Operation op;

@@ -93,6 +93,16 @@ ABSL_FLAG(memprofd::cli::ByteCount, memory_budget, {},
           "train: run the fastest configuration whose planned peak fits this many "
           "bytes (or KiB, MiB, GiB, TiB: 6GiB); see docs/planning.md [no budget]");
 ABSL_FLAG(int64_t, max_batches, 0, "evaluate: at most N batches [0: every window]");
+ABSL_FLAG(int64_t, lora_r, 0,
+          "train: LoRA rank; > 0 trains peft-format adapters on a frozen base "
+          "(docs/lora.md) [0: every parameter trains]");
+ABSL_FLAG(double, lora_alpha, 8.0,
+          "train: LoRA scaling numerator (peft's lora_alpha) [8]");
+ABSL_FLAG(bool, lora_use_rslora, false,
+          "train: scale LoRA by alpha / sqrt(r) instead of alpha / r [false]");
+ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
+          "train: projections to adapt, comma-separated (q_proj, k_proj, v_proj, o_proj, "
+          "gate_proj, up_proj, down_proj) or all-linear [q_proj,v_proj]");
 ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
           "from the vocabulary and hidden size; -1: off, the logits materialized [0]");
@@ -127,8 +137,9 @@ ABSL_FLAG(std::string, max_shard_size, "",
 ABSL_FLAG(std::string, dtype, "keep", "snapshot: keep, bf16, fp16 or fp32");
 ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
 ABSL_FLAG(std::string, kind, "",
-          "snapshot: weights or checkpoint (weights, optimizer and training state, to "
-          "resume from) [the daemon's: weights]");
+          "snapshot: weights, checkpoint (weights, optimizer and training state, to "
+          "resume from) or adapter (a LoRA model's adapters, as peft saves them) "
+          "[the daemon's: weights]");
 ABSL_FLAG(bool, resume, false,
           "load: the directory is a checkpoint, restore its training state too; train: "
           "continue the last run at its next step (unset flags, --steps included, take "

@@ -242,9 +242,10 @@ absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
   spec.mode = r.mode() == v1::SNAPSHOT_MODE_ASYNC ? SnapshotMode::kAsync
                                                   : SnapshotMode::kBlocking;
   // Unspecified: weights (SnapshotSpec says why).
-  spec.options.kind = r.kind() == v1::SNAPSHOT_KIND_CHECKPOINT
-                          ? snapshot::SnapshotKind::kCheckpoint
-                          : snapshot::SnapshotKind::kWeights;
+  spec.options.kind =
+      r.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? snapshot::SnapshotKind::kCheckpoint
+      : r.kind() == v1::SNAPSHOT_KIND_ADAPTER  ? snapshot::SnapshotKind::kAdapter
+                                               : snapshot::SnapshotKind::kWeights;
   return spec;
 }
 
@@ -392,6 +393,7 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& m, SnapshotMode m
   p.set_mode(mode == SnapshotMode::kAsync ? v1::SNAPSHOT_MODE_ASYNC
                                           : v1::SNAPSHOT_MODE_BLOCKING);
   p.set_kind(m.is_checkpoint() ? v1::SNAPSHOT_KIND_CHECKPOINT
+             : m.is_adapter()  ? v1::SNAPSHOT_KIND_ADAPTER
                                : v1::SNAPSHOT_KIND_WEIGHTS);
   p.set_optimizer_bytes(m.optimizer_bytes);
   return p;

@@ -143,7 +143,8 @@ ABSL_FLAG(std::string, auto_snapshot_kind,
               memprofd::SessionOptions().auto_snapshot_kind)),
           "what the daemon's own snapshots (--snapshot_every_steps, "
           "--snapshot_on_shutdown) hold: checkpoint (weights, optimizer and training "
-          "state, to resume from) or weights");
+          "state, to resume from), weights, or adapter (the LoRA adapters of a daemon "
+          "that trains them)");
 ABSL_FLAG(std::string, resume, memprofd::SessionOptions().resume,
           "at start, resume from a checkpoint under --snapshot_root instead of loading "
           "--model: latest (the newest checkpoint; --model when there is none yet) or a "

@@ -205,7 +205,26 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   s.options.tie_word_embeddings = model.config().tie_word_embeddings;
   s.options.global_step = trainer ? trainer->global_step() : 0;
   host_.DescribeSource(&s.options);
-  const std::string config_json = model.config().ToJson();
+  // A model with LoRA adapters trains them alone: what a snapshot of it
+  // holds is the adapters, as peft saves them; the base's weights or a
+  // checkpoint would drop the training silently.
+  const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
+  if (adapter != model.lora().has_value()) {
+    FinishSnapshot(
+        op,
+        absl::FailedPreconditionError(
+            adapter ? "the model has no LoRA adapters to save: train with lora_r first, "
+                      "or take a weights snapshot"
+                    : absl::StrCat("the model trains LoRA adapters on a frozen base: a ",
+                                   snapshot::SnapshotKindName(s.options.kind),
+                                   " snapshot would hold the base without them; take an "
+                                   "adapter snapshot (kind adapter)")),
+        s.mode);
+    return;
+  }
+  const std::string config_json =
+      adapter ? AdapterConfigJson(*model.lora(), s.options.model_source)
+              : model.config().ToJson();
   // A checkpoint's training state, taken here at the step boundary with the
   // weights: the optimizer tensors are the live ones (streamed, never copied
   // whole, in blocking mode), the trainer state a copy.
@@ -225,7 +244,15 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   }
   // A fully sharded run's parameters are gathered one at a time as they
   // are read, every rank taking part, until `access` goes.
-  const snapshot::TensorList weights = model.NamedParameters();
+  snapshot::TensorList weights;
+  if (adapter) {
+    s.options.tie_word_embeddings = false;
+    for (auto& [name, t] : model.NamedAdapters()) {
+      weights.emplace_back(PeftAdapterName(name), t);
+    }
+  } else {
+    weights = model.NamedBaseParameters();
+  }
   absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> access =
       sharded_.StreamParameters(weights);
   if (!access.ok()) {

@@ -489,6 +489,23 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   if (!c10::Device(parts_.device).is_cpu()) memory::InstallCudaOomObserver();
   memory::TakeOomCapture();
 
+  // The run's LoRA adapters, before data parallel takes the parameters. The
+  // options are the same on every rank, so a refusal is too.
+  const bool had_adapters = model->lora().has_value();
+  if (absl::Status added = trainer->AddAdapters(train); !added.ok()) {
+    finish(added);
+    return;
+  }
+  // DescribeModel lists the new adapters with the parameters.
+  if (!had_adapters && model->lora().has_value()) host.PublishModel();
+  if (ranks.group() != nullptr && model->lora() &&
+      parts_.options.sharding != Sharding::kNone) {
+    finish(absl::UnimplementedError(absl::StrCat(
+        "LoRA adapters with --sharding=", ShardingName(parts_.options.sharding),
+        " are not supported yet: the adapters are small, so run the ranks with "
+        "--sharding=none")));
+    return;
+  }
   // Data parallel: every rank takes rank 0's weights and optimizer state and
   // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;

@@ -12,13 +12,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/common/flat_shard.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
 #include "core/snapshot/internal/file_io.h"
 #include "core/snapshot/internal/shard_writer.h"
 #include "core/snapshot/internal/staging.h"
-#include "core/common/flat_shard.h"
 
 namespace memprofd {
 namespace snapshot {

@@ -3,6 +3,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/json.h"
+#include "core/snapshot/snapshot_options.h"
 
 namespace memprofd {
 namespace snapshot {
@@ -95,9 +96,8 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   }
   // Optional: manifests from before checkpoints have neither.
   if (const Json* kind = JsonFind(v, "kind"); kind != nullptr) {
-    if (!kind->is_string() || (kind->get<std::string>() != "weights" &&
-                               kind->get<std::string>() != "checkpoint")) {
-      return bad("kind is neither \"weights\" nor \"checkpoint\"");
+    if (!kind->is_string() || !ParseSnapshotKind(kind->get<std::string>()).ok()) {
+      return bad("kind is not \"weights\", \"checkpoint\" or \"adapter\"");
     }
     m.kind = kind->get<std::string>();
   }

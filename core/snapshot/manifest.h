@@ -54,7 +54,7 @@ struct SnapshotManifest {
   int64_t staging_bytes = 0;
   int64_t global_step = 0;
   absl::Time create_time = absl::UnixEpoch();
-  // "weights" or "checkpoint" (SnapshotKindName); manifests written before
+  // "weights", "checkpoint" or "adapter" (SnapshotKindName); manifests written before
   // kinds existed read as "weights".
   std::string kind = "weights";
   // A checkpoint's optimizer tensor bytes (part of total_size).
@@ -69,6 +69,7 @@ struct SnapshotManifest {
   std::string carried_note;
 
   bool is_checkpoint() const { return kind == "checkpoint"; }
+  bool is_adapter() const { return kind == "adapter"; }
 };
 
 // The manifest as JSON (indent 2) and back. ManifestFromJson: DATA_LOSS naming

@@ -19,6 +19,9 @@ namespace snapshot {
 inline constexpr char kSingleFileName[] = "model.safetensors";
 inline constexpr char kIndexFileName[] = "model.safetensors.index.json";
 inline constexpr char kConfigFileName[] = "config.json";
+// peft's files of an adapter snapshot.
+inline constexpr char kAdapterFilePrefix[] = "adapter_model";
+inline constexpr char kAdapterConfigFileName[] = "adapter_config.json";
 
 // transformers v4's save_pretrained default.
 inline constexpr int64_t kDefaultMaxShardSize = 5'000'000'000;

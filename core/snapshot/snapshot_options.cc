@@ -34,15 +34,24 @@ absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text) {
 }
 
 absl::string_view SnapshotKindName(SnapshotKind kind) {
-  return kind == SnapshotKind::kCheckpoint ? "checkpoint" : "weights";
+  switch (kind) {
+    case SnapshotKind::kCheckpoint:
+      return "checkpoint";
+    case SnapshotKind::kAdapter:
+      return "adapter";
+    case SnapshotKind::kWeights:
+      break;
+  }
+  return "weights";
 }
 
 absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text) {
   const std::string s = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
   if (s == "weights") return SnapshotKind::kWeights;
   if (s == "checkpoint") return SnapshotKind::kCheckpoint;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown snapshot kind \"", text, "\"; use weights or checkpoint"));
+  if (s == "adapter") return SnapshotKind::kAdapter;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown snapshot kind \"", text, "\"; use weights, checkpoint or adapter"));
 }
 
 absl::Status CheckCheckpointDtype(const SnapshotOptions& options) {

@@ -31,9 +31,12 @@ absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text);
 // training state a resume needs, optimizer*.safetensors (every parameter's
 // AdamW moments and step) and trainer_state.json (see core/train/
 // trainer_state.h); transformers loads either directory unchanged.
-enum class SnapshotKind { kWeights, kCheckpoint };
+// kAdapter: a model's LoRA adapters as peft saves them (adapter_config.json,
+// adapter_model.safetensors), which peft.PeftModel.from_pretrained loads onto
+// the base model.
+enum class SnapshotKind { kWeights, kCheckpoint, kAdapter };
 
-// "weights" / "checkpoint".
+// "weights" / "checkpoint" / "adapter".
 absl::string_view SnapshotKindName(SnapshotKind kind);
 // Parses those names (any case); INVALID_ARGUMENT listing them otherwise.
 absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text);

@@ -237,8 +237,19 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     items.push_back({tensor_name, tensor, OutputType(tensor.scalar_type(), options.dtype),
                      static_cast<int64_t>(i)});
   }
-  ASSIGN_OR_RETURN(const std::string config,
-                   ConfigText(config_json, WrittenFloatType(items)));
+  // An adapter snapshot is peft's layout: its config as given
+  // (adapter_config.json), its tensors in one adapter_model.safetensors (peft
+  // reads no sharded adapter).
+  const bool adapter = options.kind == SnapshotKind::kAdapter;
+  if (adapter && checkpoint != nullptr) {
+    return absl::InvalidArgumentError("an adapter snapshot holds no optimizer state");
+  }
+  std::string config;
+  if (adapter) {
+    config = std::string(config_json);
+  } else {
+    ASSIGN_OR_RETURN(config, ConfigText(config_json, WrittenFloatType(items)));
+  }
 
   // A checkpoint's optimizer tensors: always in their own dtype.
   std::vector<snapshot::internal::ShardTensor> opt_items;
@@ -273,7 +284,10 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
                        static_cast<int64_t>(i)});
     by_name[items[i].name] = &items[i];
   }
-  const ShardPlan plan = PlanShards(entries, options.max_shard_size);
+  const ShardPlan plan =
+      adapter
+          ? PlanShards(entries, std::numeric_limits<int64_t>::max(), kAdapterFilePrefix)
+          : PlanShards(entries, options.max_shard_size);
   std::vector<ShardEntry> opt_entries;
   std::map<std::string, const snapshot::internal::ShardTensor*> opt_by_name;
   for (size_t i = 0; i < opt_items.size(); ++i) {
@@ -342,8 +356,9 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   manifest.staging_bytes = staging->bytes();
   manifest.global_step = options.global_step;
   manifest.create_time = start;
-  manifest.kind = std::string(
-      SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint : SnapshotKind::kWeights));
+  manifest.kind = std::string(SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint
+                                               : adapter  ? SnapshotKind::kAdapter
+                                                          : SnapshotKind::kWeights));
   manifest.optimizer_bytes = checkpoint ? opt_plan.total_size : 0;
 
   // Tensors the access gathers for the write. The hooks bracket each
@@ -398,7 +413,10 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
     return absl::OkStatus();
   };
   if (plan.sharded()) RETURN_IF_ERROR(write_small(kIndexFileName, plan.IndexJson()));
-  if (!config.empty()) RETURN_IF_ERROR(write_small(kConfigFileName, config));
+  if (!config.empty()) {
+    RETURN_IF_ERROR(
+        write_small(adapter ? kAdapterConfigFileName : kConfigFileName, config));
+  }
   manifest.model_source = options.model_source;
   if (options.carried_files != nullptr) {
     for (const CarriedFile& f : options.carried_files->files) {

@@ -52,15 +52,20 @@
   X(warmup_steps, int64_t, lr_schedule.warmup_steps)           \
   X(min_lr_ratio, double, lr_schedule.min_lr_ratio)            \
   X(eval_every_steps, int64_t, eval_every_steps)               \
-  X(eval_max_batches, int64_t, eval_max_batches)
+  X(eval_max_batches, int64_t, eval_max_batches)               \
+  X(lora_r, int64_t, lora.r)                                   \
+  X(lora_alpha, double, lora.alpha)                            \
+  X(lora_use_rslora, bool, lora.use_rslora)
 
 // Named choices: the request and the JSON carry the name (a string),
-// TrainOptions the enum. PARSE(name) -> absl::StatusOr<enum> (INVALID_ARGUMENT
-// listing the names it takes), NAME_OF(enum) -> absl::string_view.
+// TrainOptions the enum (or, for lora_targets, the list). PARSE(name) ->
+// absl::StatusOr<enum> (INVALID_ARGUMENT listing the names it takes),
+// NAME_OF(enum) -> a string (absl::string_view or std::string).
 //   X(NAME, MEMBER, PARSE, NAME_OF)
-#define MEMPROFD_TRAIN_CHOICE_FIELDS(X) \
-  MEMPROFD_PASS_CHOICE_FIELDS(X)        \
-  X(lr_scheduler_type, lr_schedule.type, ParseLrSchedulerType, LrSchedulerTypeName)
+#define MEMPROFD_TRAIN_CHOICE_FIELDS(X)                                             \
+  MEMPROFD_PASS_CHOICE_FIELDS(X)                                                    \
+  X(lr_scheduler_type, lr_schedule.type, ParseLrSchedulerType, LrSchedulerTypeName) \
+  X(lora_targets, lora.target_modules, ParseLoraTargets, LoraTargetsName)
 
 // The fields of memprofd.v1.TrainRequest outside the two lists, each handled
 // by hand where it is used: the data sources (messages of their own, with

@@ -39,6 +39,7 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   RETURN_IF_ERROR(AtLeastOne("batch_size", o.batch_size));
   RETURN_IF_ERROR(AtLeastOne("seq_len", o.seq_len));
   RETURN_IF_ERROR(AtLeastOne("grad_accumulation_steps", o.grad_accumulation_steps));
+  if (o.lora.r != 0) RETURN_IF_ERROR(ValidateLoraOptions(o.lora));
   // Limits on what is merely large: a step of 10^9 micro-batches could not be
   // cancelled for hours, and a batch past these overflows a tensor's size.
   for (auto [name, value, limit] :

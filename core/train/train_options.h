@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/model/config.h"
+#include "core/model/lora_options.h"
 #include "core/train/eval_options.h"
 #include "core/train/lr_schedule.h"
 #include "core/train/request_fields.h"
@@ -78,6 +79,9 @@ struct TrainOptions {
   // hidden size), kLossChunkOff (the logits materialized) or tokens per
   // chunk (core/train/chunked_loss.h).
   int64_t loss_chunk_tokens = kLossChunkAutomatic;
+  // LoRA (lora_options.h): with lora.r > 0 the run trains adapters on a
+  // frozen base, added at its start unless the model has them (Trainer::Run).
+  LoraOptions lora;
 };
 
 // A training request as a client sends it: each field unset takes

@@ -165,6 +165,7 @@ absl::StatusOr<StepReport> Trainer::Step(const TrainOptions& options,
   RETURN_IF_ERROR(
       ValidateTrainOptions(options, model_->config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(options.seq_len));
+  RETURN_IF_ERROR(AddAdapters(options));
   return StepUnchecked(options, data, generator, 1, 0, options.steps,
                        StepContext{listeners, interrupted, ShardOf(listeners)});
 }
@@ -415,6 +416,29 @@ absl::Status Trainer::ClipAndUpdate(const TrainOptions& options, double loss_sum
   return absl::OkStatus();
 }
 
+absl::Status Trainer::AddAdapters(const TrainOptions& options) {
+  if (options.lora.r == 0) return absl::OkStatus();
+  auto describe = [](const LoraOptions& o) {
+    return absl::StrCat("r ", o.r, ", alpha ", o.alpha, ", targets ",
+                        LoraTargetsName(o.target_modules),
+                        o.use_rslora ? ", rslora" : "");
+  };
+  if (const std::optional<LoraOptions>& has = model_->lora()) {
+    if (*has == options.lora) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the model has LoRA adapters (", describe(*has), ") and this run asks for ",
+        describe(options.lora),
+        ": leave the lora fields unset (or give the same) to train the model's adapters, "
+        "or load the model again for new ones"));
+  }
+  if (optimizer_ != nullptr || global_step_ > 0) {
+    return absl::FailedPreconditionError(
+        "this model has trained every parameter already; load it again to fine-tune it "
+        "with LoRA adapters");
+  }
+  return model_->AddLora(options.lora, options.seed);
+}
+
 absl::StatusOr<ValidTrainOptions> Trainer::Check(const TrainOptions& options) const {
   return ValidTrainOptions::Check(options, model_->config().max_position_embeddings);
 }
@@ -426,6 +450,7 @@ absl::StatusOr<TrainResult> Trainer::Run(const ValidTrainOptions& valid,
     RETURN_IF_ERROR(Check(valid.get()).status());
   }
   const TrainOptions& options = valid.get();
+  RETURN_IF_ERROR(AddAdapters(options));
   if (request.continue_last && (!run_ || !generator_.defined())) {
     return absl::FailedPreconditionError(
         "there is no training run to resume on this model: load a checkpoint with "

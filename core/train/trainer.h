@@ -85,6 +85,16 @@ class Trainer {
                                   const StepListeners& listeners = {},
                                   const std::function<bool()>& interrupted = {});
 
+  // The LoRA adapters options.lora asks for (options.lora.r > 0), added to
+  // the model (LlamaModel::AddLora, A drawn from options.seed) unless it has
+  // them; nothing with r 0 (the run trains what the model has: every
+  // parameter, or its adapters). FAILED_PRECONDITION when the model has
+  // other adapters, or none and this trainer has already updated its
+  // parameters. Run and Step call it; a data-parallel run calls it before
+  // DataParallel wraps the trainer, so that the adapters are among the
+  // parameters it synchronises.
+  absl::Status AddAdapters(const TrainOptions& options);
+
   // `options` checked for this model (ValidTrainOptions::Check with its
   // max_position_embeddings): what Run takes. INVALID_ARGUMENT as Check.
   absl::StatusOr<ValidTrainOptions> Check(const TrainOptions& options) const;

@@ -193,7 +193,13 @@ DataSpec DataFromJson(const Json& v, absl::Status* error) {
 TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
   // States written before the chunked loss have no loss_chunk_tokens: their
   // runs materialized the logits, and are kept so, to resume bit for bit.
-  static const Json* const kAbsent = new Json{{"loss_chunk_tokens", kLossChunkOff}};
+  // Nor did they train LoRA adapters.
+  static const Json* const kAbsent =
+      new Json{{"loss_chunk_tokens", kLossChunkOff},
+               {"lora_r", 0},
+               {"lora_alpha", LoraOptions().alpha},
+               {"lora_use_rslora", false},
+               {"lora_targets", LoraTargetsName(LoraOptions().target_modules)}};
   Reader r(v, "run.config.", error, kAbsent);
   TrainOptions o;
 #define MEMPROFD_VALUE_FROM_JSON_(name, type, member) r.Read(#name, &o.member);

@@ -654,3 +654,32 @@ TEST_F(PlannerTest, PlanBesideATrainingLeavesItsPhaseAndRecorderAlone) {
 
 }  // namespace
 }  // namespace memprofd::plan
+
+namespace memprofd::plan {
+namespace {
+
+// A LoRA step: the base frozen (no gradients, no AdamW state), the adapters
+// and their state, the frozen weights autograd saves for the inputs'
+// gradients; planned as measured, checkpointed or not, and well under the
+// full fine-tune of the same shape.
+TEST_F(PlannerTest, LoraPlansMatchTheCpuStepsAndStayUnderAFullFineTune) {
+  absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  for (bool checkpointing : {false, true}) {
+    PlanSpec spec = Spec(*config, 4, 64, checkpointing, AttentionImplementation::kSdpa);
+    spec.train.lora.r = 8;
+    spec.train.lora.target_modules = {"all-linear"};
+    ExpectPlanMatchesCpu(spec, 0.005);
+    absl::StatusOr<MemoryPlan> lora = PlanTrainingStep(spec);
+    spec.train.lora = LoraOptions();
+    absl::StatusOr<MemoryPlan> full = PlanTrainingStep(spec);
+    ASSERT_TRUE(lora.ok() && full.ok());
+    std::cout << "tiny 4 x 64, checkpointing " << checkpointing << ": LoRA r 8 planned "
+              << lora->peak_allocated_bytes << " B, full fine-tune "
+              << full->peak_allocated_bytes << " B\n";
+    EXPECT_LT(lora->peak_allocated_bytes, full->peak_allocated_bytes);
+  }
+}
+
+}  // namespace
+}  // namespace memprofd::plan

@@ -265,6 +265,10 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
       {"attn_implementation", "eager"},
       {"lr_scheduler_type", "cosine_with_min_lr"},
       {"mixed_precision", "bf16"},
+      {"lora_r", "4"},
+      {"lora_alpha", "16.5"},
+      {"lora_use_rslora", "true"},
+      {"lora_targets", "q_proj,k_proj"},
   };
   v1::TrainRequest req;
   SetListedFields(kTrainTableFieldNames, values, &req);
@@ -304,9 +308,15 @@ TEST(ConvertTest, RunJsonWithoutLossChunkTokensReadsAsOffAndOtherFieldsAreRequir
   ASSERT_TRUE(json.ok());
   Json legacy = *json;
   legacy.erase("loss_chunk_tokens");
+  // Nor had they LoRA fields: such a run trained every parameter.
+  for (const char* lora : {"lora_r", "lora_alpha", "lora_use_rslora", "lora_targets"}) {
+    legacy.erase(lora);
+  }
   absl::StatusOr<TrainOptions> read = TrainOptionsFromJson(legacy.dump());
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(read->loss_chunk_tokens, kLossChunkOff);
+  EXPECT_EQ(read->lora.r, 0);
+  EXPECT_EQ(read->lora, LoraOptions());
   EXPECT_EQ(TrainOptionsFromJson(json->dump())->loss_chunk_tokens, 64);
   Json missing = *json;
   missing.erase("seq_len");

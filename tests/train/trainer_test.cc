@@ -697,3 +697,81 @@ TEST(TrainerTest, OutOfMemoryFailsTheStepAndTrainingContinues) {
 
 }  // namespace
 }  // namespace memprofd
+
+namespace memprofd {
+namespace {
+
+TrainOptions LoraOptionsOf(int64_t steps, bool checkpointing) {
+  TrainOptions o = SmallOptions(steps);
+  o.learning_rate = 1e-2;
+  o.gradient_checkpointing = checkpointing;
+  o.lora.r = 4;
+  o.lora.alpha = 8;
+  o.lora.target_modules = {"q_proj", "v_proj", "down_proj"};
+  return o;
+}
+
+TEST(TrainerLoraTest, ARunWithLoraTrainsTheAdaptersAloneCheckpointedOrNot) {
+  std::vector<double> losses[2];
+  std::vector<at::Tensor> adapters[2];
+  for (int checkpointing = 0; checkpointing < 2; ++checkpointing) {
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+    std::vector<at::Tensor> before;
+    for (const at::Tensor& p : m->Parameters()) before.push_back(p.detach().clone());
+    Trainer trainer(m.get());
+    absl::StatusOr<TrainResult> r = CheckAndRun(
+        trainer, LoraOptionsOf(4, checkpointing != 0),
+        {[&](const StepReport& s) { losses[checkpointing].push_back(s.loss); }});
+    ASSERT_TRUE(r.ok()) << r.status();
+    // The base is as it was, bit for bit; B has moved off zero.
+    const auto base = m->NamedBaseParameters();
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_TRUE(torch::equal(base[i].second, before[i])) << base[i].first;
+    }
+    for (const auto& [name, t] : m->NamedAdapters()) {
+      adapters[checkpointing].push_back(t.detach().clone());
+      if (name.find("lora_B") != std::string::npos) {
+        EXPECT_GT(t.abs().max().item<double>(), 0) << name;
+      }
+    }
+    // AdamW keeps state for the adapters only.
+    for (const auto& [name, t] : trainer.NamedOptimizerState()) {
+      EXPECT_NE(name.find(".lora_"), std::string::npos) << name;
+    }
+    EXPECT_EQ(trainer.NamedOptimizerState().size(), 3 * m->NamedAdapters().size());
+  }
+  // Checkpointing recomputes the layers: the same losses and adapters.
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_NE(losses[0].front(), losses[0].back());
+  ASSERT_EQ(adapters[0].size(), adapters[1].size());
+  for (size_t i = 0; i < adapters[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(adapters[0][i], adapters[1][i]));
+  }
+}
+
+TEST(TrainerLoraTest, LaterRunsTrainTheSameAdaptersAndRefuseOthers) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  ASSERT_TRUE(CheckAndRun(trainer, LoraOptionsOf(1, false)).ok());
+  const at::Tensor b = m->NamedAdapters()[1].second.detach().clone();
+  // Without lora fields: the model's adapters train on.
+  absl::StatusOr<TrainResult> again = CheckAndRun(trainer, SmallOptions(1));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(torch::equal(m->NamedAdapters()[1].second, b));
+  TrainOptions other = LoraOptionsOf(1, false);
+  other.lora.r = 8;
+  absl::Status refused = CheckAndRun(trainer, other).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("has LoRA adapters (r 4"));
+
+  // A model whose every parameter has trained takes no adapters.
+  std::unique_ptr<LlamaModel> full = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer full_trainer(full.get());
+  ASSERT_TRUE(CheckAndRun(full_trainer, SmallOptions(1)).ok());
+  refused = CheckAndRun(full_trainer, LoraOptionsOf(1, false)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_FALSE(full->lora().has_value());
+}
+
+}  // namespace
+}  // namespace memprofd

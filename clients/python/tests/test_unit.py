@@ -196,6 +196,16 @@ class RequestsAndErrorsTest(unittest.TestCase):
                              [p.default for p in b.parameters.values()], name)
 
 
+    def test_the_request_methods_take_every_field_of_their_request(self):
+        # A field the proto gains reaches the package's callers only when the
+        # method that builds its request takes it.
+        for method, message in ((mc.Client.train, pb.TrainRequest),
+                                (mc.Client.evaluate, pb.EvaluateRequest)):
+            taken = set(inspect.signature(method).parameters) - {"self", "timeout"}
+            fields = {f.name for f in message.DESCRIPTOR.fields}
+            self.assertEqual(fields - taken, set(), method.__name__)
+
+
 class ConnectionTest(ServerCase):
     def test_idempotent_calls_are_retried_and_others_are_not(self):
         self.fake.status_failures = 2

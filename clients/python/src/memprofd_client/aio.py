@@ -178,6 +178,8 @@ class AsyncClient(ClientState):
               eval_max_batches: Optional[int] = None, resume: Optional[bool] = None,
               loss_chunk_tokens: Optional[int] = None,
               memory_budget_bytes: Optional[int] = None,
+              lora_r: Optional[int] = None, lora_alpha: Optional[float] = None,
+              lora_use_rslora: Optional[bool] = None, lora_targets: Optional[str] = None,
               timeout: Timeout = DEFAULT) -> "AsyncTrainOperation":
         """Queues a training (TrainRequest's fields; see train.proto) and
         returns its handle: reports(), wait(), cancel(), refresh().
@@ -196,7 +198,8 @@ class AsyncClient(ClientState):
             mixed_precision=mixed_precision, eval_every_steps=eval_every_steps,
             eval_data=eval_data, eval_max_batches=eval_max_batches, resume=resume,
             loss_chunk_tokens=loss_chunk_tokens,
-            memory_budget_bytes=memory_budget_bytes), timeout))
+            memory_budget_bytes=memory_budget_bytes, lora_r=lora_r, lora_alpha=lora_alpha,
+            lora_use_rslora=lora_use_rslora, lora_targets=lora_targets), timeout))
 
     def stream_step_reports(self, operation_id: str, *, from_step: Optional[int] = None,
                             timeout: Timeout = DEFAULT) -> AsyncIterator[pb.StepReport]:

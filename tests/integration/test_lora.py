@@ -1,0 +1,125 @@
+"""LoRA fine-tuning as peft users know it, end to end.
+
+A Llama checkpoint made by transformers is loaded by the real daemon, which
+trains LoRA adapters on it (TrainRequest's lora_* fields) and saves them as
+an adapter snapshot. peft reads that directory alone onto the base model
+transformers loads from the same checkpoint: the loss on held-out tokens is
+the daemon's, with the adapters merged too, and differs from the base's. A
+weights snapshot of the adapted model is refused (it would drop the training),
+a run asking for other adapters is refused, and a run without lora fields
+trains the model's adapters on.
+
+The real daemon (harness.Daemon), transformers, peft and safetensors from
+the venv."""
+
+import json
+import os
+import unittest
+
+import peft
+import safetensors
+import torch
+import transformers
+
+import harness
+from harness import pb, wait_done
+
+SEQ_LEN = 32
+CONFIG = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+              rms_norm_eps=1e-5, hidden_act="silu", tie_word_embeddings=False)
+
+
+def tokens(seed, n):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CONFIG["vocab_size"], (n,), generator=g)
+
+
+def hf_loss(model, ids):
+    with torch.no_grad():
+        return model(input_ids=ids.unsqueeze(0), labels=ids.unsqueeze(0)).loss.item()
+
+
+class LoraTest(harness.DaemonTestCase):
+    SNAPSHOTS = True
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        torch.manual_seed(7)
+        cls.source = os.path.join(cls.scratch, "base")
+        transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG)).save_pretrained(
+            cls.source)
+        cls.data = pb.DataSource(inline_tokens=pb.InlineTokens(ids=tokens(1, 2000).tolist()))
+        cls.probe = tokens(2, SEQ_LEN + 1)
+
+    def op(self, method, request):
+        return wait_done(self.d, self.d.call(method, request).id)
+
+    def train(self, **fields):
+        return self.op("Train", pb.TrainRequest(
+            steps=3, batch_size=2, seq_len=SEQ_LEN, learning_rate=1e-2, seed=3,
+            data=self.data, **fields))
+
+    def evaluate(self):
+        op = self.op("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=self.probe.tolist())),
+            batch_size=1, seq_len=SEQ_LEN))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        return op.evaluate.loss
+
+    def test_1_adapters_trained_by_the_daemon_load_into_peft_with_its_loss(self):
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        op = self.train(lora_r=4, lora_alpha=16, lora_targets="q_proj,v_proj,down_proj")
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        trained = self.evaluate()
+        names = [p.name for p in self.d.call("DescribeModel", pb.DescribeModelRequest()).parameters]
+        self.assertIn("model.layers.0.self_attn.q_proj.lora_A.weight", names)
+
+        refused = self.op("Snapshot", pb.SnapshotRequest(name="lora-weights"))
+        self.assertEqual(refused.state, pb.OPERATION_STATE_FAILED)
+        self.assertIn("adapter snapshot", refused.error.message)
+
+        op = self.op("Snapshot", pb.SnapshotRequest(name="lora",
+                                                    kind=pb.SNAPSHOT_KIND_ADAPTER))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(op.snapshot.kind, pb.SNAPSHOT_KIND_ADAPTER)
+        directory = op.snapshot.directory
+        self.assertIn("adapter_model.safetensors", os.listdir(directory))
+        with open(os.path.join(directory, "adapter_config.json")) as f:
+            config = json.load(f)
+        self.assertEqual((config["peft_type"], config["task_type"], config["r"],
+                          config["lora_alpha"], config["base_model_name_or_path"]),
+                         ("LORA", "CAUSAL_LM", 4, 16.0, self.source))
+        self.assertEqual(sorted(config["target_modules"]), ["down_proj", "q_proj", "v_proj"])
+        with safetensors.safe_open(os.path.join(directory, "adapter_model.safetensors"),
+                                   "pt") as f:
+            keys = sorted(f.keys())
+        self.assertEqual(len(keys), 2 * 3 * CONFIG["num_hidden_layers"])
+        self.assertIn("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight", keys)
+
+        base = transformers.AutoModelForCausalLM.from_pretrained(self.source).eval()
+        base_loss = hf_loss(base, self.probe)
+        adapted = peft.PeftModel.from_pretrained(base, directory).eval()
+        print("base %.6f, daemon with adapters %.6f, peft %.6f"
+              % (base_loss, trained, hf_loss(adapted, self.probe)))
+        self.assertAlmostEqual(hf_loss(adapted, self.probe), trained, delta=1e-5 * trained)
+        self.assertGreater(abs(base_loss - trained), 1e-4)
+        merged = adapted.merge_and_unload()
+        self.assertAlmostEqual(hf_loss(merged, self.probe), trained, delta=1e-5 * trained)
+
+    def test_2_other_adapters_are_refused_and_a_plain_run_trains_the_models_on(self):
+        before = self.evaluate()
+        op = self.train(lora_r=8)
+        self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+        self.assertEqual(op.error.code, 9, op.error.message)  # FAILED_PRECONDITION
+        self.assertIn("has LoRA adapters (r 4", op.error.message)
+        self.assertEqual(self.evaluate(), before)
+        op = self.train()
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertNotEqual(self.evaluate(), before)
+
+
+if __name__ == "__main__":
+    unittest.main()
