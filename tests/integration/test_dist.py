@@ -408,6 +408,51 @@ class EquivalenceTest(unittest.TestCase):
         self.assertGreater(moved, 1e-3)
 
 
+class LoraEquivalenceTest(unittest.TestCase):
+    """LoRA adapters (docs/lora.md) train across two ranks as in one process
+    with twice the batch: the adapters get the same init from the run's seed
+    on every rank, only their gradients are averaged (the base is frozen),
+    and rank 0's adapter snapshot holds what the single process's does."""
+
+    STEPS = 4
+
+    def test_two_ranks_train_the_adapters_of_one_process_with_twice_the_batch(self):
+        root = tempfile.TemporaryDirectory(prefix="memprofd-dist-lora-")
+        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"))
+        single = Daemon("--model=" + MICRO_DIR, "--model_seed=0",
+                        "--snapshot_root=" + os.path.join(root.name, "one"))
+        lora = dict(lora_r=4, lora_alpha=8, lora_targets="all-linear")
+        try:
+            two_op = wait_done(ranks[0], train(ranks[0], steps=self.STEPS, batch_size=2,
+                                                **lora).id)
+            one_op = wait_done(single, train(single, steps=self.STEPS, batch_size=4,
+                                             **lora).id)
+            self.assertEqual(two_op.state, pb.OPERATION_STATE_SUCCEEDED, two_op.error.message)
+            self.assertEqual(one_op.state, pb.OPERATION_STATE_SUCCEEDED, one_op.error.message)
+            kind = dict(kind=pb.SNAPSHOT_KIND_ADAPTER)
+            from safetensors.torch import load_file
+            two = load_file(os.path.join(snapshot(ranks[0], "end", **kind).directory,
+                                         "adapter_model.safetensors"))
+            one = load_file(os.path.join(snapshot(single, "end", **kind).directory,
+                                         "adapter_model.safetensors"))
+            rank_reports = [step_reports(d) for d in ranks]
+            one_reports = step_reports(single)
+        finally:
+            close_all(ranks + [single])
+            root.cleanup()
+        gap = abs(rank_reports[0][1].loss - one_reports[1].loss) / one_reports[1].loss
+        difference = max_difference(two, one)
+        # B starts at zero: its size is how far training moved the adapters.
+        moved = max(float(t.abs().max()) for k, t in one.items() if "lora_B" in k)
+        print("\nLoRA r 4 on every projection, 2 ranks x batch 2 vs 1 x batch 4, %d steps: "
+              "step 1 loss gap %.3g, adapters max |d| %.3g, B moved %.3g"
+              % (self.STEPS, gap, difference, moved))
+        self.assertEqual(rank_reports[0][1].loss, rank_reports[1][1].loss)
+        self.assertLess(gap, 1e-6)
+        self.assertGreater(moved, 1e-3)
+        self.assertLess(difference, 2e-3 * moved)
+
+
 class ShardingTest(unittest.TestCase):
     """--sharding: 2 fully sharded ranks (ZeRO-3: each keeps its own
     parameters, gradients and AdamW state only) train as 2 unsharded ones;
