@@ -144,6 +144,9 @@ ABSL_FLAG(bool, resume, false,
           "load: the directory is a checkpoint, restore its training state too; train: "
           "continue the last run at its next step (unset flags, --steps included, take "
           "that run's values)");
+ABSL_FLAG(std::string, lora_adapter, "",
+          "load: a LoRA adapter directory as peft saves it, loaded onto the model "
+          "(docs/lora.md)");
 ABSL_FLAG(bool, init_weights, false,
           "load: take --hf_dir's config.json only and initialise the weights from "
           "--seed (a directory without weights needs it)");

@@ -65,6 +65,7 @@ ABSL_DECLARE_FLAG(bool, gradient_checkpointing);
 ABSL_DECLARE_FLAG(bool, checkpointing);
 ABSL_DECLARE_FLAG(int64_t, checkpoint_layers);
 ABSL_DECLARE_FLAG(int64_t, lora_r);
+ABSL_DECLARE_FLAG(std::string, lora_adapter);
 ABSL_DECLARE_FLAG(double, lora_alpha);
 ABSL_DECLARE_FLAG(bool, lora_use_rslora);
 ABSL_DECLARE_FLAG(std::string, lora_targets);

@@ -199,6 +199,7 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
   spec.seed = r.seed();
   spec.resume = r.resume();
   spec.init_weights = r.init_weights();
+  spec.lora_adapter = r.lora_adapter();
   for (const auto& p : r.placement()) {
     if (absl::Status s =
             CheckEnum("placement.placement", p.placement(), v1::Placement_IsValid);

@@ -167,6 +167,13 @@ class LlamaModel {
   absl::Status AddLora(const LoraOptions& options, uint64_t seed);
   // The adapters' options; unset without adapters.
   const std::optional<LoraOptions>& lora() const { return lora_; }
+  // Copies `adapters` (NamedAdapters's names; peft's keys without their
+  // "base_model.model." prefix) into the model's adapters, converting dtype
+  // and device. Every name and shape is checked before anything is copied:
+  // INVALID_ARGUMENT naming the unknown, missing or mis-shaped tensor;
+  // FAILED_PRECONDITION without adapters (AddLora first).
+  absl::Status LoadAdapters(
+      const std::vector<std::pair<std::string, at::Tensor>>& adapters);
   // The adapters by name, peft's without its "base_model.model." prefix
   // ("model.layers.0.self_attn.q_proj.lora_A.weight", then lora_B), in
   // peft's state-dict order; empty without adapters.

@@ -357,6 +357,44 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedAdapters() cons
   return out;
 }
 
+absl::Status LlamaModel::LoadAdapters(
+    const std::vector<std::pair<std::string, at::Tensor>>& adapters) {
+  if (!lora_) {
+    return absl::FailedPreconditionError("the model has no LoRA adapters to load into");
+  }
+  std::map<std::string, at::Tensor> own;
+  for (auto& [name, t] : NamedAdapters()) own.emplace(name, t);
+  std::set<std::string> seen;
+  for (const auto& [name, t] : adapters) {
+    auto it = own.find(name);
+    if (it == own.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adapter tensor \"", name, "\" is not an adapter of this model (r ", lora_->r,
+          " on ", LoraTargetsName(lora_->Targets()), ", ", num_layers(), " layers)"));
+    }
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("adapter tensor \"", name, "\" twice"));
+    }
+    if (!t.defined() || !t.is_floating_point() || t.sizes() != it->second.sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "adapter tensor \"", name, "\" must be a floating-point tensor of shape ",
+          ShapeString(it->second), ", got ",
+          t.defined() ? ShapeString(t) : "(undefined)"));
+    }
+  }
+  for (const auto& [name, t] : own) {
+    if (!seen.count(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the adapter lacks \"", name, "\"; give every adapter tensor"));
+    }
+  }
+  return TorchBoundary("loading the adapters", [&] {
+    torch::NoGradGuard no_grad;
+    for (const auto& [name, t] : adapters) own.at(name).copy_(t);
+  });
+}
+
 absl::Status LlamaModel::AddLora(const LoraOptions& options, uint64_t seed) {
   if (lora_) {
     return absl::FailedPreconditionError(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/common/json.h"
+#include "core/common/status_macros.h"
 
 namespace memprofd {
 namespace {
@@ -132,6 +133,74 @@ std::string AdapterConfigJson(const LoraOptions& options, const std::string& bas
 
 std::string PeftAdapterName(const std::string& name) {
   return absl::StrCat("base_model.model.", name);
+}
+
+absl::StatusOr<LoraOptions> LoraOptionsFromAdapterConfig(
+    const std::string& json, std::vector<std::string>* notes) {
+  ASSIGN_OR_RETURN(const Json config, ParseJson(json));
+  auto bad = [](absl::string_view key, absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adapter_config.json: ", key, " ", why));
+  };
+  if (!config.is_object()) return bad("(the file)", "is not a JSON object");
+  // A key memprofd leaves at peft's default: absent, null, false, "none", or
+  // empty.
+  auto at_default = [&](const char* key) {
+    const Json* v = JsonFind(config, key);
+    return v == nullptr || v->is_null() || (v->is_boolean() && !v->get<bool>()) ||
+           (v->is_string() &&
+            (v->get<std::string>() == "none" || v->get<std::string>().empty())) ||
+           ((v->is_object() || v->is_array()) && v->empty());
+  };
+  const Json* type = JsonFind(config, "peft_type");
+  if (type == nullptr || !type->is_string() || type->get<std::string>() != "LORA") {
+    return bad("peft_type", "is not \"LORA\": memprofd loads LoRA adapters only");
+  }
+  for (const char* key : {"use_dora", "bias", "fan_in_fan_out", "modules_to_save",
+                          "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
+    if (!at_default(key)) {
+      return bad(key, absl::StrCat("is ", DumpJson(*JsonFind(config, key)),
+                                   ": memprofd computes plain LoRA only (peft's "
+                                   "default for this key)"));
+    }
+  }
+  LoraOptions o;
+  const Json* r = JsonFind(config, "r");
+  if (r == nullptr || !r->is_number_integer())
+    return bad("r", "is missing or not an integer");
+  o.r = r->get<int64_t>();
+  if (const Json* alpha = JsonFind(config, "lora_alpha"); alpha != nullptr) {
+    if (!alpha->is_number()) return bad("lora_alpha", "is not a number");
+    o.alpha = alpha->get<double>();
+  }
+  if (const Json* rs = JsonFind(config, "use_rslora"); rs != nullptr && !rs->is_null()) {
+    if (!rs->is_boolean()) return bad("use_rslora", "is not true or false");
+    o.use_rslora = rs->get<bool>();
+  }
+  const Json* targets = JsonFind(config, "target_modules");
+  o.target_modules.clear();
+  if (targets != nullptr && targets->is_string()) {
+    o.target_modules.push_back(targets->get<std::string>());
+  } else if (targets != nullptr && targets->is_array()) {
+    for (const Json& t : *targets) {
+      if (!t.is_string())
+        return bad("target_modules", "holds a value that is not a name");
+      o.target_modules.push_back(t.get<std::string>());
+    }
+  } else {
+    return bad("target_modules", "is missing, or neither a name nor a list of names");
+  }
+  if (absl::Status valid = ValidateLoraOptions(o); !valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("adapter_config.json: ", valid.message()));
+  }
+  if (const Json* dropout = JsonFind(config, "lora_dropout");
+      dropout != nullptr && dropout->is_number() && dropout->get<double>() > 0) {
+    notes->push_back(absl::StrCat("the adapter's lora_dropout ", dropout->get<double>(),
+                                  " is not applied: memprofd trains adapters without "
+                                  "dropout"));
+  }
+  return o;
 }
 
 }  // namespace memprofd

@@ -62,6 +62,18 @@ std::string AdapterConfigJson(const LoraOptions& options, const std::string& bas
 // (LlamaModel::NamedAdapters's name).
 std::string PeftAdapterName(const std::string& name);
 
+// The options of a peft adapter_config.json (`json`): peft_type LORA, r,
+// lora_alpha (default 8), target_modules (names of the projections, a list
+// or one string, or "all-linear"), use_rslora. INVALID_ARGUMENT naming the
+// key for what memprofd does not compute: another peft_type, use_dora,
+// a bias other than "none", fan_in_fan_out, modules_to_save,
+// layers_to_transform, rank_pattern or alpha_pattern, a target that is not
+// a projection name; or for options ValidateLoraOptions refuses. A
+// lora_dropout above 0 is noted in `notes` (memprofd trains without
+// dropout).
+absl::StatusOr<LoraOptions> LoraOptionsFromAdapterConfig(const std::string& json,
+                                                         std::vector<std::string>* notes);
+
 }  // namespace memprofd
 
 #endif  // MEMPROFD_CORE_MODEL_LORA_OPTIONS_H_

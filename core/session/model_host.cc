@@ -13,6 +13,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -230,6 +231,23 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   }
   for (const auto& [module, placement] : spec.placement) {
     RETURN_IF_ERROR(PlaceModule(*model, module, placement));
+  }
+  if (!spec.lora_adapter.empty()) {
+    ASSIGN_OR_RETURN(snapshot::LoadedWeights adapter,
+                     snapshot::LoadPeftAdapterDirectory(spec.lora_adapter, file_roots));
+    ASSIGN_OR_RETURN(const LoraOptions lora,
+                     LoraOptionsFromAdapterConfig(adapter.config_json, &notes));
+    RETURN_IF_ERROR(model->AddLora(lora, spec.seed));
+    const std::string prefix = PeftAdapterName("");
+    snapshot::TensorList named;
+    for (auto& [name, t] : adapter.tensors) {
+      named.emplace_back(
+          absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name, t);
+    }
+    RETURN_IF_ERROR(model->LoadAdapters(named));
+    notes.push_back(absl::StrCat(
+        "LoRA adapters from ", spec.lora_adapter, ": r ", lora.r, ", alpha ", lora.alpha,
+        " on ", LoraTargetsName(lora.Targets()), lora.use_rslora ? ", rslora" : ""));
   }
   RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));
   auto trainer = std::make_unique<Trainer>(model.get());

@@ -246,6 +246,7 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
     spec.seed = static_cast<uint64_t>(IntField(command, "seed").value_or(0));
     spec.resume = BoolField(command, "resume").value_or(false);
     spec.init_weights = BoolField(command, "init_weights").value_or(false);
+    spec.lora_adapter = StringField(command, "lora_adapter");
     return followed_.FollowLoad(spec);
   }
   if (kind == "optimizer_shard") {
@@ -276,7 +277,8 @@ std::string RankCoordinator::LoadCommand(const LoadModelSpec& spec) const {
                        {"hf_directory", spec.hf_directory},
                        {"seed", spec.seed},
                        {"resume", spec.resume},
-                       {"init_weights", spec.init_weights}});
+                       {"init_weights", spec.init_weights},
+                       {"lora_adapter", spec.lora_adapter}});
 }
 
 void RankCoordinator::ReleaseFollowers() {

@@ -61,6 +61,11 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
         "init_weights applies to hf_directory (a preset's weights are always freshly "
         "initialised); drop it");
   }
+  if (!spec.lora_adapter.empty() && spec.resume) {
+    return absl::InvalidArgumentError(
+        "lora_adapter with resume: a checkpoint holds no adapters to resume; load the "
+        "base and the adapter without resume");
+  }
   if (spec.init_weights && spec.resume) {
     return absl::InvalidArgumentError(
         "init_weights and resume contradict each other: resume continues from the "
@@ -101,6 +106,15 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
         return;
       }
       spec.hf_directory = *std::move(dir);
+    }
+    if (!spec.lora_adapter.empty()) {
+      absl::StatusOr<std::string> dir =
+          host_->ConfineDirectory(spec.lora_adapter, "lora_adapter");
+      if (!dir.ok()) {
+        op->Finish(dir.status());
+        return;
+      }
+      spec.lora_adapter = *std::move(dir);
     }
     // Data parallel: the followers load the same (and the next Train checks
     // they did), in the order the owner runs things.

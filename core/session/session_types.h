@@ -139,6 +139,10 @@ struct LoadModelSpec {
   // every parameter. Refused with resume (a checkpoint's weights are its
   // point).
   bool init_weights = false;
+  // A peft LoRA adapter directory (adapter_config.json,
+  // adapter_model.safetensors) loaded onto the model: its adapters, which
+  // later Trains train on a frozen base. Empty: none. Refused with resume.
+  std::string lora_adapter;
   // A directory with config.json only gets weights from `seed` (the
   // operator's own model flag, where that is its documented meaning); a
   // directory with weights loads them. Never set from a client's request.

@@ -164,5 +164,29 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
   return out;
 }
 
+absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
+                                                       const PathRoots* roots) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("adapter directory ", dir, " does not exist"));
+  }
+  LoadedWeights out;
+  out.directory = dir;
+  const fs::path root(dir);
+  for (const char* name : {kAdapterConfigFileName, "adapter_model.safetensors"}) {
+    if (!Present(root / name)) {
+      return absl::NotFoundError(
+          absl::StrCat("adapter directory ", dir, " has no ", name,
+                       "; a LoRA adapter as peft saves it holds adapter_config.json and "
+                       "adapter_model.safetensors"));
+    }
+  }
+  ASSIGN_OR_RETURN(out.config_json, snapshot::internal::ReadSmallFile(
+                                        (root / kAdapterConfigFileName).string(), roots));
+  RETURN_IF_ERROR(AppendFile(root / "adapter_model.safetensors", roots, &out));
+  return out;
+}
+
 }  // namespace snapshot
 }  // namespace memprofd

@@ -44,6 +44,13 @@ struct LoadedWeights {
 absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
                                                        const PathRoots* roots = nullptr);
 
+// A LoRA adapter directory as peft saves it: adapter_config.json (into
+// config_json) and adapter_model.safetensors, read as LoadSafetensorsDirectory
+// reads a model's (the same links rule with `roots`). NOT_FOUND naming the
+// file that is missing; the other errors as above.
+absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
+                                                       const PathRoots* roots = nullptr);
+
 }  // namespace snapshot
 }  // namespace memprofd
 

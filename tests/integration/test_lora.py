@@ -7,7 +7,9 @@ transformers loads from the same checkpoint: the loss on held-out tokens is
 the daemon's, with the adapters merged too, and differs from the base's. A
 weights snapshot of the adapted model is refused (it would drop the training),
 a run asking for other adapters is refused, and a run without lora fields
-trains the model's adapters on.
+trains the model's adapters on. An adapter peft made loads onto its base with
+peft's loss and trains on; one peft computes and memprofd does not (DoRA) is
+refused naming the key.
 
 The real daemon (harness.Daemon), transformers, peft and safetensors from
 the venv."""
@@ -119,6 +121,50 @@ class LoraTest(harness.DaemonTestCase):
         op = self.train()
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         self.assertNotEqual(self.evaluate(), before)
+
+    def test_3_an_adapter_made_by_peft_loads_onto_its_base_and_trains_on(self):
+        # peft's adapter with a B away from zero (init_lora_weights=False
+        # draws both as nn.Linear does), so that it changes the loss.
+        torch.manual_seed(13)
+        base = transformers.AutoModelForCausalLM.from_pretrained(self.source)
+        config = peft.LoraConfig(r=2, lora_alpha=6, target_modules=["k_proj", "up_proj"],
+                                 lora_dropout=0.1, init_lora_weights=False,
+                                 task_type="CAUSAL_LM")
+        made = peft.get_peft_model(base, config).eval()
+        directory = os.path.join(self.scratch, "peft-made")
+        made.save_pretrained(directory)
+        peft_loss = hf_loss(made, self.probe)
+
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
+                                                      lora_adapter=directory))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        notes = "\n".join(op.model.load_notes)
+        self.assertIn("LoRA adapters from", notes)
+        self.assertIn("lora_dropout 0.1 is not applied", notes)
+        self.assertAlmostEqual(self.evaluate(), peft_loss, delta=1e-5 * peft_loss)
+        # A Train without lora fields trains peft's adapters.
+        op = self.train()
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertNotAlmostEqual(self.evaluate(), peft_loss, delta=1e-4)
+
+        # What memprofd cannot compute is refused naming the key; the model
+        # stays as it was.
+        with open(os.path.join(directory, "adapter_config.json")) as f:
+            dora = json.load(f)
+        dora["use_dora"] = True
+        bad = os.path.join(self.scratch, "peft-dora")
+        os.mkdir(bad)
+        for name in os.listdir(directory):
+            if name.endswith(".safetensors"):
+                os.link(os.path.join(directory, name), os.path.join(bad, name))
+        with open(os.path.join(bad, "adapter_config.json"), "w") as f:
+            json.dump(dora, f)
+        before = self.evaluate()
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
+                                                      lora_adapter=bad))
+        self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+        self.assertIn("use_dora", op.error.message)
+        self.assertEqual(self.evaluate(), before)
 
 
 if __name__ == "__main__":

@@ -137,5 +137,66 @@ TEST(LoraTest, TargetsParseFromTheRequestsSpelling) {
   EXPECT_DOUBLE_EQ(all.Scaling(), 8.0);
 }
 
+TEST(LoraTest, PeftAdapterConfigsReadAsPeftMeantThemOrNameWhatIsNotComputed) {
+  std::vector<std::string> notes;
+  absl::StatusOr<LoraOptions> read = LoraOptionsFromAdapterConfig(
+      R"({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05,
+          "target_modules": ["v_proj", "q_proj"], "bias": "none", "use_dora": false,
+          "modules_to_save": null, "rank_pattern": {}, "task_type": "CAUSAL_LM"})",
+      &notes);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->r, 8);
+  EXPECT_EQ(read->alpha, 16);
+  EXPECT_EQ(read->Targets(), (std::vector<std::string>{"q_proj", "v_proj"}));
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_THAT(notes[0], HasSubstr("lora_dropout 0.05 is not applied"));
+  read = LoraOptionsFromAdapterConfig(
+      R"({"peft_type": "LORA", "r": 4, "target_modules": "all-linear"})", &notes);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->alpha, 8);  // peft's default
+  EXPECT_EQ(read->Targets().size(), 7u);
+  for (const auto& [json, says] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"peft_type": "IA3", "r": 4, "target_modules": ["q_proj"]})", "peft_type"},
+           {R"({"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"],
+                "use_dora": true})",
+            "use_dora"},
+           {R"({"peft_type": "LORA", "r": 4, "target_modules": ["q_proj"],
+                "bias": "all"})",
+            "bias"},
+           {R"({"peft_type": "LORA", "r": 4, "target_modules": ["lm_head"]})",
+            "no projection 'lm_head'"},
+           {R"({"peft_type": "LORA", "target_modules": ["q_proj"]})", "r is missing"},
+           {"[1]", "not a JSON object"}}) {
+    absl::Status s = LoraOptionsFromAdapterConfig(json, &notes).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_THAT(s.message(), HasSubstr(says));
+  }
+}
+
+TEST(LoraTest, LoadAdaptersChecksEveryNameAndShapeBeforeCopying) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(testing::SmallLlamaConfig(), 3);
+  EXPECT_EQ(m->LoadAdapters({}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(m->AddLora(Lora(2, {"q_proj"}), 1).ok());
+  std::vector<std::pair<std::string, at::Tensor>> given;
+  for (const auto& [name, t] : m->NamedAdapters()) {
+    given.emplace_back(name, torch::full(t.sizes(), 0.5));
+  }
+  auto missing = given;
+  missing.pop_back();
+  EXPECT_THAT(m->LoadAdapters(missing).message(), HasSubstr("lacks"));
+  auto wrong = given;
+  wrong[0].second = torch::zeros({3, 3});
+  EXPECT_THAT(m->LoadAdapters(wrong).message(), HasSubstr("must be a floating-point"));
+  auto unknown = given;
+  unknown[0].first = "model.layers.0.self_attn.k_proj.lora_A.weight";
+  EXPECT_THAT(m->LoadAdapters(unknown).message(), HasSubstr("is not an adapter"));
+  EXPECT_EQ(m->NamedAdapters()[1].second.abs().max().item<double>(), 0.0);
+  ASSERT_TRUE(m->LoadAdapters(given).ok());
+  for (const auto& [name, t] : m->NamedAdapters()) {
+    EXPECT_EQ(t.min().item<double>(), 0.5) << name;
+    EXPECT_TRUE(t.requires_grad()) << name;
+  }
+}
+
 }  // namespace
 }  // namespace memprofd

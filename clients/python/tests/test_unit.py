@@ -200,7 +200,8 @@ class RequestsAndErrorsTest(unittest.TestCase):
         # A field the proto gains reaches the package's callers only when the
         # method that builds its request takes it.
         for method, message in ((mc.Client.train, pb.TrainRequest),
-                                (mc.Client.evaluate, pb.EvaluateRequest)):
+                                (mc.Client.evaluate, pb.EvaluateRequest),
+                                (mc.Client.load_model, pb.LoadModelRequest)):
             taken = set(inspect.signature(method).parameters) - {"self", "timeout"}
             fields = {f.name for f in message.DESCRIPTOR.fields}
             self.assertEqual(fields - taken, set(), method.__name__)

@@ -129,13 +129,16 @@ class Client(ClientState):
                    seed: Optional[int] = None,
                    placement: Optional[Iterable[pb.ModulePlacement]] = None,
                    resume: Optional[bool] = None, init_weights: Optional[bool] = None,
+                   lora_adapter: Optional[str] = None,
                    timeout: Timeout = DEFAULT) -> "OperationHandle":
         """Replaces the model (exactly one of preset, hf_directory). Returns an
         operation handle (kind LOAD_MODEL; result: `model`). init_weights: take
-        hf_directory's config.json only, with weights initialised from seed."""
+        hf_directory's config.json only, with weights initialised from seed.
+        lora_adapter: a peft LoRA adapter directory loaded onto the model."""
         return self._start("LoadModel", request(
             pb.LoadModelRequest, preset=preset, hf_directory=hf_directory, seed=seed,
-            placement=placement, resume=resume, init_weights=init_weights), timeout)
+            placement=placement, resume=resume, init_weights=init_weights,
+            lora_adapter=lora_adapter), timeout)
 
     def describe_model(self, *, timeout: Timeout = DEFAULT) -> pb.ModelInfo:
         """The model with every parameter. FailedPrecondition: no model."""
