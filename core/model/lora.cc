@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
+#include "core/common/utf8.h"
 
 namespace memprofd {
 namespace {
@@ -80,13 +81,13 @@ absl::Status ValidateLoraOptions(const LoraOptions& options) {
     bool known = false;
     for (const LoraTarget& t : kLoraTargets) known = known || m == t.name;
     if (!known) {
-      return absl::InvalidArgumentError(absl::StrCat("lora_targets: no projection '", m,
-                                                     "'; use ", TargetNames(),
+      return absl::InvalidArgumentError(absl::StrCat("lora_targets: no projection ",
+                                                     Echo(m), "; use ", TargetNames(),
                                                      ", or all-linear"));
     }
     if (!seen.insert(m).second) {
       return absl::InvalidArgumentError(
-          absl::StrCat("lora_targets names '", m, "' twice"));
+          absl::StrCat("lora_targets names ", Echo(m), " twice"));
     }
   }
   return absl::OkStatus();
@@ -98,9 +99,14 @@ absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& tex
     part = absl::StripAsciiWhitespace(part);
     if (part.empty()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("lora_targets '", text,
-                       "' has an empty name; write names joined by commas, "
+          absl::StrCat("lora_targets ", Echo(text),
+                       " has an empty name; write names joined by commas, "
                        "e.g. q_proj,v_proj, or all-linear"));
+    }
+    if (out.size() == kMaxLoraTargets) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "lora_targets names more than ", kMaxLoraTargets,
+          " projections; a decoder layer has 7 (all-linear names them all)"));
     }
     out.emplace_back(part);
   }

@@ -47,7 +47,9 @@ absl::Status ValidateLoraOptions(const LoraOptions& options);
 
 // The request's spelling of target_modules: names joined by commas
 // ("q_proj,v_proj", "all-linear"). Parse keeps the names as given (checked
-// by ValidateLoraOptions); INVALID_ARGUMENT for an empty name.
+// by ValidateLoraOptions); INVALID_ARGUMENT for an empty name or more than
+// kMaxLoraTargets names.
+inline constexpr size_t kMaxLoraTargets = 32;
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text);
 std::string LoraTargetsName(const std::vector<std::string>& targets);
 

@@ -109,8 +109,8 @@ TEST(LoraTest, BadOptionsNameTheFieldAndAdaptersAreAddedOnce) {
       {Lora(kMaxLoraRank + 1, {"q_proj"}), "lora_r must be in"},
       {bad_alpha, "lora_alpha must be a finite number > 0"},
       {Lora(4, {}), "lora_targets is empty"},
-      {Lora(4, {"q_proj", "lm_head"}), "no projection 'lm_head'"},
-      {Lora(4, {"q_proj", "q_proj"}), "names 'q_proj' twice"},
+      {Lora(4, {"q_proj", "lm_head"}), "no projection \"lm_head\""},
+      {Lora(4, {"q_proj", "q_proj"}), "names \"q_proj\" twice"},
       {Lora(4, {"all-linear", "q_proj"}), "give it alone"},
   };
   for (const Case& c : cases) {
@@ -130,6 +130,9 @@ TEST(LoraTest, TargetsParseFromTheRequestsSpelling) {
   EXPECT_EQ(*t, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(LoraTargetsName(*t), "q_proj,v_proj");
   EXPECT_FALSE(ParseLoraTargets("q_proj,,v_proj").ok());
+  std::string many = "q_proj";
+  for (int i = 0; i < 40; ++i) many += ",q_proj";
+  EXPECT_THAT(ParseLoraTargets(many).status().message(), HasSubstr("more than 32"));
   LoraOptions all = Lora(4, {"all-linear"});
   EXPECT_EQ(all.Targets().size(), 7u);
   EXPECT_DOUBLE_EQ(all.Scaling(), 4.0);
@@ -164,7 +167,7 @@ TEST(LoraTest, PeftAdapterConfigsReadAsPeftMeantThemOrNameWhatIsNotComputed) {
                 "bias": "all"})",
             "bias"},
            {R"({"peft_type": "LORA", "r": 4, "target_modules": ["lm_head"]})",
-            "no projection 'lm_head'"},
+            "no projection \"lm_head\""},
            {R"({"peft_type": "LORA", "target_modules": ["q_proj"]})", "r is missing"},
            {"[1]", "not a JSON object"}}) {
     absl::Status s = LoraOptionsFromAdapterConfig(json, &notes).status();
