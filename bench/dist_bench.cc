@@ -58,6 +58,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 std::map<std::string, std::string> ParseArgs(int argc, char** argv) {
   std::map<std::string, std::string> args = {
@@ -179,7 +180,8 @@ int RunRank(const std::map<std::string, std::string>& args) {
   StepListeners listeners;
   if (dp != nullptr) listeners.push_back(dp.get());
   listeners.push_back(&grad_bytes);
-  if (!data.ok() || !CheckAndRun(trainer, options, {{}, {}, listeners, &**data}).ok())
+  if (!data.ok() ||
+      !CheckAndRun(trainer, options, Request({}, {}, listeners, &**data)).ok())
     return 2;
   const int64_t steps = IntArg(args, "steps");
   at::Generator generator = MakeDataGenerator(3);

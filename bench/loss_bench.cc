@@ -52,6 +52,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 struct Args {
   int64_t vocab = 128256;
@@ -136,7 +137,7 @@ Figures BenchMemprofd(const Args& a, int64_t loss_chunk_tokens) {
   Figures f;
   auto run = [&] {
     absl::StatusOr<TrainResult> r =
-        CheckAndRun(trainer, o, {[&](const StepReport& s) { f.loss = s.loss; }});
+        CheckAndRun(trainer, o, Request([&](const StepReport& s) { f.loss = s.loss; }));
     if (!r.ok()) {
       std::fprintf(stderr, "step: %s\n", std::string(r.status().message()).c_str());
       std::exit(1);

@@ -75,6 +75,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 // What each side runs, in this order (the tables' rows per preset).
 struct Variant {
@@ -206,7 +207,7 @@ absl::StatusOr<int64_t> SavedBytesCpp(LlamaModel* model, Trainer& trainer,
   offload::OffloadStepListener listener(offloader, model);
   TrainOptions one = options;
   one.steps = 1;
-  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, one, {{}, {}, {&listener}});
+  absl::StatusOr<TrainResult> r = CheckAndRun(trainer, one, Request({}, {}, {&listener}));
   if (!r.ok()) return r.status();
   return listener.last_step().peak_resident_saved_bytes;
 }
@@ -221,12 +222,12 @@ absl::StatusOr<Figures> BenchCpp(const LlamaConfig& config, const Args& args,
   if (!warm.ok()) return warm.status();
   Figures f;
   const std::clock_t cpu_start = std::clock();
-  absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, Options(args, variant, steps), {[&](const StepReport& s) {
-                    f.forward += s.forward_seconds / steps;
-                    f.backward += s.backward_seconds / steps;
-                    f.optimizer += s.optimizer_seconds / steps;
-                  }});
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, Options(args, variant, steps), Request([&](const StepReport& s) {
+        f.forward += s.forward_seconds / steps;
+        f.backward += s.backward_seconds / steps;
+        f.optimizer += s.optimizer_seconds / steps;
+      }));
   if (!r.ok()) return r.status();
   f.cpu_seconds_per_step =
       static_cast<double>(std::clock() - cpu_start) / CLOCKS_PER_SEC / steps;

@@ -91,6 +91,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 int Fail(const absl::Status& status) {
   std::cout << "FAILED " << absl::StatusCodeToString(status.code()) << ": "
@@ -340,7 +341,7 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   };
   if (options.steps > 0) {
     absl::StatusOr<TrainResult> result =
-        CheckAndRun(trainer, options, {print_step, {}, listeners, &**data});
+        CheckAndRun(trainer, options, Request(print_step, {}, listeners, &**data));
     if (!result.ok()) return Fail(result.status());
   }
   if (absl::GetFlag(FLAGS_continue_steps) > 0) {
@@ -352,7 +353,7 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
     }
     options.steps = absl::GetFlag(FLAGS_continue_steps);
     absl::StatusOr<TrainResult> result = CheckAndRun(
-        trainer, options, {print_step, {}, listeners, &**data, nullptr, true});
+        trainer, options, Request(print_step, {}, listeners, &**data, nullptr, true));
     if (!result.ok()) return Fail(result.status());
   }
   // The moments (each rank's step counts are copies of one number).

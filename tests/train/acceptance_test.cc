@@ -14,6 +14,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 constexpr char kGpl3[] = "/usr/share/common-licenses/GPL-3";
 
@@ -33,8 +34,8 @@ std::pair<double, double> TrainTiny(const DataSpec& data) {
   o.data = data;
   std::vector<double> losses;
   const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses.push_back(s.loss); }});
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, o, Request([&](const StepReport& s) { losses.push_back(s.loss); }));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_TRUE(r.ok()) << r.status();

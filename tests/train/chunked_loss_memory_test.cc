@@ -33,6 +33,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -189,10 +190,10 @@ TEST(ChunkedLossMemoryTest, TrainerStepsWithChunksHaveTheLossOfStepsWithout) {
         o.gradient_checkpointing = checkpointing;
         o.loss_chunk_tokens = chunked ? 24 : kLossChunkOff;
         absl::StatusOr<TrainResult> r =
-            CheckAndRun(trainer, o, {[&](const StepReport& s) {
+            CheckAndRun(trainer, o, Request([&](const StepReport& s) {
                           losses[chunked].push_back(s.loss);
                           norms[chunked].push_back(s.grad_norm);
-                        }});
+                        }));
         ASSERT_TRUE(r.ok()) << r.status();
       }
       ASSERT_EQ(losses[0].size(), 3u);

@@ -28,6 +28,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -235,10 +236,10 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     {
       std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
       Trainer trainer(m.get());
-      ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& r) {
+      ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& r) {
                                 reference.push_back(r.loss);
                                 reference_lr.push_back(r.learning_rate);
-                              }})
+                              }))
                       .ok());
     }
     ASSERT_EQ(reference.size(), 6u);
@@ -252,7 +253,8 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
       Trainer trainer(m.get());
       int done = 0;
       absl::StatusOr<TrainResult> r = CheckAndRun(
-          trainer, o, {[&](const StepReport&) { ++done; }, [&] { return done == 3; }});
+          trainer, o,
+          Request([&](const StepReport&) { ++done; }, [&] { return done == 3; }));
       ASSERT_TRUE(r.ok());
       ASSERT_TRUE(r->cancelled);
       state_json = TrainerStateToJson(trainer.State());
@@ -283,17 +285,15 @@ TEST(ResumeTest, ARestoredTrainerContinuesTheRunWithTheSameLossesBitForBit) {
     rest.steps = 3;
     std::vector<double> resumed, resumed_lr;
     std::vector<int64_t> global;
-    absl::StatusOr<TrainResult> r = CheckAndRun(trainer, rest,
-                                                {[&](const StepReport& s) {
-                                                   resumed.push_back(s.loss);
-                                                   resumed_lr.push_back(s.learning_rate);
-                                                   global.push_back(s.global_step);
-                                                 },
-                                                 {},
-                                                 {},
-                                                 &**data,
-                                                 nullptr,
-                                                 true});
+    absl::StatusOr<TrainResult> r =
+        CheckAndRun(trainer, rest,
+                    Request(
+                        [&](const StepReport& s) {
+                          resumed.push_back(s.loss);
+                          resumed_lr.push_back(s.learning_rate);
+                          global.push_back(s.global_step);
+                        },
+                        {}, {}, &**data, nullptr, true));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(global, (std::vector<int64_t>{4, 5, 6}));
     EXPECT_EQ(resumed, std::vector<double>(reference.begin() + 3, reference.end()));
@@ -440,7 +440,7 @@ TEST(ResumeTest, ContinuingWithoutARunIsFailedPrecondition) {
       TokenDataset::Create(DataSpec(), 256);
   ASSERT_TRUE(data.ok());
   absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, Options(1), {{}, {}, {}, &**data, nullptr, true});
+      CheckAndRun(trainer, Options(1), Request({}, {}, {}, &**data, nullptr, true));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(r.status().message(), HasSubstr("no training run to resume"));
 }

@@ -23,6 +23,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -144,7 +145,7 @@ TEST(TrainerScheduleTest, EachStepUsesItsScheduledRateAndWarmupStartsAtZero) {
   o.lr_schedule = Schedule(LrSchedulerType::kLinear, 1);
   std::vector<double> rates;
   int unchanged_after_first = -1;
-  ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& r) {
+  ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& r) {
                             rates.push_back(r.learning_rate);
                             if (r.step != 1) return;
                             unchanged_after_first = 1;
@@ -153,7 +154,7 @@ TEST(TrainerScheduleTest, EachStepUsesItsScheduledRateAndWarmupStartsAtZero) {
                               if (!torch::equal(now[i], initial[i]))
                                 unchanged_after_first = 0;
                             }
-                          }})
+                          }))
                   .ok());
   // Warmup 1 of 4: 0, then (4 - s) / 3 of the peak.
   EXPECT_THAT(rates,
@@ -233,24 +234,23 @@ TEST(EvaluateTest, RunsEvaluateEveryNStepsAndReportThem) {
   std::vector<int64_t> evaluated;
   double last_eval = 0;
   ASSERT_TRUE(CheckAndRun(trainer, o,
-                          {[&](const StepReport& r) {
-                             if (!r.eval) return;
-                             evaluated.push_back(r.step);
-                             EXPECT_EQ(r.eval->tokens, 2 * 4 * 32);
-                             EXPECT_EQ(r.eval->global_step, r.global_step);
-                             last_eval = r.eval->loss;
-                           },
-                           {},
-                           {},
-                           &*train,
-                           held_out.get()})
+                          Request(
+                              [&](const StepReport& r) {
+                                if (!r.eval) return;
+                                evaluated.push_back(r.step);
+                                EXPECT_EQ(r.eval->tokens, 2 * 4 * 32);
+                                EXPECT_EQ(r.eval->global_step, r.global_step);
+                                last_eval = r.eval->loss;
+                              },
+                              {}, {}, &*train, held_out.get()))
                   .ok());
   EXPECT_THAT(evaluated, ::testing::ElementsAre(2, 4));
   // Due evaluations with no evaluation data, given or named, run nothing.
   TrainOptions no_eval_data = o;
   no_eval_data.eval_data.reset();
-  EXPECT_EQ(CheckAndRun(trainer, no_eval_data, {{}, {}, {}, &*train}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      CheckAndRun(trainer, no_eval_data, Request({}, {}, {}, &*train)).status().code(),
+      absl::StatusCode::kInvalidArgument);
   TrainRunRequest request;
   request.data = train.get();
   EXPECT_EQ(trainer.Run(*trainer.Check(o), request).status().code(),
@@ -268,8 +268,8 @@ std::vector<double> Losses(const TrainOptions& o, uint64_t seed,
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), seed);
   Trainer trainer(m.get());
   std::vector<double> losses;
-  absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses.push_back(s.loss); }});
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, o, Request([&](const StepReport& s) { losses.push_back(s.loss); }));
   EXPECT_TRUE(r.ok()) << r.status();
   if (params) *params = m->Parameters();
   if (state) *state = trainer.OptimizerState();

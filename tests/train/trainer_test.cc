@@ -24,6 +24,7 @@ namespace memprofd {
 namespace {
 
 using testing::CheckAndRun;
+using testing::Request;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
@@ -94,9 +95,9 @@ TEST(CheckpointTest, FrozenParametersGetNoGradientAndStayPut) {
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(3);
     o.gradient_checkpointing = checkpointing;
-    absl::StatusOr<TrainResult> r = CheckAndRun(trainer, o, {[&](const StepReport& s) {
-                                                  losses[checkpointing].push_back(s.loss);
-                                                }});
+    absl::StatusOr<TrainResult> r = CheckAndRun(
+        trainer, o,
+        Request([&](const StepReport& s) { losses[checkpointing].push_back(s.loss); }));
     ASSERT_TRUE(r.ok()) << r.status();
     for (size_t i = 0; i < frozen.size(); ++i)
       EXPECT_TRUE(torch::equal(frozen[i], before[i]));
@@ -117,7 +118,7 @@ TEST(TrainerTest, SameSeedGivesTheSameLossesBitForBit) {
     o.weight_decay = 0.1;
     o.max_grad_norm = 1.0;
     absl::StatusOr<TrainResult> r = CheckAndRun(
-        trainer, o, {[&](const StepReport& s) { losses->push_back(s.loss); }});
+        trainer, o, Request([&](const StepReport& s) { losses->push_back(s.loss); }));
     ASSERT_TRUE(r.ok()) << r.status();
   }
   ASSERT_EQ(first.size(), 8u);
@@ -140,14 +141,14 @@ TEST(TrainerTest, ValidatedOptionsRunAndAreRecheckedForAModelOfShorterSequences)
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(valid->get().data, 256);
   ASSERT_TRUE(data.ok()) << data.status();
-  absl::StatusOr<TrainResult> r = trainer.Run(*valid, {{}, {}, {}, &**data});
+  absl::StatusOr<TrainResult> r = trainer.Run(*valid, Request({}, {}, {}, &**data));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps_completed, 2);
 
   request.seq_len = 128;  // fits a model of 4096 positions, not this one
   valid = MergeTrainOverrides(TrainOptions(), request, 4096);
   ASSERT_TRUE(valid.ok()) << valid.status();
-  r = trainer.Run(*valid, {{}, {}, {}, &**data});
+  r = trainer.Run(*valid, Request({}, {}, {}, &**data));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(r.status().message(), HasSubstr("max_position_embeddings"));
   EXPECT_EQ(MergeTrainOverrides(TrainOptions(), request, 64).status().code(),
@@ -163,9 +164,9 @@ TEST(TrainerTest, CheckpointingTrainsIdentically) {
     TrainOptions o = SmallOptions(4);
     o.gradient_checkpointing = variant > 0;
     if (variant == 2) o.checkpoint_layers = 1;
-    ASSERT_TRUE(CheckAndRun(trainer, o, {[&](const StepReport& s) {
+    ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& s) {
                               losses[variant].push_back(s.loss);
-                            }})
+                            }))
                     .ok());
   }
   EXPECT_EQ(losses[0], losses[1]);
@@ -196,8 +197,8 @@ TEST(TrainerTest, ReportsEveryStep) {
   TrainOptions o = SmallOptions(3);
   o.grad_accumulation_steps = 2;
   std::vector<StepReport> reports;
-  absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, o, {[&](const StepReport& s) { reports.push_back(s); }});
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, o, Request([&](const StepReport& s) { reports.push_back(s); }));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(reports.size(), 3u);
   for (size_t i = 0; i < reports.size(); ++i) {
@@ -235,9 +236,9 @@ TEST(TrainerTest, AccumulatedMicroBatchesEqualOneLargeBatch) {
     TrainOptions o = SmallOptions(1);
     o.batch_size = 8 / accum;
     o.grad_accumulation_steps = accum;
-    ASSERT_TRUE(
-        CheckAndRun(trainer, o, {[&](const StepReport& s) { reports[accum - 1] = s; }})
-            .ok());
+    ASSERT_TRUE(CheckAndRun(trainer, o,
+                            Request([&](const StepReport& s) { reports[accum - 1] = s; }))
+                    .ok());
   }
   EXPECT_EQ(reports[0].tokens, reports[1].tokens);
   EXPECT_NEAR(reports[0].loss, reports[1].loss, 1e-5);
@@ -253,9 +254,10 @@ TEST(TrainerTest, ClippingBoundsTheGradientNorm) {
     Trainer trainer(m.get());
     TrainOptions o = SmallOptions(1);
     o.max_grad_norm = clip ? 1e-9 : 0.0;
-    ASSERT_TRUE(
-        CheckAndRun(trainer, o, {[&](const StepReport& s) { norms[clip] = s.grad_norm; }})
-            .ok());
+    ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& s) {
+                              norms[clip] = s.grad_norm;
+                            }))
+                    .ok());
     change[clip] = (m->Parameters()[1] - before).abs().max().item<double>();
   }
   // The report gives the norm before clipping.
@@ -320,11 +322,13 @@ TEST(TrainerTest, AnUpdateThatDivergesIsNotApplied) {
   o.learning_rate = 1e-3;
   std::vector<double> losses[2];
   Trainer fresh_trainer(fresh.get());
-  ASSERT_TRUE(
-      CheckAndRun(trainer, o, {[&](const StepReport& s) { losses[0].push_back(s.loss); }})
-          .ok());
-  ASSERT_TRUE(CheckAndRun(fresh_trainer, o,
-                          {[&](const StepReport& s) { losses[1].push_back(s.loss); }})
+  ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& s) {
+                            losses[0].push_back(s.loss);
+                          }))
+                  .ok());
+  ASSERT_TRUE(CheckAndRun(fresh_trainer, o, Request([&](const StepReport& s) {
+                            losses[1].push_back(s.loss);
+                          }))
                   .ok());
   EXPECT_EQ(losses[0].size(), 3u);
   EXPECT_EQ(losses[0], losses[1]);
@@ -394,9 +398,9 @@ TEST(TrainerTest, MarksPhasesAndCallsItsListenersInOrder) {
   LoggingStepListener a("a", &phases.events), b("b", &phases.events);
   SetPhaseListener(&phases);
   double seen_norm = 0;
-  absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, SmallOptions(1),
-                  {[&](const StepReport& s) { seen_norm = s.grad_norm; }, {}, {&a, &b}});
+  absl::StatusOr<TrainResult> r = CheckAndRun(
+      trainer, SmallOptions(1),
+      Request([&](const StepReport& s) { seen_norm = s.grad_norm; }, {}, {&a, &b}));
   SetPhaseListener(nullptr);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_THAT(phases.events,
@@ -426,7 +430,7 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
       return v;
     }();
     absl::StatusOr<TrainResult> r =
-        CheckAndRun(trainer, SmallOptions(2), {{}, {}, {&failing}});
+        CheckAndRun(trainer, SmallOptions(2), Request({}, {}, {&failing}));
     EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
     EXPECT_EQ(trainer.global_step(), 0);
     const std::vector<at::Tensor> now = m->Parameters();
@@ -441,7 +445,7 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
     } stop;
     Trainer trainer(m.get());
     absl::StatusOr<TrainResult> r =
-        CheckAndRun(trainer, SmallOptions(3), {{}, {}, {&stop}});
+        CheckAndRun(trainer, SmallOptions(3), Request({}, {}, {&stop}));
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_TRUE(r->cancelled);
     EXPECT_EQ(r->steps_completed, 1);
@@ -455,8 +459,9 @@ TEST(TrainerTest, AListenersFailuresEndTheRun) {
       }
     } fail;
     Trainer trainer(m.get());
-    EXPECT_EQ(CheckAndRun(trainer, SmallOptions(1), {{}, {}, {&fail}}).status().code(),
-              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(
+        CheckAndRun(trainer, SmallOptions(1), Request({}, {}, {&fail})).status().code(),
+        absl::StatusCode::kDeadlineExceeded);
     EXPECT_EQ(trainer.global_step(), 0);
   }
 }
@@ -467,7 +472,7 @@ TEST(TrainerTest, CancellationStopsBetweenStepsAndKeepsTheResult) {
   int steps_seen = 0;
   absl::StatusOr<TrainResult> r = CheckAndRun(
       trainer, SmallOptions(10),
-      {[&](const StepReport&) { ++steps_seen; }, [&] { return steps_seen >= 3; }});
+      Request([&](const StepReport&) { ++steps_seen; }, [&] { return steps_seen >= 3; }));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
   EXPECT_EQ(r->steps_completed, 3);
@@ -486,12 +491,12 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   Trainer reference(ref_model.get());
   std::vector<double> losses;
   std::vector<at::Tensor> after_first;
-  ASSERT_TRUE(CheckAndRun(reference, o, {[&](const StepReport& s) {
+  ASSERT_TRUE(CheckAndRun(reference, o, Request([&](const StepReport& s) {
                             losses.push_back(s.loss);
                             if (s.step != 1) return;
                             for (const at::Tensor& p : ref_model->Parameters())
                               after_first.push_back(p.detach().clone());
-                          }})
+                          }))
                   .ok());
 
   std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
@@ -503,7 +508,7 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   ASSERT_EQ(m->num_layers(), 2);
   int polls = 0;
   absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, o, {{}, [&] { return ++polls == 13; }});
+      CheckAndRun(trainer, o, Request({}, [&] { return ++polls == 13; }));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->cancelled);
   EXPECT_EQ(r->steps_completed, 1);
@@ -521,12 +526,8 @@ TEST(TrainerTest, AnInterruptBetweenMicroBatchesAbandonsTheStepAndResumesExactly
   rest.steps = 2;
   std::vector<double> resumed;
   ASSERT_TRUE(CheckAndRun(trainer, rest,
-                          {[&](const StepReport& s) { resumed.push_back(s.loss); },
-                           {},
-                           {},
-                           &**data,
-                           nullptr,
-                           true})
+                          Request([&](const StepReport& s) { resumed.push_back(s.loss); },
+                                  {}, {}, &**data, nullptr, true))
                   .ok());
   EXPECT_EQ(resumed, std::vector<double>(losses.begin() + 1, losses.end()));
 }
@@ -550,7 +551,7 @@ TEST(TrainerTest, AnInterruptBetweenLayersStopsALongMicroBatch) {
       o.gradient_checkpointing = checkpointing;
       int polls = 0;
       absl::StatusOr<TrainResult> r =
-          CheckAndRun(trainer, o, {{}, [&] { return ++polls == at_poll; }});
+          CheckAndRun(trainer, o, Request({}, [&] { return ++polls == at_poll; }));
       ASSERT_TRUE(r.ok()) << r.status();
       EXPECT_TRUE(r->cancelled);
       EXPECT_EQ(r->steps_completed, 0);
@@ -598,7 +599,7 @@ TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
   absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(spec, 256);
   ASSERT_TRUE(data.ok());
   absl::StatusOr<TrainResult> r =
-      CheckAndRun(trainer, SmallOptions(2), {{}, {}, {}, &**data});
+      CheckAndRun(trainer, SmallOptions(2), Request({}, {}, {}, &**data));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->steps_completed, 2);
   // AdamW keeps two moments per parameter.
@@ -606,7 +607,7 @@ TEST(TrainerTest, RunsOnACallersDatasetAndExposesOptimizerState) {
   EXPECT_EQ(state.size(), 2 * m->Parameters().size());
   TrainOptions bad = SmallOptions(1);
   bad.seq_len = 400;
-  EXPECT_EQ(CheckAndRun(trainer, bad, {{}, {}, {}, &**data}).status().code(),
+  EXPECT_EQ(CheckAndRun(trainer, bad, Request({}, {}, {}, &**data)).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -725,7 +726,7 @@ TEST(TrainerLoraTest, ARunWithLoraTrainsTheAdaptersAloneCheckpointedOrNot) {
     Trainer trainer(m.get());
     absl::StatusOr<TrainResult> r = CheckAndRun(
         trainer, LoraOptionsOf(4, checkpointing != 0),
-        {[&](const StepReport& s) { losses[checkpointing].push_back(s.loss); }});
+        Request([&](const StepReport& s) { losses[checkpointing].push_back(s.loss); }));
     ASSERT_TRUE(r.ok()) << r.status();
     // The base is as it was, bit for bit; B has moved off zero.
     const auto base = m->NamedBaseParameters();
