@@ -246,6 +246,8 @@ class LlamaModel {
   // `t` on the compute device: itself when it lives there, else a
   // differentiable copy for this forward pass.
   at::Tensor Fetch(const at::Tensor& t) const;
+  // NamedParameters, or without the adapters NamedBaseParameters.
+  std::vector<std::pair<std::string, at::Tensor>> Named(bool with_adapters) const;
   // The parameter slots of `module`, by name; empty for an unknown module.
   std::vector<std::pair<std::string, at::Tensor*>> ModuleSlots(const std::string& module);
 

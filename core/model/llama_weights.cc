@@ -320,6 +320,15 @@ std::vector<at::Tensor> LlamaModel::LayerParameters(int64_t index) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() const {
+  return Named(/*with_adapters=*/true);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedBaseParameters() const {
+  return Named(/*with_adapters=*/false);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> LlamaModel::Named(
+    bool with_adapters) const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   out.reserve(3 + layer_parameters_.size() * layers_.size());
   out.emplace_back("model.embed_tokens.weight", embed_tokens_);
@@ -329,24 +338,13 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedParameters() co
       out.emplace_back(absl::StrCat("model.layers.", i, ".", param.name),
                        w.*param.member);
     }
-    if (!lora_layers_.empty()) AppendLayerAdapters(lora_layers_[i], i, &out);
+    if (with_adapters && !lora_layers_.empty()) {
+      AppendLayerAdapters(lora_layers_[i], i, &out);
+    }
   }
   out.emplace_back("model.norm.weight", norm_);
   out.emplace_back("lm_head.weight", lm_head_);
   return out;
-}
-
-std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedBaseParameters() const {
-  std::vector<std::pair<std::string, at::Tensor>> out = NamedParameters();
-  if (lora_layers_.empty()) return out;
-  std::vector<std::pair<std::string, at::Tensor>> base;
-  base.reserve(out.size());
-  for (auto& [name, t] : out) {
-    if (!absl::StrContains(name, ".lora_A.") && !absl::StrContains(name, ".lora_B.")) {
-      base.emplace_back(std::move(name), std::move(t));
-    }
-  }
-  return base;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedAdapters() const {
