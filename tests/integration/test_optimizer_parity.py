@@ -87,7 +87,13 @@ def reference(cls, directory, steps, warmup, attention):
     """transformers + torch.optim.AdamW as the daemon trains: the model after
     `steps` steps and (loss, grad norm, lr) of each."""
     model = cls.from_pretrained(directory, attn_implementation=attention).train()
-    params = list(model.parameters())  # distinct: a tied head is the embedding
+    # distinct: a tied head is the embedding
+    return model, train_as_the_daemon(model, list(model.parameters()), steps, warmup)
+
+
+def train_as_the_daemon(model, params, steps, warmup):
+    """Trains `params` of `model` `steps` steps as the daemon does: (loss,
+    grad norm, lr) of each."""
     opt = torch.optim.AdamW(
         [{"params": [p for p in params if p.dim() >= 2], "weight_decay": HYPER["weight_decay"]},
          {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
@@ -108,15 +114,16 @@ def reference(cls, directory, steps, warmup, attention):
         opt.step()
         sched.step()
         opt.zero_grad(set_to_none=True)
-    return model, out
+    return out
 
 
-def compare(weights, model, initial):
-    """(name, largest |daemon - torch|), weights off by > WEIGHT_ATOL, of how
-    many, the tensors with more than max(1, 1%) of theirs off, and the most
-    training moved a weight."""
+def compare(weights, trained, initial):
+    """`trained` (name -> tensor) against the daemon's `weights`: (name,
+    largest |daemon - torch|), weights off by > WEIGHT_ATOL, of how many, the
+    tensors with more than max(1, 1%) of theirs off, and the most training
+    moved a weight from `initial`."""
     worst, off, total, crowded, moved = ("", 0.0), 0, 0, [], 0.0
-    for key, tensor in model.named_parameters():
+    for key, tensor in trained.items():
         diff = (weights[key] - tensor.detach()).abs()
         worst = max(worst, (key, diff.max().item()), key=lambda x: x[1])
         here = int((diff > WEIGHT_ATOL).sum())
@@ -174,7 +181,8 @@ class OptimizerParityTest(harness.DaemonTestCase):
         self.assertGreater(expected[0][1], HYPER["max_grad_norm"], "clipping must be active")
 
         self.assertEqual(sorted(weights), sorted(dict(model.named_parameters())), name)
-        worst, off, total, crowded, moved = compare(weights, model, initial)
+        worst, off, total, crowded, moved = compare(weights, dict(model.named_parameters()),
+                                                    initial)
         print("%-18s %d step(s): max |w_daemon - w_torch| %.2e (%s), %d of %d weights off by "
               "> %.0e; training moved weights up to %.2e"
               % (name, steps, worst[1], worst[0], off, total, WEIGHT_ATOL, moved))
