@@ -4,16 +4,53 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "client/cli.h"
 #include "client/flags.h"
 
 namespace memprofd::cli {
 namespace {
+
+// A snapshot kind as --kind spells it: the enum's name without its prefix,
+// in lower case ("weights", "checkpoint", "adapter", "merged").
+constexpr absl::string_view kKindPrefix = "SNAPSHOT_KIND_";
+std::string KindName(v1::SnapshotKind kind) {
+  return absl::AsciiStrToLower(
+      absl::StripPrefix(v1::SnapshotKind_Name(kind), kKindPrefix));
+}
+
+// --kind's text as the enum; nullopt for a name it does not have.
+std::optional<v1::SnapshotKind> ParseKind(const std::string& text) {
+  v1::SnapshotKind kind;
+  if (!v1::SnapshotKind_Parse(absl::StrCat(kKindPrefix, absl::AsciiStrToUpper(text)),
+                              &kind) ||
+      kind == v1::SNAPSHOT_KIND_UNSPECIFIED) {
+    return std::nullopt;
+  }
+  return kind;
+}
+
+// "weights, checkpoint, adapter or merged".
+std::string KindChoices() {
+  std::vector<std::string> names;
+  for (int k = v1::SnapshotKind_MIN; k <= v1::SnapshotKind_MAX; ++k) {
+    if (v1::SnapshotKind_IsValid(k) && k != v1::SNAPSHOT_KIND_UNSPECIFIED) {
+      names.push_back(KindName(static_cast<v1::SnapshotKind>(k)));
+    }
+  }
+  const std::string last = names.back();
+  names.pop_back();
+  return absl::StrCat(absl::StrJoin(names, ", "), " or ", last);
+}
 
 void PrintManifest(const Context& c, const v1::SnapshotManifest& m) {
   if (c.json) {
@@ -23,9 +60,9 @@ void PrintManifest(const Context& c, const v1::SnapshotManifest& m) {
   std::printf(
       "%s  %s  %s, %lld tensors, %s in %d file(s), %s, step %lld, %.2f s (%s/s)\n",
       m.name().c_str(), m.directory().c_str(),
-      m.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? "checkpoint"
-      : m.kind() == v1::SNAPSHOT_KIND_ADAPTER  ? "adapter"
-                                               : "weights",
+      KindName(m.kind() == v1::SNAPSHOT_KIND_UNSPECIFIED ? v1::SNAPSHOT_KIND_WEIGHTS
+                                                         : m.kind())
+          .c_str(),
       static_cast<long long>(m.num_tensors()),
       HumanBytes(static_cast<double>(m.total_size())).c_str(), m.files_size(),
       m.dtype().c_str(), static_cast<long long>(m.global_step()), m.duration_seconds(),
@@ -58,15 +95,12 @@ int SnapshotCommand(const Context& c, const Args& args) {
   }
   req.set_mode(mode == "async" ? v1::SNAPSHOT_MODE_ASYNC : v1::SNAPSHOT_MODE_BLOCKING);
   const std::string kind = absl::GetFlag(FLAGS_kind);
-  if (kind == "checkpoint") {
-    req.set_kind(v1::SNAPSHOT_KIND_CHECKPOINT);
-  } else if (kind == "weights") {
-    req.set_kind(v1::SNAPSHOT_KIND_WEIGHTS);
-  } else if (kind == "adapter") {
-    req.set_kind(v1::SNAPSHOT_KIND_ADAPTER);
-  } else if (!kind.empty()) {
-    return Usage(
-        absl::StrCat("--kind must be weights, checkpoint or adapter, not '", kind, "'"));
+  if (!kind.empty()) {
+    const std::optional<v1::SnapshotKind> parsed = ParseKind(kind);
+    if (!parsed) {
+      return Usage(absl::StrCat("--kind must be ", KindChoices(), ", not '", kind, "'"));
+    }
+    req.set_kind(*parsed);
   }
 
   v1::Operation op;

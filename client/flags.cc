@@ -138,7 +138,8 @@ ABSL_FLAG(std::string, dtype, "keep", "snapshot: keep, bf16, fp16 or fp32");
 ABSL_FLAG(std::string, mode, "blocking", "snapshot: blocking or async");
 ABSL_FLAG(std::string, kind, "",
           "snapshot: weights, checkpoint (weights, optimizer and training state, to "
-          "resume from) or adapter (a LoRA model's adapters, as peft saves them) "
+          "resume from), adapter (a LoRA model's adapters, as peft saves them) or "
+          "merged (a LoRA model with its adapters folded into the weights) "
           "[the daemon's: weights]");
 ABSL_FLAG(bool, resume, false,
           "load: the directory is a checkpoint, restore its training state too; train: "

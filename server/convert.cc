@@ -46,6 +46,32 @@ absl::Status OffloadFieldFromProto(absl::string_view field, v1::OffloadTarget va
   return absl::OkStatus();
 }
 
+// Snapshot kinds on the wire and in core; UNSPECIFIED reads as weights.
+struct SnapshotKindPair {
+  v1::SnapshotKind wire;
+  snapshot::SnapshotKind kind;
+};
+constexpr SnapshotKindPair kSnapshotKinds[] = {
+    {v1::SNAPSHOT_KIND_WEIGHTS, snapshot::SnapshotKind::kWeights},
+    {v1::SNAPSHOT_KIND_CHECKPOINT, snapshot::SnapshotKind::kCheckpoint},
+    {v1::SNAPSHOT_KIND_ADAPTER, snapshot::SnapshotKind::kAdapter},
+    {v1::SNAPSHOT_KIND_MERGED, snapshot::SnapshotKind::kMerged},
+};
+
+snapshot::SnapshotKind FromProto(v1::SnapshotKind wire) {
+  for (const SnapshotKindPair& k : kSnapshotKinds) {
+    if (k.wire == wire) return k.kind;
+  }
+  return snapshot::SnapshotKind::kWeights;
+}
+
+v1::SnapshotKind ToProto(snapshot::SnapshotKind kind) {
+  for (const SnapshotKindPair& k : kSnapshotKinds) {
+    if (k.kind == kind) return k.wire;
+  }
+  return v1::SNAPSHOT_KIND_WEIGHTS;
+}
+
 v1::OperationState ToProto(OperationState s) {
   switch (s) {
     case OperationState::kQueued:
@@ -243,10 +269,7 @@ absl::StatusOr<SnapshotSpec> FromProto(const v1::SnapshotRequest& r) {
   spec.mode = r.mode() == v1::SNAPSHOT_MODE_ASYNC ? SnapshotMode::kAsync
                                                   : SnapshotMode::kBlocking;
   // Unspecified: weights (SnapshotSpec says why).
-  spec.options.kind =
-      r.kind() == v1::SNAPSHOT_KIND_CHECKPOINT ? snapshot::SnapshotKind::kCheckpoint
-      : r.kind() == v1::SNAPSHOT_KIND_ADAPTER  ? snapshot::SnapshotKind::kAdapter
-                                               : snapshot::SnapshotKind::kWeights;
+  spec.options.kind = FromProto(r.kind());
   return spec;
 }
 
@@ -393,9 +416,8 @@ v1::SnapshotManifest ToProto(const snapshot::SnapshotManifest& m, SnapshotMode m
   p.set_create_time_us(UnixMicros(m.create_time));
   p.set_mode(mode == SnapshotMode::kAsync ? v1::SNAPSHOT_MODE_ASYNC
                                           : v1::SNAPSHOT_MODE_BLOCKING);
-  p.set_kind(m.is_checkpoint() ? v1::SNAPSHOT_KIND_CHECKPOINT
-             : m.is_adapter()  ? v1::SNAPSHOT_KIND_ADAPTER
-                               : v1::SNAPSHOT_KIND_WEIGHTS);
+  absl::StatusOr<snapshot::SnapshotKind> kind = snapshot::ParseSnapshotKind(m.kind);
+  p.set_kind(ToProto(kind.ok() ? *kind : snapshot::SnapshotKind::kWeights));
   p.set_optimizer_bytes(m.optimizer_bytes);
   return p;
 }

@@ -178,6 +178,9 @@ class LlamaModel {
   // ("model.layers.0.self_attn.q_proj.lora_A.weight", then lora_B), in
   // peft's state-dict order; empty without adapters.
   std::vector<std::pair<std::string, at::Tensor>> NamedAdapters() const;
+  // Every adapted projection, layer by layer in kLoraTargets order; empty
+  // without adapters. What a merged snapshot folds (scaling · B·A into W).
+  std::vector<AdaptedProjection> AdaptedProjections() const;
   // The distinct parameters (a tied head once), for an optimizer.
   std::vector<at::Tensor> Parameters() const;
   // Non-parameter tensors the model holds: the rotary cos and sin caches,

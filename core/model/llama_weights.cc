@@ -355,6 +355,24 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedAdapters() cons
   return out;
 }
 
+std::vector<AdaptedProjection> LlamaModel::AdaptedProjections() const {
+  std::vector<AdaptedProjection> out;
+  for (size_t i = 0; i < lora_layers_.size(); ++i) {
+    for (const LoraTarget& target : kLoraTargets) {
+      const LoraPair& pair = lora_layers_[i].*target.pair;
+      if (!pair.a.defined()) continue;
+      const std::string weight = absl::StrCat(target.module, ".weight");
+      for (const LayerParameter& param : layer_parameters_) {
+        if (weight != param.name) continue;
+        out.push_back({absl::StrCat("model.layers.", i, ".", weight),
+                       layers_[i].*param.member, pair});
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 absl::Status LlamaModel::LoadAdapters(
     const std::vector<std::pair<std::string, at::Tensor>>& adapters) {
   if (!lora_) {

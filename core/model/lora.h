@@ -51,6 +51,14 @@ inline constexpr LoraTarget kLoraTargets[] = {
     {"down_proj", "mlp.down_proj", &LlamaLayerLora::down_proj},
 };
 
+// One adapted projection of a model: its base weight (the live parameter,
+// [out, in]) under its transformers name, and its adapters.
+struct AdaptedProjection {
+  std::string weight_name;  // "model.layers.N.self_attn.q_proj.weight"
+  at::Tensor weight;
+  LoraPair adapter;
+};
+
 // The [out, in] shape of projection `name` (a kLoraTargets name) in
 // `config`'s decoder layers.
 std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& config,

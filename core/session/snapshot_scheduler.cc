@@ -13,6 +13,7 @@
 #include "core/common/status_macros.h"
 #include "core/common/threads.h"
 #include "core/model/llama.h"
+#include "core/session/merged_weights.h"
 #include "core/session/model_host.h"
 #include "core/session/optimizer_shards.h"
 #include "core/session/owner_thread.h"
@@ -191,6 +192,31 @@ void SnapshotScheduler::MaybeQueuePeriodicSnapshot(int64_t global_step) {
     LogWarning(absl::StrCat("periodic snapshot not queued: ", op.status().message()));
 }
 
+namespace {
+
+// A model with LoRA adapters trains them alone: a snapshot of it holds the
+// adapters (as peft saves them) or the model with them merged; the base's
+// weights or a checkpoint would drop the training silently. A model without
+// has nothing to save or merge as adapters.
+absl::Status CheckKindFitsModel(snapshot::SnapshotKind kind, const LlamaModel& model) {
+  const bool lora_kind =
+      kind == snapshot::SnapshotKind::kAdapter || kind == snapshot::SnapshotKind::kMerged;
+  if (lora_kind == model.lora().has_value()) return absl::OkStatus();
+  if (lora_kind) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the model has no LoRA adapters to ",
+                     kind == snapshot::SnapshotKind::kAdapter ? "save" : "merge",
+                     ": train with lora_r first, or take a weights snapshot"));
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "the model trains LoRA adapters on a frozen base: a ",
+      snapshot::SnapshotKindName(kind),
+      " snapshot would hold the base without them; take an adapter snapshot (kind "
+      "adapter) or the model with them folded in (kind merged)"));
+}
+
+}  // namespace
+
 void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
                                     const SnapshotSpec& spec) {
   if (op->cancel_requested()) {
@@ -205,21 +231,10 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   s.options.tie_word_embeddings = model.config().tie_word_embeddings;
   s.options.global_step = trainer ? trainer->global_step() : 0;
   host_.DescribeSource(&s.options);
-  // A model with LoRA adapters trains them alone: what a snapshot of it
-  // holds is the adapters, as peft saves them; the base's weights or a
-  // checkpoint would drop the training silently.
   const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
-  if (adapter != model.lora().has_value()) {
-    FinishSnapshot(
-        op,
-        absl::FailedPreconditionError(
-            adapter ? "the model has no LoRA adapters to save: train with lora_r first, "
-                      "or take a weights snapshot"
-                    : absl::StrCat("the model trains LoRA adapters on a frozen base: a ",
-                                   snapshot::SnapshotKindName(s.options.kind),
-                                   " snapshot would hold the base without them; take an "
-                                   "adapter snapshot (kind adapter)")),
-        s.mode);
+  const bool merged = s.options.kind == snapshot::SnapshotKind::kMerged;
+  if (absl::Status fits = CheckKindFitsModel(s.options.kind, model); !fits.ok()) {
+    FinishSnapshot(op, fits, s.mode);
     return;
   }
   const std::string config_json =
@@ -243,18 +258,25 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
     }
   }
   // A fully sharded run's parameters are gathered one at a time as they
-  // are read, every rank taking part, until `access` goes.
+  // are read, every rank taking part, until `access` goes; a merged
+  // snapshot's projections are merged one at a time the same way (a LoRA
+  // model is never sharded).
   snapshot::TensorList weights;
+  absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> access;
   if (adapter) {
     s.options.tie_word_embeddings = false;
     for (auto& [name, t] : model.NamedAdapters()) {
       weights.emplace_back(PeftAdapterName(name), t);
     }
+    access = sharded_.StreamParameters(weights);
+  } else if (merged) {
+    auto merging = std::make_unique<MergedWeights>(model);
+    weights = merging->tensors();
+    access = std::move(merging);
   } else {
     weights = model.NamedBaseParameters();
+    access = sharded_.StreamParameters(weights);
   }
-  absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> access =
-      sharded_.StreamParameters(weights);
   if (!access.ok()) {
     if (checkpoint) RemoveSideDirectory(*checkpoint);
     FinishSnapshot(op, access.status(), s.mode);

@@ -97,7 +97,7 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   // Optional: manifests from before checkpoints have neither.
   if (const Json* kind = JsonFind(v, "kind"); kind != nullptr) {
     if (!kind->is_string() || !ParseSnapshotKind(kind->get<std::string>()).ok()) {
-      return bad("kind is not \"weights\", \"checkpoint\" or \"adapter\"");
+      return bad("kind is not \"weights\", \"checkpoint\", \"adapter\" or \"merged\"");
     }
     m.kind = kind->get<std::string>();
   }

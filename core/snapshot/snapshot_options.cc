@@ -39,6 +39,8 @@ absl::string_view SnapshotKindName(SnapshotKind kind) {
       return "checkpoint";
     case SnapshotKind::kAdapter:
       return "adapter";
+    case SnapshotKind::kMerged:
+      return "merged";
     case SnapshotKind::kWeights:
       break;
   }
@@ -50,8 +52,10 @@ absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text) {
   if (s == "weights") return SnapshotKind::kWeights;
   if (s == "checkpoint") return SnapshotKind::kCheckpoint;
   if (s == "adapter") return SnapshotKind::kAdapter;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown snapshot kind \"", text, "\"; use weights, checkpoint or adapter"));
+  if (s == "merged") return SnapshotKind::kMerged;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown snapshot kind \"", text,
+                   "\"; use weights, checkpoint, adapter or merged"));
 }
 
 absl::Status CheckCheckpointDtype(const SnapshotOptions& options) {

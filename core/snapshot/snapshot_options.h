@@ -33,10 +33,12 @@ absl::StatusOr<SnapshotDtype> ParseSnapshotDtype(absl::string_view text);
 // trainer_state.h); transformers loads either directory unchanged.
 // kAdapter: a model's LoRA adapters as peft saves them (adapter_config.json,
 // adapter_model.safetensors), which peft.PeftModel.from_pretrained loads onto
-// the base model.
-enum class SnapshotKind { kWeights, kCheckpoint, kAdapter };
+// the base model. kMerged: the Hugging Face files of a model with LoRA
+// adapters, each folded into its projection (W + scaling · B·A, as peft's
+// merge_and_unload does), which transformers loads alone.
+enum class SnapshotKind { kWeights, kCheckpoint, kAdapter, kMerged };
 
-// "weights" / "checkpoint" / "adapter".
+// "weights" / "checkpoint" / "adapter" / "merged".
 absl::string_view SnapshotKindName(SnapshotKind kind);
 // Parses those names (any case); INVALID_ARGUMENT listing them otherwise.
 absl::StatusOr<SnapshotKind> ParseSnapshotKind(absl::string_view text);

@@ -356,9 +356,8 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   manifest.staging_bytes = staging->bytes();
   manifest.global_step = options.global_step;
   manifest.create_time = start;
-  manifest.kind = std::string(SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint
-                                               : adapter  ? SnapshotKind::kAdapter
-                                                          : SnapshotKind::kWeights));
+  manifest.kind = std::string(
+      SnapshotKindName(checkpoint ? SnapshotKind::kCheckpoint : options.kind));
   manifest.optimizer_bytes = checkpoint ? opt_plan.total_size : 0;
 
   // Tensors the access gathers for the write. The hooks bracket each

@@ -5,7 +5,9 @@ trains LoRA adapters on it (TrainRequest's lora_* fields) and saves them as
 an adapter snapshot. peft reads that directory alone onto the base model
 transformers loads from the same checkpoint: the loss on held-out tokens is
 the daemon's, with the adapters merged too, and differs from the base's. A
-weights snapshot of the adapted model is refused (it would drop the training),
+merged snapshot loads into transformers alone with that loss and peft's
+merged weights. A weights snapshot of the adapted model is refused (it would
+drop the training),
 a run asking for other adapters is refused, and a run without lora fields
 trains the model's adapters on. An adapter peft made loads onto its base with
 peft's loss and trains on; one peft computes and memprofd does not (DoRA) is
@@ -73,6 +75,10 @@ class LoraTest(harness.DaemonTestCase):
     def test_1_adapters_trained_by_the_daemon_load_into_peft_with_its_loss(self):
         op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        refused = self.op("Snapshot", pb.SnapshotRequest(name="nothing-to-merge",
+                                                         kind=pb.SNAPSHOT_KIND_MERGED))
+        self.assertEqual(refused.error.code, 9, refused.error.message)  # FAILED_PRECONDITION
+        self.assertIn("no LoRA adapters to merge", refused.error.message)
         op = self.train(lora_r=4, lora_alpha=16, lora_targets="q_proj,v_proj,down_proj")
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         trained = self.evaluate()
@@ -110,6 +116,31 @@ class LoraTest(harness.DaemonTestCase):
         self.assertGreater(abs(base_loss - trained), 1e-4)
         merged = adapted.merge_and_unload()
         self.assertAlmostEqual(hf_loss(merged, self.probe), trained, delta=1e-5 * trained)
+
+        # A merged snapshot is a plain Hugging Face directory transformers
+        # loads alone, with the daemon's loss and peft's merged weights; the
+        # async mode (host copies at the boundary) writes the same bytes.
+        peft_merged = merged.state_dict()
+        for mode in (pb.SNAPSHOT_MODE_BLOCKING, pb.SNAPSHOT_MODE_ASYNC):
+            op = self.op("Snapshot", pb.SnapshotRequest(
+                name="lora-merged-%d" % mode, kind=pb.SNAPSHOT_KIND_MERGED, mode=mode))
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            self.assertEqual(op.snapshot.kind, pb.SNAPSHOT_KIND_MERGED)
+            files = os.listdir(op.snapshot.directory)
+            self.assertIn("config.json", files)
+            self.assertNotIn("adapter_config.json", files)
+            if mode == pb.SNAPSHOT_MODE_BLOCKING:  # one merged projection at a time
+                self.assertEqual(op.snapshot.peak_gathered_bytes,
+                                 4 * CONFIG["hidden_size"] * CONFIG["intermediate_size"])
+            alone = transformers.AutoModelForCausalLM.from_pretrained(
+                op.snapshot.directory).eval()
+            self.assertAlmostEqual(hf_loss(alone, self.probe), trained,
+                                   delta=1e-5 * trained)
+            worst = max((alone.state_dict()[k] - v).abs().max().item()
+                        for k, v in peft_merged.items())
+            print("merged snapshot (mode %d): loss %.6f, max |w - peft's merge| %.1e"
+                  % (mode, hf_loss(alone, self.probe), worst))
+            self.assertLess(worst, 1e-6)
 
     def test_2_other_adapters_are_refused_and_a_plain_run_trains_the_models_on(self):
         before = self.evaluate()

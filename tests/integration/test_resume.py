@@ -199,7 +199,7 @@ class AutoSnapshotKindTest(unittest.TestCase):
                          {"step": "weights", "shutdown": "weights"})
         with self.assertRaises(RuntimeError) as e:
             Daemon("--auto_snapshot_kind=everything").close()
-        self.assertIn("weights, checkpoint or adapter", str(e.exception))
+        self.assertIn("weights, checkpoint, adapter or merged", str(e.exception))
 
 
 class CheckpointFilesTest(harness.DaemonTestCase):

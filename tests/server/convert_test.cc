@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/attribution.h"
@@ -617,6 +618,17 @@ TEST(ConvertTest, CheckpointKindAndResumeFlagsReachTheSession) {
   EXPECT_EQ(FromProto(snap)->options.kind, snapshot::SnapshotKind::kCheckpoint);
   snap.set_kind(v1::SNAPSHOT_KIND_WEIGHTS);
   EXPECT_EQ(FromProto(snap)->options.kind, snapshot::SnapshotKind::kWeights);
+  // Every kind on the wire reaches core as itself and comes back in the
+  // manifest as itself.
+  for (int k = v1::SnapshotKind_MIN + 1; k <= v1::SnapshotKind_MAX; ++k) {
+    snap.set_kind(static_cast<v1::SnapshotKind>(k));
+    const snapshot::SnapshotKind kind = FromProto(snap)->options.kind;
+    snapshot::SnapshotManifest m;
+    m.kind = std::string(snapshot::SnapshotKindName(kind));
+    EXPECT_EQ(ToProto(m, SnapshotMode::kBlocking).kind(), k) << m.kind;
+    EXPECT_EQ(absl::AsciiStrToLower(v1::SnapshotKind_Name(snap.kind())),
+              absl::StrCat("snapshot_kind_", m.kind));
+  }
 
   v1::LoadModelRequest load;
   load.set_hf_directory("/ck");

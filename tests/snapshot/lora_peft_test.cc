@@ -48,16 +48,7 @@ TEST(LoraPeftTest, PeftLoadsTheAdaptersAndComputesTheSameLossAndGradients) {
   lora.alpha = 12;
   lora.target_modules = {"all-linear"};
   ASSERT_TRUE(model->AddLora(lora, 9).ok());
-  {
-    // Trained adapters: B away from zero, so A's gradients are not.
-    torch::NoGradGuard no_grad;
-    at::Generator gen = at::detail::createCPUGenerator(3);
-    for (auto& [name, t] : model->NamedAdapters()) {
-      if (name.find("lora_B") != std::string::npos) {
-        t.copy_(at::normal(0.0, 0.05, t.sizes(), gen));
-      }
-    }
-  }
+  ::memprofd::testing::DrawLoraB(*model, 3);  // B off zero, so A's gradients are not
   const at::Tensor ids =
       torch::randint(0, config.vocab_size, {2, 17}, at::detail::createCPUGenerator(4));
   const at::Tensor logits = model->Forward(ids);

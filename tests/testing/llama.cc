@@ -1,9 +1,23 @@
 #include "tests/testing/llama.h"
 
+#include <ATen/ATen.h>
+
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace memprofd {
 namespace testing {
+
+void DrawLoraB(LlamaModel& model, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  for (auto& [name, t] : model.NamedAdapters()) {
+    if (name.find("lora_B") != std::string::npos) {
+      t.copy_(at::normal(0.0, 0.05, t.sizes(), gen));
+    }
+  }
+}
 
 LlamaConfig SmallLlamaConfig() {
   LlamaConfig c;

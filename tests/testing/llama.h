@@ -31,6 +31,11 @@ LlamaConfig PresetConfig(const std::string& name);
 // config.
 std::unique_ptr<LlamaModel> MakeLlama(const LlamaConfig& config, uint64_t seed);
 
+// Draws every LoRA B of `model` from N(0, 0.05²) with a generator seeded
+// `seed`, as if the adapters had trained: a fresh adapter's B is zero, so it
+// changes nothing and A's gradients are zero.
+void DrawLoraB(LlamaModel& model, uint64_t seed);
+
 }  // namespace testing
 }  // namespace memprofd
 
