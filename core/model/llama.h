@@ -178,6 +178,13 @@ class LlamaModel {
   // ("model.layers.0.self_attn.q_proj.lora_A.weight", then lora_B), in
   // peft's state-dict order; empty without adapters.
   std::vector<std::pair<std::string, at::Tensor>> NamedAdapters() const;
+  // A fingerprint of the base weights (NamedBaseParameters): their names,
+  // shapes and 256 values of each sampled at fixed positions, hashed
+  // (FNV-1a, 64 bits, as 16 hex digits). Equal for the same base however
+  // loaded; a different base (another checkpoint, seed or fine-tune) differs
+  // with near certainty. Reads 256 values per tensor, never the whole model:
+  // what a checkpoint of adapters records of the base they trained on.
+  std::string BaseFingerprint() const;
   // Every adapted projection, layer by layer in kLoraTargets order; empty
   // without adapters. What a merged snapshot folds (scaling · B·A into W).
   std::vector<AdaptedProjection> AdaptedProjections() const;

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -353,6 +354,43 @@ std::vector<std::pair<std::string, at::Tensor>> LlamaModel::NamedAdapters() cons
     AppendLayerAdapters(lora_layers_[i], i, &out);
   }
   return out;
+}
+
+namespace {
+
+// FNV-1a, 64 bits: stable across processes and builds, unlike absl::Hash.
+void Fnv1a(const void* data, size_t size, uint64_t* h) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    *h ^= p[i];
+    *h *= 1099511628211ull;
+  }
+}
+
+}  // namespace
+
+std::string LlamaModel::BaseFingerprint() const {
+  constexpr int64_t kSamples = 256;
+  uint64_t h = 14695981039346656037ull;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, t] : NamedBaseParameters()) {
+    Fnv1a(name.data(), name.size() + 1, &h);
+    for (int64_t d : t.sizes()) Fnv1a(&d, sizeof d, &h);
+    const int64_t n = t.numel();
+    if (n == 0 || t.is_meta()) continue;
+    const at::Tensor positions =
+        at::linspace(0, static_cast<double>(n - 1), std::min(n, kSamples),
+                     at::TensorOptions().dtype(at::kDouble))
+            .to(at::kLong)
+            .to(t.device());
+    const at::Tensor values = t.detach()
+                                  .reshape({-1})
+                                  .index_select(0, positions)
+                                  .to(at::kCPU, at::kFloat)
+                                  .contiguous();
+    Fnv1a(values.data_ptr(), values.nbytes(), &h);
+  }
+  return absl::StrFormat("%016x", h);
 }
 
 std::vector<AdaptedProjection> LlamaModel::AdaptedProjections() const {

@@ -31,8 +31,10 @@ struct LoraOptions {
   // The targets as kLoraTargets names, in kLoraTargets order.
   std::vector<std::string> Targets() const;
 
+  // The same adapters: the same targets however spelled ("all-linear" or
+  // the names, in any order).
   bool operator==(const LoraOptions& o) const {
-    return r == o.r && alpha == o.alpha && target_modules == o.target_modules &&
+    return r == o.r && alpha == o.alpha && Targets() == o.Targets() &&
            use_rslora == o.use_rslora;
   }
   bool operator!=(const LoraOptions& o) const { return !(*this == o); }

@@ -186,6 +186,17 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   // A client's directory was confined (ConfineDirectory); every file read
   // from it is confined the same way.
   const PathRoots* file_roots = spec.operator_named ? nullptr : &model_roots_;
+  // The checkpoint a resume reads: a LoRA model's (its adapters and their
+  // training state) is lora_adapter, loaded onto the base.
+  const std::string& checkpoint_dir =
+      spec.lora_adapter.empty() ? spec.hf_directory : spec.lora_adapter;
+  if (spec.resume && spec.lora_adapter.empty() && !spec.hf_directory.empty() &&
+      snapshot::IsAdapterDirectory(spec.hf_directory)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        Echo(spec.hf_directory),
+        " holds LoRA adapters without their base (adapter_config.json): resume with the "
+        "base model as hf_directory or preset and this directory as lora_adapter"));
+  }
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
     RETURN_IF_ERROR(CheckModelFits(config, device));
@@ -255,10 +266,10 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
     // All of the checkpoint is read and checked against the new model before
     // the old one is replaced: any failure leaves the daemon as it was.
     ASSIGN_OR_RETURN(snapshot::LoadedCheckpoint checkpoint,
-                     snapshot::LoadCheckpointFiles(spec.hf_directory, file_roots));
+                     snapshot::LoadCheckpointFiles(checkpoint_dir, file_roots));
     ASSIGN_OR_RETURN(const TrainerState state,
                      TrainerStateFromJson(checkpoint.trainer_state_json,
-                                          (std::filesystem::path(spec.hf_directory) /
+                                          (std::filesystem::path(checkpoint_dir) /
                                            snapshot::kTrainerStateFile)
                                               .string()));
     // A rank of a run with its optimizer state sharded keeps the state of

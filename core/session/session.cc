@@ -25,6 +25,7 @@
 #include "core/session/runtime.h"
 #include "core/session/snapshot_scheduler.h"
 #include "core/session/training.h"
+#include "core/snapshot/loader.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
 
@@ -164,14 +165,30 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
     LoadModelSpec spec;
     spec.seed = options.model_seed;
     spec.operator_named = true;
-    if (!resume_dir.empty()) {
+    // A LoRA model's checkpoint holds its adapters alone: --model names
+    // their base.
+    const bool adapters = !resume_dir.empty() && snapshot::IsAdapterDirectory(resume_dir);
+    if (adapters && options.model.empty()) {
+      return AboutOption(
+          absl::FailedPreconditionError(absl::StrCat(
+              "resume from ", resume_dir,
+              ": the checkpoint holds LoRA adapters without their base; start with "
+              "--model naming the base they were trained on")),
+          "resume");
+    }
+    if (!resume_dir.empty() && !adapters) {
       spec.hf_directory = resume_dir;
-      spec.resume = true;
     } else if (absl::StrContains(options.model, "/")) {
       spec.hf_directory = options.model;
+      // A LoRA checkpoint's fingerprint tells whether weights initialised
+      // here are the base it trained on (the same config and seed).
       spec.init_if_no_weights = true;
     } else {
       spec.preset = options.model;
+    }
+    if (!resume_dir.empty()) {
+      spec.resume = true;
+      if (adapters) spec.lora_adapter = resume_dir;
     }
     std::promise<absl::Status> loaded;
     Session* s = session.get();

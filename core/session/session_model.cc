@@ -51,22 +51,20 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
                      absl::StrJoin(LlamaConfig::PresetNames(), ", "),
                      ") or a Hugging Face directory"));
   }
-  if (spec.resume && spec.hf_directory.empty()) {
+  if (spec.resume && spec.hf_directory.empty() && spec.lora_adapter.empty()) {
     return absl::InvalidArgumentError(
         "resume needs hf_directory: the directory of a checkpoint (a preset has no "
-        "training state to resume)");
+        "training state to resume), or, for a checkpoint of LoRA adapters, their base "
+        "and lora_adapter");
   }
   if (spec.init_weights && spec.hf_directory.empty()) {
     return absl::InvalidArgumentError(
         "init_weights applies to hf_directory (a preset's weights are always freshly "
         "initialised); drop it");
   }
-  if (!spec.lora_adapter.empty() && spec.resume) {
-    return absl::InvalidArgumentError(
-        "lora_adapter with resume: a checkpoint holds no adapters to resume; load the "
-        "base and the adapter without resume");
-  }
-  if (spec.init_weights && spec.resume) {
+  // (A LoRA checkpoint's base may be freshly initialised: the checkpoint's
+  // fingerprint of it tells whether it is the same.)
+  if (spec.init_weights && spec.resume && spec.lora_adapter.empty()) {
     return absl::InvalidArgumentError(
         "init_weights and resume contradict each other: resume continues from the "
         "checkpoint's weights; drop one");

@@ -195,10 +195,11 @@ void SnapshotScheduler::MaybeQueuePeriodicSnapshot(int64_t global_step) {
 namespace {
 
 // A model with LoRA adapters trains them alone: a snapshot of it holds the
-// adapters (as peft saves them) or the model with them merged; the base's
-// weights or a checkpoint would drop the training silently. A model without
-// has nothing to save or merge as adapters.
+// adapters (as peft saves them, with their training state in a checkpoint)
+// or the model with them merged; the base's weights would drop the training
+// silently. A model without has nothing to save or merge as adapters.
 absl::Status CheckKindFitsModel(snapshot::SnapshotKind kind, const LlamaModel& model) {
+  if (kind == snapshot::SnapshotKind::kCheckpoint) return absl::OkStatus();
   const bool lora_kind =
       kind == snapshot::SnapshotKind::kAdapter || kind == snapshot::SnapshotKind::kMerged;
   if (lora_kind == model.lora().has_value()) return absl::OkStatus();
@@ -212,7 +213,8 @@ absl::Status CheckKindFitsModel(snapshot::SnapshotKind kind, const LlamaModel& m
       "the model trains LoRA adapters on a frozen base: a ",
       snapshot::SnapshotKindName(kind),
       " snapshot would hold the base without them; take an adapter snapshot (kind "
-      "adapter) or the model with them folded in (kind merged)"));
+      "adapter), a checkpoint of them (kind checkpoint) or the model with them folded "
+      "in (kind merged)"));
 }
 
 }  // namespace
@@ -231,12 +233,16 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   s.options.tie_word_embeddings = model.config().tie_word_embeddings;
   s.options.global_step = trainer ? trainer->global_step() : 0;
   host_.DescribeSource(&s.options);
-  const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
-  const bool merged = s.options.kind == snapshot::SnapshotKind::kMerged;
   if (absl::Status fits = CheckKindFitsModel(s.options.kind, model); !fits.ok()) {
     FinishSnapshot(op, fits, s.mode);
     return;
   }
+  const bool checkpointing = s.options.kind == snapshot::SnapshotKind::kCheckpoint;
+  // A LoRA model's checkpoint holds its adapters as an adapter snapshot
+  // does, with their training state (SnapshotWriter::WriteCheckpoint).
+  if (checkpointing && model.lora()) s.options.kind = snapshot::SnapshotKind::kAdapter;
+  const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
+  const bool merged = s.options.kind == snapshot::SnapshotKind::kMerged;
   const std::string config_json =
       adapter ? AdapterConfigJson(*model.lora(), s.options.model_source)
               : model.config().ToJson();
@@ -244,7 +250,7 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   // weights: the optimizer tensors are the live ones (streamed, never copied
   // whole, in blocking mode), the trainer state a copy.
   std::shared_ptr<snapshot::CheckpointPayload> checkpoint;
-  if (s.options.kind == snapshot::SnapshotKind::kCheckpoint) {
+  if (checkpointing) {
     checkpoint = std::make_shared<snapshot::CheckpointPayload>();
     checkpoint->optimizer_tensors = trainer->NamedOptimizerState();
     checkpoint->optimizer_metadata = trainer->OptimizerMetadata();

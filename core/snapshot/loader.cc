@@ -164,6 +164,10 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
   return out;
 }
 
+bool IsAdapterDirectory(const std::string& dir) {
+  return Present(fs::path(dir) / kAdapterConfigFileName);
+}
+
 absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
                                                        const PathRoots* roots) {
   std::error_code ec;

@@ -51,6 +51,10 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
 absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
                                                        const PathRoots* roots = nullptr);
 
+// Whether `dir` holds adapter_config.json: a peft adapter directory, or a
+// checkpoint of a LoRA model's adapters (their base is not in it).
+bool IsAdapterDirectory(const std::string& dir);
+
 }  // namespace snapshot
 }  // namespace memprofd
 

@@ -239,11 +239,9 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
   }
   // An adapter snapshot is peft's layout: its config as given
   // (adapter_config.json), its tensors in one adapter_model.safetensors (peft
-  // reads no sharded adapter).
+  // reads no sharded adapter); as a checkpoint, the adapters' optimizer
+  // state and the trainer state beside them.
   const bool adapter = options.kind == SnapshotKind::kAdapter;
-  if (adapter && checkpoint != nullptr) {
-    return absl::InvalidArgumentError("an adapter snapshot holds no optimizer state");
-  }
   std::string config;
   if (adapter) {
     config = std::string(config_json);

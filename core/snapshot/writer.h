@@ -86,7 +86,10 @@ class SnapshotWriter {
   // tensors of `checkpoint` sharded as the weights are (optimizer.safetensors,
   // or optimizer-0000K-of-0000N.safetensors + optimizer.index.json), then
   // trainer_state.json, all in the one temporary directory and published by
-  // the one rename; the manifest's kind is "checkpoint". Streams every
+  // the one rename; the manifest's kind is "checkpoint". With options.kind
+  // kAdapter, the weights are a LoRA model's adapters in peft's layout
+  // (adapter_config.json, adapter_model.safetensors): a checkpoint of the
+  // adapters alone, resumed onto the same base (IsAdapterDirectory). Streams every
   // optimizer tensor through the same staging buffer. Write's errors, and
   // INVALID_ARGUMENT when options.dtype would convert a weight (a
   // checkpoint keeps the weights' own dtype, which is what makes a resume

@@ -159,7 +159,8 @@ class Trainer {
   // FAILED_PRECONDITION naming the tensor when a name is not of a trainable
   // parameter of the model, a shape differs from its parameter's, one of a
   // parameter's three tensors is missing, or a trainable parameter has no
-  // state although the checkpoint has trained; DATA_LOSS when the generator
+  // state although the checkpoint has trained, or a LoRA checkpoint's base
+  // fingerprint is not the model's base; DATA_LOSS when the generator
   // state is not a CPU generator's. RESOURCE_EXHAUSTED when the copies do
   // not fit. Call once, on a fresh trainer, before any step.
   // `shard` (optional): this rank's place in a run with its optimizer state

@@ -81,6 +81,7 @@ TrainerState Trainer::State() const {
     }
   }
   state.recent_losses.assign(recent_losses_.begin(), recent_losses_.end());
+  if (model_->lora()) state.lora_base_fingerprint = model_->BaseFingerprint();
   return state;
 }
 
@@ -152,6 +153,19 @@ absl::Status Trainer::Restore(
     const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
     const FlatShardSpec* shard) {
   // Every check first: a failed restore leaves the trainer as it was.
+  // Adapters resumed onto another base than they trained on would go on
+  // silently wrong.
+  if (!state.lora_base_fingerprint.empty() && model_->lora()) {
+    if (const std::string here = model_->BaseFingerprint();
+        here != state.lora_base_fingerprint) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the checkpoint's LoRA adapters trained on another base (fingerprint ",
+          state.lora_base_fingerprint, "; the base loaded now: ", here,
+          "): resume onto the base they trained on, which adapter_config.json's "
+          "base_model_name_or_path names (the same weights, or the same config and "
+          "seed for freshly initialised ones)"));
+    }
+  }
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : optimizer) given[name] = &t;
   const std::vector<std::pair<std::string, at::Tensor>> params =

@@ -258,7 +258,7 @@ std::string TrainerStateToJson(const TrainerState& s) {
           {"windows_drawn", d.windows_drawn}}},
     };
   }
-  const Json v = {
+  Json v = {
       {"format", kFormatName},
       {"format_version", kTrainerStateFormatVersion},
       {"memprofd_version", MEMPROFD_VERSION},
@@ -266,6 +266,9 @@ std::string TrainerStateToJson(const TrainerState& s) {
       {"run", std::move(run)},
       {"recent_losses", std::move(losses)},
   };
+  if (!s.lora_base_fingerprint.empty()) {
+    v["lora_base_fingerprint"] = s.lora_base_fingerprint;
+  }
   return DumpJson(v, 2) + "\n";
 }
 
@@ -317,6 +320,9 @@ absl::StatusOr<TrainerState> TrainerStateFromJson(absl::string_view text,
       rs.sampler.windows_drawn = d.Int("windows_drawn");
     }
     s.run = std::move(rs);
+  }
+  if (JsonFind(v, "lora_base_fingerprint") != nullptr) {  // absent: no adapters
+    s.lora_base_fingerprint = top.String("lora_base_fingerprint");
   }
   if (const Json* losses = top.Get("recent_losses"); losses != nullptr) {
     if (!losses->is_array()) top.Fail("recent_losses", "is not an array");

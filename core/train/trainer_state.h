@@ -58,6 +58,10 @@ struct TrainerState {
   // (global step, loss) of the newest steps, oldest first, at most
   // kRecentLossesKept.
   std::vector<std::pair<int64_t, double>> recent_losses;
+  // A LoRA model's: the fingerprint of the frozen base its adapters trained
+  // on (LlamaModel::BaseFingerprint), which a resume checks; empty for a
+  // model without adapters (and in states written before).
+  std::string lora_base_fingerprint;
 };
 
 // trainer_state.json's text (indent 2): the state plus the format version

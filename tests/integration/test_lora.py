@@ -11,7 +11,10 @@ drop the training),
 a run asking for other adapters is refused, and a run without lora fields
 trains the model's adapters on. An adapter peft made loads onto its base with
 peft's loss and trains on; one peft computes and memprofd does not (DoRA) is
-refused naming the key.
+refused naming the key. A checkpoint of the adapters (their AdamW and
+training state beside them) is a peft adapter directory too, and resumes
+onto its base with the losses of the run that went straight on; onto another
+base it is refused.
 
 The real daemon (harness.Daemon), transformers, peft and safetensors from
 the venv."""
@@ -196,6 +199,59 @@ class LoraTest(harness.DaemonTestCase):
         self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
         self.assertIn("use_dora", op.error.message)
         self.assertEqual(self.evaluate(), before)
+
+    def train_losses(self, **fields):
+        """Trains as train() does: {global step: loss} from the step stream."""
+        request = dict(steps=3, batch_size=2, seq_len=SEQ_LEN, learning_rate=1e-2, seed=3,
+                       data=self.data)
+        if fields.get("resume"):
+            request = dict(steps=fields.pop("steps"))
+        request.update(fields)
+        op = self.d.call("Train", pb.TrainRequest(**request))
+        losses = {r.global_step: r.loss for r in self.d.stub.StreamStepReports(
+            pb.StreamStepReportsRequest(operation_id=op.id), timeout=300,
+            metadata=self.d.metadata())}
+        done = wait_done(self.d, op.id)
+        self.assertEqual(done.state, pb.OPERATION_STATE_SUCCEEDED, done.error.message)
+        return losses
+
+    def test_4_a_checkpoint_of_adapters_resumes_onto_its_base_bit_for_bit(self):
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.train_losses(lora_r=4, lora_alpha=8, lora_targets="all-linear", steps=2)
+        op = self.op("Snapshot", pb.SnapshotRequest(name="lora-ck",
+                                                    kind=pb.SNAPSHOT_KIND_CHECKPOINT))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(op.snapshot.kind, pb.SNAPSHOT_KIND_CHECKPOINT)
+        checkpoint = op.snapshot.directory
+        at_checkpoint = self.evaluate()
+        straight_on = self.train_losses(resume=True, steps=2)
+        self.assertEqual(sorted(straight_on), [3, 4])
+
+        # The checkpoint is a peft adapter directory too.
+        base = transformers.AutoModelForCausalLM.from_pretrained(self.source).eval()
+        adapted = peft.PeftModel.from_pretrained(base, checkpoint).eval()
+        self.assertAlmostEqual(hf_loss(adapted, self.probe), at_checkpoint,
+                               delta=1e-5 * at_checkpoint)
+
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
+                                                      lora_adapter=checkpoint, resume=True))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(op.model.steps_trained, 2)
+        self.assertEqual(self.evaluate(), at_checkpoint)
+        resumed = self.train_losses(resume=True, steps=2)
+        print("adapter checkpoint at step 2: steps 3-4 straight on %r, resumed %r"
+              % (straight_on, resumed))
+        self.assertEqual(resumed, straight_on)
+
+        # The checkpoint alone has no base; another base is refused.
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=checkpoint, resume=True))
+        self.assertEqual(op.error.code, 9, op.error.message)  # FAILED_PRECONDITION
+        self.assertIn("without their base", op.error.message)
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source, init_weights=True,
+                                                      lora_adapter=checkpoint, resume=True))
+        self.assertEqual(op.error.code, 9, op.error.message)
+        self.assertIn("trained on another base", op.error.message)
 
 
 if __name__ == "__main__":

@@ -87,8 +87,8 @@ class ExactResumeTest(unittest.TestCase):
         self.assertEqual(sorted(steps), list(range(1, 41)))
         return steps
 
-    def kill_and_resume(self, flags, request, model):
-        root = tempfile.mkdtemp(prefix="memprofd-resume-")
+    def kill_and_resume(self, flags, request, model, resume_model="--model="):
+        root = self.root = tempfile.mkdtemp(prefix="memprofd-resume-")
         self.addCleanup(shutil.rmtree, root, ignore_errors=True)
         # At most 32: the daemon would need 8 more steps and the step-40
         # checkpoint before the kill lands to leave nothing to resume.
@@ -103,8 +103,8 @@ class ExactResumeTest(unittest.TestCase):
             d.close()
         self.assertGreaterEqual(max(before), kill_at)
         # A fresh daemon, told only where the checkpoints are (no --model: the
-        # checkpoint holds its config.json).
-        d = Daemon("--model=", "--snapshot_root=" + root, "--snapshot_every_steps=10",
+        # checkpoint holds its config.json; a LoRA run's names the base).
+        d = Daemon(resume_model, "--snapshot_root=" + root, "--snapshot_every_steps=10",
                    "--resume=latest", *flags)
         try:
             checkpoints = [s for s in d.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots
@@ -136,9 +136,10 @@ class ExactResumeTest(unittest.TestCase):
         self.assertEqual(sorted(after), list(range(resumed_from + 1, 41)))
         return kill_at, resumed_from, before, after
 
-    def check(self, flags, request, model=MICRO_FLAG):
+    def check(self, flags, request, model=MICRO_FLAG, resume_model="--model="):
         reference = self.reference(flags, request, model)
-        kill_at, resumed_from, before, after = self.kill_and_resume(flags, request, model)
+        kill_at, resumed_from, before, after = self.kill_and_resume(flags, request, model,
+                                                                    resume_model)
         print("\n  SIGKILL on the report of step %d (the stream had seen %d), resumed from "
               "step %d, compared steps %d..40" % (kill_at, max(before), resumed_from,
                                                   resumed_from + 1), file=sys.stderr)
@@ -166,6 +167,34 @@ class ExactResumeTest(unittest.TestCase):
             with self.subTest(model):
                 after = self.check(("--offload",), RUN, model)
                 self.assertTrue(all(r.offload.bytes_out > 0 for r in after.values()))
+
+
+    def test_lora_run_resumes_from_its_adapter_checkpoints_bit_for_bit(self):
+        # The daemon's checkpoints of a LoRA run hold the adapters as peft
+        # saves them, their AdamW state and the training state, never the
+        # frozen base: --model names it again on the restart.
+        after = self.check((), dict(RUN, lora_r=4, lora_alpha=8, lora_targets="all-linear"),
+                           resume_model=MICRO_FLAG)
+        self.assertEqual(len(after), 40 - min(after) + 1)
+        checkpoint = os.path.join(self.root, "step-40")
+        files = set(os.listdir(checkpoint))
+        self.assertLessEqual({"adapter_config.json", "adapter_model.safetensors",
+                              "optimizer.safetensors", "trainer_state.json"}, files)
+        self.assertFalse([f for f in files if f.startswith("model")], files)
+        import safetensors
+        with safetensors.safe_open(os.path.join(checkpoint, "optimizer.safetensors"), "pt") as f:
+            keys = list(f.keys())
+        self.assertTrue(keys)
+        self.assertFalse([k for k in keys if ".lora_" not in k], "state of frozen weights")
+        # Without its base, or onto another (the micro model's weights drawn
+        # from another seed), the checkpoint cannot start a daemon.
+        with self.assertRaises(RuntimeError) as e:
+            Daemon("--model=", "--snapshot_root=" + self.root, "--resume=latest").close()
+        self.assertIn("without their base", str(e.exception))
+        with self.assertRaises(RuntimeError) as e:
+            Daemon(MICRO_FLAG, "--model_seed=99", "--snapshot_root=" + self.root,
+                   "--resume=latest").close()
+        self.assertIn("trained on another base", str(e.exception))
 
 
 class AutoSnapshotKindTest(unittest.TestCase):

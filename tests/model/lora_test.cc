@@ -96,6 +96,33 @@ TEST(LoraTest, TheSeedDecidesTheAdaptersAndAllLinearTargetsEveryProjection) {
   EXPECT_FALSE(torch::equal(na[0].second, nc[0].second));
 }
 
+TEST(LoraTest, OptionsAreEqualForTheSameTargetsHoweverSpelled) {
+  EXPECT_EQ(Lora(2, {"all-linear"}), Lora(2, {"down_proj", "up_proj", "gate_proj",
+                                              "o_proj", "v_proj", "k_proj", "q_proj"}));
+  EXPECT_EQ(Lora(2, {"q_proj", "v_proj"}), Lora(2, {"v_proj", "q_proj"}));
+  EXPECT_NE(Lora(2, {"q_proj", "v_proj"}), Lora(2, {"q_proj"}));
+  EXPECT_NE(Lora(2, {"q_proj"}), Lora(4, {"q_proj"}));
+}
+
+TEST(LoraTest, TheBaseFingerprintIsTheBasesAlone) {
+  const LlamaConfig config = testing::SmallLlamaConfig();
+  std::unique_ptr<LlamaModel> a = MakeLlama(config, 3);
+  std::unique_ptr<LlamaModel> b = MakeLlama(config, 3);
+  const std::string fingerprint = a->BaseFingerprint();
+  EXPECT_EQ(fingerprint.size(), 16u);
+  EXPECT_EQ(b->BaseFingerprint(), fingerprint);
+  // Adapters are not the base; another seed's weights are another base, and
+  // so is one changed value (the first, always sampled).
+  ASSERT_TRUE(b->AddLora(Lora(2, {"all-linear"}), 1).ok());
+  EXPECT_EQ(b->BaseFingerprint(), fingerprint);
+  EXPECT_NE(MakeLlama(config, 4)->BaseFingerprint(), fingerprint);
+  {
+    torch::NoGradGuard no_grad;
+    b->NamedBaseParameters()[1].second.view({-1})[0].add_(1e-3);
+  }
+  EXPECT_NE(b->BaseFingerprint(), fingerprint);
+}
+
 TEST(LoraTest, BadOptionsNameTheFieldAndAdaptersAreAddedOnce) {
   std::unique_ptr<LlamaModel> m = MakeLlama(testing::SmallLlamaConfig(), 3);
   struct Case {

@@ -32,6 +32,7 @@ using testing::Request;
 
 using ::testing::HasSubstr;
 using testing::MakeLlama;
+using ::testing::Not;
 using testing::SmallLlamaConfig;
 
 TrainOptions Options(int64_t steps) {
@@ -127,6 +128,13 @@ TEST(TrainerStateTest, JsonRoundTripKeepsEveryBit) {
   EXPECT_EQ(back->recent_losses[0].second, 1.0 / 3.0);
   EXPECT_EQ(back->recent_losses[1].second, 5.421010862427522e-20);
   EXPECT_TRUE(std::isnan(back->recent_losses[2].second));
+
+  EXPECT_EQ(back->lora_base_fingerprint, "");
+  EXPECT_THAT(text, Not(HasSubstr("lora_base_fingerprint")));  // states as before
+  s.lora_base_fingerprint = "0123456789abcdef";
+  back = TrainerStateFromJson(TrainerStateToJson(s), "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->lora_base_fingerprint, "0123456789abcdef");
 
   TrainerState fresh;  // before any run
   back = TrainerStateFromJson(TrainerStateToJson(fresh), "y");
