@@ -14,9 +14,9 @@ namespace {
 // Indexed by Category. Unsized, so that a Category without its name fails
 // the assertion below instead of reading as "".
 constexpr absl::string_view kCategoryNames[] = {
-    "unknown",           "parameters",  "gradients",          "optimizer_state",
-    "saved_activations", "temporaries", "offloaded_host",     "offloaded_disk",
-    "snapshot_staging",  "other",       "gathered_parameters"};
+    "unknown",           "parameters",  "gradients",           "optimizer_state",
+    "saved_activations", "temporaries", "offloaded_host",      "offloaded_disk",
+    "snapshot_staging",  "other",       "gathered_parameters", "frozen_parameters"};
 static_assert(std::size(kCategoryNames) == kNumCategories,
               "every Category needs its name in kCategoryNames");
 

@@ -34,16 +34,20 @@ enum class Category : uint8_t {
   // that own them, held only while a unit of the model runs; a rank's own
   // shards stay kParameters. Model state, like kParameters.
   kGatheredParameters = 10,
+  // Parameters that do not train: a LoRA model's frozen base, modules placed
+  // on disk. No gradients, no optimizer state. Model state, like
+  // kParameters (which then holds the trainable ones: the adapters).
+  kFrozenParameters = 11,
 };
 // A new category is appended (the numbering is stored), named in
 // CategoryName and given a field in memory::CategoryBytes.
-inline constexpr int kNumCategories = 11;
-static_assert(static_cast<int>(Category::kGatheredParameters) + 1 == kNumCategories,
+inline constexpr int kNumCategories = 12;
+static_assert(static_cast<int>(Category::kFrozenParameters) + 1 == kNumCategories,
               "kNumCategories must follow the last Category");
 
 // "unknown", "parameters", "gradients", "optimizer_state",
 // "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
-// "snapshot_staging", "other", "gathered_parameters".
+// "snapshot_staging", "other", "gathered_parameters", "frozen_parameters".
 absl::string_view CategoryName(Category category);
 // The inverse of CategoryName; nullopt for any other string.
 std::optional<Category> CategoryFromName(absl::string_view name);

@@ -19,6 +19,8 @@ namespace memory {
 
 struct CategoryBytes {
   int64_t parameters = 0;
+  // Parameters that do not train (a LoRA model's frozen base).
+  int64_t frozen_parameters = 0;
   // Parameters a fully sharded data-parallel rank gathered from their
   // owners, while a unit of the model runs (its own shards are parameters).
   int64_t gathered_parameters = 0;
@@ -38,13 +40,18 @@ struct CategoryBytes {
   int64_t activations_and_temporaries = 0;
 
   // The order of Named(): every Category once, model state first.
-  static constexpr Category kNamedOrder[] = {
-      Category::kParameters,       Category::kGatheredParameters,
-      Category::kGradients,        Category::kOptimizerState,
-      Category::kSavedActivations, Category::kTemporaries,
-      Category::kOffloadedHost,    Category::kOffloadedDisk,
-      Category::kSnapshotStaging,  Category::kOther,
-      Category::kUnknown};
+  static constexpr Category kNamedOrder[] = {Category::kParameters,
+                                             Category::kFrozenParameters,
+                                             Category::kGatheredParameters,
+                                             Category::kGradients,
+                                             Category::kOptimizerState,
+                                             Category::kSavedActivations,
+                                             Category::kTemporaries,
+                                             Category::kOffloadedHost,
+                                             Category::kOffloadedDisk,
+                                             Category::kSnapshotStaging,
+                                             Category::kOther,
+                                             Category::kUnknown};
   static_assert(std::size(kNamedOrder) == kNumCategories,
                 "every Category needs its place in kNamedOrder");
 
@@ -58,6 +65,8 @@ struct CategoryBytes {
     switch (category) {
       case Category::kParameters:
         return parameters;
+      case Category::kFrozenParameters:
+        return frozen_parameters;
       case Category::kGatheredParameters:
         return gathered_parameters;
       case Category::kGradients:
@@ -83,7 +92,8 @@ struct CategoryBytes {
   }
 
   // (name, bytes) of every category in kNamedOrder, named by CategoryName()
-  // (the metric label names): "parameters", "gathered_parameters",
+  // (the metric label names): "parameters", "frozen_parameters",
+  // "gathered_parameters",
   // "gradients", "optimizer_state", "saved_activations", "temporaries",
   // "offloaded_host", "offloaded_disk", "snapshot_staging", "other",
   // "unknown".

@@ -227,11 +227,13 @@ MemoryPlan PlanOf(const Ledger::StepPeaks& s) {
   plan.peak_step = s.step;
   plan.categories_at_peak = s.categories_at_peak;
   plan.model_state_bytes =
-      Sum(s.categories_at_peak, {Category::kParameters, Category::kGatheredParameters,
-                                 Category::kGradients, Category::kOptimizerState});
+      Sum(s.categories_at_peak, {Category::kParameters, Category::kFrozenParameters,
+                                 Category::kGatheredParameters, Category::kGradients,
+                                 Category::kOptimizerState});
   plan.activation_bytes = plan.peak_allocated_bytes - plan.model_state_bytes;
-  plan.resident_between_steps_bytes =
-      Sum(s.categories_at_end, {Category::kParameters, Category::kOptimizerState});
+  plan.resident_between_steps_bytes = Sum(
+      s.categories_at_end,
+      {Category::kParameters, Category::kFrozenParameters, Category::kOptimizerState});
   for (int p = 0; p < kNumPhases; ++p) {
     for (int c = 0; c < kNumCategories; ++c) {
       const int64_t bytes =

@@ -77,7 +77,8 @@ void OomReporter::RecordOutOfMemory(const absl::Status& status, int64_t global_s
   // The gradients are still there (the trainer clears them after this).
   if (holders.model != nullptr) {
     for (const auto& [name, p] : holders.model->NamedParameters()) {
-      AddAddress(p, index, "parameters", &in.category_of);
+      AddAddress(p, index, p.requires_grad() ? "parameters" : "frozen_parameters",
+                 &in.category_of);
     }
     for (const at::Tensor& p : holders.model->Parameters()) {
       AddAddress(p.grad(), index, "gradients", &in.category_of);

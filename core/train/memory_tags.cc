@@ -16,7 +16,9 @@ void TagModelMemory(const LlamaModel& model) {
       continue;  // The tied head: its storage is the embedding's.
     }
     const ModuleId module = InternModule(name);
-    memory::TagStorage(p, module, Category::kParameters);
+    memory::TagStorage(
+        p, module,
+        p.requires_grad() ? Category::kParameters : Category::kFrozenParameters);
     if (p.requires_grad()) {
       // The gradient AccumulateGrad is about to adopt (or add into .grad).
       at::Tensor param = p;

@@ -22,6 +22,7 @@
 #include "core/train/checkpoint.h"
 #include "core/train/chunked_loss.h"
 #include "core/train/evaluate.h"
+#include "core/train/memory_tags.h"
 
 namespace memprofd {
 namespace {
@@ -436,7 +437,11 @@ absl::Status Trainer::AddAdapters(const TrainOptions& options) {
         "this model has trained every parameter already; load it again to fine-tune it "
         "with LoRA adapters");
   }
-  return model_->AddLora(options.lora, options.seed);
+  RETURN_IF_ERROR(model_->AddLora(options.lora, options.seed));
+  // The base is frozen now and the adapters are new parameters: breakdowns
+  // show them apart, and the adapters' gradients as gradients.
+  TagModelMemory(*model_);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ValidTrainOptions> Trainer::Check(const TrainOptions& options) const {

@@ -16,7 +16,8 @@ import grpc
 import harness
 from harness import Daemon, pb, wait_done
 
-CATEGORIES = ["parameters", "gathered_parameters", "gradients", "optimizer_state",
+CATEGORIES = ["parameters", "frozen_parameters", "gathered_parameters", "gradients",
+              "optimizer_state",
               "saved_activations", "temporaries", "offloaded_host", "offloaded_disk",
               "snapshot_staging", "other", "unknown"]
 

@@ -55,6 +55,8 @@ TEST(AttributionTest, NamesAndCategoriesRoundTrip) {
   EXPECT_EQ(static_cast<int>(Category::kGatheredParameters), 10);
   EXPECT_EQ(CategoryName(Category::kGatheredParameters), "gathered_parameters");
   EXPECT_EQ(CategoryFromName("gathered_parameters"), Category::kGatheredParameters);
+  EXPECT_EQ(static_cast<int>(Category::kFrozenParameters), 11);
+  EXPECT_EQ(CategoryFromName("frozen_parameters"), Category::kFrozenParameters);
   EXPECT_EQ(CategoryName(static_cast<Category>(kNumCategories)), "unknown");
   EXPECT_FALSE(CategoryFromName("activations").has_value());
   EXPECT_FALSE(CategoryFromName("").has_value());

@@ -78,15 +78,17 @@ TEST(CategoriesTest, NamesAreTheMetricLabelsAndTheAttributionCategories) {
   for (int i = 0; i < kNumCategories; ++i) c.Of(static_cast<Category>(i)) = 100 + i;
   EXPECT_EQ(c.parameters, 100 + static_cast<int>(Category::kParameters));
   EXPECT_EQ(c.gathered_parameters, 100 + static_cast<int>(Category::kGatheredParameters));
+  EXPECT_EQ(c.frozen_parameters, 100 + static_cast<int>(Category::kFrozenParameters));
   EXPECT_EQ(c.unknown, 100 + static_cast<int>(Category::kUnknown));
   EXPECT_EQ(c.activations_and_temporaries, 0);  // no Category of its own
   const auto named = c.Named();
   ASSERT_EQ(named.size(), static_cast<size_t>(kNumCategories));
   // Model state first, in a fixed order.
   EXPECT_EQ(named[0].first, "parameters");
-  EXPECT_EQ(named[1].first, "gathered_parameters");
-  EXPECT_EQ(named[2].first, "gradients");
-  EXPECT_EQ(named[3].first, "optimizer_state");
+  EXPECT_EQ(named[1].first, "frozen_parameters");
+  EXPECT_EQ(named[2].first, "gathered_parameters");
+  EXPECT_EQ(named[3].first, "gradients");
+  EXPECT_EQ(named[4].first, "optimizer_state");
   EXPECT_EQ(named.back().first, "unknown");
   // Every Category once, by its CategoryName, with its own field's bytes.
   std::set<Category> seen;

@@ -13,9 +13,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <regex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "core/memory/breakdown.h"
@@ -181,6 +185,60 @@ TEST_F(AttributionSessionTest, TinyTrainingIsAttributedByModuleOpAndCategory) {
   }
   // No made-up CPU memory: reserved (the segments) equals what is live.
   EXPECT_EQ(Field(summary, "cpu_reserved_minus_live"), 0) << summary;
+}
+
+TEST_F(AttributionSessionTest, ALoraRunShowsTheFrozenBaseAndTheAdaptersApart) {
+  TrainSpec spec;
+  spec.train.steps = 2;
+  spec.train.batch_size = 2;
+  spec.train.seq_len = 32;
+  spec.train.lora_r = 8;
+  spec.train.lora_targets = "all-linear";
+  auto op = session_->StartTraining(spec);
+  ASSERT_TRUE(op.ok()) << op.status();
+  const OperationView v = WaitDone(**op);
+  ASSERT_EQ(v.state, OperationState::kSucceeded) << v.error;
+
+  int64_t adapter_bytes = 0, adapters = 0;
+  const std::optional<ModelSummary> model = session_->Model();
+  ASSERT_TRUE(model.has_value());
+  for (const ParameterSummary& p : model->parameters) {
+    if (absl::StrContains(p.name, ".lora_")) {
+      adapter_bytes += p.bytes;
+      ++adapters;
+    }
+  }
+  ASSERT_GT(adapters, 0);
+  const memory::CategoryBytes c = session_->Counters().categories;
+  EXPECT_EQ(c.frozen_parameters, 4'000'000 * 4);    // the whole base, nothing else
+  EXPECT_EQ(c.parameters, adapter_bytes);           // the adapters alone
+  EXPECT_GE(c.optimizer_state, 2 * adapter_bytes);  // AdamW's for the adapters only
+  EXPECT_LE(c.optimizer_state, 2 * adapter_bytes + 4 * adapters);
+  EXPECT_EQ(c.gradients, 0);  // set to none after the step
+
+  // By module: the base's weights frozen, the adapters trainable, and the
+  // only gradients the backward made are the adapters'.
+  memory::BreakdownRequest req;
+  req.by = "module";
+  req.top = 10000;
+  absl::StatusOr<memory::MemoryBreakdown> b = session_->MemoryBreakdown(req);
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::map<std::pair<std::string, Category>, const memory::BreakdownRow*> rows;
+  for (const memory::BreakdownRow& r : b->rows) rows[{r.key, r.category}] = &r;
+  const std::string proj = "model.layers.0.mlp.down_proj";
+  const auto base = rows.find({proj + ".weight", Category::kFrozenParameters});
+  ASSERT_NE(base, rows.end());
+  EXPECT_EQ(base->second->live_bytes, 1024 * 256 * 4);
+  const auto adapter = rows.find({proj + ".lora_A.weight", Category::kParameters});
+  ASSERT_NE(adapter, rows.end());
+  EXPECT_EQ(adapter->second->live_bytes, 8 * 1024 * 4);
+  int gradient_rows = 0;
+  for (const memory::BreakdownRow& r : b->rows) {
+    if (r.category != Category::kGradients || r.peak_bytes == 0) continue;
+    ++gradient_rows;
+    EXPECT_TRUE(absl::StrContains(r.key, ".lora_")) << r.key << " has a gradient";
+  }
+  EXPECT_GT(gradient_rows, 0);
 }
 
 TEST_F(AttributionSessionTest, CheckpointRecomputeAndStepDiffsNameTheLayers) {
