@@ -38,9 +38,16 @@
 // default list: `--presets vocab128k`. Every preset but tiny runs
 // --small_steps steps.
 //
+// LoRA (--lora R): both sides freeze the base and train adapters of rank R,
+// lora_alpha 2R, on every projection (q/k/v/o, gate/up/down): memprofd's
+// lora_r / lora_targets all-linear against peft's get_peft_model with the
+// same LoraConfig (lora_dropout 0), AdamW over the adapters alone. Model
+// FLOPs then count 4 * N per token (forward, and backward to the inputs:
+// the frozen weights get no gradient), the adapters' own left out.
+//
 // Usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128]
 //                    [--warmup 1] [--steps 4] [--small_steps 2] [--threads N]
-//                    [--rounds 2] [--peak_n 2048] [--peak_reps 5]
+//                    [--rounds 2] [--peak_n 2048] [--peak_reps 5] [--lora R]
 //
 // --threads N calls at::set_num_threads(N) here and torch.set_num_threads(N)
 // in Python; by default Python gets LibTorch's default here, which this prints.
@@ -124,6 +131,7 @@ struct Args {
   int64_t rounds = 2;
   int64_t peak_n = 2048;
   int64_t peak_reps = 5;
+  int64_t lora = 0;  // LoRA rank; 0: every parameter trains
 };
 
 const char* Env(const char* name) {
@@ -164,7 +172,9 @@ int64_t MatmulParameters(const LlamaModel& model) {
 
 double FlopsPerStep(const LlamaConfig& c, int64_t n, const Args& args) {
   const double tokens = static_cast<double>(args.batch) * args.seq;
-  return tokens * (6.0 * n + 12.0 * c.num_hidden_layers * c.hidden_size * args.seq);
+  const double per_weight = args.lora > 0 ? 4.0 : 6.0;  // LoRA: no weight gradients
+  return tokens *
+         (per_weight * n + 12.0 * c.num_hidden_layers * c.hidden_size * args.seq);
 }
 
 TrainOptions Options(const Args& args, const Variant& variant, int64_t steps) {
@@ -175,6 +185,11 @@ TrainOptions Options(const Args& args, const Variant& variant, int64_t steps) {
   o.attn_implementation = variant.attention;
   o.mixed_precision = variant.precision;
   o.steps = steps;
+  if (args.lora > 0) {
+    o.lora.r = args.lora;
+    o.lora.alpha = 2.0 * static_cast<double>(args.lora);
+    o.lora.target_modules = {"all-linear"};
+  }
   return o;
 }
 
@@ -279,7 +294,7 @@ absl::StatusOr<std::vector<Figures>> BenchTorch(const std::string& config_dir,
   std::string cmd = absl::StrCat(
       MEMPROFD_PYTHON " " MEMPROFD_SOURCE_DIR "/bench/train_bench_torch.py --config ",
       config_dir, " --batch ", args.batch, " --seq ", args.seq, " --warmup ", args.warmup,
-      " --steps ", steps, " --threads ", at::get_num_threads());
+      " --steps ", steps, " --threads ", at::get_num_threads(), " --lora ", args.lora);
   for (const Variant& v : kVariants) absl::StrAppend(&cmd, " --attn ", VariantName(v));
   FILE* pipe = popen(cmd.c_str(), "r");
   if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", cmd));
@@ -324,6 +339,7 @@ bool ParseArgs(int argc, char** argv, Args* args) {
                       : flag == "--rounds"      ? &args->rounds
                       : flag == "--peak_n"      ? &args->peak_n
                       : flag == "--peak_reps"   ? &args->peak_reps
+                      : flag == "--lora"        ? &args->lora
                                                 : nullptr;
     if (flag == "--presets") {
       args->presets = absl::StrSplit(value, ',', absl::SkipEmpty());
@@ -426,7 +442,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: train_bench [--presets tiny,small] [--batch 8] [--seq 128] "
                  "[--warmup 1] [--steps 4] [--small_steps 2] [--threads N] "
-                 "[--rounds 2] [--peak_n 2048] [--peak_reps 5]\n");
+                 "[--rounds 2] [--peak_n 2048] [--peak_reps 5] [--lora R]\n");
     return 2;
   }
   if (args.threads > 0) at::set_num_threads(static_cast<int>(args.threads));
@@ -437,6 +453,12 @@ int Main(int argc, char** argv) {
   const double peak_before = PeakMatmulFlops(args.peak_n, args.peak_reps);
   std::printf("train_bench: batch %ld x seq %ld, %ld warm-up steps, best of %ld rounds\n",
               args.batch, args.seq, args.warmup, args.rounds);
+  if (args.lora > 0) {
+    std::printf(
+        "LoRA: r %ld, alpha %ld on every projection, frozen base (memprofd's lora_r "
+        "against peft.get_peft_model)\n",
+        args.lora, 2 * args.lora);
+  }
   std::printf(
       "C++ (LibTorch): at::get_num_threads()=%d at::get_num_interop_threads()=%d\n",
       at::get_num_threads(), static_cast<int>(at::get_num_interop_threads()));
@@ -446,7 +468,8 @@ int Main(int argc, char** argv) {
   std::printf("peak: float32 at::mm %ldx%ld, best of %ld: %.1f GFLOP/s before the runs\n",
               args.peak_n, args.peak_n, args.peak_reps, peak_before / 1e9);
   std::printf(
-      "FLOP/step = batch*seq * (6*N + 12*L*hidden*seq); N = layer q/k/v/o/gate/up/down "
+      "FLOP/step = batch*seq * (6*N + 12*L*hidden*seq) (LoRA: 4*N); N = layer "
+      "q/k/v/o/gate/up/down "
       "+ lm_head weights\n"
       "            (no embedding lookup, no norms); attention term non-causal (PaLM)\n");
   std::fflush(stdout);

@@ -17,8 +17,14 @@ bytes; their sum at the end of the forward (when everything backward needs
 is saved) is the figure, comparable to memprofd's offloader accounting
 (peak resident saved bytes, storages counted once).
 
+With --lora R (> 0), peft.get_peft_model wraps the model in LoRA adapters of
+rank R, lora_alpha 2R, on every projection (lora_dropout 0), which alone
+train: the optimizer, the gradient norm and the saved-bytes count take the
+trainable parameters (the frozen base stays a parameter, never counted as
+saved).
+
 Usage: train_bench_torch.py --config DIR --attn sdpa --attn eager --attn sdpa:bf16 --batch 8
-       --seq 128 --warmup 2 --steps 10 [--threads N]
+       --seq 128 --warmup 2 --steps 10 [--threads N] [--lora R]
 """
 
 import argparse
@@ -32,9 +38,13 @@ import transformers
 from transformers import AutoConfig, LlamaForCausalLM
 
 
+def trainable(model):
+    return [p for p in model.parameters() if p.requires_grad]
+
+
 def make_optimizer(model):
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    decay = [p for p in trainable(model) if p.dim() >= 2]
+    no_decay = [p for p in trainable(model) if p.dim() < 2]
     groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
     try:
         return torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.0, fused=True), "fused"
@@ -76,6 +86,12 @@ def bench(config_dir, variant, args):
     config = AutoConfig.from_pretrained(config_dir, attn_implementation=attn)
     model = LlamaForCausalLM(config).to(torch.float32)
     assert model.config._attn_implementation == attn, model.config._attn_implementation
+    if args.lora > 0:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(
+            r=args.lora, lora_alpha=2 * args.lora, lora_dropout=0.0, task_type="CAUSAL_LM",
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                            "down_proj"]))
     model.train()
     vocab = config.vocab_size
     opt, opt_kind = make_optimizer(model)
@@ -95,7 +111,7 @@ def bench(config_dir, variant, args):
         loss.backward()
         loss.item()
         t2 = time.perf_counter()
-        torch.stack([p.grad.norm() for p in model.parameters()]).norm().item()
+        torch.stack([p.grad.norm() for p in trainable(model)]).norm().item()
         opt.step()
         opt.zero_grad(set_to_none=True)
         t3 = time.perf_counter()
@@ -117,6 +133,7 @@ def bench(config_dir, variant, args):
             "cpu_seconds_per_step": cpu_seconds / args.steps,
             "steps_per_second": args.steps / seconds, "tokens_per_second": tokens / seconds,
             "parameters": sum(p.numel() for p in model.parameters()),
+            "trainable_parameters": sum(p.numel() for p in trainable(model)),
             "forward_seconds": phases[0] / args.steps,
             "backward_seconds": phases[1] / args.steps,
             "optimizer_seconds": phases[2] / args.steps,
@@ -133,12 +150,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--lora", type=int, default=0)
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     print(json.dumps({"threads": torch.get_num_threads(),
                       "interop_threads": torch.get_num_interop_threads(),
                       "torch": torch.__version__, "transformers": transformers.__version__,
+                      "peft": __import__("peft").__version__ if args.lora > 0 else "",
                       "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", ""),
                       "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS", "")}),
           flush=True)

@@ -143,8 +143,11 @@ at::Tensor LlamaModel::Project(const at::Tensor& x, const at::Tensor& weight,
                                const at::Tensor& bias, const LoraPair& lora) const {
   at::Tensor out = torch::linear(x, weight, bias);
   if (!lora.a.defined()) return out;
-  // peft's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling.
-  return out + torch::linear(torch::linear(x, lora.a), lora.b) * lora_->Scaling();
+  // peft's Linear.forward: result + lora_B(lora_A(dropout(x))) * scaling,
+  // added in place (the same rounding: scaling * B(A(x)), then the sum)
+  // rather than through two [tokens, out] temporaries. linear's backward
+  // needs its inputs, not its output, so the output may change.
+  return out.add_(torch::linear(torch::linear(x, lora.a), lora.b), lora_->Scaling());
 }
 
 at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LlamaLayerLora& lora,
