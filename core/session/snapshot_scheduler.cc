@@ -243,6 +243,8 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   if (checkpointing && model.lora()) s.options.kind = snapshot::SnapshotKind::kAdapter;
   const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
   const bool merged = s.options.kind == snapshot::SnapshotKind::kMerged;
+  // What the adapters trained on, so that loading them checks the base.
+  if (adapter) s.options.lora_base_fingerprint = model.BaseFingerprint();
   const std::string config_json =
       adapter ? AdapterConfigJson(*model.lora(), s.options.model_source)
               : model.config().ToJson();

@@ -12,6 +12,7 @@
 #include "core/common/json.h"
 #include "core/common/status_macros.h"
 #include "core/snapshot/internal/file_io.h"
+#include "core/snapshot/manifest.h"
 #include "core/snapshot/shard_plan.h"
 
 namespace memprofd {
@@ -189,6 +190,12 @@ absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
   ASSIGN_OR_RETURN(out.config_json, snapshot::internal::ReadSmallFile(
                                         (root / kAdapterConfigFileName).string(), roots));
   RETURN_IF_ERROR(AppendFile(root / "adapter_model.safetensors", roots, &out));
+  if (const fs::path manifest = root / kManifestFileName; Present(manifest)) {
+    ASSIGN_OR_RETURN(const std::string text,
+                     snapshot::internal::ReadSmallFile(manifest.string(), roots));
+    ASSIGN_OR_RETURN(const SnapshotManifest m, ManifestFromJson(text, manifest.string()));
+    out.lora_base_fingerprint = m.lora_base_fingerprint;
+  }
   return out;
 }
 

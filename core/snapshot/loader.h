@@ -24,6 +24,10 @@ struct LoadedWeights {
   std::string config_json;
   // The safetensors files read, relative to `directory`.
   std::vector<std::string> files;
+  // An adapter directory the daemon wrote (LoadPeftAdapterDirectory): its
+  // manifest's fingerprint of the base the adapters trained on; empty
+  // without one (peft's own directories).
+  std::string lora_base_fingerprint;
 };
 
 // Resolves `dir` as transformers does: model.safetensors first; otherwise
@@ -46,8 +50,10 @@ absl::StatusOr<LoadedWeights> LoadSafetensorsDirectory(const std::string& dir,
 
 // A LoRA adapter directory as peft saves it: adapter_config.json (into
 // config_json) and adapter_model.safetensors, read as LoadSafetensorsDirectory
-// reads a model's (the same links rule with `roots`). NOT_FOUND naming the
-// file that is missing; the other errors as above.
+// reads a model's (the same links rule with `roots`), and the daemon's
+// manifest when it wrote the directory (lora_base_fingerprint). NOT_FOUND
+// naming the file that is missing; DATA_LOSS for a damaged manifest; the
+// other errors as above.
 absl::StatusOr<LoadedWeights> LoadPeftAdapterDirectory(const std::string& dir,
                                                        const PathRoots* roots = nullptr);
 

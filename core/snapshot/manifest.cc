@@ -17,7 +17,7 @@ std::string ManifestToJson(const SnapshotManifest& m) {
   Json files = Json::array();
   for (const SnapshotFile& f : m.files)
     files.push_back({{"name", f.name}, {"bytes", f.bytes}});
-  const Json v = {
+  Json v = {
       {"memprofd_manifest_version", kManifestVersion},
       {"name", m.name},
       {"directory", m.directory},
@@ -44,6 +44,8 @@ std::string ManifestToJson(const SnapshotManifest& m) {
       {"create_time",
        absl::FormatTime(absl::RFC3339_full, m.create_time, absl::UTCTimeZone())},
   };
+  if (!m.lora_base_fingerprint.empty())
+    v["lora_base_fingerprint"] = m.lora_base_fingerprint;
   return DumpJson(v, 2) + "\n";
 }
 
@@ -118,6 +120,11 @@ absl::StatusOr<SnapshotManifest> ManifestFromJson(absl::string_view text,
   if (JsonFind(v, "carried_note") != nullptr &&
       !get_string("carried_note", &m.carried_note)) {
     return bad("carried_note is not a string");
+  }
+  // Optional: a LoRA model's snapshots alone have it.
+  if (JsonFind(v, "lora_base_fingerprint") != nullptr &&
+      !get_string("lora_base_fingerprint", &m.lora_base_fingerprint)) {
+    return bad("lora_base_fingerprint is not a string");
   }
   if (const Json* carried = JsonFind(v, "carried_files"); carried != nullptr) {
     if (!carried->is_array()) return bad("carried_files is not a list");

@@ -54,7 +54,7 @@ struct SnapshotManifest {
   int64_t staging_bytes = 0;
   int64_t global_step = 0;
   absl::Time create_time = absl::UnixEpoch();
-  // "weights", "checkpoint" or "adapter" (SnapshotKindName); manifests written before
+  // SnapshotKindName ("weights", "checkpoint", ...); manifests written before
   // kinds existed read as "weights".
   std::string kind = "weights";
   // A checkpoint's optimizer tensor bytes (part of total_size).
@@ -67,6 +67,10 @@ struct SnapshotManifest {
   std::string model_source;
   std::vector<std::string> carried_files;
   std::string carried_note;
+  // A LoRA model's adapter or checkpoint snapshot: the fingerprint of the
+  // frozen base the adapters trained on, which LoadModel checks when the
+  // directory is loaded as lora_adapter; empty otherwise.
+  std::string lora_base_fingerprint;
 
   bool is_checkpoint() const { return kind == "checkpoint"; }
   bool is_adapter() const { return kind == "adapter"; }

@@ -71,6 +71,9 @@ struct SnapshotOptions {
   std::shared_ptr<const CarriedFiles> carried_files;
   // Recorded in the manifest: "preset:tiny" or the model's directory.
   std::string model_source;
+  // Recorded in the manifest of a LoRA model's snapshot: the fingerprint of
+  // the frozen base its adapters trained on (LlamaModel::BaseFingerprint).
+  std::string lora_base_fingerprint;
   // Host memory the caller holds for this snapshot (the copies of an async
   // snapshot, see CopyForAsyncSnapshot); added to the manifest's
   // peak_extra_host_bytes.

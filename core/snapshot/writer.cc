@@ -415,6 +415,7 @@ absl::StatusOr<SnapshotManifest> SnapshotWriter::WriteImpl(
         write_small(adapter ? kAdapterConfigFileName : kConfigFileName, config));
   }
   manifest.model_source = options.model_source;
+  manifest.lora_base_fingerprint = options.lora_base_fingerprint;
   if (options.carried_files != nullptr) {
     for (const CarriedFile& f : options.carried_files->files) {
       if (!IsCarriedFileName(f.name)) {

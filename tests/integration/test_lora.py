@@ -252,6 +252,18 @@ class LoraTest(harness.DaemonTestCase):
                                                       lora_adapter=checkpoint, resume=True))
         self.assertEqual(op.error.code, 9, op.error.message)
         self.assertIn("trained on another base", op.error.message)
+        # So is an adapter snapshot the daemon saved, onto another base than
+        # its own (peft's own directories carry no fingerprint to check).
+        adapter = os.path.join(self.root, "lora")
+        before = self.evaluate()
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source, init_weights=True,
+                                                      lora_adapter=adapter))
+        self.assertEqual(op.error.code, 9, op.error.message)
+        self.assertIn("trained on another base", op.error.message)
+        self.assertEqual(self.evaluate(), before)  # the model stays as it was
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
+                                                      lora_adapter=adapter))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
 
 
 if __name__ == "__main__":

@@ -242,6 +242,16 @@ TEST(RoundTripTest, CarriedFilesAreWrittenAsTheyAreAndListedInTheManifest) {
   ASSERT_TRUE(stored.ok()) << stored.status();
   EXPECT_EQ(stored->carried_files, m->carried_files);
   EXPECT_EQ(stored->model_source, "/data/models/chat");
+  EXPECT_EQ(stored->lora_base_fingerprint, "");  // not a LoRA model's
+
+  // A LoRA model's snapshot records the base its adapters trained on.
+  options.lora_base_fingerprint = "0123456789abcdef";
+  m = SnapshotWriter(root.path()).Write("lora", model, kConfig, options);
+  ASSERT_TRUE(m.ok()) << m.status();
+  stored = DescribeSnapshot(root.path(), "lora");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->lora_base_fingerprint, "0123456789abcdef");
+  options.lora_base_fingerprint.clear();
 
   // A preset carries nothing and says why.
   options.carried_files = nullptr;
