@@ -98,6 +98,9 @@ ABSL_FLAG(int64_t, lora_r, 0,
           "(docs/lora.md) [0: every parameter trains]");
 ABSL_FLAG(double, lora_alpha, 8.0,
           "train: LoRA scaling numerator (peft's lora_alpha) [8]");
+ABSL_FLAG(double, lora_dropout, 0.0,
+          "train: LoRA dropout on the adapters' inputs in training steps (peft's "
+          "lora_dropout) [0]");
 ABSL_FLAG(bool, lora_use_rslora, false,
           "train: scale LoRA by alpha / sqrt(r) instead of alpha / r [false]");
 ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",

@@ -147,7 +147,11 @@ at::Tensor LlamaModel::Project(const at::Tensor& x, const at::Tensor& weight,
   // added in place (the same rounding: scaling * B(A(x)), then the sum)
   // rather than through two [tokens, out] temporaries. linear's backward
   // needs its inputs, not its output, so the output may change.
-  return out.add_(torch::linear(torch::linear(x, lora.a), lora.b), lora_->Scaling());
+  const at::Tensor in =
+      lora_dropout_key_ && lora_->dropout > 0
+          ? LoraDropout(x, lora_->dropout, MixSeed(*lora_dropout_key_, lora.key))
+          : x;
+  return out.add_(torch::linear(torch::linear(in, lora.a), lora.b), lora_->Scaling());
 }
 
 at::Tensor LlamaModel::Attention(const LlamaLayerWeights& w, const LlamaLayerLora& lora,

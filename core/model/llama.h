@@ -167,6 +167,13 @@ class LlamaModel {
   absl::Status AddLora(const LoraOptions& options, uint64_t seed);
   // The adapters' options; unset without adapters.
   const std::optional<LoraOptions>& lora() const { return lora_; }
+  // LoRA dropout (LoraOptions::dropout > 0) applies inside a training step
+  // alone: the trainer sets the step's key for the forward and backward of
+  // each micro-batch and unsets it after, so evaluations (and a model used
+  // any other way) draw no mask. Each adapter's mask is seeded with the key
+  // and the adapter's own (LoraPair::key), so a checkpointed layer's
+  // recompute and a resumed step draw the masks they drew before.
+  void SetLoraDropoutKey(std::optional<uint64_t> key) { lora_dropout_key_ = key; }
   // Copies `adapters` (NamedAdapters's names; peft's keys without their
   // "base_model.model." prefix) into the model's adapters, converting dtype
   // and device. Every name and shape is checked before anything is copied:
@@ -303,6 +310,7 @@ class LlamaModel {
   // LoRA: the options, and each layer's adapters (all undefined without).
   std::optional<LoraOptions> lora_;
   std::vector<LlamaLayerLora> lora_layers_;
+  std::optional<uint64_t> lora_dropout_key_;
 };
 
 }  // namespace memprofd

@@ -461,13 +461,16 @@ absl::Status LlamaModel::AddLora(const LoraOptions& options, uint64_t seed) {
     at::Generator gen = at::detail::createCPUGenerator(seed);
     const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
     const std::vector<std::string> targets = options.Targets();
-    for (LlamaLayerLora& layer : layers) {
-      for (const LoraTarget& target : kLoraTargets) {
+    for (size_t index = 0; index < layers.size(); ++index) {
+      LlamaLayerLora& layer = layers[index];
+      for (size_t t = 0; t < std::size(kLoraTargets); ++t) {
+        const LoraTarget& target = kLoraTargets[t];
         if (std::find(targets.begin(), targets.end(), target.name) == targets.end()) {
           continue;
         }
         const auto [out, in] = ProjectionShape(config_, target.name);
         LoraPair& pair = layer.*target.pair;
+        pair.key = index * 8 + t;
         if (device_.is_meta()) {
           pair.a = at::empty({options.r, in}, cpu.device(device_));
         } else {

@@ -26,6 +26,9 @@ namespace memprofd {
 struct LoraPair {
   at::Tensor a;
   at::Tensor b;
+  // Which projection of which layer (layer * 8 + its kLoraTargets index):
+  // with the training step's key, what seeds the pair's dropout mask.
+  uint64_t key = 0;
 };
 
 // A decoder layer's adapters, one pair per projection.
@@ -58,6 +61,23 @@ struct AdaptedProjection {
   at::Tensor weight;
   LoraPair adapter;
 };
+
+// One 64-bit seed from two (splitmix64's finaliser over their combination):
+// nearby inputs give unrelated seeds.
+inline uint64_t MixSeed(uint64_t a, uint64_t b) {
+  uint64_t z = a + 0x9e3779b97f4a7c15ull * (b + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// peft's dropout on an adapter's input: each element of `x` kept with
+// probability 1 - p and scaled by 1 / (1 - p), else zeroed, the mask drawn
+// from a generator of x's device seeded with `seed` alone, so that the same
+// seed gives the same mask (a checkpointed layer's recompute, a resumed
+// step). Backward keeps the mask (one byte an element). On the meta device
+// it allocates as it would and draws nothing (plans).
+at::Tensor LoraDropout(const at::Tensor& x, double p, uint64_t seed);
 
 // The [out, in] shape of projection `name` (a kLoraTargets name) in
 // `config`'s decoder layers.

@@ -25,6 +25,10 @@ struct LoraOptions {
   // is peft's for the Llama family.
   std::vector<std::string> target_modules = {"q_proj", "v_proj"};
   bool use_rslora = false;
+  // peft's lora_dropout: the probability that an element of an adapter's
+  // input is zeroed (the rest scaled by 1 / (1 - dropout)) in a training
+  // step; never in an evaluation. In [0, 1).
+  double dropout = 0.0;
 
   // What B(A(x)) is multiplied by.
   double Scaling() const;
@@ -35,7 +39,7 @@ struct LoraOptions {
   // the names, in any order).
   bool operator==(const LoraOptions& o) const {
     return r == o.r && alpha == o.alpha && Targets() == o.Targets() &&
-           use_rslora == o.use_rslora;
+           use_rslora == o.use_rslora && dropout == o.dropout;
   }
   bool operator!=(const LoraOptions& o) const { return !(*this == o); }
 };
@@ -43,8 +47,8 @@ struct LoraOptions {
 inline constexpr int64_t kMaxLoraRank = 4096;
 
 // INVALID_ARGUMENT naming the field: r outside [1, kMaxLoraRank]; alpha not
-// finite and > 0; no targets, an unknown or repeated one, "all-linear"
-// beside others.
+// finite and > 0; dropout outside [0, 1); no targets, an unknown or repeated
+// one, "all-linear" beside others.
 absl::Status ValidateLoraOptions(const LoraOptions& options);
 
 // The request's spelling of target_modules: names joined by commas
@@ -57,7 +61,7 @@ std::string LoraTargetsName(const std::vector<std::string>& targets);
 
 // peft's adapter_config.json for adapters of `options` on `base_model`
 // (base_model_name_or_path): peft_type LORA, task_type CAUSAL_LM, r,
-// lora_alpha, lora_dropout 0, target_modules (the resolved names), bias
+// lora_alpha, lora_dropout, target_modules (the resolved names), bias
 // "none", use_rslora, and the defaults of the LoRA features memprofd does not
 // use (DoRA, fan_in_fan_out, modules_to_save). "adapter_model.safetensors"
 // beside it holds PeftAdapterName's names.
@@ -68,13 +72,12 @@ std::string PeftAdapterName(const std::string& name);
 
 // The options of a peft adapter_config.json (`json`): peft_type LORA, r,
 // lora_alpha (default 8), target_modules (names of the projections, a list
-// or one string, or "all-linear"), use_rslora. INVALID_ARGUMENT naming the
-// key for what memprofd does not compute: another peft_type, use_dora,
-// a bias other than "none", fan_in_fan_out, modules_to_save,
-// layers_to_transform, rank_pattern or alpha_pattern, a target that is not
-// a projection name; or for options ValidateLoraOptions refuses. A
-// lora_dropout above 0 is noted in `notes` (memprofd trains without
-// dropout).
+// or one string, or "all-linear"), use_rslora, lora_dropout (default 0).
+// INVALID_ARGUMENT naming the key for what memprofd does not compute:
+// another peft_type, use_dora, a bias other than "none", fan_in_fan_out,
+// modules_to_save, layers_to_transform, rank_pattern or alpha_pattern, a
+// target that is not a projection name; or for options ValidateLoraOptions
+// refuses. `notes` takes what the caller should say about the adapter.
 absl::StatusOr<LoraOptions> LoraOptionsFromAdapterConfig(const std::string& json,
                                                          std::vector<std::string>* notes);
 

@@ -55,7 +55,8 @@
   X(eval_max_batches, int64_t, eval_max_batches)               \
   X(lora_r, int64_t, lora.r)                                   \
   X(lora_alpha, double, lora.alpha)                            \
-  X(lora_use_rslora, bool, lora.use_rslora)
+  X(lora_use_rslora, bool, lora.use_rslora)                    \
+  X(lora_dropout, double, lora.dropout)
 
 // Named choices: the request and the JSON carry the name (a string),
 // TrainOptions the enum (or, for lora_targets, the list). PARSE(name) ->

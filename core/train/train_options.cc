@@ -40,6 +40,12 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
   RETURN_IF_ERROR(AtLeastOne("seq_len", o.seq_len));
   RETURN_IF_ERROR(AtLeastOne("grad_accumulation_steps", o.grad_accumulation_steps));
   if (o.lora.r != 0) RETURN_IF_ERROR(ValidateLoraOptions(o.lora));
+  if (o.lora.r == 0 && o.lora.dropout != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora_dropout ", o.lora.dropout,
+        " without lora_r: dropout belongs to the adapters a run adds (give lora_r and "
+        "the other lora fields), and the adapters a model has keep theirs"));
+  }
   // Limits on what is merely large: a step of 10^9 micro-batches could not be
   // cancelled for hours, and a batch past these overflows a tensor's size.
   for (auto [name, value, limit] :

@@ -222,6 +222,25 @@ absl::StatusOr<StepReport> Trainer::StepUnchecked(
   return report;
 }
 
+namespace {
+
+// Sets the model's LoRA dropout key for its lifetime (LlamaModel::
+// SetLoraDropoutKey), and unsets it on every way out.
+class LoraDropoutKeyScope {
+ public:
+  LoraDropoutKeyScope(LlamaModel& model, uint64_t key) : model_(model) {
+    model_.SetLoraDropoutKey(key);
+  }
+  ~LoraDropoutKeyScope() { model_.SetLoraDropoutKey(std::nullopt); }
+  LoraDropoutKeyScope(const LoraDropoutKeyScope&) = delete;
+  LoraDropoutKeyScope& operator=(const LoraDropoutKeyScope&) = delete;
+
+ private:
+  LlamaModel& model_;
+};
+
+}  // namespace
+
 // The stages of a step, in order: for each micro-batch NextMicroBatch,
 // ForwardMicroBatch and BackwardMicroBatch, then ClipAndUpdate. Each returns
 // the status that ends the step (cancelled, a listener's failure, bad data, a
@@ -240,6 +259,13 @@ absl::Status Trainer::RunStepStages(const TrainOptions& options, const TokenData
     }
     ASSIGN_OR_RETURN(const MicroBatch batch,
                      NextMicroBatch(options, data, generator, context.shard, micro));
+    // LoRA dropout's masks for this micro-batch's forward and backward: the
+    // run's seed, the step, the micro-batch and the rank (its own rows).
+    LoraDropoutKeyScope dropout(
+        *model_,
+        MixSeed(MixSeed(MixSeed(options.seed, static_cast<uint64_t>(global_step_)),
+                        static_cast<uint64_t>(micro)),
+                static_cast<uint64_t>(context.shard.index)));
     const Clock::time_point forward_start = Clock::now();
     ASSIGN_OR_RETURN(at::Tensor loss, ForwardMicroBatch(options, batch, context));
     const Clock::time_point backward_start = Clock::now();

@@ -199,6 +199,7 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
                {"lora_r", 0},
                {"lora_alpha", LoraOptions().alpha},
                {"lora_use_rslora", false},
+               {"lora_dropout", 0.0},
                {"lora_targets", LoraTargetsName(LoraOptions().target_modules)}};
   Reader r(v, "run.config.", error, kAbsent);
   TrainOptions o;

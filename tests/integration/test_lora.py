@@ -174,7 +174,7 @@ class LoraTest(harness.DaemonTestCase):
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         notes = "\n".join(op.model.load_notes)
         self.assertIn("LoRA adapters from", notes)
-        self.assertIn("lora_dropout 0.1 is not applied", notes)
+        self.assertIn("train with lora_dropout 0.1", notes)
         self.assertAlmostEqual(self.evaluate(), peft_loss, delta=1e-5 * peft_loss)
         # A Train without lora fields trains peft's adapters.
         op = self.train()

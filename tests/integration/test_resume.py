@@ -173,7 +173,10 @@ class ExactResumeTest(unittest.TestCase):
         # The daemon's checkpoints of a LoRA run hold the adapters as peft
         # saves them, their AdamW state and the training state, never the
         # frozen base: --model names it again on the restart.
-        after = self.check((), dict(RUN, lora_r=4, lora_alpha=8, lora_targets="all-linear"),
+        # With dropout: the masks are the step's own, so the resumed steps
+        # draw the ones the uninterrupted run drew.
+        after = self.check((), dict(RUN, lora_r=4, lora_alpha=8, lora_targets="all-linear",
+                                    lora_dropout=0.1),
                            resume_model=MICRO_FLAG)
         self.assertEqual(len(after), 40 - min(after) + 1)
         checkpoint = os.path.join(self.root, "step-40")

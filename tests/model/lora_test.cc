@@ -104,6 +104,26 @@ TEST(LoraTest, OptionsAreEqualForTheSameTargetsHoweverSpelled) {
   EXPECT_NE(Lora(2, {"q_proj"}), Lora(4, {"q_proj"}));
 }
 
+TEST(LoraTest, DropoutZeroesAboutPAndScalesTheRestAsPeftDoes) {
+  const at::Tensor x = at::ones({200, 500});
+  const at::Tensor y = LoraDropout(x, 0.25, 7);
+  const double zeroed = y.eq(0).to(at::kDouble).mean().item<double>();
+  EXPECT_NEAR(zeroed, 0.25, 0.01);  // 100,000 draws: sigma 0.0014
+  EXPECT_TRUE(at::all(y.eq(0).logical_or(y.eq(1 / 0.75))).item<bool>());
+  EXPECT_TRUE(at::equal(LoraDropout(x, 0.25, 7), y));   // the seed decides
+  EXPECT_FALSE(at::equal(LoraDropout(x, 0.25, 8), y));  // and another differs
+  EXPECT_NE(MixSeed(1, 2), MixSeed(2, 1));
+  // On the meta device: the shape and dtype, nothing drawn.
+  const at::Tensor meta = LoraDropout(at::empty({3, 4}, at::device(at::kMeta)), 0.5, 1);
+  EXPECT_TRUE(meta.is_meta());
+  EXPECT_EQ(meta.sizes(), (std::vector<int64_t>{3, 4}));
+  // Outside [0, 1) is refused by name.
+  LoraOptions o = Lora(2, {"q_proj"});
+  o.dropout = 1.0;
+  EXPECT_THAT(ValidateLoraOptions(o).message(),
+              HasSubstr("lora_dropout must be in [0, 1)"));
+}
+
 TEST(LoraTest, TheBaseFingerprintIsTheBasesAlone) {
   const LlamaConfig config = testing::SmallLlamaConfig();
   std::unique_ptr<LlamaModel> a = MakeLlama(config, 3);
@@ -178,12 +198,14 @@ TEST(LoraTest, PeftAdapterConfigsReadAsPeftMeantThemOrNameWhatIsNotComputed) {
   EXPECT_EQ(read->r, 8);
   EXPECT_EQ(read->alpha, 16);
   EXPECT_EQ(read->Targets(), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(read->dropout, 0.05);
   ASSERT_EQ(notes.size(), 1u);
-  EXPECT_THAT(notes[0], HasSubstr("lora_dropout 0.05 is not applied"));
+  EXPECT_THAT(notes[0], HasSubstr("train with lora_dropout 0.05"));
   read = LoraOptionsFromAdapterConfig(
       R"({"peft_type": "LORA", "r": 4, "target_modules": "all-linear"})", &notes);
   ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_EQ(read->alpha, 8);  // peft's default
+  EXPECT_EQ(read->alpha, 8);  // peft's defaults
+  EXPECT_EQ(read->dropout, 0);
   EXPECT_EQ(read->Targets().size(), 7u);
   for (const auto& [json, says] : std::vector<std::pair<std::string, std::string>>{
            {R"({"peft_type": "IA3", "r": 4, "target_modules": ["q_proj"]})", "peft_type"},

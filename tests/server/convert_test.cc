@@ -270,6 +270,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
       {"lora_alpha", "16.5"},
       {"lora_use_rslora", "true"},
       {"lora_targets", "q_proj,k_proj"},
+      {"lora_dropout", "0.125"},
   };
   v1::TrainRequest req;
   SetListedFields(kTrainTableFieldNames, values, &req);
@@ -310,7 +311,8 @@ TEST(ConvertTest, RunJsonWithoutLossChunkTokensReadsAsOffAndOtherFieldsAreRequir
   Json legacy = *json;
   legacy.erase("loss_chunk_tokens");
   // Nor had they LoRA fields: such a run trained every parameter.
-  for (const char* lora : {"lora_r", "lora_alpha", "lora_use_rslora", "lora_targets"}) {
+  for (const char* lora :
+       {"lora_r", "lora_alpha", "lora_use_rslora", "lora_targets", "lora_dropout"}) {
     legacy.erase(lora);
   }
   absl::StatusOr<TrainOptions> read = TrainOptionsFromJson(legacy.dump());

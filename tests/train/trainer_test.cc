@@ -14,6 +14,7 @@
 #include "core/train/adamw.h"
 #include "core/train/checkpoint.h"
 #include "core/train/data.h"
+#include "core/train/evaluate.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/offload/offload_test_util.h"
@@ -752,6 +753,64 @@ TEST(TrainerLoraTest, ARunWithLoraTrainsTheAdaptersAloneCheckpointedOrNot) {
   for (size_t i = 0; i < adapters[0].size(); ++i) {
     EXPECT_TRUE(torch::equal(adapters[0][i], adapters[1][i]));
   }
+}
+
+// lora_dropout draws its masks from the run's seed, the step and the
+// micro-batch: a checkpointed layer's recompute draws the forward's masks (the
+// same losses and adapters, bit for bit), a rerun draws the same, and an
+// evaluation draws none.
+TEST(TrainerLoraTest, DropoutMasksAreTheStepsOwnEvenWhenRecomputed) {
+  struct Run {
+    std::vector<double> losses;
+    std::vector<at::Tensor> adapters;
+    double eval_loss = 0;
+    double eval_again = 0;
+  };
+  auto run = [](bool checkpointing, double dropout) {
+    Run out;
+    std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+    Trainer trainer(m.get());
+    TrainOptions o = LoraOptionsOf(4, checkpointing);
+    o.lora.dropout = dropout;
+    o.grad_accumulation_steps = 2;
+    absl::StatusOr<TrainResult> r = CheckAndRun(
+        trainer, o, Request([&](const StepReport& s) { out.losses.push_back(s.loss); }));
+    EXPECT_TRUE(r.ok()) << r.status();
+    for (const auto& [name, t] : m->NamedAdapters()) {
+      out.adapters.push_back(t.detach().clone());
+    }
+    absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+        TokenDataset::Create(o.data, 256);
+    EXPECT_TRUE(data.ok()) << data.status();
+    if (!data.ok()) return out;
+    EvalOptions eval;
+    eval.batch_size = 2;
+    eval.seq_len = 16;
+    eval.max_batches = 2;
+    absl::StatusOr<EvalResult> e = EvaluateModel(*m, **data, eval);
+    EXPECT_TRUE(e.ok()) << e.status();
+    out.eval_loss = e.ok() ? e->loss : 0;
+    e = EvaluateModel(*m, **data, eval);
+    out.eval_again = e.ok() ? e->loss : 0;
+    return out;
+  };
+  const Run plain = run(false, 0.3);
+  const Run recomputed = run(true, 0.3);
+  const Run again = run(false, 0.3);
+  const Run without = run(false, 0.0);
+  EXPECT_EQ(plain.losses, recomputed.losses);
+  EXPECT_EQ(plain.losses, again.losses);
+  // Step 1 is the same (B starts at zero, so no adapter changes the loss
+  // yet); after it, dropout changes what the adapters learn.
+  ASSERT_EQ(plain.losses.size(), 4u);
+  EXPECT_EQ(plain.losses[0], without.losses[0]);
+  EXPECT_NE(plain.losses[3], without.losses[3]);
+  for (size_t i = 0; i < plain.adapters.size(); ++i) {
+    EXPECT_TRUE(torch::equal(plain.adapters[i], recomputed.adapters[i])) << i;
+    EXPECT_TRUE(torch::equal(plain.adapters[i], again.adapters[i])) << i;
+  }
+  // No mask in an evaluation: the same loss every time.
+  EXPECT_EQ(plain.eval_loss, plain.eval_again);
 }
 
 TEST(TrainerLoraTest, LaterRunsTrainTheSameAdaptersAndRefuseOthers) {
