@@ -17,7 +17,8 @@
 #   daemon   the real memprofd --device=cuda:0 --model=llama-1b driven by the real
 #            memprofctl: training with checkpointing and offloading off / host /
 #            disk, a snapshot taken during training, a CUDA memory-history dump,
-#            a /metrics scrape, SIGTERM (deploy/gpu-kit/drive_daemon.py)
+#            a /metrics scrape, LoRA adapters trained and saved (adapter, merged),
+#            SIGTERM (deploy/gpu-kit/drive_daemon.py)
 #   hf       transformers loads that snapshot; same tensors, same loss as the
 #            daemon's at the next step (check_snapshot_hf.py)
 #   viz      torch.cuda._memory_viz reads the dump (check_memory_viz.py)
@@ -240,7 +241,7 @@ if [[ $parts == *,daemon,* ]]; then
   part daemon 300 "$py" deploy/gpu-kit/drive_daemon.py --memprofd "$work/memprofd" \
     --memprofctl "$work/memprofctl" --device "$device" --preset "$preset" --work "$work" \
     --runs "$runs" --snapshot_run ckpt-off --record_run "$record_run" --steps "$steps" \
-    --batch_size "$batch" --seq_len "$seq" --out "$work/daemon.json"
+    --batch_size "$batch" --seq_len "$seq" --lora --out "$work/daemon.json"
   if [ -f "$work/daemon.json" ]; then
     if [[ $parts == *,hf,* ]]; then
       part hf 120 "$py" deploy/gpu-kit/check_snapshot_hf.py "$work/daemon.json" "$device" "$work/hf.json"

@@ -12,6 +12,10 @@ Starts memprofd on --device with the --preset model, then with memprofctl:
   - scrapes /metrics, checks the counters against the step reports;
   - on CUDA (unless --skip_oom), trains a step that cannot fit: the OOM report
     and what follows it;
+  - with --lora, on the --preset model loaded afresh, trains LoRA adapters on the
+    device (all-linear, dropout from the device's own generator, checkpointed,
+    offloaded to host): the frozen base and the adapters apart in the breakdown,
+    then an adapter and a merged snapshot;
   - stops the daemon with SIGTERM (it must exit 0).
 Every run trains on one token file of exactly seq_len + 1 ids, so that every batch
 is the same window: the snapshot's loss on it (check_snapshot_hf.py) must equal the
@@ -47,6 +51,7 @@ p.add_argument("--snapshot_run", required=True)  # a run name, or none
 p.add_argument("--record_run", required=True)  # a run name, or none
 p.add_argument("--attn", default="sdpa")  # memprofctl train --attn_implementation
 p.add_argument("--skip_oom", action="store_true")
+p.add_argument("--lora", action="store_true")
 p.add_argument("--steps", type=int, default=5)
 p.add_argument("--batch_size", type=int, default=4)
 p.add_argument("--seq_len", type=int, default=512)
@@ -182,6 +187,35 @@ def train_run(name):
     return result
 
 
+def lora_run():
+    """LoRA on the device: 3 steps of r 8 adapters on every projection with
+    dropout 0.1 (masks from a generator of the device), gradient checkpointing
+    and offloading to host; the frozen base and the adapters apart in the
+    breakdown; an adapter and a merged snapshot of the result."""
+    ctl("load", "--preset", args.preset, timeout=600)  # a model that has not trained
+    reports = ctl("train", "--steps", "3", "--batch_size", str(args.batch_size),
+                  "--seq_len", str(args.seq_len), "--learning_rate", str(args.lr),
+                  "--token_data", tokens_path, "--bytes_per_token", "4",
+                  "--lora_r", "8", "--lora_targets", "all-linear", "--lora_dropout", "0.1",
+                  "--gradient_checkpointing", "--offload", "--offload_target", "host",
+                  timeout=900)
+    steps = [r for r in reports if "loss" in r and "step" in r]
+    check("LoRA: 3 steps with dropout, checkpointed and offloaded",
+          len(steps) == 3 and all(np.isfinite(r["loss"]) for r in steps),
+          [(r["step"], r["loss"]) for r in steps])
+    top = check_categories_sum("LoRA: categories sum to the allocator's bytes")
+    by = {c["category"]: num(c["bytes"]) for c in top["categories"]}
+    check("LoRA: the frozen base and the adapters apart",
+          by.get("frozen_parameters", 0) > by.get("parameters", 0) > 0,
+          "frozen_parameters %s, parameters %s" % (by.get("frozen_parameters"),
+                                                   by.get("parameters")))
+    for kind in ("adapter", "merged"):
+        made = ctl("snapshot", "lora-" + kind, "--kind", kind, timeout=600)
+        check("LoRA: %s snapshot" % kind, bool(made) and made[0].get("kind", "").lower()
+              .endswith(kind), made[0] if made else None)
+    return {"reports": steps, "categories": by}
+
+
 def check_categories_sum(name):
     """Where every byte goes: the allocator's blocks (on CUDA, the caching
     allocator's, attributed from before the model loaded) add up, by category,
@@ -234,7 +268,7 @@ def cuda_oom(tokens_path, vocab):
     check("cuda oom: a small step trains after it", r.returncode == 0, r.stderr.strip()[-300:])
 
 
-runs, snapshot, memory = {}, None, None
+runs, snapshot, memory, lora = {}, None, None, None
 try:
     for name in args.runs.split(","):
         runs[name] = train_run(name)
@@ -307,6 +341,9 @@ try:
                   loss is not None and np.isfinite(loss), loss)
     if args.device.startswith("cuda") and not args.skip_oom:
         cuda_oom(tokens_path, vocab)
+    # Last: the adapters freeze the model's base for good.
+    if args.lora:
+        lora = lora_run()
 except Exception as e:  # a failed command: recorded, and the daemon still stopped
     check("daemon part ran through", False, repr(e))
 finally:
@@ -327,6 +364,6 @@ json.dump({"device": status["device"], "build": status.get("build"), "preset": a
            "attn": args.attn,
            "tokens": tokens_path, "runs": runs, "snapshot": snapshot,
            "memory_dump": record[0]["memory_dump"] if record else None,
-           "memory": memory, "checks": checks},
+           "memory": memory, "lora": lora, "checks": checks},
           open(args.out, "w"), indent=1)
 sys.exit(0 if all_passed() else 1)
