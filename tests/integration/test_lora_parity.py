@@ -32,9 +32,9 @@ import transformers  # noqa: E402
 
 import harness  # noqa: E402
 from harness import pb, wait_done  # noqa: E402
-from test_optimizer_parity import (BATCH, CASES, HYPER, LOSS_RTOL, NORM_RTOL,  # noqa: E402
-                                   OFF_FRACTION, SEED, SEQ_LEN, TOKENS, WEIGHT_MAX,
-                                   compare, make, train_as_the_daemon)
+from test_optimizer_parity import (BATCH, CASES, HYPER, SEED, SEQ_LEN,  # noqa: E402
+                                   TOKENS, check_steps, check_weights, make,
+                                   train_as_the_daemon)
 
 STEPS, WARMUP = 3, 1
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -98,24 +98,8 @@ class LoraParityTest(harness.DaemonTestCase):
         expected = train_as_the_daemon(model, list(trained.values()), STEPS, WARMUP)
         reports, weights = self.daemon(base, adapter, name + "-trained")
 
-        self.assertEqual([r.step for r in reports], list(range(1, STEPS + 1)))
-        for r, (loss, norm, lr) in zip(reports, expected):
-            print("%-13s step %d  loss daemon %.7f peft %.7f |diff| %.1e  grad norm %.5f/%.5f"
-                  "  lr %.3g" % (name, r.step, r.loss, loss, abs(r.loss - loss), r.grad_norm,
-                                 norm, r.learning_rate))
-            self.assertLess(abs(r.loss - loss), LOSS_RTOL * loss, (name, r.step))
-            self.assertLess(abs(r.grad_norm - norm), NORM_RTOL * norm, (name, r.step))
-            self.assertAlmostEqual(r.learning_rate, lr, delta=1e-12, msg=(name, r.step))
-
-        self.assertEqual(sorted(weights), sorted(trained), name)
-        worst, off, total, crowded, moved = compare(weights, trained, initial)
-        print("%-13s %d adapters after %d steps: max |daemon - peft| %.2e (%s), %d of %d "
-              "weights off by > 1e-6; training moved them up to %.2e"
-              % (name, len(trained), STEPS, worst[1], worst[0], off, total, moved))
-        self.assertLess(worst[1], WEIGHT_MAX, name)
-        self.assertLessEqual(off, OFF_FRACTION * total, name)
-        self.assertEqual(crowded, [], name)
-        self.assertGreater(moved, HYPER["learning_rate"] / 2, "an AdamW step moves weights ~lr")
+        check_steps(self, name, reports, expected, STEPS)
+        check_weights(self, name, weights, trained, initial, STEPS)
 
     def test_three_steps_equal_peft_on_each_family(self):
         for name, settings in LORA.items():

@@ -139,6 +139,33 @@ def compare(weights, trained, initial):
     return worst, off, total, crowded, moved
 
 
+def check_steps(test, name, reports, expected, steps):
+    """The daemon's step reports against the reference's (loss, grad norm,
+    lr) of each step, within LOSS_RTOL and NORM_RTOL."""
+    test.assertEqual([r.step for r in reports], list(range(1, steps + 1)))
+    for r, (loss, norm, lr) in zip(reports, expected):
+        print("%-18s step %d  loss daemon %.7f reference %.7f |diff| %.1e  grad norm "
+              "%.5f/%.5f  lr %.3g" % (name, r.step, r.loss, loss, abs(r.loss - loss),
+                                      r.grad_norm, norm, r.learning_rate))
+        test.assertLess(abs(r.loss - loss), LOSS_RTOL * loss, (name, r.step))
+        test.assertLess(abs(r.grad_norm - norm), NORM_RTOL * norm, (name, r.step))
+        test.assertAlmostEqual(r.learning_rate, lr, delta=1e-12, msg=(name, r.step))
+
+
+def check_weights(test, name, weights, trained, initial, steps):
+    """The daemon's `weights` against the reference's `trained` (the same
+    names), within the module docstring's tolerances, and moved by training."""
+    test.assertEqual(sorted(weights), sorted(trained), name)
+    worst, off, total, crowded, moved = compare(weights, trained, initial)
+    print("%-18s %d step(s): max |w_daemon - w_reference| %.2e (%s), %d of %d weights off "
+          "by > %.0e; training moved weights up to %.2e"
+          % (name, steps, worst[1], worst[0], off, total, WEIGHT_ATOL, moved))
+    test.assertLess(worst[1], WEIGHT_MAX, (name, steps, worst[0]))
+    test.assertLessEqual(off, OFF_FRACTION * total, (name, steps))
+    test.assertEqual(crowded, [], (name, steps))
+    test.assertGreater(moved, HYPER["learning_rate"] / 2, "an AdamW step moves weights ~lr")
+
+
 class OptimizerParityTest(harness.DaemonTestCase):
     SNAPSHOTS = True
 
@@ -170,26 +197,9 @@ class OptimizerParityTest(harness.DaemonTestCase):
         reports, weights = self.daemon(directory, steps, warmup, attention, run)
         name = "%s %s" % (name, attention)
 
-        self.assertEqual([r.step for r in reports], list(range(1, steps + 1)))
-        for r, (loss, norm, lr) in zip(reports, expected):
-            print("%-18s step %d  loss daemon %.7f torch %.7f |diff| %.1e  grad norm %.5f/%.5f"
-                  "  lr %.3g" % (name, r.step, r.loss, loss, abs(r.loss - loss), r.grad_norm,
-                                 norm, r.learning_rate))
-            self.assertLess(abs(r.loss - loss), LOSS_RTOL * loss, (name, r.step))
-            self.assertLess(abs(r.grad_norm - norm), NORM_RTOL * norm, (name, r.step))
-            self.assertAlmostEqual(r.learning_rate, lr, delta=1e-12, msg=(name, r.step))
+        check_steps(self, name, reports, expected, steps)
         self.assertGreater(expected[0][1], HYPER["max_grad_norm"], "clipping must be active")
-
-        self.assertEqual(sorted(weights), sorted(dict(model.named_parameters())), name)
-        worst, off, total, crowded, moved = compare(weights, dict(model.named_parameters()),
-                                                    initial)
-        print("%-18s %d step(s): max |w_daemon - w_torch| %.2e (%s), %d of %d weights off by "
-              "> %.0e; training moved weights up to %.2e"
-              % (name, steps, worst[1], worst[0], off, total, WEIGHT_ATOL, moved))
-        self.assertLess(worst[1], WEIGHT_MAX, (name, steps, worst[0]))
-        self.assertLessEqual(off, OFF_FRACTION * total, (name, steps))
-        self.assertEqual(crowded, [], (name, steps))
-        self.assertGreater(moved, HYPER["learning_rate"] / 2, "an AdamW step moves weights ~lr")
+        check_weights(self, name, weights, dict(model.named_parameters()), initial, steps)
 
     def each(self, steps, warmup):
         for name, kwargs in CASES.items():
