@@ -192,6 +192,11 @@ class LlamaModel {
   // with near certainty. Reads 256 values per tensor, never the whole model:
   // what a checkpoint of adapters records of the base they trained on.
   std::string BaseFingerprint() const;
+  // OK when `recorded` (a BaseFingerprint taken when `whose` adapters
+  // trained) is this model's base's; FAILED_PRECONDITION naming both
+  // otherwise: adapters on another base would train silently wrong.
+  absl::Status CheckBaseFingerprint(const std::string& recorded,
+                                    absl::string_view whose) const;
   // Every adapted projection, layer by layer in kLoraTargets order; empty
   // without adapters. What a merged snapshot folds (scaling · B·A into W).
   std::vector<AdaptedProjection> AdaptedProjections() const;

@@ -393,6 +393,18 @@ std::string LlamaModel::BaseFingerprint() const {
   return absl::StrFormat("%016x", h);
 }
 
+absl::Status LlamaModel::CheckBaseFingerprint(const std::string& recorded,
+                                              absl::string_view whose) const {
+  const std::string here = BaseFingerprint();
+  if (here == recorded) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      whose, " trained on another base (fingerprint ", recorded,
+      "; the base loaded now: ", here,
+      "): load them onto the base they trained on, which adapter_config.json's "
+      "base_model_name_or_path names (the same weights, or the same config and seed "
+      "for freshly initialised ones)"));
+}
+
 std::vector<AdaptedProjection> LlamaModel::AdaptedProjections() const {
   std::vector<AdaptedProjection> out;
   for (size_t i = 0; i < lora_layers_.size(); ++i) {

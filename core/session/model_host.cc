@@ -249,18 +249,12 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
     ASSIGN_OR_RETURN(const LoraOptions lora,
                      LoraOptionsFromAdapterConfig(adapter.config_json, &notes));
     // Adapters the daemon saved name the base they trained on; onto another
-    // they would load and train silently wrong.
-    if (!adapter.lora_base_fingerprint.empty()) {
-      if (const std::string here = model->BaseFingerprint();
-          here != adapter.lora_base_fingerprint) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the LoRA adapters in ", Echo(spec.lora_adapter),
-            " trained on another base (fingerprint ", adapter.lora_base_fingerprint,
-            "; the base loaded now: ", here,
-            "): load them onto the base they trained on, which adapter_config.json's "
-            "base_model_name_or_path names (the same weights, or the same config and "
-            "seed for freshly initialised ones)"));
-      }
+    // they would load and train silently wrong. (A resume's trainer state
+    // records the same fingerprint, which Restore checks.)
+    if (!adapter.lora_base_fingerprint.empty() && !spec.resume) {
+      RETURN_IF_ERROR(model->CheckBaseFingerprint(
+          adapter.lora_base_fingerprint,
+          absl::StrCat("the LoRA adapters in ", Echo(spec.lora_adapter))));
     }
     RETURN_IF_ERROR(model->AddLora(lora, spec.seed));
     const std::string prefix = PeftAdapterName("");

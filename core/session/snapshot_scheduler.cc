@@ -243,8 +243,6 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
   if (checkpointing && model.lora()) s.options.kind = snapshot::SnapshotKind::kAdapter;
   const bool adapter = s.options.kind == snapshot::SnapshotKind::kAdapter;
   const bool merged = s.options.kind == snapshot::SnapshotKind::kMerged;
-  // What the adapters trained on, so that loading them checks the base.
-  if (adapter) s.options.lora_base_fingerprint = model.BaseFingerprint();
   const std::string config_json =
       adapter ? AdapterConfigJson(*model.lora(), s.options.model_source)
               : model.config().ToJson();
@@ -256,7 +254,10 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
     checkpoint = std::make_shared<snapshot::CheckpointPayload>();
     checkpoint->optimizer_tensors = trainer->NamedOptimizerState();
     checkpoint->optimizer_metadata = trainer->OptimizerMetadata();
-    checkpoint->trainer_state_json = TrainerStateToJson(trainer->State());
+    const TrainerState state = trainer->State();
+    checkpoint->trainer_state_json = TrainerStateToJson(state);
+    // The state holds the base's fingerprint already (a LoRA model's).
+    s.options.lora_base_fingerprint = state.lora_base_fingerprint;
     if (OptimizerStateSharded(options_)) {
       absl::Status gathered = GatherOptimizerShards(model, s.name, checkpoint.get());
       if (!gathered.ok()) {
@@ -265,6 +266,8 @@ void SnapshotScheduler::RunSnapshot(const std::shared_ptr<Operation>& op,
       }
     }
   }
+  // What the adapters trained on, so that loading them checks the base.
+  if (adapter && !checkpoint) s.options.lora_base_fingerprint = model.BaseFingerprint();
   // A fully sharded run's parameters are gathered one at a time as they
   // are read, every rank taking part, until `access` goes; a merged
   // snapshot's projections are merged one at a time the same way (a LoRA

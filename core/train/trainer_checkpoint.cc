@@ -156,15 +156,8 @@ absl::Status Trainer::Restore(
   // Adapters resumed onto another base than they trained on would go on
   // silently wrong.
   if (!state.lora_base_fingerprint.empty() && model_->lora()) {
-    if (const std::string here = model_->BaseFingerprint();
-        here != state.lora_base_fingerprint) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the checkpoint's LoRA adapters trained on another base (fingerprint ",
-          state.lora_base_fingerprint, "; the base loaded now: ", here,
-          "): resume onto the base they trained on, which adapter_config.json's "
-          "base_model_name_or_path names (the same weights, or the same config and "
-          "seed for freshly initialised ones)"));
-    }
+    RETURN_IF_ERROR(model_->CheckBaseFingerprint(state.lora_base_fingerprint,
+                                                 "the checkpoint's LoRA adapters"));
   }
   std::map<std::string, const at::Tensor*> given;
   for (const auto& [name, t] : optimizer) given[name] = &t;
