@@ -83,13 +83,24 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     NotePhaseCategory(to.category);
   }
 
+  // What the run does before a step begins (its adapters added, a base
+  // cast to bf16, data parallel set up) counts to that step, as the
+  // calibration's measure counts it: from here on, the most bytes live at
+  // once become the step's peak when its own stays lower.
+  void BeginSetup() {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_setup_ = true;
+    setup_ = StepPeaks();
+    TakePeak(&setup_);
+  }
   void OnStepBegin(int64_t global_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     in_step_ = true;
-    step_ = StepPeaks();
+    step_ = in_setup_ ? setup_ : StepPeaks();
+    in_setup_ = false;
     step_.step = global_step;
     phase_ = CurrentPhase();
-    TakePeak();
+    if (live_ > step_.peak || step_.peak == 0) TakePeak(&step_);
     for (int c = 0; c < kNumCategories; ++c) NotePhaseCategory(static_cast<Category>(c));
   }
   void OnStepEnd(int64_t /*global_step*/) override {
@@ -164,16 +175,18 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     modules_[block.module] += bytes;
     Grow(&ops_, block.op);
     ops_[block.op] += bytes;
-    if (!in_step_ || bytes <= 0) return;
+    if (bytes <= 0) return;
+    if (in_setup_ && live_ > setup_.peak) TakePeak(&setup_);
+    if (!in_step_) return;
     NotePhaseCategory(block.category);
-    if (live_ > step_.peak) TakePeak();
+    if (live_ > step_.peak) TakePeak(&step_);
   }
-  void TakePeak() {
-    step_.peak = live_;
-    step_.peak_phase = phase_;
-    step_.categories_at_peak = categories_;
-    step_.modules_at_peak = modules_;
-    step_.ops_at_peak = ops_;
+  void TakePeak(StepPeaks* peaks) {
+    peaks->peak = live_;
+    peaks->peak_phase = phase_;
+    peaks->categories_at_peak = categories_;
+    peaks->modules_at_peak = modules_;
+    peaks->ops_at_peak = ops_;
   }
   void NotePhaseCategory(Category category) {
     if (!in_step_) return;
@@ -193,7 +206,9 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   std::vector<int64_t> modules_;
   std::vector<int64_t> ops_;
   bool in_step_ = false;
+  bool in_setup_ = false;
   Phase phase_ = Phase::kIdle;
+  StepPeaks setup_;
   StepPeaks step_;
   std::vector<StepPeaks> steps_;
 };
@@ -361,7 +376,7 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
             trainable->push_back(p.numel());
           }
         },
-        /*before_step=*/{},
+        [&ledger](int64_t) { ledger->BeginSetup(); },
         [&moved](int64_t step, const offload::OffloadStats& stats) {
           moved[static_cast<size_t>(step - 1)] = stats.bytes_out;
         },

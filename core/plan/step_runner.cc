@@ -124,6 +124,15 @@ absl::Status RunPlannedSteps(
       offload::Offloader::Create(OffloadOptionsFor(spec), device, meta_copies));
   offload::OffloadStepListener listener(offloader.get(), model.get());
   StepListeners listeners = {&listener};
+  // The run's setup, as the daemon's training does it before data parallel
+  // takes the parameters (the adapters added, the base cast); it counts to
+  // the first step.
+  if (before_step) before_step(1);
+  if (absl::Status added = trainer.AddAdapters(options); !added.ok()) {
+    return absl::Status(added.code(),
+                        absl::StrCat("plan: setting up the run on ", device.str(),
+                                     " failed: ", added.message()));
+  }
   std::unique_ptr<DataParallel> ranks;
   if (data_parallel) {
     DataParallelOptions dp_options;
@@ -136,7 +145,7 @@ absl::Status RunPlannedSteps(
     if (spec.cancelled && spec.cancelled()) {
       return absl::CancelledError(absl::StrCat("plan cancelled before step ", step));
     }
-    if (before_step) before_step(step);
+    if (before_step && step > 1) before_step(step);
     absl::StatusOr<StepReport> report =
         trainer.Step(valid, *data, generator, listeners, spec.cancelled);
     if (!report.ok()) {

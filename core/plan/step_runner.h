@@ -48,8 +48,11 @@ absl::Status CheckPlannable(const PlanSpec& spec);
 // kPlannedSteps steps of spec.train, each of at most kPlannedMicroBatches
 // micro-batches, over a synthetic window of seq_len + 1 tokens, calling
 // before_step(k) and after_step(k, offload statistics of step k) (k = 1, 2;
-// either may be empty) around step k. `prepare_model` (may be empty) sees
-// the model before the first step. With spec.world_size > 1 the steps are
+// either may be empty) around step k. before_step(1) comes before the run's
+// setup (Trainer::AddAdapters: adapters added, a frozen base cast to bf16;
+// data parallel made), which belongs to the first step as a Train's does.
+// `prepare_model` (may be empty) sees the model before that. With
+// spec.world_size > 1 the steps are
 // rank group->rank()'s of a data-parallel run: DataParallel over `group`
 // (ProcessGroup::ForPlan for a plan, a real group for a measurement) with
 // spec.sharding is the step listener after the offloader's, as in a Train;
