@@ -73,7 +73,7 @@ int Usage(const std::string& message) {
       "         cosine_with_min_lr] [--warmup_steps N] [--min_lr_ratio R]\n"
       "        [--mixed_precision no|bf16] [--loss_chunk_tokens N|0 (auto)|-1 (off)]\n"
       "        [--lora_r R [--lora_alpha A] [--lora_targets q_proj,v_proj|all-linear]\n"
-      "         [--lora_use_rslora] [--lora_dropout P]]\n"
+      "         [--lora_use_rslora] [--lora_dropout P] [--base_dtype float32|bf16]]\n"
       "        [--eval_every_steps N (--eval_data PATH|embedded | --eval_token_data "
       "PATH)\n"
       "         [--eval_max_batches N]] [--memory_budget BYTES|6GiB]\n"

@@ -69,6 +69,7 @@ ABSL_DECLARE_FLAG(std::string, lora_adapter);
 ABSL_DECLARE_FLAG(double, lora_alpha);
 ABSL_DECLARE_FLAG(bool, lora_use_rslora);
 ABSL_DECLARE_FLAG(double, lora_dropout);
+ABSL_DECLARE_FLAG(std::string, base_dtype);
 ABSL_DECLARE_FLAG(std::string, lora_targets);
 ABSL_DECLARE_FLAG(std::string, attn_implementation);
 ABSL_DECLARE_FLAG(double, weight_decay);

@@ -100,8 +100,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig
 at::Tensor LlamaModel::RmsNorm(const at::Tensor& x, const at::Tensor& weight) const {
   at::Tensor xf = x.to(torch::kFloat32);
   at::Tensor variance = xf.pow(2).mean(-1, /*keepdim=*/true);
-  return weight *
-         (xf * torch::rsqrt(variance + config_.rms_norm_eps)).to(x.scalar_type());
+  // A bf16 base's weight times a bf16 input (Qwen3's per-head norms under
+  // autocast) multiplies in float32, as the float32 weight it was rounded
+  // from does; with a float32 operand, type promotion does that alone.
+  const at::Tensor w = weight.scalar_type() == at::kFloat || x.scalar_type() == at::kFloat
+                           ? weight
+                           : weight.to(at::kFloat);
+  return w * (xf * torch::rsqrt(variance + config_.rms_norm_eps)).to(x.scalar_type());
 }
 
 at::Tensor LlamaModel::MetaSdpa(const at::Tensor& q, const at::Tensor& k,
@@ -283,7 +288,10 @@ at::Tensor LlamaModel::Embed(const at::Tensor& input_ids) const {
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, seq_len], got ",
               input_ids.sizes());
   ModuleScope module(embed_module_);
-  return torch::embedding(Fetch(embed_tokens_), input_ids);
+  // The residual stream is float32 whatever the base's dtype: a bf16 base's
+  // rows widen exactly to the float32 rows they were rounded from.
+  at::Tensor h = torch::embedding(Fetch(embed_tokens_), input_ids);
+  return h.scalar_type() == at::kFloat ? h : h.to(at::kFloat);
 }
 
 at::Tensor LlamaModel::FinalNorm(const at::Tensor& hidden) const {

@@ -167,6 +167,27 @@ class LlamaModel {
   absl::Status AddLora(const LoraOptions& options, uint64_t seed);
   // The adapters' options; unset without adapters.
   const std::optional<LoraOptions>& lora() const { return lora_; }
+  // The dtype the frozen base weights are kept in: float32, or bfloat16 once
+  // SetBaseDtype cast them.
+  at::ScalarType base_dtype() const { return base_dtype_; }
+  // Keeps every base weight (embeddings, norms, projections, biases, head)
+  // in `dtype` (float32 or bfloat16) from now on, cast one tensor at a time
+  // (at most one tensor's copy beyond the model). Under bf16 autocast the
+  // forward then computes exactly as with float32 weights rounded to bf16:
+  // the embedding's output and the norms' products stay float32, and the
+  // projections take the weights autocast would have cast. A base that is
+  // `dtype` already is left as it is; *changed (when given) says whether a
+  // tensor was cast. FAILED_PRECONDITION without adapters (only a frozen
+  // base may lose precision), for float32 asked of a bf16 base (the rounding
+  // cannot be undone), and when a module is placed on disk (its weights are
+  // a read-only mapping of float32); INVALID_ARGUMENT for another dtype. A
+  // cast that runs out of memory leaves the model bf16 with the rest of its
+  // weights float32 (the forward still runs under autocast): calling again
+  // casts them.
+  absl::Status SetBaseDtype(at::ScalarType dtype, bool* changed = nullptr);
+  // SetBaseDtype's refusals but the missing adapters: what a caller about to
+  // add them checks first.
+  absl::Status CheckBaseDtype(at::ScalarType dtype) const;
   // LoRA dropout (LoraOptions::dropout > 0) applies inside a training step
   // alone: the trainer sets the step's key for the forward and backward of
   // each micro-batch and unsets it after, so evaluations (and a model used
@@ -188,8 +209,9 @@ class LlamaModel {
   // A fingerprint of the base weights (NamedBaseParameters): their names,
   // shapes and 256 values of each sampled at fixed positions, hashed
   // (FNV-1a, 64 bits, as 16 hex digits). Equal for the same base however
-  // loaded; a different base (another checkpoint, seed or fine-tune) differs
-  // with near certainty. Reads 256 values per tensor, never the whole model:
+  // loaded and whether kept in float32 or bf16 (the values are rounded to
+  // bf16 first); a different base (another checkpoint, seed or fine-tune)
+  // differs with near certainty. Reads 256 values per tensor, never the whole model:
   // what a checkpoint of adapters records of the base they trained on.
   std::string BaseFingerprint() const;
   // OK when `recorded` (a BaseFingerprint taken when `whose` adapters
@@ -316,6 +338,7 @@ class LlamaModel {
   std::optional<LoraOptions> lora_;
   std::vector<LlamaLayerLora> lora_layers_;
   std::optional<uint64_t> lora_dropout_key_;
+  at::ScalarType base_dtype_ = at::kFloat;
 };
 
 }  // namespace memprofd

@@ -383,10 +383,12 @@ std::string LlamaModel::BaseFingerprint() const {
                      at::TensorOptions().dtype(at::kDouble))
             .to(at::kLong)
             .to(t.device());
+    // Rounded to bf16: a base kept in bf16 (SetBaseDtype) has the
+    // fingerprint of the float32 base it was cast from.
     const at::Tensor values = t.detach()
                                   .reshape({-1})
                                   .index_select(0, positions)
-                                  .to(at::kCPU, at::kFloat)
+                                  .to(at::kCPU, at::kBFloat16)
                                   .contiguous();
     Fnv1a(values.data_ptr(), values.nbytes(), &h);
   }
@@ -504,6 +506,61 @@ absl::Status LlamaModel::AddLora(const LoraOptions& options, uint64_t seed) {
   // inputs' gradients) are parameters for the offloader, never copied.
   for (auto& [name, t] : NamedBaseParameters()) t.requires_grad_(false);
   return absl::OkStatus();
+}
+
+absl::Status LlamaModel::CheckBaseDtype(at::ScalarType dtype) const {
+  if (dtype != at::kFloat && dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a base is kept in float32 or bfloat16, not ", c10::toString(dtype)));
+  }
+  if (dtype == base_dtype_) return absl::OkStatus();
+  if (dtype == at::kFloat) {
+    return absl::FailedPreconditionError(
+        "the model's frozen base is bf16 (an earlier run's base_dtype), and its "
+        "rounding cannot be undone: give base_dtype bf16 to train its adapters, or load "
+        "the model again for a float32 base");
+  }
+  for (const auto& [module, placement] : placement_) {
+    if (placement == Placement::kDisk) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "base_dtype bf16: ", module,
+          " is placed on disk, where its weights stay a read-only mapping of float32; "
+          "keep base_dtype float32, or load the model with it on the device or cpu"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LlamaModel::SetBaseDtype(at::ScalarType dtype, bool* changed) {
+  if (changed != nullptr) *changed = false;
+  RETURN_IF_ERROR(CheckBaseDtype(dtype));
+  if (dtype == at::kFloat) return absl::OkStatus();  // float32 already
+  if (!lora_) {
+    return absl::FailedPreconditionError(
+        "only a frozen base (under LoRA adapters) is kept in bf16: every weight of a "
+        "full fine-tune trains in float32");
+  }
+  std::vector<std::string> modules = {"model.embed_tokens"};
+  for (int64_t i = 0; i < num_layers(); ++i) {
+    modules.push_back(absl::StrCat("model.layers.", i));
+  }
+  modules.push_back("model.norm");
+  if (!config_.tie_word_embeddings) modules.push_back("lm_head");
+  // The model is bf16 from the first cast on: a cast stopped part way (out of
+  // memory) is finished by the next call, never undone.
+  base_dtype_ = dtype;
+  const absl::Status cast = TorchBoundary("casting the frozen base", [&] {
+    torch::NoGradGuard no_grad;
+    for (const std::string& module : modules) {
+      for (auto& [name, slot] : ModuleSlots(module)) {
+        if (!slot->defined() || slot->scalar_type() == dtype) continue;
+        *slot = slot->to(dtype);
+        if (changed != nullptr) *changed = true;
+      }
+    }
+  });
+  if (config_.tie_word_embeddings) lm_head_ = embed_tokens_;
+  return cast;
 }
 
 std::vector<at::Tensor> LlamaModel::Parameters() const {

@@ -118,6 +118,25 @@ absl::Status ValidateLoraOptions(const LoraOptions& options) {
   return absl::OkStatus();
 }
 
+absl::string_view BaseDtypeName(BaseDtype dtype) {
+  switch (dtype) {
+    case BaseDtype::kFloat32:
+      return "float32";
+    case BaseDtype::kBf16:
+      return "bf16";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<BaseDtype> ParseBaseDtype(absl::string_view name) {
+  for (BaseDtype d : {BaseDtype::kFloat32, BaseDtype::kBf16}) {
+    if (name == BaseDtypeName(d)) return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("base_dtype: unknown value ", Echo(name),
+                   "; use float32 or bf16 (a LoRA run's frozen base in bf16)"));
+}
+
 absl::StatusOr<std::vector<std::string>> ParseLoraTargets(const std::string& text) {
   std::vector<std::string> out;
   for (absl::string_view part : absl::StrSplit(text, ',')) {

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace memprofd {
 
@@ -45,6 +46,20 @@ struct LoraOptions {
 };
 
 inline constexpr int64_t kMaxLoraRank = 4096;
+
+// The dtype a LoRA run keeps its frozen base weights in. Adapters, their
+// gradients and AdamW state stay float32 either way. kBf16 halves the base's
+// bytes and needs bf16 autocast (mixed_precision bf16): the step then
+// computes exactly as a float32 base whose weights were rounded to bf16
+// would, the residual stream staying float32.
+enum class BaseDtype {
+  kFloat32 = 0,
+  kBf16 = 1,
+};
+// "float32", "bf16".
+absl::string_view BaseDtypeName(BaseDtype dtype);
+// INVALID_ARGUMENT naming base_dtype and the names it takes.
+absl::StatusOr<BaseDtype> ParseBaseDtype(absl::string_view name);
 
 // INVALID_ARGUMENT naming the field: r outside [1, kMaxLoraRank]; alpha not
 // finite and > 0; dropout outside [0, 1); no targets, an unknown or repeated

@@ -492,12 +492,17 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   // The run's LoRA adapters, before data parallel takes the parameters. The
   // options are the same on every rank, so a refusal is too.
   const bool had_adapters = model->lora().has_value();
-  if (absl::Status added = trainer->AddAdapters(train); !added.ok()) {
+  const at::ScalarType had_base = model->base_dtype();
+  const absl::Status added = trainer->AddAdapters(train);
+  // DescribeModel lists the new adapters with the parameters, and a base
+  // cast to bf16 (even part way) with its dtype.
+  if (had_adapters != model->lora().has_value() || had_base != model->base_dtype()) {
+    host.PublishModel();
+  }
+  if (!added.ok()) {
     finish(added);
     return;
   }
-  // DescribeModel lists the new adapters with the parameters.
-  if (!had_adapters && model->lora().has_value()) host.PublishModel();
   if (ranks.group() != nullptr && model->lora() &&
       parts_.options.sharding != Sharding::kNone) {
     finish(absl::UnimplementedError(absl::StrCat(

@@ -31,6 +31,11 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
                                          const std::function<bool()>& cancelled) {
   RETURN_IF_ERROR(ValidateEvalOptions(o, model.config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(o.seq_len));
+  if (model.base_dtype() != at::kFloat && o.mixed_precision != MixedPrecision::kBf16) {
+    return absl::FailedPreconditionError(
+        "the model's frozen base is bf16 (a LoRA run's base_dtype), which computes under "
+        "bf16 autocast only: evaluate with mixed_precision bf16");
+  }
   const auto start = std::chrono::steady_clock::now();
   const int64_t windows = EvalWindows(data, o);
   const c10::Device device = model.device();

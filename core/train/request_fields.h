@@ -66,7 +66,8 @@
 #define MEMPROFD_TRAIN_CHOICE_FIELDS(X)                                             \
   MEMPROFD_PASS_CHOICE_FIELDS(X)                                                    \
   X(lr_scheduler_type, lr_schedule.type, ParseLrSchedulerType, LrSchedulerTypeName) \
-  X(lora_targets, lora.target_modules, ParseLoraTargets, LoraTargetsName)
+  X(lora_targets, lora.target_modules, ParseLoraTargets, LoraTargetsName)           \
+  X(base_dtype, base_dtype, ParseBaseDtype, BaseDtypeName)
 
 // The fields of memprofd.v1.TrainRequest outside the two lists, each handled
 // by hand where it is used: the data sources (messages of their own, with

@@ -46,6 +46,11 @@ absl::Status ValidateTrainOptions(const TrainOptions& o,
         " without lora_r: dropout belongs to the adapters a run adds (give lora_r and "
         "the other lora fields), and the adapters a model has keep theirs"));
   }
+  if (o.base_dtype == BaseDtype::kBf16 && o.mixed_precision != MixedPrecision::kBf16) {
+    return absl::InvalidArgumentError(
+        "base_dtype bf16 needs mixed_precision bf16: a bf16 base computes under bf16 "
+        "autocast (set both, or leave base_dtype float32)");
+  }
   // Limits on what is merely large: a step of 10^9 micro-batches could not be
   // cancelled for hours, and a batch past these overflows a tensor's size.
   for (auto [name, value, limit] :

@@ -82,6 +82,9 @@ struct TrainOptions {
   // LoRA (lora_options.h): with lora.r > 0 the run trains adapters on a
   // frozen base, added at its start unless the model has them (Trainer::Run).
   LoraOptions lora;
+  // The dtype of a LoRA run's frozen base (lora_options.h): bf16 casts the
+  // base when the run starts and needs mixed_precision bf16.
+  BaseDtype base_dtype = BaseDtype::kFloat32;
 };
 
 // A training request as a client sends it: each field unset takes

@@ -444,30 +444,45 @@ absl::Status Trainer::ClipAndUpdate(const TrainOptions& options, double loss_sum
 }
 
 absl::Status Trainer::AddAdapters(const TrainOptions& options) {
-  if (options.lora.r == 0) return absl::OkStatus();
   auto describe = [](const LoraOptions& o) {
     return absl::StrCat("r ", o.r, ", alpha ", o.alpha, ", targets ",
                         LoraTargetsName(o.target_modules),
                         o.use_rslora ? ", rslora" : "");
   };
-  if (const std::optional<LoraOptions>& has = model_->lora()) {
-    if (*has == options.lora) return absl::OkStatus();
+  const std::optional<LoraOptions>& has = model_->lora();
+  const bool add = options.lora.r != 0 && !has;
+  if (options.lora.r != 0 && has && *has != options.lora) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the model has LoRA adapters (", describe(*has), ") and this run asks for ",
         describe(options.lora),
         ": leave the lora fields unset (or give the same) to train the model's adapters, "
         "or load the model again for new ones"));
   }
-  if (optimizer_ != nullptr || global_step_ > 0) {
+  if (add && (optimizer_ != nullptr || global_step_ > 0)) {
     return absl::FailedPreconditionError(
         "this model has trained every parameter already; load it again to fine-tune it "
         "with LoRA adapters");
   }
-  RETURN_IF_ERROR(model_->AddLora(options.lora, options.seed));
-  // The base is frozen now and the adapters are new parameters: breakdowns
+  // The base's dtype: every refusal before the model changes.
+  const at::ScalarType base =
+      options.base_dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
+  if (base != model_->base_dtype()) {
+    if (!has && !add) {
+      return absl::FailedPreconditionError(
+          "base_dtype bf16 keeps a LoRA run's frozen base in bf16, and this run trains "
+          "every parameter: give lora_r (and the other lora fields), or leave base_dtype "
+          "float32");
+    }
+    RETURN_IF_ERROR(model_->CheckBaseDtype(base));
+  }
+  if (add) RETURN_IF_ERROR(model_->AddLora(options.lora, options.seed));
+  bool cast = false;
+  const absl::Status casting = model_->SetBaseDtype(base, &cast);
+  // The base is frozen now and the adapters are new parameters (and a cast
+  // base's tensors new ones, even when the cast stopped part way): breakdowns
   // show them apart, and the adapters' gradients as gradients.
-  TagModelMemory(*model_);
-  return absl::OkStatus();
+  if (add || cast) TagModelMemory(*model_);
+  return casting;
 }
 
 absl::StatusOr<ValidTrainOptions> Trainer::Check(const TrainOptions& options) const {

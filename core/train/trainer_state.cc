@@ -200,7 +200,8 @@ TrainOptions OptionsFromJson(const Json& v, absl::Status* error) {
                {"lora_alpha", LoraOptions().alpha},
                {"lora_use_rslora", false},
                {"lora_dropout", 0.0},
-               {"lora_targets", LoraTargetsName(LoraOptions().target_modules)}};
+               {"lora_targets", LoraTargetsName(LoraOptions().target_modules)},
+               {"base_dtype", std::string(BaseDtypeName(BaseDtype::kFloat32))}};
   Reader r(v, "run.config.", error, kAbsent);
   TrainOptions o;
 #define MEMPROFD_VALUE_FROM_JSON_(name, type, member) r.Read(#name, &o.member);

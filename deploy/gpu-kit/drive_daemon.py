@@ -213,7 +213,27 @@ def lora_run():
         made = ctl("snapshot", "lora-" + kind, "--kind", kind, timeout=600)
         check("LoRA: %s snapshot" % kind, bool(made) and made[0].get("kind", "").lower()
               .endswith(kind), made[0] if made else None)
-    return {"reports": steps, "categories": by}
+    # The frozen base in bf16 under bf16 autocast: half the base's bytes.
+    ctl("load", "--preset", args.preset, timeout=600)
+    bf16 = ctl("train", "--steps", "2", "--batch_size", str(args.batch_size),
+               "--seq_len", str(args.seq_len), "--learning_rate", str(args.lr),
+               "--token_data", tokens_path, "--bytes_per_token", "4",
+               "--lora_r", "8", "--lora_targets", "all-linear",
+               "--mixed_precision", "bf16", "--base_dtype", "bf16",
+               "--gradient_checkpointing", timeout=900)
+    bf16_steps = [r for r in bf16 if "loss" in r and "step" in r]
+    check("LoRA: 2 steps on a bf16 base", len(bf16_steps) == 2 and
+          all(np.isfinite(r["loss"]) for r in bf16_steps),
+          [(r["step"], r["loss"]) for r in bf16_steps])
+    top = check_categories_sum("LoRA, bf16 base: categories sum to the allocator's bytes")
+    half = num({c["category"]: c["bytes"] for c in top["categories"]}
+               .get("frozen_parameters", 0))
+    check("LoRA: a bf16 base holds half the float32 base's bytes",
+          abs(2 * half - by.get("frozen_parameters", 0)) <= 0.01 * by.get(
+              "frozen_parameters", 1),
+          "bf16 %s, float32 %s" % (half, by.get("frozen_parameters")))
+    return {"reports": steps, "categories": by, "bf16_base_reports": bf16_steps,
+            "bf16_frozen_parameters": half}
 
 
 def check_categories_sum(name):

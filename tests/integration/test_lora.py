@@ -23,6 +23,7 @@ import json
 import os
 import unittest
 
+import grpc
 import peft
 import safetensors
 import torch
@@ -264,6 +265,51 @@ class LoraTest(harness.DaemonTestCase):
         op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
                                                       lora_adapter=adapter))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+
+    def test_5_a_bf16_base_trains_under_autocast_with_peft_on_its_rounded_base(self):
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        with self.assertRaises(grpc.RpcError) as refused:  # no autocast
+            self.train(lora_r=4, base_dtype="bf16")
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("needs mixed_precision bf16", refused.exception.details())
+        op = self.train(lora_r=4, lora_alpha=16, lora_targets="all-linear",
+                        mixed_precision="bf16", base_dtype="bf16")
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        dtypes = {p.name: p.dtype for p in info.parameters}
+        self.assertEqual(dtypes["model.layers.0.mlp.up_proj.weight"], "BFloat16")
+        self.assertEqual(dtypes["model.embed_tokens.weight"], "BFloat16")
+        self.assertEqual(dtypes["model.layers.0.mlp.up_proj.lora_A.weight"], "Float")
+        # Its rounding cannot be undone; evaluation needs the autocast.
+        refused = self.train(mixed_precision="bf16")
+        self.assertEqual(refused.error.code, 9, refused.error.message)  # FAILED_PRECONDITION
+        self.assertIn("cannot be undone", refused.error.message)
+        refused = self.op("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=self.probe.tolist())),
+            batch_size=1, seq_len=SEQ_LEN))
+        self.assertEqual(refused.error.code, 9, refused.error.message)
+        op = self.op("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=self.probe.tolist())),
+            batch_size=1, seq_len=SEQ_LEN, mixed_precision="bf16"))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        trained = op.evaluate.loss
+
+        op = self.op("Snapshot", pb.SnapshotRequest(name="lora-bf16",
+                                                    kind=pb.SNAPSHOT_KIND_ADAPTER))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        # peft on the base rounded to bf16 (float32 tensors), under the same
+        # autocast: the daemon's loss.
+        base = transformers.AutoModelForCausalLM.from_pretrained(self.source).eval()
+        with torch.no_grad():
+            for p in base.parameters():
+                p.copy_(p.to(torch.bfloat16))
+        adapted = peft.PeftModel.from_pretrained(base, op.snapshot.directory).eval()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            peft_loss = hf_loss(adapted, self.probe)
+        print("bf16 base: daemon %.6f, peft on the rounded base under autocast %.6f"
+              % (trained, peft_loss))
+        self.assertAlmostEqual(peft_loss, trained, delta=1e-5 * trained)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,57 @@ TEST(LoraTest, BadOptionsNameTheFieldAndAdaptersAreAddedOnce) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// A frozen base kept in bf16: every base weight cast (a tied head staying
+// the embedding), the adapters float32, and what cannot be cast refused
+// before anything changes.
+TEST(LoraTest, ABaseIsKeptInBf16UnderAdaptersAlone) {
+  std::unique_ptr<LlamaModel> m = MakeLlama(testing::SmallLlamaConfig(), 3);
+  EXPECT_EQ(m->base_dtype(), at::kFloat);
+  absl::Status s = m->SetBaseDtype(at::kBFloat16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("only a frozen base"));
+  EXPECT_EQ(m->SetBaseDtype(at::kHalf).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(m->AddLora(Lora(4, {"q_proj", "down_proj"}), 1).ok());
+
+  // A module on disk is a read-only float32 mapping: refused, nothing cast.
+  std::vector<std::pair<std::string, at::Tensor>> norm;
+  for (const auto& [name, t] : m->NamedBaseParameters()) {
+    if (name == "model.norm.weight") norm.emplace_back(name, t);
+  }
+  ASSERT_TRUE(m->PlaceModule("model.norm", Placement::kDisk, norm).ok());
+  s = m->SetBaseDtype(at::kBFloat16);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("model.norm is placed on disk"));
+  EXPECT_EQ(m->base_dtype(), at::kFloat);
+  for (const auto& [name, t] : m->NamedParameters()) {
+    EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  }
+  ASSERT_TRUE(m->PlaceModule("model.norm", Placement::kDevice, norm).ok());
+
+  const std::string fingerprint = m->BaseFingerprint();
+  bool changed = false;
+  ASSERT_TRUE(m->SetBaseDtype(at::kBFloat16, &changed).ok());
+  EXPECT_TRUE(changed);
+  EXPECT_EQ(m->base_dtype(), at::kBFloat16);
+  for (const auto& [name, t] : m->NamedBaseParameters()) {
+    EXPECT_EQ(t.scalar_type(), at::kBFloat16) << name;
+    EXPECT_FALSE(t.requires_grad()) << name;
+  }
+  for (const auto& [name, t] : m->NamedAdapters()) {
+    EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  }
+  const auto named = m->NamedParameters();
+  EXPECT_TRUE(named.front().second.is_same(named.back().second));  // tied head
+  // The same base, rounded: the fingerprint a checkpoint recorded still holds.
+  EXPECT_EQ(m->BaseFingerprint(), fingerprint);
+  // Again: nothing to do. Back to float32: refused, the rounding is done.
+  ASSERT_TRUE(m->SetBaseDtype(at::kBFloat16, &changed).ok());
+  EXPECT_FALSE(changed);
+  s = m->SetBaseDtype(at::kFloat);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("cannot be undone"));
+}
+
 TEST(LoraTest, TargetsParseFromTheRequestsSpelling) {
   absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets("q_proj, v_proj");
   ASSERT_TRUE(t.ok());

@@ -692,5 +692,31 @@ TEST_F(PlannerTest, LoraPlansMatchTheCpuStepsAndStayUnderAFullFineTune) {
   }
 }
 
+// A bf16 base under bf16 autocast: the cast at the run's start (the float32
+// base and one bf16 tensor live at once: the peak of a checkpointed step of
+// this shape) and the base's halved bytes after it, planned as measured, and
+// below the float32 base's plan by at least three eighths of the base.
+TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
+  absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset("tiny");
+  ASSERT_TRUE(config.ok());
+  for (bool checkpointing : {false, true}) {
+    PlanSpec spec = Spec(*config, 4, 64, checkpointing, AttentionImplementation::kSdpa);
+    spec.train.lora.r = 8;
+    spec.train.lora.target_modules = {"all-linear"};
+    spec.train.mixed_precision = MixedPrecision::kBf16;
+    absl::StatusOr<MemoryPlan> float32 = PlanTrainingStep(spec);
+    spec.train.base_dtype = BaseDtype::kBf16;
+    ExpectPlanMatchesCpu(spec, 0.005);
+    absl::StatusOr<MemoryPlan> bf16 = PlanTrainingStep(spec);
+    ASSERT_TRUE(float32.ok() && bf16.ok());
+    const int64_t base_bytes = config->NumParameters() * 4;
+    std::cout << "tiny 4 x 64 bf16 autocast, checkpointing " << checkpointing
+              << ": LoRA r 8 on a float32 base planned " << float32->peak_allocated_bytes
+              << " B, on a bf16 base " << bf16->peak_allocated_bytes << " B\n";
+    EXPECT_LT(bf16->peak_allocated_bytes,
+              float32->peak_allocated_bytes - base_bytes / 2 + base_bytes / 8);
+  }
+}
+
 }  // namespace
 }  // namespace memprofd::plan

@@ -271,6 +271,7 @@ TEST(ConvertTest, EveryTableFieldTravelsFromTheProtoToTheRunsJsonAndBack) {
       {"lora_use_rslora", "true"},
       {"lora_targets", "q_proj,k_proj"},
       {"lora_dropout", "0.125"},
+      {"base_dtype", "bf16"},
   };
   v1::TrainRequest req;
   SetListedFields(kTrainTableFieldNames, values, &req);
@@ -311,8 +312,8 @@ TEST(ConvertTest, RunJsonWithoutLossChunkTokensReadsAsOffAndOtherFieldsAreRequir
   Json legacy = *json;
   legacy.erase("loss_chunk_tokens");
   // Nor had they LoRA fields: such a run trained every parameter.
-  for (const char* lora :
-       {"lora_r", "lora_alpha", "lora_use_rslora", "lora_targets", "lora_dropout"}) {
+  for (const char* lora : {"lora_r", "lora_alpha", "lora_use_rslora", "lora_targets",
+                           "lora_dropout", "base_dtype"}) {
     legacy.erase(lora);
   }
   absl::StatusOr<TrainOptions> read = TrainOptionsFromJson(legacy.dump());
@@ -320,6 +321,7 @@ TEST(ConvertTest, RunJsonWithoutLossChunkTokensReadsAsOffAndOtherFieldsAreRequir
   EXPECT_EQ(read->loss_chunk_tokens, kLossChunkOff);
   EXPECT_EQ(read->lora.r, 0);
   EXPECT_EQ(read->lora, LoraOptions());
+  EXPECT_EQ(read->base_dtype, BaseDtype::kFloat32);
   EXPECT_EQ(TrainOptionsFromJson(json->dump())->loss_chunk_tokens, 64);
   Json missing = *json;
   missing.erase("seq_len");

@@ -884,3 +884,148 @@ TEST(TrainerLoraTest, TheOffloaderSkipsTheFrozenWeightsAndChangesNothing) {
 
 }  // namespace
 }  // namespace memprofd
+
+namespace memprofd {
+namespace {
+
+// The base's weights rounded to bf16 in place (still float32).
+void RoundBaseToBf16(LlamaModel& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : m.NamedBaseParameters()) t.copy_(t.to(at::kBFloat16));
+}
+
+// base_dtype bf16 keeps the frozen base in bf16 and computes, under bf16
+// autocast, exactly as the float32 base rounded to bf16 does: the same
+// losses, adapters and evaluation, bit for bit, on every family's shape
+// (Qwen3's per-head norms, Qwen2's biases, a tied and an untied head).
+TEST(TrainerLoraTest, ABf16BaseTrainsAsTheFloat32BaseRoundedToBf16) {
+  LlamaConfig qwen3 = SmallLlamaConfig();
+  qwen3.architecture = "Qwen3ForCausalLM";
+  qwen3.model_type = "qwen3";
+  qwen3.tie_word_embeddings = false;
+  qwen3.attention_bias = true;
+  LlamaConfig qwen2 = SmallLlamaConfig();
+  qwen2.architecture = "Qwen2ForCausalLM";
+  qwen2.model_type = "qwen2";
+  qwen2.sliding_window = 8;
+  qwen2.max_window_layers = 1;
+  qwen2.layer_types = {"full_attention", "sliding_attention"};
+  for (const LlamaConfig& config : {SmallLlamaConfig(), qwen3, qwen2}) {
+    SCOPED_TRACE(config.model_type);
+    struct Run {
+      std::vector<double> losses;
+      std::vector<at::Tensor> adapters;
+      double eval = 0;
+    };
+    auto run = [&config](BaseDtype dtype, std::unique_ptr<LlamaModel>* kept) {
+      Run out;
+      std::unique_ptr<LlamaModel> m = MakeLlama(config, 5);
+      if (dtype == BaseDtype::kFloat32) RoundBaseToBf16(*m);
+      TrainOptions o = LoraOptionsOf(3, /*checkpointing=*/true);
+      o.lora.target_modules = {"all-linear"};
+      o.mixed_precision = MixedPrecision::kBf16;
+      o.base_dtype = dtype;
+      {
+        Trainer trainer(m.get());
+        EXPECT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& s) {
+                                  out.losses.push_back(s.loss);
+                                }))
+                        .ok());
+      }
+      for (const auto& [name, t] : m->NamedAdapters()) {
+        out.adapters.push_back(t.detach().clone());
+      }
+      absl::StatusOr<std::unique_ptr<TokenDataset>> data =
+          TokenDataset::Create(o.data, config.vocab_size);
+      EXPECT_TRUE(data.ok()) << data.status();
+      EvalOptions eval;
+      eval.batch_size = 2;
+      eval.seq_len = 16;
+      eval.max_batches = 2;
+      eval.mixed_precision = MixedPrecision::kBf16;
+      absl::StatusOr<EvalResult> e = EvaluateModel(*m, **data, eval);
+      EXPECT_TRUE(e.ok()) << e.status();
+      out.eval = e.ok() ? e->loss : 0;
+      *kept = std::move(m);
+      return out;
+    };
+    std::unique_ptr<LlamaModel> rounded, bf16;
+    const Run a = run(BaseDtype::kFloat32, &rounded);
+    const Run b = run(BaseDtype::kBf16, &bf16);
+    ASSERT_EQ(a.losses.size(), 3u);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_NE(a.losses.front(), a.losses.back());
+    EXPECT_EQ(a.eval, b.eval);
+    ASSERT_EQ(a.adapters.size(), b.adapters.size());
+    for (size_t i = 0; i < a.adapters.size(); ++i) {
+      EXPECT_EQ(b.adapters[i].scalar_type(), at::kFloat);
+      EXPECT_TRUE(torch::equal(a.adapters[i], b.adapters[i])) << i;
+    }
+    // The bf16 base holds the rounded values in half the bytes.
+    EXPECT_EQ(bf16->base_dtype(), at::kBFloat16);
+    const auto base_a = rounded->NamedBaseParameters();
+    const auto base_b = bf16->NamedBaseParameters();
+    int64_t bytes_a = 0, bytes_b = 0;
+    for (size_t i = 0; i < base_a.size(); ++i) {
+      ASSERT_EQ(base_b[i].second.scalar_type(), at::kBFloat16) << base_b[i].first;
+      EXPECT_FALSE(base_b[i].second.requires_grad()) << base_b[i].first;
+      EXPECT_TRUE(torch::equal(base_a[i].second, base_b[i].second.to(at::kFloat)))
+          << base_b[i].first;
+      bytes_a += base_a[i].second.nbytes();
+      bytes_b += base_b[i].second.nbytes();
+    }
+    EXPECT_EQ(2 * bytes_b, bytes_a);
+    EXPECT_EQ(rounded->BaseFingerprint(), bf16->BaseFingerprint());
+  }
+}
+
+TEST(TrainerLoraTest, ABf16BaseNeedsAdaptersAndAutocastAndStaysBf16) {
+  TrainOptions o = LoraOptionsOf(1, false);
+  o.base_dtype = BaseDtype::kBf16;
+  // Without autocast a bf16 base cannot compute.
+  absl::Status refused = ValidTrainOptions::Check(o, 64).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("base_dtype bf16 needs mixed_precision bf16"));
+  o.mixed_precision = MixedPrecision::kBf16;
+
+  std::unique_ptr<LlamaModel> m = MakeLlama(SmallLlamaConfig(), 5);
+  Trainer trainer(m.get());
+  // A full fine-tune keeps every weight float32.
+  TrainOptions full = SmallOptions(1);
+  full.mixed_precision = MixedPrecision::kBf16;
+  full.base_dtype = BaseDtype::kBf16;
+  refused = CheckAndRun(trainer, full).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("give lora_r"));
+  EXPECT_EQ(m->base_dtype(), at::kFloat);
+  EXPECT_FALSE(m->lora().has_value());
+
+  ASSERT_TRUE(CheckAndRun(trainer, o).ok());
+  EXPECT_EQ(m->base_dtype(), at::kBFloat16);
+  // A later run trains the adapters on the bf16 base, without lora fields;
+  // a float32 base cannot come back.
+  full.base_dtype = BaseDtype::kFloat32;
+  refused = CheckAndRun(trainer, full).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("cannot be undone"));
+  full.base_dtype = BaseDtype::kBf16;
+  absl::StatusOr<TrainResult> again = CheckAndRun(trainer, full);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->global_step, 2);
+
+  // Evaluating needs the autocast the base computes under.
+  absl::StatusOr<std::unique_ptr<TokenDataset>> data = TokenDataset::Create(o.data, 256);
+  ASSERT_TRUE(data.ok()) << data.status();
+  EvalOptions eval;
+  eval.batch_size = 2;
+  eval.seq_len = 16;
+  eval.max_batches = 1;
+  refused = EvaluateModel(*m, **data, eval).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("evaluate with mixed_precision bf16"));
+  eval.mixed_precision = MixedPrecision::kBf16;
+  EXPECT_TRUE(EvaluateModel(*m, **data, eval).ok());
+}
+
+}  // namespace
+}  // namespace memprofd

@@ -183,7 +183,7 @@ class AsyncClient(ClientState):
               memory_budget_bytes: Optional[int] = None,
               lora_r: Optional[int] = None, lora_alpha: Optional[float] = None,
               lora_use_rslora: Optional[bool] = None, lora_targets: Optional[str] = None,
-              lora_dropout: Optional[float] = None,
+              lora_dropout: Optional[float] = None, base_dtype: Optional[str] = None,
               timeout: Timeout = DEFAULT) -> "AsyncTrainOperation":
         """Queues a training (TrainRequest's fields; see train.proto) and
         returns its handle: reports(), wait(), cancel(), refresh().
@@ -204,7 +204,7 @@ class AsyncClient(ClientState):
             loss_chunk_tokens=loss_chunk_tokens,
             memory_budget_bytes=memory_budget_bytes, lora_r=lora_r, lora_alpha=lora_alpha,
             lora_use_rslora=lora_use_rslora, lora_targets=lora_targets,
-            lora_dropout=lora_dropout), timeout))
+            lora_dropout=lora_dropout, base_dtype=base_dtype), timeout))
 
     def stream_step_reports(self, operation_id: str, *, from_step: Optional[int] = None,
                             timeout: Timeout = DEFAULT) -> AsyncIterator[pb.StepReport]:
