@@ -56,7 +56,7 @@ int Usage(const std::string& message) {
       "  operations get|wait|watch|cancel ID\n"
       "  load --preset=NAME | --hf_dir=DIR [--resume | --init_weights] [--seed=S] "
       "[--lora_adapter=DIR] "
-      "[--placement=m=device,...]\n"
+      "[--base_dtype=bf16] [--placement=m=device,...]\n"
       "  model                         the loaded model and its parameters\n"
       "  train [--steps N] [--batch_size B] [--seq_len T] [--learning_rate X] [--seed "
       "S]\n"

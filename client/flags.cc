@@ -107,8 +107,9 @@ ABSL_FLAG(std::string, lora_targets, "q_proj,v_proj",
           "train: projections to adapt, comma-separated (q_proj, k_proj, v_proj, o_proj, "
           "gate_proj, up_proj, down_proj) or all-linear [q_proj,v_proj]");
 ABSL_FLAG(std::string, base_dtype, "float32",
-          "train: the dtype of a LoRA run's frozen base, float32 or bf16 (needs "
-          "--mixed_precision bf16) [float32]");
+          "load, train: the dtype of the frozen base of LoRA runs, float32 or bf16 "
+          "(training needs --mixed_precision bf16; a model loaded so trains adapters "
+          "only) [float32]");
 ABSL_FLAG(int64_t, loss_chunk_tokens, 0,
           "train, evaluate: LM head and loss in chunks of N tokens; 0: automatic, "
           "from the vocabulary and hidden size; -1: off, the logits materialized [0]");

@@ -226,6 +226,11 @@ absl::StatusOr<LoadModelSpec> FromProto(const v1::LoadModelRequest& r) {
   spec.resume = r.resume();
   spec.init_weights = r.init_weights();
   spec.lora_adapter = r.lora_adapter();
+  if (!r.base_dtype().empty()) {
+    absl::StatusOr<BaseDtype> dtype = ParseBaseDtype(r.base_dtype());
+    if (!dtype.ok()) return dtype.status();
+    spec.base_dtype = *dtype;
+  }
   for (const auto& p : r.placement()) {
     if (absl::Status s =
             CheckEnum("placement.placement", p.placement(), v1::Placement_IsValid);

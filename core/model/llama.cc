@@ -88,11 +88,16 @@ LlamaModel::LlamaModel(LlamaConfig config, c10::Device device)
 
 LlamaModel::~LlamaModel() = default;
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(const LlamaConfig& config,
-                                                               uint64_t seed,
-                                                               c10::Device device) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
+    const LlamaConfig& config, uint64_t seed, c10::Device device,
+    at::ScalarType base_dtype) {
   RETURN_IF_ERROR(config.Validate());
+  if (base_dtype != at::kFloat && base_dtype != at::kBFloat16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a base is kept in float32 or bfloat16, not ", c10::toString(base_dtype)));
+  }
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, device));
+  model->base_dtype_ = base_dtype;
   RETURN_IF_ERROR(TorchBoundary("creating the model", [&] { model->Initialize(seed); }));
   return model;
 }

@@ -107,9 +107,15 @@ class LlamaModel {
   // returned), with weights drawn from normal(0, 0.02) in state-dict order by
   // a CPU generator seeded with `seed` (the same on every device), RMSNorm
   // weights 1. RESOURCE_EXHAUSTED when the weights do not fit.
+  //
+  // `base_dtype` bfloat16 makes every weight bf16 (the float32 draws
+  // rounded, one tensor at a time) and frozen: such a model trains LoRA
+  // adapters only (SetBaseDtype's model, without the float32 base ever
+  // held). INVALID_ARGUMENT for another dtype than float32 or bfloat16.
   static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(
       const LlamaConfig& config, uint64_t seed,
-      c10::Device device = c10::Device(c10::DeviceType::CPU));
+      c10::Device device = c10::Device(c10::DeviceType::CPU),
+      at::ScalarType base_dtype = at::kFloat);
 
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -167,8 +173,8 @@ class LlamaModel {
   absl::Status AddLora(const LoraOptions& options, uint64_t seed);
   // The adapters' options; unset without adapters.
   const std::optional<LoraOptions>& lora() const { return lora_; }
-  // The dtype the frozen base weights are kept in: float32, or bfloat16 once
-  // SetBaseDtype cast them.
+  // The dtype the base weights are kept in: float32, or bfloat16 (frozen)
+  // when Create made them so or SetBaseDtype cast them.
   at::ScalarType base_dtype() const { return base_dtype_; }
   // Keeps every base weight (embeddings, norms, projections, biases, head)
   // in `dtype` (float32 or bfloat16) from now on, cast one tensor at a time
@@ -253,16 +259,18 @@ class LlamaModel {
 
   // Rebinds `module`'s weights to the tensors of `weights` (by parameter
   // name; not copied) and records its placement:
-  // - kCpu: float32 CPU tensors, trainable (made leaves that require grad);
+  // - kCpu: CPU tensors, trainable (made leaves that require grad) unless
+  //   the base is frozen;
   // - kDisk: float32 CPU tensors that view a memory-mapped file; frozen
   //   (no gradients, no optimizer state), since writing them would copy the
-  //   pages into memory;
-  // - kDevice: tensors on device(), trainable.
+  //   pages into memory; FAILED_PRECONDITION for a bf16 base;
+  // - kDevice: tensors on device(), trainable unless the base is frozen.
+  // The tensors are of the base's dtype (base_dtype()).
   // Forward brings cpu and disk weights to the device for the call only (on a
   // CPU device they are used where they are). With a tied head, place
   // "model.embed_tokens"; "lm_head" follows it. INVALID_ARGUMENT for an
-  // unknown module, a missing or mis-shaped weight, a dtype other than
-  // float32, or tensors on the wrong device.
+  // unknown module, a missing or mis-shaped weight, a dtype other than the
+  // base's, or tensors on the wrong device.
   absl::Status PlaceModule(
       const std::string& module, Placement placement,
       const std::vector<std::pair<std::string, at::Tensor>>& weights);

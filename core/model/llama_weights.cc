@@ -184,14 +184,21 @@ absl::Status LlamaModel::PlaceModule(
           absl::StrCat("placing ", module, " needs \"", name, "\""));
     }
     const at::Tensor& t = it->second;
-    if (!t.defined() || t.sizes() != slot->sizes() || t.scalar_type() != at::kFloat ||
+    if (!t.defined() || t.sizes() != slot->sizes() || t.scalar_type() != base_dtype_ ||
         t.device() != home) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("placing ", module, ": \"", name, "\" must be a float32 ",
-                       home.str(), " tensor of shape ", ShapeString(*slot)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placing ", module, ": \"", name, "\" must be a ", c10::toString(base_dtype_),
+          " ", home.str(), " tensor of shape ", ShapeString(*slot)));
     }
-    bound.push_back(
-        t.detach().requires_grad_(placement != Placement::kDisk && !lora_.has_value()));
+    if (placement == Placement::kDisk && base_dtype_ != at::kFloat) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "placing ", module,
+          " on disk: a bf16 base stays on the device or cpu (disk placement maps "
+          "float32 weights)"));
+    }
+    bound.push_back(t.detach().requires_grad_(placement != Placement::kDisk &&
+                                              !lora_.has_value() &&
+                                              base_dtype_ == at::kFloat));
   }
   for (size_t i = 0; i < slots.size(); ++i) *slots[i].second = bound[i];
   if (module == "model.embed_tokens" && config_.tie_word_embeddings)
@@ -217,21 +224,23 @@ void LlamaModel::Initialize(uint64_t seed) {
   const LlamaConfig& c = config_;
   at::Generator gen = at::detail::createCPUGenerator(seed);
   const auto cpu = torch::TensorOptions().dtype(torch::kFloat32);
+  // The weights in the base's dtype: a bf16 base is frozen (it trains
+  // adapters only) and holds the float32 draws rounded, one tensor at a time.
+  const auto home = torch::TensorOptions().dtype(base_dtype_).device(device_);
+  const bool trainable = base_dtype_ == at::kFloat;
   // On the meta device (a dry run, core/plan) there is nothing to draw: a
   // 70B shape's weights are never made on the CPU.
   auto normal = [&](std::vector<int64_t> shape) {
-    if (device_.is_meta())
-      return at::empty(shape, cpu.device(device_)).requires_grad_(true);
-    return at::normal(0.0, kInitStd, shape, gen, cpu).to(device_).requires_grad_(true);
+    if (device_.is_meta()) return at::empty(shape, home).requires_grad_(trainable);
+    return at::normal(0.0, kInitStd, shape, gen, cpu)
+        .to(device_, base_dtype_)
+        .requires_grad_(trainable);
   };
-  auto ones = [&](int64_t n) {
-    return torch::ones({n}, cpu.device(device_)).requires_grad_(true);
-  };
+  auto ones = [&](int64_t n) { return torch::ones({n}, home).requires_grad_(trainable); };
   // transformers zeroes Linear biases; they draw nothing, so a model without
   // them gets the same weights from a seed as before they existed.
   auto zeros_if = [&](bool present, int64_t n) {
-    return present ? torch::zeros({n}, cpu.device(device_)).requires_grad_(true)
-                   : at::Tensor();
+    return present ? torch::zeros({n}, home).requires_grad_(trainable) : at::Tensor();
   };
   const int64_t h = c.hidden_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim();
@@ -516,8 +525,9 @@ absl::Status LlamaModel::CheckBaseDtype(at::ScalarType dtype) const {
   if (dtype == base_dtype_) return absl::OkStatus();
   if (dtype == at::kFloat) {
     return absl::FailedPreconditionError(
-        "the model's frozen base is bf16 (an earlier run's base_dtype), and its "
-        "rounding cannot be undone: give base_dtype bf16 to train its adapters, or load "
+        "the model's frozen base is bf16 (LoadModel's or an earlier run's base_dtype), "
+        "and its rounding cannot be undone: give base_dtype bf16 to train its adapters, "
+        "or load "
         "the model again for a float32 base");
   }
   for (const auto& [module, placement] : placement_) {

@@ -47,6 +47,11 @@ namespace memprofd::plan {
 // What to plan: a model shape and the training fields of a Train.
 struct PlanSpec {
   LlamaConfig model;
+  // The dtype of the model's base when the run starts: float32 as LoadModel
+  // makes it by default (a LoRA run with base_dtype bf16 then casts it, and
+  // the plan counts the cast), or bf16 (LoadModel's base_dtype, or an
+  // earlier run's cast: the model is made so, and nothing is cast).
+  BaseDtype model_base_dtype = BaseDtype::kFloat32;
   // batch_size, seq_len, grad_accumulation_steps, gradient_checkpointing,
   // checkpoint_layers, attn_implementation, loss_chunk_tokens, max_grad_norm
   // and the optimizer

@@ -103,12 +103,14 @@ std::string Gib(int64_t bytes) {
 // allocator (or the kernel's OOM killer) stopped it. The old model is still
 // loaded while the new one is built (a failed load leaves it), so its
 // bytes are not counted as room.
-absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device) {
+absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device,
+                            BaseDtype base_dtype) {
   const int64_t params = config.NumParameters();  // Validate() refused -1
+  const int64_t element = base_dtype == BaseDtype::kBf16 ? 2 : 4;
   int64_t param_bytes = 0;
   int64_t rope_bytes = 0;
   int64_t bytes = 0;
-  if (params < 0 || __builtin_mul_overflow(params, int64_t{4}, &param_bytes) ||
+  if (params < 0 || __builtin_mul_overflow(params, element, &param_bytes) ||
       __builtin_mul_overflow(config.max_position_embeddings, config.head_dim(),
                              &rope_bytes) ||
       __builtin_mul_overflow(rope_bytes, int64_t{2 * 4}, &rope_bytes) ||
@@ -124,9 +126,9 @@ absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device
       memory::QueryDeviceRoom(device.is_cpu() ? memory::kCpuDevice : device.index());
   if (room.free_bytes >= 0 && bytes > room.free_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "the model needs ", Gib(bytes), " for its ", params,
-        " float32 parameters and rotary caches, and the ", device.str(), " device has ",
-        Gib(room.free_bytes), " free",
+        "the model needs ", Gib(bytes), " for its ", params, " ",
+        BaseDtypeName(base_dtype), " parameters and rotary caches, and the ",
+        device.str(), " device has ", Gib(room.free_bytes), " free",
         room.total_bytes >= 0 ? absl::StrCat(" of ", Gib(room.total_bytes)) : "",
         ": load a smaller model or free memory on the daemon's host"));
   }
@@ -179,6 +181,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
                                              "; the model loaded before is unchanged"));
   };
   const c10::Device device(device_);
+  const at::ScalarType base_dtype =
+      spec.base_dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
   std::unique_ptr<LlamaModel> model;
   std::string source;
   auto carried = std::make_shared<snapshot::CarriedFiles>();
@@ -199,8 +203,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   }
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
-    RETURN_IF_ERROR(CheckModelFits(config, device));
-    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
+    RETURN_IF_ERROR(CheckModelFits(config, device, spec.base_dtype));
+    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device, base_dtype));
     source = absl::StrCat("preset:", spec.preset);
   } else {
     ASSIGN_OR_RETURN(HfDirectory dir, ReadHfDirectory(spec.hf_directory, file_roots));
@@ -214,9 +218,9 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
           "model.safetensors.index.json, no *.safetensors); set init_weights to start "
           "from freshly initialised weights"));
     }
-    RETURN_IF_ERROR(CheckModelFits(config, device));
+    RETURN_IF_ERROR(CheckModelFits(config, device, spec.base_dtype));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the directory"));
-    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device));
+    ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device, base_dtype));
     // init_weights: the config alone, whatever weights the directory holds.
     if (dir.weights && !spec.init_weights) {
       RETURN_IF_ERROR(stop_if_cancelled("after building the model"));
@@ -360,6 +364,8 @@ void ModelHost::PublishModel() {
   summary.source = model_source_;
   summary.config = model_->config();
   summary.num_parameters = model_->NumParameters();
+  summary.base_dtype =
+      model_->base_dtype() == at::kFloat ? BaseDtype::kFloat32 : BaseDtype::kBf16;
   summary.device = device_;
   summary.steps_trained = trainer_ ? trainer_->global_step() : 0;
   summary.load_notes = load_notes_;

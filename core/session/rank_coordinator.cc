@@ -247,6 +247,9 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
     spec.resume = BoolField(command, "resume").value_or(false);
     spec.init_weights = BoolField(command, "init_weights").value_or(false);
     spec.lora_adapter = StringField(command, "lora_adapter");
+    if (const std::string dtype = StringField(command, "base_dtype"); !dtype.empty()) {
+      ASSIGN_OR_RETURN(spec.base_dtype, ParseBaseDtype(dtype));
+    }
     return followed_.FollowLoad(spec);
   }
   if (kind == "optimizer_shard") {
@@ -278,7 +281,8 @@ std::string RankCoordinator::LoadCommand(const LoadModelSpec& spec) const {
                        {"seed", spec.seed},
                        {"resume", spec.resume},
                        {"init_weights", spec.init_weights},
-                       {"lora_adapter", spec.lora_adapter}});
+                       {"lora_adapter", spec.lora_adapter},
+                       {"base_dtype", std::string(BaseDtypeName(spec.base_dtype))}});
 }
 
 void RankCoordinator::ReleaseFollowers() {

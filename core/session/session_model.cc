@@ -37,6 +37,12 @@ absl::Status CheckPlacement(const LoadModelSpec& spec) {
           "placement names unknown module ", Echo(module),
           ": use model.embed_tokens, model.layers.N, model.norm or lm_head"));
     }
+    if (placement == Placement::kDisk && spec.base_dtype != BaseDtype::kFloat32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "placement puts ", Echo(module),
+          " on disk, which maps float32 weights, and base_dtype is bf16: place it on "
+          "the device or cpu, or load the base in float32"));
+    }
   }
   return absl::OkStatus();
 }

@@ -102,6 +102,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartPlan(
           "hf_config_dir");
     }
     ASSIGN_OR_RETURN(base, WithModel(std::move(base), model->config, spec.train.train));
+    base.model_base_dtype = model->base_dtype;
     model_name = model->source;
     ready = true;
   } else {

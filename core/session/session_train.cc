@@ -133,6 +133,7 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::StartTraining(const TrainSpe
   }
   Training::Admitted admitted(valid);
   admitted.config = model->config;
+  admitted.base_dtype = model->base_dtype;
   admitted.offload = offload_options;
   admitted.offload_request = spec.offload;
   admitted.budget_bytes = spec.memory_budget_bytes;

@@ -19,6 +19,7 @@
 #include "core/memory/category_bytes.h"
 #include "core/memory/oom_report.h"
 #include "core/model/config.h"
+#include "core/model/lora_options.h"
 #include "core/model/placement.h"
 #include "core/offload/offload_options.h"
 #include "core/plan/planner.h"
@@ -141,8 +142,13 @@ struct LoadModelSpec {
   bool init_weights = false;
   // A peft LoRA adapter directory (adapter_config.json,
   // adapter_model.safetensors) loaded onto the model: its adapters, which
-  // later Trains train on a frozen base. Empty: none. Refused with resume.
+  // later Trains train on a frozen base. Empty: none. With resume, a
+  // checkpoint of adapters (their optimizer and training state beside them).
   std::string lora_adapter;
+  // The dtype the weights are made and loaded in. bf16: half the bytes,
+  // frozen from the start (the model trains LoRA adapters only, with
+  // base_dtype bf16), never held in float32; no disk placement.
+  BaseDtype base_dtype = BaseDtype::kFloat32;
   // A directory with config.json only gets weights from `seed` (the
   // operator's own model flag, where that is its documented meaning); a
   // directory with weights loads them. Never set from a client's request.
@@ -174,6 +180,9 @@ struct ModelSummary {
   int64_t parameter_bytes = 0;
   std::string device;
   int64_t steps_trained = 0;
+  // The dtype of the base weights: bf16 when LoadModel made them so or a
+  // LoRA run cast them (LlamaModel::base_dtype).
+  BaseDtype base_dtype = BaseDtype::kFloat32;
   // Each parameter once: a tied head is in its embedding's `tied`.
   std::vector<ParameterSummary> parameters;
   // What the load has to tell: tensors of the directory it ignored, the

@@ -80,10 +80,12 @@ absl::Status DrainedRunStatus(const std::string& snapshot_root, int64_t steps,
 // The plan of a training step of `config` as this session's device runs it,
 // on each rank of its data-parallel run (one process: world 1).
 plan::PlanSpec TrainingPlanSpec(const std::string& device, const SessionOptions& options,
-                                const LlamaConfig& config, const ValidTrainOptions& train,
+                                const LlamaConfig& config, BaseDtype base_dtype,
+                                const ValidTrainOptions& train,
                                 const offload::OffloadOptions& offload) {
   plan::PlanSpec spec;
   spec.model = config;
+  spec.model_base_dtype = base_dtype;
   spec.train = train.get();
   spec.offload = offload;
   spec.target = TargetOf(device);
@@ -177,8 +179,8 @@ void Training::Calibrate(const std::shared_ptr<const Admitted>& admitted,
   const Admitted& a = *admitted;
   const std::shared_ptr<Operation>& op = a.op;
   if (!op->done() && !op->cancel_requested() && !parts_.plans.stopping()) {
-    plan::PlanSpec spec =
-        TrainingPlanSpec(parts_.device, parts_.options, a.config, a.train, a.offload);
+    plan::PlanSpec spec = TrainingPlanSpec(parts_.device, parts_.options, a.config,
+                                           a.base_dtype, a.train, a.offload);
     // A training cancelled meanwhile stops its plan between layers, so that
     // the next training's calibration, queued behind it, runs at once; so
     // does the cap on a plan.
@@ -238,8 +240,8 @@ void Training::PlanUnderBudget(const std::shared_ptr<const Admitted>& admitted,
   op->SetProgress(
       0, a.train->steps, "steps",
       absl::StrFormat("choosing a configuration under %d bytes", budget_bytes));
-  plan::PlanSpec base =
-      TrainingPlanSpec(parts_.device, parts_.options, a.config, a.train, a.offload);
+  plan::PlanSpec base = TrainingPlanSpec(parts_.device, parts_.options, a.config,
+                                         a.base_dtype, a.train, a.offload);
   const PlanClock clock(op, parts_.options.max_plan_time);
   base.cancelled = clock.StopWhen();
   absl::StatusOr<plan::BudgetChoice> choice = PlanGuarded<plan::BudgetChoice>(

@@ -86,6 +86,9 @@ class Training {
     // config they were checked for.
     ValidTrainOptions train;
     LlamaConfig config;
+    // The dtype of the model's base when the run was admitted (its plans
+    // make the model so).
+    BaseDtype base_dtype = BaseDtype::kFloat32;
     // The offload options merged over the daemon's flags, and the request's
     // own fields (what the followers merge over theirs).
     offload::OffloadOptions offload;

@@ -466,15 +466,19 @@ absl::Status Trainer::AddAdapters(const TrainOptions& options) {
   // The base's dtype: every refusal before the model changes.
   const at::ScalarType base =
       options.base_dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
-  if (base != model_->base_dtype()) {
-    if (!has && !add) {
-      return absl::FailedPreconditionError(
-          "base_dtype bf16 keeps a LoRA run's frozen base in bf16, and this run trains "
-          "every parameter: give lora_r (and the other lora fields), or leave base_dtype "
-          "float32");
-    }
-    RETURN_IF_ERROR(model_->CheckBaseDtype(base));
+  if (!has && !add && model_->base_dtype() != at::kFloat) {
+    return absl::FailedPreconditionError(
+        "the model's base is bf16 (LoadModel's base_dtype): it is frozen and trains LoRA "
+        "adapters only; give lora_r (and the other lora fields) with base_dtype bf16, or "
+        "load the model in float32 for a full fine-tune");
   }
+  if (!has && !add && base != at::kFloat) {
+    return absl::FailedPreconditionError(
+        "base_dtype bf16 keeps a LoRA run's frozen base in bf16, and this run trains "
+        "every parameter: give lora_r (and the other lora fields), or leave base_dtype "
+        "float32");
+  }
+  if (base != model_->base_dtype()) RETURN_IF_ERROR(model_->CheckBaseDtype(base));
   if (add) RETURN_IF_ERROR(model_->AddLora(options.lora, options.seed));
   bool cast = false;
   const absl::Status casting = model_->SetBaseDtype(base, &cast);

@@ -294,6 +294,7 @@ class LoraTest(harness.DaemonTestCase):
             batch_size=1, seq_len=SEQ_LEN, mixed_precision="bf16"))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         trained = op.evaluate.loss
+        type(self).bf16_base_loss = trained
 
         op = self.op("Snapshot", pb.SnapshotRequest(name="lora-bf16",
                                                     kind=pb.SNAPSHOT_KIND_ADAPTER))
@@ -310,6 +311,56 @@ class LoraTest(harness.DaemonTestCase):
         print("bf16 base: daemon %.6f, peft on the rounded base under autocast %.6f"
               % (trained, peft_loss))
         self.assertAlmostEqual(peft_loss, trained, delta=1e-5 * trained)
+
+    def test_6_a_base_loaded_in_bf16_trains_as_the_one_cast_at_the_runs_start(self):
+        with self.assertRaises(grpc.RpcError) as refused:
+            self.d.call("LoadModel", pb.LoadModelRequest(
+                hf_directory=self.source, base_dtype="bf16",
+                placement=[pb.ModulePlacement(module="model.norm",
+                                              placement=pb.PLACEMENT_DISK)]))
+        self.assertEqual(refused.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("base_dtype is bf16", refused.exception.details())
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source,
+                                                      base_dtype="bf16"))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        self.assertEqual({p.dtype for p in info.parameters}, {"BFloat16"})
+        self.assertEqual(info.parameter_bytes, op.model.parameter_bytes)
+        refused = self.train(mixed_precision="bf16", base_dtype="bf16")  # no adapters
+        self.assertEqual(refused.error.code, 9, refused.error.message)  # FAILED_PRECONDITION
+        self.assertIn("trains LoRA adapters only", refused.error.message)
+        op = self.train(lora_r=4, lora_alpha=16, lora_targets="all-linear",
+                        mixed_precision="bf16", base_dtype="bf16")
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        op = self.op("Evaluate", pb.EvaluateRequest(
+            data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=self.probe.tolist())),
+            batch_size=1, seq_len=SEQ_LEN, mixed_precision="bf16"))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        print("bf16 base loaded so: %.6f; cast at the run's start: %.6f"
+              % (op.evaluate.loss, self.bf16_base_loss))
+        self.assertEqual(op.evaluate.loss, self.bf16_base_loss)
+
+    def test_7_a_bf16_base_resumes_from_its_checkpoint_loaded_in_bf16_bit_for_bit(self):
+        # Trained on a base cast at the run's start; resumed onto the base
+        # loaded in bf16: the same bits, so the same fingerprint and losses.
+        op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.train_losses(lora_r=4, lora_targets="all-linear", mixed_precision="bf16",
+                          base_dtype="bf16", steps=2)
+        op = self.op("Snapshot", pb.SnapshotRequest(name="lora-bf16-ck",
+                                                    kind=pb.SNAPSHOT_KIND_CHECKPOINT))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        checkpoint = op.snapshot.directory
+        straight_on = self.train_losses(resume=True, steps=2)
+        op = self.op("LoadModel", pb.LoadModelRequest(
+            hf_directory=self.source, lora_adapter=checkpoint, resume=True,
+            base_dtype="bf16"))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        resumed = self.train_losses(resume=True, steps=2)
+        print("bf16 base, checkpoint at step 2: straight on %r, resumed in bf16 %r"
+              % (straight_on, resumed))
+        self.assertEqual(sorted(resumed), [3, 4])
+        self.assertEqual(resumed, straight_on)
 
 
 if __name__ == "__main__":

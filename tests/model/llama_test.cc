@@ -303,15 +303,7 @@ TEST(LlamaModelTest, MatchesPythonReferenceWithGroupedQueryAttention) {
 // SmallGqaConfig as Qwen2 (q/k/v biases) with a sliding window of 8 keys on
 // its second layer, and as Qwen3 (q/k norms, head_dim 32 instead of 16, all
 // four attention biases), and as Mistral (a window on every layer).
-LlamaConfig WindowedQwen2Config() {
-  LlamaConfig c = SmallGqaConfig();
-  c.architecture = "Qwen2ForCausalLM";
-  c.model_type = "qwen2";
-  c.sliding_window = 8;
-  c.max_window_layers = 1;
-  c.layer_types = {"full_attention", "sliding_attention"};
-  return c;
-}
+LlamaConfig WindowedQwen2Config() { return testing::AsWindowedQwen2(SmallGqaConfig()); }
 LlamaConfig Qwen3Config() {
   LlamaConfig c = SmallGqaConfig();
   c.architecture = "Qwen3ForCausalLM";

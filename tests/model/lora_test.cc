@@ -222,6 +222,46 @@ TEST(LoraTest, ABaseIsKeptInBf16UnderAdaptersAlone) {
   EXPECT_THAT(s.message(), HasSubstr("cannot be undone"));
 }
 
+// A model made in bf16 holds what the float32 model of its seed holds,
+// rounded, frozen from the start, without ever holding the float32 base.
+TEST(LoraTest, AModelMadeInBf16IsTheFloat32OneRoundedAndFrozen) {
+  const LlamaConfig config = testing::SmallLlamaConfig();
+  std::unique_ptr<LlamaModel> f32 = MakeLlama(config, 3);
+  absl::StatusOr<std::unique_ptr<LlamaModel>> made =
+      LlamaModel::Create(config, 3, c10::Device(c10::DeviceType::CPU), at::kBFloat16);
+  ASSERT_TRUE(made.ok()) << made.status();
+  LlamaModel& bf16 = **made;
+  EXPECT_EQ(bf16.base_dtype(), at::kBFloat16);
+  const auto a = f32->NamedBaseParameters();
+  const auto b = bf16.NamedBaseParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i].second.scalar_type(), at::kBFloat16) << b[i].first;
+    EXPECT_FALSE(b[i].second.requires_grad()) << b[i].first;
+    EXPECT_TRUE(torch::equal(b[i].second, a[i].second.to(at::kBFloat16))) << b[i].first;
+  }
+  EXPECT_EQ(bf16.BaseFingerprint(), f32->BaseFingerprint());
+  EXPECT_EQ(LlamaModel::Create(config, 3, c10::Device(c10::DeviceType::CPU), at::kHalf)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // No disk placement for it; adapters go on in float32.
+  std::vector<std::pair<std::string, at::Tensor>> norm;
+  for (const auto& [name, t] : b) {
+    if (name == "model.norm.weight") norm.emplace_back(name, t);
+  }
+  EXPECT_EQ(bf16.PlaceModule("model.norm", Placement::kDisk, norm).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(bf16.PlaceModule("model.norm", Placement::kCpu, norm).ok());
+  ASSERT_TRUE(bf16.AddLora(Lora(4, {"q_proj"}), 1).ok());
+  for (const auto& [name, t] : bf16.NamedAdapters()) {
+    EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
+  }
+  bool changed = true;
+  ASSERT_TRUE(bf16.SetBaseDtype(at::kBFloat16, &changed).ok());
+  EXPECT_FALSE(changed);
+}
+
 TEST(LoraTest, TargetsParseFromTheRequestsSpelling) {
   absl::StatusOr<std::vector<std::string>> t = ParseLoraTargets("q_proj, v_proj");
   ASSERT_TRUE(t.ok());

@@ -658,6 +658,14 @@ TEST_F(PlannerTest, PlanBesideATrainingLeavesItsPhaseAndRecorderAlone) {
 namespace memprofd::plan {
 namespace {
 
+// The tiny preset at 4 x 64 tokens, sdpa, r 8 adapters on every projection.
+PlanSpec TinyLoraSpec(const LlamaConfig& tiny, bool checkpointing) {
+  PlanSpec spec = Spec(tiny, 4, 64, checkpointing, AttentionImplementation::kSdpa);
+  spec.train.lora.r = 8;
+  spec.train.lora.target_modules = {"all-linear"};
+  return spec;
+}
+
 // A LoRA step: the base frozen (no gradients, no AdamW state), the adapters
 // and their state, the frozen weights autograd saves for the inputs'
 // gradients; planned as measured, checkpointed or not, and well under the
@@ -666,9 +674,7 @@ TEST_F(PlannerTest, LoraPlansMatchTheCpuStepsAndStayUnderAFullFineTune) {
   absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   for (bool checkpointing : {false, true}) {
-    PlanSpec spec = Spec(*config, 4, 64, checkpointing, AttentionImplementation::kSdpa);
-    spec.train.lora.r = 8;
-    spec.train.lora.target_modules = {"all-linear"};
+    PlanSpec spec = TinyLoraSpec(*config, checkpointing);
     ExpectPlanMatchesCpu(spec, 0.005);
     absl::StatusOr<MemoryPlan> lora = PlanTrainingStep(spec);
     spec.train.lora = LoraOptions();
@@ -700,9 +706,7 @@ TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
   absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset("tiny");
   ASSERT_TRUE(config.ok());
   for (bool checkpointing : {false, true}) {
-    PlanSpec spec = Spec(*config, 4, 64, checkpointing, AttentionImplementation::kSdpa);
-    spec.train.lora.r = 8;
-    spec.train.lora.target_modules = {"all-linear"};
+    PlanSpec spec = TinyLoraSpec(*config, checkpointing);
     spec.train.mixed_precision = MixedPrecision::kBf16;
     absl::StatusOr<MemoryPlan> float32 = PlanTrainingStep(spec);
     spec.train.base_dtype = BaseDtype::kBf16;
@@ -715,6 +719,17 @@ TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
               << " B, on a bf16 base " << bf16->peak_allocated_bytes << " B\n";
     EXPECT_LT(bf16->peak_allocated_bytes,
               float32->peak_allocated_bytes - base_bytes / 2 + base_bytes / 8);
+    // A model made in bf16 (LoadModel's base_dtype) has no cast to make: its
+    // plan is its steps', as measured, and below the cast's.
+    spec.model_base_dtype = BaseDtype::kBf16;
+    ExpectPlanMatchesCpu(spec, 0.005);
+    absl::StatusOr<MemoryPlan> loaded = PlanTrainingStep(spec);
+    ASSERT_TRUE(loaded.ok());
+    std::cout << "  made in bf16: planned " << loaded->peak_allocated_bytes << " B\n";
+    EXPECT_LE(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
+    // Checkpointed, the cast was the peak: without it the plan is lower.
+    if (checkpointing)
+      EXPECT_LT(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
   }
 }
 

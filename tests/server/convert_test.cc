@@ -534,6 +534,16 @@ TEST(ConvertTest, LoadModelRequestCarriesSourceSeedAndPlacements) {
                                            Pair("model.layers.2", Placement::kDevice),
                                            Pair("model.norm", Placement::kDevice)));
 
+  EXPECT_EQ(spec->base_dtype, BaseDtype::kFloat32);
+  req.set_base_dtype("bf16");
+  spec = FromProto(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->base_dtype, BaseDtype::kBf16);
+  req.set_base_dtype("fp8");
+  EXPECT_THAT(FromProto(req).status().message(),
+              ::testing::HasSubstr("base_dtype: unknown value \"fp8\""));
+  req.clear_base_dtype();
+
   req.set_hf_directory("/models/llama");
   spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -9,6 +9,24 @@
 namespace memprofd {
 namespace testing {
 
+LlamaConfig AsWindowedQwen2(LlamaConfig c) {
+  c.architecture = "Qwen2ForCausalLM";
+  c.model_type = "qwen2";
+  c.sliding_window = 8;
+  c.max_window_layers = 1;
+  c.layer_types = {"full_attention", "sliding_attention"};
+  return c;
+}
+
+LlamaConfig AsQwen3(LlamaConfig c) {
+  c.architecture = "Qwen3ForCausalLM";
+  c.model_type = "qwen3";
+  c.tie_word_embeddings = false;
+  c.attention_bias = true;
+  c.layer_types.assign(static_cast<size_t>(c.num_hidden_layers), "full_attention");
+  return c;
+}
+
 void DrawLoraB(LlamaModel& model, uint64_t seed) {
   at::NoGradGuard no_grad;
   at::Generator gen = at::detail::createCPUGenerator(seed);

@@ -31,6 +31,13 @@ LlamaConfig PresetConfig(const std::string& name);
 // config.
 std::unique_ptr<LlamaModel> MakeLlama(const LlamaConfig& config, uint64_t seed);
 
+// `c` (of two layers) as Qwen2: q/k/v biases, and a sliding window of 8
+// keys on its second layer.
+LlamaConfig AsWindowedQwen2(LlamaConfig c);
+// `c` as Qwen3: per-head q/k norms, all four attention biases, an untied
+// head, full attention on every layer.
+LlamaConfig AsQwen3(LlamaConfig c);
+
 // Draws every LoRA B of `model` from N(0, 0.05²) with a generator seeded
 // `seed`, as if the adapters had trained: a fresh adapter's B is zero, so it
 // changes nothing and A's gradients are zero.

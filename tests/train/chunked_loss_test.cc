@@ -59,19 +59,9 @@ std::vector<Family> Families() {
   mistral.model_type = "mistral";
   mistral.sliding_window = 8;
   out.push_back({"mistral", mistral});
-  LlamaConfig qwen2 = Untied(SmallLlamaConfig());
-  qwen2.architecture = "Qwen2ForCausalLM";
-  qwen2.model_type = "qwen2";
-  qwen2.sliding_window = 8;
-  qwen2.max_window_layers = 1;
-  qwen2.layer_types = {"full_attention", "sliding_attention"};
-  out.push_back({"qwen2", qwen2});
-  LlamaConfig qwen3 = Untied(SmallLlamaConfig());
-  qwen3.architecture = "Qwen3ForCausalLM";
-  qwen3.model_type = "qwen3";
-  qwen3.attention_bias = true;
+  out.push_back({"qwen2", testing::AsWindowedQwen2(Untied(SmallLlamaConfig()))});
+  LlamaConfig qwen3 = testing::AsQwen3(SmallLlamaConfig());
   qwen3.explicit_head_dim = 8;
-  qwen3.layer_types.assign(2, "full_attention");
   out.push_back({"qwen3", qwen3});
   return out;
 }

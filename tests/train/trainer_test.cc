@@ -899,18 +899,9 @@ void RoundBaseToBf16(LlamaModel& m) {
 // losses, adapters and evaluation, bit for bit, on every family's shape
 // (Qwen3's per-head norms, Qwen2's biases, a tied and an untied head).
 TEST(TrainerLoraTest, ABf16BaseTrainsAsTheFloat32BaseRoundedToBf16) {
-  LlamaConfig qwen3 = SmallLlamaConfig();
-  qwen3.architecture = "Qwen3ForCausalLM";
-  qwen3.model_type = "qwen3";
-  qwen3.tie_word_embeddings = false;
-  qwen3.attention_bias = true;
-  LlamaConfig qwen2 = SmallLlamaConfig();
-  qwen2.architecture = "Qwen2ForCausalLM";
-  qwen2.model_type = "qwen2";
-  qwen2.sliding_window = 8;
-  qwen2.max_window_layers = 1;
-  qwen2.layer_types = {"full_attention", "sliding_attention"};
-  for (const LlamaConfig& config : {SmallLlamaConfig(), qwen3, qwen2}) {
+  for (const LlamaConfig& config :
+       {SmallLlamaConfig(), testing::AsQwen3(SmallLlamaConfig()),
+        testing::AsWindowedQwen2(SmallLlamaConfig())}) {
     SCOPED_TRACE(config.model_type);
     struct Run {
       std::vector<double> losses;
@@ -976,6 +967,42 @@ TEST(TrainerLoraTest, ABf16BaseTrainsAsTheFloat32BaseRoundedToBf16) {
     }
     EXPECT_EQ(2 * bytes_b, bytes_a);
     EXPECT_EQ(rounded->BaseFingerprint(), bf16->BaseFingerprint());
+  }
+}
+
+// A model made in bf16 (LoadModel's base_dtype) trains as the float32 model
+// cast when its run starts, bit for bit, and takes no full fine-tune.
+TEST(TrainerLoraTest, AModelMadeInBf16TrainsAsOneCastAtItsRunsStart) {
+  TrainOptions o = LoraOptionsOf(3, /*checkpointing=*/true);
+  o.mixed_precision = MixedPrecision::kBf16;
+  o.base_dtype = BaseDtype::kBf16;
+  std::vector<double> losses[2];
+  std::vector<at::Tensor> adapters[2];
+  for (int made_bf16 = 0; made_bf16 < 2; ++made_bf16) {
+    absl::StatusOr<std::unique_ptr<LlamaModel>> m =
+        LlamaModel::Create(SmallLlamaConfig(), 5, c10::Device(c10::DeviceType::CPU),
+                           made_bf16 != 0 ? at::kBFloat16 : at::kFloat);
+    ASSERT_TRUE(m.ok()) << m.status();
+    Trainer trainer(m->get());
+    if (made_bf16 != 0) {
+      TrainOptions full = SmallOptions(1);
+      full.mixed_precision = MixedPrecision::kBf16;
+      absl::Status refused = CheckAndRun(trainer, full).status();
+      EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+      EXPECT_THAT(refused.message(), HasSubstr("trains LoRA adapters only"));
+    }
+    ASSERT_TRUE(CheckAndRun(trainer, o, Request([&](const StepReport& s) {
+                              losses[made_bf16].push_back(s.loss);
+                            }))
+                    .ok());
+    for (const auto& [name, t] : (*m)->NamedAdapters()) {
+      adapters[made_bf16].push_back(t.detach().clone());
+    }
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  ASSERT_EQ(adapters[0].size(), adapters[1].size());
+  for (size_t i = 0; i < adapters[0].size(); ++i) {
+    EXPECT_TRUE(torch::equal(adapters[0][i], adapters[1][i])) << i;
   }
 }
 

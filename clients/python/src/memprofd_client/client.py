@@ -129,16 +129,18 @@ class Client(ClientState):
                    seed: Optional[int] = None,
                    placement: Optional[Iterable[pb.ModulePlacement]] = None,
                    resume: Optional[bool] = None, init_weights: Optional[bool] = None,
-                   lora_adapter: Optional[str] = None,
+                   lora_adapter: Optional[str] = None, base_dtype: Optional[str] = None,
                    timeout: Timeout = DEFAULT) -> "OperationHandle":
         """Replaces the model (exactly one of preset, hf_directory). Returns an
         operation handle (kind LOAD_MODEL; result: `model`). init_weights: take
         hf_directory's config.json only, with weights initialised from seed.
-        lora_adapter: a peft LoRA adapter directory loaded onto the model."""
+        lora_adapter: a peft LoRA adapter directory loaded onto the model.
+        base_dtype: "bf16" makes and loads the weights in bf16, frozen (the
+        model trains LoRA adapters only); "float32" or None: float32."""
         return self._start("LoadModel", request(
             pb.LoadModelRequest, preset=preset, hf_directory=hf_directory, seed=seed,
             placement=placement, resume=resume, init_weights=init_weights,
-            lora_adapter=lora_adapter), timeout)
+            lora_adapter=lora_adapter, base_dtype=base_dtype), timeout)
 
     def describe_model(self, *, timeout: Timeout = DEFAULT) -> pb.ModelInfo:
         """The model with every parameter. FailedPrecondition: no model."""
