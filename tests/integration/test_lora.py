@@ -76,6 +76,18 @@ class LoraTest(harness.DaemonTestCase):
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         return op.evaluate.loss
 
+    def assert_frozen_base_is_bf16(self, info):
+        """The breakdown's frozen_parameters are the base in bf16: two bytes
+        a weight, half of float32's."""
+        base = [p for p in info.parameters if ".lora_" not in p.name]
+        weights = sum(int(torch.Size(p.shape).numel()) for p in base)
+        self.assertEqual({p.dtype for p in base}, {"BFloat16"})
+        breakdown = self.d.call("GetMemoryBreakdown", pb.GetMemoryBreakdownRequest(
+            by="category"))
+        frozen = {c.category: c.bytes for c in breakdown.categories}["frozen_parameters"]
+        print("frozen_parameters %d B for %d base weights" % (frozen, weights))
+        self.assertEqual(frozen, 2 * weights)
+
     def test_1_adapters_trained_by_the_daemon_load_into_peft_with_its_loss(self):
         op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
@@ -281,6 +293,7 @@ class LoraTest(harness.DaemonTestCase):
         self.assertEqual(dtypes["model.layers.0.mlp.up_proj.weight"], "BFloat16")
         self.assertEqual(dtypes["model.embed_tokens.weight"], "BFloat16")
         self.assertEqual(dtypes["model.layers.0.mlp.up_proj.lora_A.weight"], "Float")
+        self.assert_frozen_base_is_bf16(info)
         # Its rounding cannot be undone; evaluation needs the autocast.
         refused = self.train(mixed_precision="bf16")
         self.assertEqual(refused.error.code, 9, refused.error.message)  # FAILED_PRECONDITION
@@ -308,9 +321,16 @@ class LoraTest(harness.DaemonTestCase):
         adapted = peft.PeftModel.from_pretrained(base, op.snapshot.directory).eval()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             peft_loss = hf_loss(adapted, self.probe)
-        print("bf16 base: daemon %.6f, peft on the rounded base under autocast %.6f"
-              % (trained, peft_loss))
+        # peft on the base transformers loads in bf16 (its residual stream and
+        # norms in bf16 too): within 1e-3 of the daemon's, relative.
+        base16 = transformers.AutoModelForCausalLM.from_pretrained(
+            self.source, dtype=torch.bfloat16).eval()
+        adapted16 = peft.PeftModel.from_pretrained(base16, op.snapshot.directory).eval()
+        peft16_loss = hf_loss(adapted16, self.probe)
+        print("bf16 base: daemon %.6f, peft on the rounded base under autocast %.6f, "
+              "peft on the base loaded in bf16 %.6f" % (trained, peft_loss, peft16_loss))
         self.assertAlmostEqual(peft_loss, trained, delta=1e-5 * trained)
+        self.assertAlmostEqual(peft16_loss, trained, delta=1e-3 * trained)
 
     def test_6_a_base_loaded_in_bf16_trains_as_the_one_cast_at_the_runs_start(self):
         with self.assertRaises(grpc.RpcError) as refused:
@@ -332,6 +352,8 @@ class LoraTest(harness.DaemonTestCase):
         op = self.train(lora_r=4, lora_alpha=16, lora_targets="all-linear",
                         mixed_precision="bf16", base_dtype="bf16")
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assert_frozen_base_is_bf16(
+            self.d.call("DescribeModel", pb.DescribeModelRequest()))
         op = self.op("Evaluate", pb.EvaluateRequest(
             data=pb.DataSource(inline_tokens=pb.InlineTokens(ids=self.probe.tolist())),
             batch_size=1, seq_len=SEQ_LEN, mixed_precision="bf16"))
