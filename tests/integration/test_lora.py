@@ -362,7 +362,7 @@ class LoraTest(harness.DaemonTestCase):
               % (op.evaluate.loss, self.bf16_base_loss))
         self.assertEqual(op.evaluate.loss, self.bf16_base_loss)
 
-    def test_7_a_bf16_base_resumes_from_its_checkpoint_loaded_in_bf16_bit_for_bit(self):
+    def test_7_a_bf16_base_resumes_from_its_checkpoint_bit_for_bit(self):
         # Trained on a base cast at the run's start; resumed onto the base
         # loaded in bf16: the same bits, so the same fingerprint and losses.
         op = self.op("LoadModel", pb.LoadModelRequest(hf_directory=self.source))
@@ -383,6 +383,12 @@ class LoraTest(harness.DaemonTestCase):
               % (straight_on, resumed))
         self.assertEqual(sorted(resumed), [3, 4])
         self.assertEqual(resumed, straight_on)
+        # Onto the base loaded in float32 (as --resume=latest loads --model):
+        # the resumed run casts it, to the same bits.
+        op = self.op("LoadModel", pb.LoadModelRequest(
+            hf_directory=self.source, lora_adapter=checkpoint, resume=True))
+        self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        self.assertEqual(self.train_losses(resume=True, steps=2), straight_on)
 
 
 if __name__ == "__main__":
