@@ -151,7 +151,7 @@ int LoadCommand(const Context& c, const Args& args) {
   req.set_resume(absl::GetFlag(FLAGS_resume));
   req.set_init_weights(absl::GetFlag(FLAGS_init_weights));
   req.set_lora_adapter(absl::GetFlag(FLAGS_lora_adapter));
-  req.set_base_dtype(absl::GetFlag(FLAGS_base_dtype));
+  if (auto dtype = GivenFlag(FLAGS_base_dtype)) req.set_base_dtype(*dtype);
   const std::string placement = absl::GetFlag(FLAGS_placement);
   if (!placement.empty()) {
     for (absl::string_view item : absl::StrSplit(placement, ',')) {

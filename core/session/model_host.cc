@@ -181,8 +181,6 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
                                              "; the model loaded before is unchanged"));
   };
   const c10::Device device(device_);
-  const at::ScalarType base_dtype =
-      spec.base_dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
   std::unique_ptr<LlamaModel> model;
   std::string source;
   auto carried = std::make_shared<snapshot::CarriedFiles>();
@@ -201,9 +199,31 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
         " holds LoRA adapters without their base (adapter_config.json): resume with the "
         "base model as hf_directory or preset and this directory as lora_adapter"));
   }
+  // All of the checkpoint is read and checked against the new model before
+  // the old one is replaced: any failure leaves the daemon as it was.
+  std::optional<snapshot::LoadedCheckpoint> checkpoint;
+  std::optional<TrainerState> state;
+  auto read_checkpoint = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(checkpoint,
+                     snapshot::LoadCheckpointFiles(checkpoint_dir, file_roots));
+    ASSIGN_OR_RETURN(state, TrainerStateFromJson(checkpoint->trainer_state_json,
+                                                 (std::filesystem::path(checkpoint_dir) /
+                                                  snapshot::kTrainerStateFile)
+                                                     .string()));
+    return absl::OkStatus();
+  };
+  // A resumed LoRA run's base loads in the dtype the run keeps it in, unless
+  // the request says: its checkpoint is read first.
+  if (spec.resume && !spec.lora_adapter.empty() && !spec.base_dtype) {
+    RETURN_IF_ERROR(read_checkpoint());
+  }
+  const BaseDtype dtype = spec.base_dtype.value_or(
+      state && state->run ? state->run->options.base_dtype : BaseDtype::kFloat32);
+  const at::ScalarType base_dtype =
+      dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
-    RETURN_IF_ERROR(CheckModelFits(config, device, spec.base_dtype));
+    RETURN_IF_ERROR(CheckModelFits(config, device, dtype));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device, base_dtype));
     source = absl::StrCat("preset:", spec.preset);
   } else {
@@ -218,7 +238,7 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
           "model.safetensors.index.json, no *.safetensors); set init_weights to start "
           "from freshly initialised weights"));
     }
-    RETURN_IF_ERROR(CheckModelFits(config, device, spec.base_dtype));
+    RETURN_IF_ERROR(CheckModelFits(config, device, dtype));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the directory"));
     ASSIGN_OR_RETURN(model, LlamaModel::Create(config, spec.seed, device, base_dtype));
     // init_weights: the config alone, whatever weights the directory holds.
@@ -275,22 +295,14 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   RETURN_IF_ERROR(stop_if_cancelled("after loading the weights"));
   auto trainer = std::make_unique<Trainer>(model.get());
   if (spec.resume) {
-    // All of the checkpoint is read and checked against the new model before
-    // the old one is replaced: any failure leaves the daemon as it was.
-    ASSIGN_OR_RETURN(snapshot::LoadedCheckpoint checkpoint,
-                     snapshot::LoadCheckpointFiles(checkpoint_dir, file_roots));
-    ASSIGN_OR_RETURN(const TrainerState state,
-                     TrainerStateFromJson(checkpoint.trainer_state_json,
-                                          (std::filesystem::path(checkpoint_dir) /
-                                           snapshot::kTrainerStateFile)
-                                              .string()));
+    if (!state) RETURN_IF_ERROR(read_checkpoint());
     // A rank of a run with its optimizer state sharded keeps the state of
     // its pieces now, wherever the checkpoint held it: the files of a
     // sharded checkpoint are assembled whole, so any world size re-shards,
     // and an unsharded checkpoint shards alike.
     const std::optional<FlatShardSpec> shard = OptimizerShard(options_);
-    RETURN_IF_ERROR(
-        trainer->Restore(state, checkpoint.optimizer_tensors, shard ? &*shard : nullptr));
+    RETURN_IF_ERROR(trainer->Restore(*state, checkpoint->optimizer_tensors,
+                                     shard ? &*shard : nullptr));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));
   }
   // The old model (and the optimizer state that points at it) goes first.

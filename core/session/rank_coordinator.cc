@@ -275,14 +275,16 @@ std::string RankCoordinator::TrainCommand(const TrainOptions& train,
 
 std::string RankCoordinator::LoadCommand(const LoadModelSpec& spec) const {
   if (group_ == nullptr) return std::string();
-  return DumpJson(Json{{"kind", "load"},
-                       {"preset", spec.preset},
-                       {"hf_directory", spec.hf_directory},
-                       {"seed", spec.seed},
-                       {"resume", spec.resume},
-                       {"init_weights", spec.init_weights},
-                       {"lora_adapter", spec.lora_adapter},
-                       {"base_dtype", std::string(BaseDtypeName(spec.base_dtype))}});
+  return DumpJson(
+      Json{{"kind", "load"},
+           {"preset", spec.preset},
+           {"hf_directory", spec.hf_directory},
+           {"seed", spec.seed},
+           {"resume", spec.resume},
+           {"init_weights", spec.init_weights},
+           {"lora_adapter", spec.lora_adapter},
+           {"base_dtype", spec.base_dtype ? std::string(BaseDtypeName(*spec.base_dtype))
+                                          : std::string()}});
 }
 
 void RankCoordinator::ReleaseFollowers() {

@@ -37,7 +37,7 @@ absl::Status CheckPlacement(const LoadModelSpec& spec) {
           "placement names unknown module ", Echo(module),
           ": use model.embed_tokens, model.layers.N, model.norm or lm_head"));
     }
-    if (placement == Placement::kDisk && spec.base_dtype != BaseDtype::kFloat32) {
+    if (placement == Placement::kDisk && spec.base_dtype == BaseDtype::kBf16) {
       return absl::InvalidArgumentError(absl::StrCat(
           "placement puts ", Echo(module),
           " on disk, which maps float32 weights, and base_dtype is bf16: place it on "

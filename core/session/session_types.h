@@ -147,8 +147,10 @@ struct LoadModelSpec {
   std::string lora_adapter;
   // The dtype the weights are made and loaded in. bf16: half the bytes,
   // frozen from the start (the model trains LoRA adapters only, with
-  // base_dtype bf16), never held in float32; no disk placement.
-  BaseDtype base_dtype = BaseDtype::kFloat32;
+  // base_dtype bf16), never held in float32; no disk placement. Unset: the
+  // resumed run's base_dtype when resuming a checkpoint of LoRA adapters
+  // (its base then never holds float32 either), else float32.
+  std::optional<BaseDtype> base_dtype;
   // A directory with config.json only gets weights from `seed` (the
   // operator's own model flag, where that is its documented meaning); a
   // directory with weights loads them. Never set from a client's request.

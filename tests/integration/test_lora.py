@@ -374,20 +374,27 @@ class LoraTest(harness.DaemonTestCase):
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
         checkpoint = op.snapshot.directory
         straight_on = self.train_losses(resume=True, steps=2)
+        # Without base_dtype the resume loads the base in the run's: bf16.
         op = self.op("LoadModel", pb.LoadModelRequest(
-            hf_directory=self.source, lora_adapter=checkpoint, resume=True,
-            base_dtype="bf16"))
+            hf_directory=self.source, lora_adapter=checkpoint, resume=True))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        self.assertEqual(dict((p.name, p.dtype) for p in info.parameters)[
+            "model.embed_tokens.weight"], "BFloat16")
         resumed = self.train_losses(resume=True, steps=2)
         print("bf16 base, checkpoint at step 2: straight on %r, resumed in bf16 %r"
               % (straight_on, resumed))
         self.assertEqual(sorted(resumed), [3, 4])
         self.assertEqual(resumed, straight_on)
-        # Onto the base loaded in float32 (as --resume=latest loads --model):
-        # the resumed run casts it, to the same bits.
+        # Loaded in float32 when asked: the resumed run casts it, to the
+        # same bits.
         op = self.op("LoadModel", pb.LoadModelRequest(
-            hf_directory=self.source, lora_adapter=checkpoint, resume=True))
+            hf_directory=self.source, lora_adapter=checkpoint, resume=True,
+            base_dtype="float32"))
         self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        info = self.d.call("DescribeModel", pb.DescribeModelRequest())
+        self.assertEqual(dict((p.name, p.dtype) for p in info.parameters)[
+            "model.embed_tokens.weight"], "Float")
         self.assertEqual(self.train_losses(resume=True, steps=2), straight_on)
 
 

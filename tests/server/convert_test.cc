@@ -534,7 +534,7 @@ TEST(ConvertTest, LoadModelRequestCarriesSourceSeedAndPlacements) {
                                            Pair("model.layers.2", Placement::kDevice),
                                            Pair("model.norm", Placement::kDevice)));
 
-  EXPECT_EQ(spec->base_dtype, BaseDtype::kFloat32);
+  EXPECT_FALSE(spec->base_dtype.has_value());  // unset: the session decides
   req.set_base_dtype("bf16");
   spec = FromProto(req);
   ASSERT_TRUE(spec.ok()) << spec.status();

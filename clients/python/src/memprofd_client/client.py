@@ -136,7 +136,8 @@ class Client(ClientState):
         hf_directory's config.json only, with weights initialised from seed.
         lora_adapter: a peft LoRA adapter directory loaded onto the model.
         base_dtype: "bf16" makes and loads the weights in bf16, frozen (the
-        model trains LoRA adapters only); "float32" or None: float32."""
+        model trains LoRA adapters only); "float32"; None: a resumed LoRA
+        run's own (resume with lora_adapter), else float32."""
         return self._start("LoadModel", request(
             pb.LoadModelRequest, preset=preset, hf_directory=hf_directory, seed=seed,
             placement=placement, resume=resume, init_weights=init_weights,
