@@ -213,8 +213,9 @@ def lora_run():
         made = ctl("snapshot", "lora-" + kind, "--kind", kind, timeout=600)
         check("LoRA: %s snapshot" % kind, bool(made) and made[0].get("kind", "").lower()
               .endswith(kind), made[0] if made else None)
-    # The frozen base in bf16 under bf16 autocast: half the base's bytes.
-    ctl("load", "--preset", args.preset, timeout=600)
+    # The frozen base loaded in bf16 (never held in float32), trained under
+    # bf16 autocast: half the base's bytes.
+    ctl("load", "--preset", args.preset, "--base_dtype", "bf16", timeout=600)
     bf16 = ctl("train", "--steps", "2", "--batch_size", str(args.batch_size),
                "--seq_len", str(args.seq_len), "--learning_rate", str(args.lr),
                "--token_data", tokens_path, "--bytes_per_token", "4",
