@@ -8,6 +8,7 @@
 #include <functional>
 
 #include "absl/strings/str_cat.h"
+#include "core/common/fnv1a.h"
 #include "core/common/status_macros.h"
 
 namespace memprofd {
@@ -17,13 +18,8 @@ namespace {
 // models have the same structure (a collision between different models is
 // 2^-63 unlikely).
 int64_t Fingerprint(const NamedTensors& parameters) {
-  uint64_t hash = 1469598103934665603ull;
-  auto mix = [&](const std::string& text) {
-    for (unsigned char c : text) {
-      hash ^= c;
-      hash *= 1099511628211ull;
-    }
-  };
+  uint64_t hash = kFnv1aOffsetBasis;
+  auto mix = [&](const std::string& text) { Fnv1a(text.data(), text.size(), &hash); };
   for (const auto& [name, tensor] : parameters) {
     mix(name);
     for (int64_t size : tensor.sizes()) mix(absl::StrCat(":", size));

@@ -79,6 +79,15 @@ inline uint64_t MixSeed(uint64_t a, uint64_t b) {
 // it allocates as it would and draws nothing (plans).
 at::Tensor LoraDropout(const at::Tensor& x, double p, uint64_t seed);
 
+// The tensor dtype a base of BaseDtype `dtype` (lora_options.h) is kept in,
+// and back.
+inline at::ScalarType ScalarTypeOf(BaseDtype dtype) {
+  return dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
+}
+inline BaseDtype BaseDtypeOf(at::ScalarType dtype) {
+  return dtype == at::kBFloat16 ? BaseDtype::kBf16 : BaseDtype::kFloat32;
+}
+
 // The [out, in] shape of projection `name` (a kLoraTargets name) in
 // `config`'s decoder layers.
 std::pair<int64_t, int64_t> ProjectionShape(const LlamaConfig& config,

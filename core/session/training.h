@@ -25,6 +25,7 @@
 // Thread-safety: Admit and Follow from any thread; the stages run on the
 // threads named above.
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -125,7 +126,14 @@ class Training {
 
  private:
   class StepReporter;
-  struct Plan;
+  // What a training run was planned at: a budgeted run's choice (set by the
+  // plan thread before the run starts) and the planned peak of the run's
+  // configuration. Shared by the plan thread and the run's step reporter,
+  // which reads it at each step.
+  struct Plan {
+    std::string budget_choice;                   // empty: no budget
+    std::atomic<int64_t> planned_peak_bytes{0};  // 0: not planned (yet)
+  };
 
   // Stage 1 (plan thread).
   void PlanUnderBudget(const std::shared_ptr<const Admitted>& admitted,
