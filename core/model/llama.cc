@@ -92,11 +92,9 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(
     const LlamaConfig& config, uint64_t seed, c10::Device device,
     at::ScalarType base_dtype) {
   RETURN_IF_ERROR(config.Validate());
-  if (base_dtype != at::kFloat && base_dtype != at::kBFloat16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a base is kept in float32 or bfloat16, not ", c10::toString(base_dtype)));
-  }
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, device));
+  // A model without weights yet: only the dtype itself can be refused.
+  RETURN_IF_ERROR(model->CheckBaseDtype(base_dtype));
   model->base_dtype_ = base_dtype;
   RETURN_IF_ERROR(TorchBoundary("creating the model", [&] { model->Initialize(seed); }));
   return model;

@@ -96,11 +96,12 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   void OnStepBegin(int64_t global_step) override {
     std::lock_guard<std::mutex> lock(mu_);
     in_step_ = true;
-    step_ = in_setup_ ? setup_ : StepPeaks();
+    const bool after_setup = in_setup_;
+    step_ = after_setup ? setup_ : StepPeaks();
     in_setup_ = false;
     step_.step = global_step;
     phase_ = CurrentPhase();
-    if (live_ > step_.peak || step_.peak == 0) TakePeak(&step_);
+    if (!after_setup || live_ > step_.peak) TakePeak(&step_);
     for (int c = 0; c < kNumCategories; ++c) NotePhaseCategory(static_cast<Category>(c));
   }
   void OnStepEnd(int64_t /*global_step*/) override {

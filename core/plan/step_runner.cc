@@ -114,11 +114,9 @@ absl::Status RunPlannedSteps(
                    ValidTrainOptions::Check(options, spec.model.max_position_embeddings));
   ASSIGN_OR_RETURN(std::unique_ptr<TokenDataset> data,
                    TokenDataset::Create(options.data, spec.model.vocab_size));
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<LlamaModel> model,
-      LlamaModel::Create(
-          spec.model, /*seed=*/0, device,
-          spec.model_base_dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat));
+  ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
+                   LlamaModel::Create(spec.model, /*seed=*/0, device,
+                                      ScalarTypeOf(spec.model_base_dtype)));
   TagModelMemory(*model);
   if (prepare_model) prepare_model(*model);
   Trainer trainer(model.get());

@@ -106,7 +106,7 @@ std::string Gib(int64_t bytes) {
 absl::Status CheckModelFits(const LlamaConfig& config, const c10::Device& device,
                             BaseDtype base_dtype) {
   const int64_t params = config.NumParameters();  // Validate() refused -1
-  const int64_t element = base_dtype == BaseDtype::kBf16 ? 2 : 4;
+  const int64_t element = c10::elementSize(ScalarTypeOf(base_dtype));
   int64_t param_bytes = 0;
   int64_t rope_bytes = 0;
   int64_t bytes = 0;
@@ -219,8 +219,7 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   }
   const BaseDtype dtype = spec.base_dtype.value_or(
       state && state->run ? state->run->options.base_dtype : BaseDtype::kFloat32);
-  const at::ScalarType base_dtype =
-      dtype == BaseDtype::kBf16 ? at::kBFloat16 : at::kFloat;
+  const at::ScalarType base_dtype = ScalarTypeOf(dtype);
   if (!spec.preset.empty()) {
     ASSIGN_OR_RETURN(LlamaConfig config, LlamaConfig::Preset(spec.preset));
     RETURN_IF_ERROR(CheckModelFits(config, device, dtype));
@@ -376,8 +375,7 @@ void ModelHost::PublishModel() {
   summary.source = model_source_;
   summary.config = model_->config();
   summary.num_parameters = model_->NumParameters();
-  summary.base_dtype =
-      model_->base_dtype() == at::kFloat ? BaseDtype::kFloat32 : BaseDtype::kBf16;
+  summary.base_dtype = BaseDtypeOf(model_->base_dtype());
   summary.device = device_;
   summary.steps_trained = trainer_ ? trainer_->global_step() : 0;
   summary.load_notes = load_notes_;

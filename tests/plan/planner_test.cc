@@ -728,8 +728,9 @@ TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
     std::cout << "  made in bf16: planned " << loaded->peak_allocated_bytes << " B\n";
     EXPECT_LE(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
     // Checkpointed, the cast was the peak: without it the plan is lower.
-    if (checkpointing)
+    if (checkpointing) {
       EXPECT_LT(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
+    }
   }
 }
 
