@@ -111,6 +111,11 @@ ABSL_FLAG(std::string, model, memprofd::SessionOptions().model,
           "llama-3.2-1b) or a Hugging Face "
           "directory "
           "(config.json + safetensors); empty for none");
+ABSL_FLAG(int64_t, device_memory_limit,
+          memprofd::SessionOptions().device_memory_limit_bytes,
+          "the most bytes memprofd may allocate on its compute device (0: all it has); "
+          "beyond it an allocation fails as out of memory, with an OOM report, as on a "
+          "device of that size (on a CPU device, every tensor of the process counts)");
 ABSL_FLAG(uint64_t, model_seed, memprofd::SessionOptions().model_seed,
           "seed of the start model's initialisation");
 ABSL_FLAG(std::string, snapshot_root, memprofd::SessionOptions().snapshot_root,
@@ -290,6 +295,7 @@ int main(int argc, char** argv) {
   session.device = absl::GetFlag(FLAGS_device);
   session.model = absl::GetFlag(FLAGS_model);
   session.model_seed = absl::GetFlag(FLAGS_model_seed);
+  session.device_memory_limit_bytes = absl::GetFlag(FLAGS_device_memory_limit);
   session.snapshot_root = absl::GetFlag(FLAGS_snapshot_root);
   session.data_roots = DataRoots(argc, argv);
   session.max_data_file_bytes = absl::GetFlag(FLAGS_max_data_file_bytes);

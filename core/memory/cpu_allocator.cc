@@ -2,12 +2,15 @@
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
+#include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "core/memory/oom_report.h"
 #include "core/memory/recorder.h"
@@ -59,6 +62,20 @@ uint32_t ThreadShard() {
 class CountingCpuAllocator;
 CountingCpuAllocator* g_allocator = nullptr;  // Leaked; set once.
 std::atomic<bool> g_installed{false};
+// SetCpuMemoryLimit's cap (0: none) and the bytes the wrapper holds now,
+// counted against it.
+std::atomic<int64_t> g_limit{0};
+std::atomic<int64_t> g_live_bytes{0};
+
+// Counts `n` more bytes against the cap; false (nothing counted) when they
+// would go beyond it.
+bool Reserve(int64_t n) {
+  const int64_t limit = g_limit.load(std::memory_order_relaxed);
+  const int64_t after = g_live_bytes.fetch_add(n, std::memory_order_relaxed) + n;
+  if (limit <= 0 || after <= limit) return true;
+  g_live_bytes.fetch_sub(n, std::memory_order_relaxed);
+  return false;
+}
 
 class CountingCpuAllocator final : public c10::Allocator {
  public:
@@ -91,13 +108,26 @@ class CountingCpuAllocator final : public c10::Allocator {
  private:
   c10::DataPtr Allocate(size_t n) const {
     if (n == 0 || n > SIZE_MAX - kHeaderBytes) return underlying_->allocate(n);
+    const auto bytes = static_cast<int64_t>(n);
+    if (!Reserve(bytes)) {
+      // The device cap: refused as an allocation the memory cannot hold is,
+      // with the same report and the same exception.
+      NoteAllocationFailure(kCpuDevice, bytes);
+      const int64_t limit = g_limit.load(std::memory_order_relaxed);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, "CPU out of memory: tried to allocate ",
+                       bytes, " bytes with ",
+                       g_live_bytes.load(std::memory_order_relaxed),
+                       " of the device memory limit's ", limit,
+                       " bytes allocated (--device_memory_limit)");
+    }
     c10::DataPtr raw;
     try {
       raw = underlying_->allocate(n + kHeaderBytes);
     } catch (...) {
+      g_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
       // Seen here, before the exception unwinds the step and frees what
       // filled the memory: what is live now goes into the OOM report.
-      NoteAllocationFailure(kCpuDevice, static_cast<int64_t>(n));
+      NoteAllocationFailure(kCpuDevice, bytes);
       throw;
     }
     char* base = static_cast<char*>(raw.get());
@@ -139,7 +169,9 @@ class CountingCpuAllocator final : public c10::Allocator {
       h->next->prev = h->prev;
     }
     h->magic = 0;
+    const int64_t size = h->size;
     h->original_deleter(h->original_context);
+    g_live_bytes.fetch_sub(size, std::memory_order_relaxed);
   }
 
  public:
@@ -196,6 +228,14 @@ bool RetagCpuBlock(void* data, void (*deleter)(void*), ModuleId module,
   g_allocator->recorder()->Retag(kCpuDevice, h->size, from, module, category);
   return true;
 }
+
+void SetCpuMemoryLimit(int64_t bytes) {
+  g_limit.store(std::max<int64_t>(0, bytes), std::memory_order_relaxed);
+}
+
+int64_t CpuMemoryLimit() { return g_limit.load(std::memory_order_relaxed); }
+
+int64_t CpuAllocatedBytes() { return g_live_bytes.load(std::memory_order_relaxed); }
 
 std::vector<LiveBlock> LiveCpuBlocks() {
   if (g_allocator == nullptr) return {};

@@ -50,6 +50,22 @@ std::optional<Attribution> CpuBlockAttribution(void* data, void (*deleter)(void*
 bool RetagCpuBlock(void* data, void (*deleter)(void*), ModuleId module,
                    Category category);
 
+// The device memory limit of a daemon computing on the CPU (its
+// --device_memory_limit): once set above 0, an allocation through the wrapper
+// that would take the bytes it holds beyond `bytes` fails as one the memory
+// cannot hold does (NoteAllocationFailure, then c10::OutOfMemoryError, which
+// says "out of memory" and names the limit). On the CPU the compute device is
+// the host, so every storage the wrapper allocates counts: the model's, the
+// step's and the host-side copies alike. 0 (or below): no limit. Takes effect
+// for the next allocation; the bytes held already stay. Process-wide;
+// thread-safe.
+void SetCpuMemoryLimit(int64_t bytes);
+// The limit set (0: none), and the bytes the wrapper holds now (what the
+// limit is checked against; storages allocated before installation are not
+// among them).
+int64_t CpuMemoryLimit();
+int64_t CpuAllocatedBytes();
+
 // The CPU allocations made through the wrapper that are alive now (device
 // kCpuDevice, data address, requested size, attribution), in no particular
 // order.

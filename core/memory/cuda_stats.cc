@@ -278,6 +278,44 @@ void TrackEntry(const TraceEntry& t) {
 
 }  // namespace
 
+namespace {
+// SetCudaMemoryLimit's limits by device index (0: none).
+std::mutex g_limit_mu;
+absl::flat_hash_map<int, int64_t> g_limits;
+}  // namespace
+
+absl::Status SetCudaMemoryLimit(int device, int64_t bytes) {
+  int64_t free = 0;
+  int64_t total = 0;
+  if (!CudaMemInfo(device, &free, &total)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device_memory_limit: cuda:", device, " is not there"));
+  }
+  if (bytes > total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_memory_limit ", bytes, " is beyond cuda:", device, "'s ",
+                     total, " bytes; give at most that, or 0 for no limit"));
+  }
+  try {
+    // The per-device allocators exist once CUDA is initialised.
+    LazyInitCuda(at::globalContext(), Rank<1>{});
+    const double fraction =
+        bytes > 0 ? static_cast<double>(bytes) / static_cast<double>(total) : 1.0;
+    cca::setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("device_memory_limit: ", e.what()));
+  }
+  std::lock_guard<std::mutex> lock(g_limit_mu);
+  g_limits[device] = std::max<int64_t>(0, bytes);
+  return absl::OkStatus();
+}
+
+int64_t CudaMemoryLimit(int device) {
+  std::lock_guard<std::mutex> lock(g_limit_mu);
+  auto it = g_limits.find(device);
+  return it == g_limits.end() ? 0 : it->second;
+}
+
 absl::Status AttachCudaAccounting() {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);

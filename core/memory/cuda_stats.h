@@ -47,6 +47,17 @@ std::vector<CudaDeviceSample> SampleCudaDevices();
 // nothing did yet. Thread-safe.
 bool CudaMemInfo(int device, int64_t* free_bytes, int64_t* total_bytes);
 
+// The device memory limit (the daemon's --device_memory_limit) on `device`:
+// the caching allocator may then reserve at most `bytes` there (its memory
+// fraction, bytes / the device's total), and an allocation beyond that fails
+// with its OutOfMemoryError and the OOM observer's report, as on a device
+// that size. Initialises CUDA. FAILED_PRECONDITION for a device that is not
+// there; INVALID_ARGUMENT when `bytes` exceeds the device's total. 0: back
+// to no limit (fraction 1). CudaMemoryLimit: the limit set on `device`, 0 for
+// none.
+absl::Status SetCudaMemoryLimit(int device, int64_t bytes);
+int64_t CudaMemoryLimit(int device);
+
 // Resets the peaks of every initialised device to their current values.
 void ResetCudaPeaks();
 

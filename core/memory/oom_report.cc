@@ -83,6 +83,12 @@ void FillCpuFigures(OomCapture* c) {
     }
     c->total_bytes = c->total_bytes < 0 ? cap : std::min(c->total_bytes, cap);
   }
+  // The device memory limit: what it leaves is all there is.
+  if (const int64_t limit = CpuMemoryLimit(); limit > 0) {
+    const int64_t left = std::max<int64_t>(0, limit - CpuAllocatedBytes());
+    c->free_bytes = c->free_bytes < 0 ? left : std::min(c->free_bytes, left);
+    c->total_bytes = c->total_bytes < 0 ? limit : std::min(c->total_bytes, limit);
+  }
 }
 
 DeviceRoom CpuRoom() {
@@ -144,9 +150,16 @@ DeviceRoom QueryDeviceRoom(int device) {
 #ifdef MEMPROFD_WITH_CUDA
   DeviceRoom room;
   if (!CudaMemInfo(device, &room.free_bytes, &room.total_bytes)) return {};
+  int64_t allocated = 0;
   for (const CudaDeviceSample& s : SampleCudaDevices()) {
-    if (s.device == device)
-      room.free_bytes += std::max<int64_t>(0, s.reserved_bytes - s.allocated_bytes);
+    if (s.device != device) continue;
+    room.free_bytes += std::max<int64_t>(0, s.reserved_bytes - s.allocated_bytes);
+    allocated = s.allocated_bytes;
+  }
+  // The device memory limit: the allocator reserves no more than it.
+  if (const int64_t limit = CudaMemoryLimit(device); limit > 0) {
+    room.free_bytes = std::min(room.free_bytes, std::max<int64_t>(0, limit - allocated));
+    room.total_bytes = std::min(room.total_bytes, limit);
   }
   return room;
 #else

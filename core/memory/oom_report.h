@@ -48,18 +48,20 @@ struct OomCapture {
   // -1 where the device has no such figure. CUDA: the caching allocator's
   // reserved bytes, and cudaMemGetInfo's free / total (total is the allowed
   // maximum under a memory fraction). CPU: reserved = allocated (the CPU
-  // allocator keeps no cache); free = MemAvailable, or what RLIMIT_AS leaves
-  // of the address space when less; total = MemTotal or RLIMIT_AS.
+  // allocator keeps no cache); free = MemAvailable, or what RLIMIT_AS or the
+  // device memory limit (SetCpuMemoryLimit) leaves when less; total =
+  // MemTotal, or RLIMIT_AS or that limit when smaller.
   int64_t reserved_bytes = -1;
   int64_t free_bytes = -1;
   int64_t total_bytes = -1;
 };
 
 // What a device can still hold, in bytes; -1 where unknown. CPU: free is
-// MemAvailable, or what RLIMIT_AS leaves of the address space when less;
-// total is MemTotal or RLIMIT_AS. CUDA (device >= 0): cudaMemGetInfo's free
-// and total, plus what the caching allocator keeps reserved but unused
-// (reusable without asking the driver). Reads /proc: call it off gRPC's
+// MemAvailable, or what RLIMIT_AS or the device memory limit leaves when
+// less; total is MemTotal, or RLIMIT_AS or that limit when smaller. CUDA
+// (device >= 0): cudaMemGetInfo's free and total, plus what the caching
+// allocator keeps reserved but unused (reusable without asking the driver),
+// within the device memory limit (SetCudaMemoryLimit). Reads /proc: call it off gRPC's
 // threads. Thread-safe.
 struct DeviceRoom {
   int64_t free_bytes = -1;

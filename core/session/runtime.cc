@@ -1,8 +1,10 @@
 #include "core/session/runtime.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
+#include "core/memory/cpu_allocator.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
 #include "core/offload/offloader.h"
@@ -27,17 +29,28 @@ absl::StatusOr<Runtime*> Runtime::Install() {
   return runtime;
 }
 
-void Runtime::UseDevice(const std::string& device) {
+absl::Status Runtime::UseDevice(const std::string& device, int64_t memory_limit_bytes) {
   const bool cuda = absl::StartsWith(device, "cuda");
   recorder_.set_track_cuda(cuda);
+  if (!cuda) {
+    memory::SetCpuMemoryLimit(memory_limit_bytes);
+    return absl::OkStatus();
+  }
 #ifdef MEMPROFD_WITH_CUDA
   // The CUDA blocks' attribution, before the model loads.
-  if (cuda) {
-    if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
-      LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
-    }
+  if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
+    LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
+  }
+  int index = 0;
+  const size_t colon = device.find(':');
+  if (colon != std::string::npos && !absl::SimpleAtoi(device.substr(colon + 1), &index)) {
+    return absl::InvalidArgumentError(absl::StrCat("device '", device, "' has no index"));
+  }
+  if (memory_limit_bytes > 0 || memory::CudaMemoryLimit(index) > 0) {
+    return memory::SetCudaMemoryLimit(index, memory_limit_bytes);
   }
 #endif
+  return absl::OkStatus();
 }
 
 }  // namespace memprofd

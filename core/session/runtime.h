@@ -43,10 +43,13 @@ class Runtime {
 
   // Prepares for a session computing on `device` (resolved: "cpu" or
   // "cuda:N"): the recorder records CUDA history only for a CUDA device (a
-  // CPU daemon on a GPU host creates no CUDA context for it), and on CUDA
-  // the caching allocator's blocks are attributed (a warning when that is
-  // unavailable). Call before the session's first tensor.
-  void UseDevice(const std::string& device);
+  // CPU daemon on a GPU host creates no CUDA context for it), on CUDA the
+  // caching allocator's blocks are attributed (a warning when that is
+  // unavailable), and the device's allocations are capped at
+  // `memory_limit_bytes` (0: no cap; SessionOptions::device_memory_limit_bytes).
+  // The cap's status: INVALID_ARGUMENT beyond the device's size. Call before
+  // the session's first tensor.
+  absl::Status UseDevice(const std::string& device, int64_t memory_limit_bytes);
 
  private:
   explicit Runtime(memory::MemoryRecorder& recorder) : recorder_(recorder) {}

@@ -93,7 +93,10 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   absl::StatusOr<std::string> device =
       ResolveDevice(options.device, options.world.local_rank);
   if (!device.ok()) return device.status();
-  runtime.UseDevice(*device);
+  if (absl::Status s = runtime.UseDevice(*device, options.device_memory_limit_bytes);
+      !s.ok()) {
+    return AboutOption(s, "device_memory_limit");
+  }
   if (!options.snapshot_root.empty()) {
     if (absl::Status s = snapshot::CheckSnapshotRoot(options.snapshot_root); !s.ok()) {
       return s;

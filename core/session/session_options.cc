@@ -29,6 +29,10 @@ absl::Status ValidateSessionOptions(const SessionOptions& options) {
     return OptionError(absl::StatusCode::kInvalidArgument, field,
                        absl::StrCat(field, ": ", rule, ", got ", value));
   };
+  if (options.device_memory_limit_bytes < 0) {
+    return bad("device_memory_limit", "must be >= 0 bytes (0: no limit)",
+               options.device_memory_limit_bytes);
+  }
   if (options.keep_last < 0) {
     return bad("keep_last", "must be >= 0 (0 keeps every snapshot)", options.keep_last);
   }

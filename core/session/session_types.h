@@ -36,6 +36,14 @@ struct SessionOptions {
   // Empty: none.
   std::string model = "tiny";
   uint64_t model_seed = 0;
+  // The most bytes this daemon may allocate on its compute device (0: as
+  // much as the device has). Beyond it an allocation fails as on a device
+  // of that size: RESOURCE_EXHAUSTED with an OOM report, and admission
+  // plans against what it leaves. On a CPU device every tensor storage of
+  // the process counts (memory::SetCpuMemoryLimit); on CUDA the caching
+  // allocator reserves no more (memory::SetCudaMemoryLimit). Emulates a
+  // smaller device, and keeps a shared one's daemons apart.
+  int64_t device_memory_limit_bytes = 0;
   // Where snapshots live; empty disables them (FAILED_PRECONDITION).
   std::string snapshot_root;
   // The directories (absolute; canonical after symbolic links) that paths

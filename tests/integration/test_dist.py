@@ -310,6 +310,100 @@ class AdmissionTest(unittest.TestCase):
             close_all(ranks)
 
 
+def cpu_peak(d):
+    """The most bytes `d` has held on its CPU device since it started (the
+    recorder's peak: load, run and all)."""
+    devices = d.call("GetMemoryStats", pb.GetMemoryStatsRequest()).devices
+    return next(m.peak_bytes for m in devices if m.device == "cpu")
+
+
+class DeviceMemoryLimitTest(unittest.TestCase):
+    """--device_memory_limit emulates a smaller device: set between what one
+    process peaks at and what a rank of a 2-rank fully sharded run peaks at
+    (load, steps and all), the one process runs out of memory, with an OOM
+    report that names the limit, or is refused before it allocates; the two
+    ranks train under it, to the losses they reach without it."""
+    MODEL = "tiny"  # 4.0M float32 parameters: AdamW's state outweighs a step's activations
+    STEPS = 2
+
+    def train_to_end(self, d, batch_size):
+        op = wait_done(d, train(d, steps=self.STEPS, batch_size=batch_size).id, timeout=300)
+        return op
+
+    def test_a_limit_one_process_cannot_train_under_two_fully_sharded_ranks_can(self):
+        # Unlimited: the peaks the limit goes between, and the losses.
+        ranks = start_ranks(2, "--sharding=full", model=self.MODEL)
+        try:
+            op = self.train_to_end(ranks[0], 1)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            status_at_steps(ranks[1], self.STEPS)
+            rank_peak = max(cpu_peak(d) for d in ranks)
+            losses = [r.loss for _, r in sorted(step_reports(ranks[0]).items())]
+        finally:
+            close_all(ranks)
+        single = Daemon("--model=" + self.MODEL, "--model_seed=0")
+        try:
+            op = self.train_to_end(single, 2)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            one_peak = cpu_peak(single)
+        finally:
+            single.close()
+        limit = (one_peak + rank_peak) // 2
+        print("\n%s, %d steps of 2 sequences: one process peaks at %d bytes, a rank of 2 "
+              "fully sharded ones at %d; limit %d" % (self.MODEL, self.STEPS, one_peak,
+                                                     rank_peak, limit))
+        # Room on both sides, so that neither outcome rests on a few bytes.
+        self.assertGreater(one_peak, rank_peak * 1.1)
+
+        flag = "--device_memory_limit=%d" % limit
+        reports = tempfile.TemporaryDirectory(prefix="memprofd-limit-")
+        self.addCleanup(reports.cleanup)
+        # Run for real (no admission): the step fails as out of memory.
+        unrefused = Daemon("--model=" + self.MODEL, "--model_seed=0", flag,
+                           "--refuse_unfit_steps=false", "--report_dir=" + reports.name)
+        refusing = Daemon("--model=" + self.MODEL, "--model_seed=0", flag)
+        try:
+            op = self.train_to_end(unrefused, 2)
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             op.error.message)
+            self.assertIn("out of memory", op.error.message)
+            self.assertIn("device_memory_limit", op.error.message)
+            report = unrefused.call("GetLastOomReport", pb.GetLastOomReportRequest())
+            self.assertTrue(report.captured, report.error)
+            self.assertEqual(report.total_bytes, limit)
+            self.assertLess(report.free_bytes, report.requested_bytes)
+            # The request failed because it would have gone beyond the limit.
+            self.assertLessEqual(report.allocated_bytes, limit)
+            self.assertGreater(report.allocated_bytes + report.requested_bytes, limit)
+            self.assertTrue(report.path.startswith(reports.name), report.path)
+            self.assertLessEqual(cpu_peak(unrefused), limit)
+            # Admission plans against what the limit leaves.
+            op = self.train_to_end(refusing, 2)
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                             op.error.message)
+            self.assertIn("refused before it allocated", op.error.message)
+            for d in (unrefused, refusing):
+                status = d.call("GetStatus", pb.GetStatusRequest())
+                self.assertEqual(status.serving_state, "SERVING")
+        finally:
+            unrefused.close()
+            refusing.close()
+
+        ranks = start_ranks(2, "--sharding=full", flag, model=self.MODEL)
+        try:
+            op = self.train_to_end(ranks[0], 1)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            status_at_steps(ranks[1], self.STEPS)
+            peaks = [cpu_peak(d) for d in ranks]
+            limited = [r.loss for _, r in sorted(step_reports(ranks[0]).items())]
+        finally:
+            close_all(ranks)
+        self.assertLessEqual(max(peaks), limit)
+        self.assertEqual(limited, losses)
+
+
 class LoadModelTest(unittest.TestCase):
     def test_load_on_rank_zero_reaches_every_rank(self):
         ranks = start_ranks(2)

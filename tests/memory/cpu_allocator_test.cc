@@ -11,7 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/synchronization/barrier.h"
+#include "core/common/torch_boundary.h"
+#include "core/memory/oom_report.h"
 #include "core/memory/recorder.h"
 #include "gtest/gtest.h"
 #include "tests/memory/test_util.h"
@@ -169,6 +173,51 @@ TEST(CountingCpuAllocatorTest, ZeroByteTensorsAreNotEvents) {
   const int64_t allocs0 = R().AllocCount(kCpuDevice);
   at::Tensor t = at::empty({0});
   EXPECT_EQ(R().AllocCount(kCpuDevice), allocs0);
+}
+
+TEST(CountingCpuAllocatorTest, TheDeviceLimitRefusesWhatGoesBeyondItAsOutOfMemory) {
+  EnsureAccountingInstalled();
+  const absl::Cleanup no_limit = [] { SetCpuMemoryLimit(0); };
+  (void)TakeOomCapture();
+  const int64_t base = CpuAllocatedBytes();
+  EXPECT_EQ(base, R().CurrentBytes(kCpuDevice));
+  const int64_t limit = base + (int64_t{1} << 20);
+  SetCpuMemoryLimit(limit);
+  EXPECT_EQ(CpuMemoryLimit(), limit);
+  at::Tensor half = Bytes(512 << 10);
+  EXPECT_EQ(CpuAllocatedBytes(), base + (512 << 10));
+  // What the limit leaves is the device's room.
+  const DeviceRoom room = QueryDeviceRoom(kCpuDevice);
+  EXPECT_EQ(room.total_bytes, limit);
+  EXPECT_EQ(room.free_bytes, limit - base - (512 << 10));
+
+  // 768 KiB more would pass the limit: refused as out of memory, counted
+  // nowhere, with the OOM capture and the status every OOM gets.
+  const int64_t allocs0 = R().AllocCount(kCpuDevice);
+  const absl::Status status =
+      TorchBoundary("step", [] { at::Tensor t = Bytes(768 << 10); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "out of memory")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "--device_memory_limit")) << status;
+  EXPECT_EQ(R().AllocCount(kCpuDevice), allocs0);
+  EXPECT_EQ(CpuAllocatedBytes(), base + (512 << 10));
+  std::optional<OomCapture> capture = TakeOomCapture();
+  ASSERT_TRUE(capture.has_value());
+  EXPECT_EQ(capture->device, kCpuDevice);
+  EXPECT_EQ(capture->requested_bytes, 768 << 10);
+  EXPECT_EQ(capture->total_bytes, limit);
+  EXPECT_EQ(capture->free_bytes, limit - base - (512 << 10));
+  EXPECT_TRUE(std::any_of(capture->live.begin(), capture->live.end(),
+                          [](const LiveBlock& b) { return b.size == (512 << 10); }));
+
+  // Freed bytes are room again; lifting the limit lifts the refusal.
+  half.reset();
+  EXPECT_EQ(CpuAllocatedBytes(), base);
+  EXPECT_NO_THROW(Bytes(768 << 10));
+  SetCpuMemoryLimit(base + 1024);
+  EXPECT_THROW(Bytes(768 << 10), c10::OutOfMemoryError);
+  SetCpuMemoryLimit(0);
+  EXPECT_NO_THROW(Bytes(768 << 10));
 }
 
 }  // namespace

@@ -43,5 +43,17 @@ TEST(ValidateSessionOptionsTest, APlanCapMustBePositiveAndNamesItsOption) {
   }
 }
 
+TEST(ValidateSessionOptionsTest, ADeviceMemoryLimitIsBytesOrNoneAndNamesItsOption) {
+  SessionOptions options;
+  EXPECT_EQ(options.device_memory_limit_bytes, 0);  // no limit
+  options.device_memory_limit_bytes = int64_t{6} << 30;
+  EXPECT_TRUE(ValidateSessionOptions(options).ok());
+  options.device_memory_limit_bytes = -1;
+  const absl::Status s = ValidateSessionOptions(options);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("device_memory_limit: must be >= 0"));
+  EXPECT_EQ(OptionOf(s), std::optional<std::string>("device_memory_limit"));
+}
+
 }  // namespace
 }  // namespace memprofd
