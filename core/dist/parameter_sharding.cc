@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/common/attribution.h"
 #include "core/common/status_macros.h"
 #include "core/common/torch_boundary.h"
@@ -21,6 +24,23 @@ namespace {
 
 c10::StorageImpl* StorageOf(const at::Tensor& t) {
   return t.storage().unsafeGetStorageImpl();
+}
+
+// The module a group's buffer is attributed to: the longest dotted path the
+// modules `names` share ("model.layers.3" for a decoder layer's), or
+// `fallback` when they share none (the head's final norm and lm_head).
+ModuleId CommonModule(const std::vector<std::string>& names, ModuleId fallback) {
+  std::vector<absl::string_view> common = absl::StrSplit(names.front(), '.');
+  for (const std::string& name : names) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(name, '.');
+    size_t same = 0;
+    while (same < common.size() && same < parts.size() && common[same] == parts[same]) {
+      ++same;
+    }
+    common.resize(same);
+  }
+  if (common.empty() || common.front().empty()) return fallback;
+  return InternModule(absl::StrJoin(common, "."));
 }
 
 }  // namespace
@@ -55,9 +75,7 @@ ParameterSharding::ParameterSharding(ProcessGroup* group, LlamaModel* model,
     : group_(group),
       model_(model),
       params_(std::move(params)),
-      held_(params_.size(), true),
-      pending_(params_.size()),
-      aliases_(params_.size()) {}
+      held_(params_.size(), true) {}
 
 absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
     ProcessGroup* group, LlamaModel* model) {
@@ -89,29 +107,77 @@ absl::StatusOr<std::unique_ptr<ParameterSharding>> ParameterSharding::Create(
   }
   std::unique_ptr<ParameterSharding> sharding(
       new ParameterSharding(group, model, params));
+  ParameterSharding& s = *sharding;
   const int world = group->world_size();
+  s.units_ = UnitParameterIndices(*model, params);
+  // The groups: each unit's parameters not in an earlier unit, then each
+  // parameter of none alone.
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  s.group_of_.assign(params.size(), kNone);
+  auto add_group = [&s](std::vector<size_t> members) {
+    if (members.empty()) return;
+    for (size_t k : members) s.group_of_[k] = s.groups_.size();
+    s.groups_.push_back(std::move(members));
+  };
+  for (const std::vector<size_t>& unit : s.units_) {
+    std::vector<size_t> members;
+    for (size_t k : unit) {
+      if (s.group_of_[k] == kNone) members.push_back(k);
+    }
+    add_group(std::move(members));
+  }
+  for (size_t k = 0; k < params.size(); ++k) {
+    if (s.group_of_[k] == kNone) add_group({k});
+  }
   for (size_t k = 0; k < params.size(); ++k) {
     const at::Tensor& p = params[k];
     const FlatChunk piece = ChunkOf(p.numel(), group->rank(), world);
-    sharding->pieces_.push_back(piece);
-    sharding->nbytes_.push_back(piece.chunk * world * p.element_size());
+    s.pieces_.push_back(piece);
+    s.nbytes_.push_back(piece.chunk * world * p.element_size());
     const std::optional<Attribution> a = memory::StorageAttribution(p);
-    sharding->modules_.push_back(a ? a->module : 0);
+    s.modules_.push_back(a ? a->module : 0);
     // Whole to begin with: counted as gathered until freed.
-    sharding->stats_.gathered_bytes += static_cast<int64_t>(p.storage().nbytes());
-    at::Tensor shard;
-    RETURN_IF_ERROR(TorchBoundary("copying a parameter's shard", [&] {
-      at::NoGradGuard no_grad;
-      ModuleScope module(a ? a->module : 0);
-      CategoryScope category(Category::kParameters);
-      shard = at::zeros({piece.chunk}, p.options());
-      shard.narrow(0, 0, piece.length)
-          .copy_(p.detach().view({-1}).narrow(0, piece.begin, piece.length));
-    }));
-    sharding->stats_.owned_bytes += piece.chunk * p.element_size();
-    sharding->shards_.push_back(std::move(shard));
+    s.stats_.gathered_bytes += static_cast<int64_t>(p.storage().nbytes());
   }
-  sharding->units_ = UnitParameterIndices(*model, params);
+  s.offsets_.assign(params.size(), 0);
+  s.shards_.resize(params.size());
+  for (const std::vector<size_t>& members : s.groups_) {
+    int64_t elements = 0;
+    std::vector<std::string> names;
+    for (size_t k : members) {
+      if (params[k].scalar_type() != params[members.front()].scalar_type()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("full sharding: parameters ", members.front(), " and ", k,
+                         " of one unit have different dtypes; every parameter must train "
+                         "in one dtype"));
+      }
+      s.offsets_[k] = elements;
+      elements += s.pieces_[k].chunk;
+      names.push_back(ModuleName(static_cast<ModuleId>(s.modules_[k])));
+    }
+    const ModuleId module =
+        CommonModule(names, static_cast<ModuleId>(s.modules_[members.front()]));
+    s.group_modules_.push_back(module);
+    at::Tensor flat;
+    RETURN_IF_ERROR(TorchBoundary("copying a unit's shards", [&] {
+      at::NoGradGuard no_grad;
+      ModuleScope in_module(module);
+      CategoryScope category(Category::kParameters);
+      const at::Tensor& first = params[members.front()];
+      flat = at::zeros({elements}, first.options());
+      for (size_t k : members) {
+        const FlatChunk& piece = s.pieces_[k];
+        s.shards_[k] = flat.narrow(0, s.offsets_[k], piece.chunk);
+        s.shards_[k]
+            .narrow(0, 0, piece.length)
+            .copy_(params[k].detach().view({-1}).narrow(0, piece.begin, piece.length));
+      }
+    }));
+    s.stats_.owned_bytes += elements * params[members.front()].element_size();
+    s.flat_.push_back(std::move(flat));
+  }
+  s.pending_.resize(s.groups_.size());
+  s.gathered_.resize(s.groups_.size());
   ParameterSharding* raw = sharding.get();
   sharding->hooks_ =
       std::make_unique<AccumulatorHooks>(params, [raw](size_t k) { raw->FreeOne(k); });
@@ -165,12 +231,13 @@ at::Tensor ParameterSharding::PieceTarget(size_t k) const {
   const at::Tensor& shard = shards_[k];
   at::Tensor target = at::empty({0}, shard.options());
   at::NoGradGuard no_grad;
-  target.set_(shard.storage(), 0, {pieces_[k].length}, {1});
+  target.set_(shard.storage(), shard.storage_offset(), {pieces_[k].length}, {1});
   return target;
 }
 
-absl::Status ParameterSharding::StartGather(size_t k) {
+absl::StatusOr<at::Tensor> ParameterSharding::Refill(size_t k) {
   const at::Tensor& p = params_[k];
+  at::Tensor alias;
   RETURN_IF_ERROR(TorchBoundary("gathering a parameter", [&] {
     at::NoGradGuard no_grad;
     c10::StorageImpl* storage = StorageOf(p);
@@ -180,38 +247,86 @@ absl::Status ParameterSharding::StartGather(size_t k) {
     storage->set_nbytes(nbytes_[k]);
     memory::TagStorage(p, static_cast<ModuleId>(modules_[k]),
                        Category::kGatheredParameters);
-    // A tensor of its own over the whole storage, padding included: the
-    // all-gather bumps its version counter, not the parameter's.
-    aliases_[k] = at::empty({0}, p.options());
-    aliases_[k].set_(p.storage(), 0, {nbytes_[k] / p.element_size()}, {1});
+    alias = at::empty({0}, p.options());
+    alias.set_(p.storage(), 0, {nbytes_[k] / p.element_size()}, {1});
   }));
   held_[k] = true;
   stats_.gathered_bytes += nbytes_[k];
   stats_.peak_gathered_bytes =
       std::max(stats_.peak_gathered_bytes, stats_.gathered_bytes);
-  absl::StatusOr<PendingCollective> started =
-      group_->StartAllGatherInto(aliases_[k], shards_[k]);
+  return alias;
+}
+
+absl::Status ParameterSharding::StartGather(size_t g) {
+  const at::Tensor& flat = flat_[g];
+  const int64_t world = group_->world_size();
+  at::Tensor out;
+  RETURN_IF_ERROR(TorchBoundary("gathering a unit's parameters", [&] {
+    at::NoGradGuard no_grad;
+    ModuleScope module(static_cast<ModuleId>(group_modules_[g]));
+    CategoryScope category(Category::kGatheredParameters);
+    out = at::empty({world * flat.numel()}, flat.options());
+  }));
+  const int64_t bytes = out.numel() * out.element_size();
+  stats_.gathered_bytes += bytes;
+  stats_.peak_gathered_bytes =
+      std::max(stats_.peak_gathered_bytes, stats_.gathered_bytes);
+  absl::StatusOr<PendingCollective> started = group_->StartAllGatherInto(out, flat);
   if (!started.ok()) {
-    aliases_[k] = at::Tensor();
-    FreeOne(k);
+    stats_.gathered_bytes -= bytes;
     return started.status();
   }
-  pending_[k] = *std::move(started);
+  pending_[g] = *std::move(started);
+  gathered_[g] = std::move(out);
   ++stats_.gathers;
   return absl::OkStatus();
 }
 
-absl::Status ParameterSharding::Complete(size_t k) {
-  absl::Status status = pending_[k].Wait();
-  pending_[k] = PendingCollective();
-  aliases_[k] = at::Tensor();
+absl::Status ParameterSharding::Complete(size_t g) {
+  absl::Status status = pending_[g].Wait();
+  pending_[g] = PendingCollective();
+  at::Tensor rows = std::move(gathered_[g]);
+  gathered_[g] = at::Tensor();
+  const int64_t bytes = rows.numel() * rows.element_size();
+  const int64_t world = group_->world_size();
+  if (status.ok()) {
+    // Row r is rank r's buffer: parameter k's chunks are its column.
+    const at::Tensor by_rank = rows.view({world, flat_[g].numel()});
+    for (size_t k : groups_[g]) {
+      if (held_[k]) continue;
+      absl::StatusOr<at::Tensor> alias = Refill(k);
+      if (!alias.ok()) {
+        status = alias.status();
+        break;
+      }
+      status = TorchBoundary("copying a gathered parameter", [&] {
+        at::NoGradGuard no_grad;
+        alias->view({world, pieces_[k].chunk})
+            .copy_(by_rank.narrow(1, offsets_[k], pieces_[k].chunk));
+      });
+      if (!status.ok()) break;
+    }
+  }
+  rows.reset();
+  stats_.gathered_bytes -= bytes;
   return status;
 }
 
+absl::Status ParameterSharding::StartUnit(const ModelUnit& unit, bool prefetch) {
+  for (size_t k : UnitParameters(unit)) {
+    const size_t g = group_of_[k];
+    if (held_[k] || gathered_[g].defined()) continue;
+    RETURN_IF_ERROR(StartGather(g));
+    if (prefetch) ++stats_.prefetched;
+  }
+  return absl::OkStatus();
+}
+
 void ParameterSharding::FreeOne(size_t k) {
-  // Never free a buffer an all-gather may still write; a failure here breaks
+  // Never free what an all-gather may still write to; a failure here breaks
   // the run, and the next collective reports it.
-  if (aliases_[k].defined()) Complete(k).IgnoreError();
+  const size_t g = group_of_[k];
+  if (gathered_[g].defined()) Complete(g).IgnoreError();
   const bool was_held = held_[k];
   held_[k] = false;
   c10::StorageImpl* storage = StorageOf(params_[k]);
@@ -225,22 +340,15 @@ void ParameterSharding::FreeOne(size_t k) {
 absl::Status ParameterSharding::Gather(const ModelUnit& unit, bool backward) {
   if (backward && unit.kind == ModelUnit::Kind::kEmbedding) return absl::OkStatus();
   const auto start = std::chrono::steady_clock::now();
-  const std::vector<size_t>& unit_params = UnitParameters(unit);
-  for (size_t k : unit_params) {
-    if (!held_[k]) RETURN_IF_ERROR(StartGather(k));
-  }
-  for (size_t k : unit_params) {
-    if (aliases_[k].defined()) RETURN_IF_ERROR(Complete(k));
+  RETURN_IF_ERROR(StartUnit(unit, /*prefetch=*/false));
+  for (size_t k : UnitParameters(unit)) {
+    if (gathered_[group_of_[k]].defined()) RETURN_IF_ERROR(Complete(group_of_[k]));
   }
   stats_.exposed_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // The next unit's travel while this one computes.
   if (std::optional<ModelUnit> next = NextUnit(unit, backward)) {
-    for (size_t k : UnitParameters(*next)) {
-      if (held_[k]) continue;
-      RETURN_IF_ERROR(StartGather(k));
-      ++stats_.prefetched;
-    }
+    RETURN_IF_ERROR(StartUnit(*next, /*prefetch=*/true));
   }
   return absl::OkStatus();
 }
@@ -251,11 +359,13 @@ void ParameterSharding::Release(const ModelUnit& unit) {
 
 absl::Status ParameterSharding::GatherAll() {
   const auto start = std::chrono::steady_clock::now();
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (!held_[k]) RETURN_IF_ERROR(StartGather(k));
-  }
-  for (size_t k = 0; k < params_.size(); ++k) {
-    if (aliases_[k].defined()) RETURN_IF_ERROR(Complete(k));
+  // One group at a time: the whole model, and at most one group's buffer
+  // beside it.
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    const bool needed = std::any_of(groups_[g].begin(), groups_[g].end(),
+                                    [this](size_t k) { return !held_[k]; });
+    if (needed && !gathered_[g].defined()) RETURN_IF_ERROR(StartGather(g));
+    if (gathered_[g].defined()) RETURN_IF_ERROR(Complete(g));
   }
   stats_.exposed_seconds +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -268,8 +378,15 @@ void ParameterSharding::ReleaseAll() {
 
 absl::Status ParameterSharding::GatherOne(size_t k) {
   if (held_[k]) return absl::OkStatus();
-  RETURN_IF_ERROR(StartGather(k));
-  return Complete(k);
+  const size_t g = group_of_[k];
+  if (gathered_[g].defined()) return Complete(g);
+  ASSIGN_OR_RETURN(at::Tensor alias, Refill(k));
+  absl::StatusOr<PendingCollective> started =
+      group_->StartAllGatherInto(alias, shards_[k]);
+  absl::Status status = started.ok() ? started->Wait() : started.status();
+  ++stats_.gathers;
+  if (!status.ok()) FreeOne(k);
+  return status;
 }
 
 absl::StatusOr<int64_t> ParameterSharding::BroadcastStreamIndex(int64_t index) {

@@ -4,17 +4,28 @@
 // The parameters of a fully sharded (ZeRO-3, FSDP-style) data-parallel run:
 // each rank keeps only a flat shard of each parameter (its piece, the
 // partition of core/common/flat_shard.h, padded with zeros to the chunk size
-// c, ceil(n / N) rounded up to 16, in a storage of its own tagged
-// `parameters`), and holds a
-// parameter whole only while a unit of the model that uses it runs. The
-// shards are the only copy: the sharded optimizer updates them in place
-// (PieceTarget: this rank's piece, without the padding).
+// c, ceil(n / N) rounded up to 16), and holds a parameter whole only while a
+// unit of the model that uses it runs. The shards are the only copy: the
+// sharded optimizer updates them in place (PieceTarget: this rank's piece,
+// without the padding).
 //
-//   Gather(unit)   every rank all-gathers each of the unit's parameters from
-//                  the ranks' shards (c10d all_gather_into_tensor, one per
-//                  parameter, in model order) into the parameter's storage,
-//                  allocated again with N * c elements (the parameter views
-//                  the first n). Before the unit's forward, and before its
+// Where the shards live: one flat buffer per group of parameters, a
+// storage of its own tagged `parameters` (with the group's module: the
+// longest module path its parameters share), holding the group's padded
+// chunks one after another. A group is a unit of the model (the embedding,
+// a decoder layer, the head: UnitParameterIndices), each parameter in the
+// first unit that uses it (a head tied to the embedding gathers the
+// embedding's group), and a parameter of no unit in a group of its own.
+//
+//   Gather(unit)   every rank all-gathers the flat buffer of each group the
+//                  unit uses (c10d all_gather_into_tensor: one collective
+//                  per group, in model order) into a buffer of N times its
+//                  size, laid out rank-major (row r: rank r's buffer), as
+//                  FSDP2's all-gather output is. Once it has arrived, each
+//                  parameter's storage is allocated again with N * c
+//                  elements (the parameter views the first n) and its
+//                  column of the rows is copied in; the gathered buffer is
+//                  then freed. Before the unit's forward, and before its
 //                  backward (the hook on its output), so that a checkpointed
 //                  layer's recomputation finds its weights.
 //   Release(unit)  frees the unit's parameters' storages (no collective).
@@ -28,20 +39,24 @@
 // as FSDP's first version does. So the tensors autograd saved in forward (a
 // leaf is saved as itself, never copied), the offloader's filter of
 // parameter storages and every view stay valid, and the parameter's version
-// counter never moves (the all-gather writes through an alias with a counter
-// of its own), so autograd does not see the refill as an in-place change.
-// The refilled storage is tagged gathered_parameters with its module.
+// counter never moves (the copy writes through an alias with a counter of
+// its own), so autograd does not see the refill as an in-place change.
+// The refilled storage is tagged gathered_parameters with its module; the
+// gathered buffer in flight too, with its group's.
 //
 // Communication overlaps compute: once a unit's parameters are there,
-// Gather starts the all-gathers of the next unit's (the next layer in
+// Gather starts the all-gathers of the next unit's groups (the next layer in
 // forward, the previous one in backward) without waiting for them, so they
 // travel while the unit computes; the next Gather waits for what is still in
-// flight (the exposed time). So a rank holds at most two units gathered at
-// once, besides the head between its forward and its backward.
+// flight (the exposed time). So a rank holds at most two units' worth
+// gathered at once (the unit running and the next one's buffer in flight),
+// besides the head between its forward and its backward, and for the moment
+// of a copy the unit's buffer and its parameters both.
 //
 // A reader on rank 0 that needs the parameters one at a time (the snapshot
 // writer at a step boundary, which must never hold a second copy of the
-// model) streams them:
+// model) streams them, one all-gather per parameter, straight into its
+// storage:
 //
 //   StreamParameter(k)  rank 0 broadcasts the index k, then every rank
 //                       all-gathers parameter k; rank 0 reads it and
@@ -56,7 +71,7 @@
 // parameter at a time.
 //
 // Every rank calls Gather with the same units in the same order (the same
-// model and step): which parameters a call all-gathers, and in what order,
+// model and step): which groups a call all-gathers, and in what order,
 // depends only on that order, so the ranks' collectives match. The
 // embedding's backward reads only the token ids, so the embedding is not
 // gathered for it.
@@ -92,12 +107,13 @@ std::vector<std::vector<size_t>> UnitParameterIndices(
 struct ParameterShardingStats {
   // Bytes of this rank's shards (kept all along, padding included).
   int64_t owned_bytes = 0;
-  // Bytes of whole parameters held now, and the most held at once since the
-  // last ResetPeak: the gathered working set.
+  // Bytes of whole parameters and gathered buffers held now, and the most
+  // held at once since the last ResetPeak: the gathered working set.
   int64_t gathered_bytes = 0;
   int64_t peak_gathered_bytes = 0;
-  // Parameter all-gathers since the last ResetPeak, and those of them
-  // started ahead of their unit (the next unit's, overlapped).
+  // All-gathers since the last ResetPeak (one per group a unit gathers, one
+  // per streamed parameter), and those of them started ahead of their unit
+  // (the next unit's, overlapped).
   int64_t gathers = 0;
   int64_t prefetched = 0;
   // Time Gather and GatherAll spent waiting for all-gathers since the last
@@ -161,12 +177,21 @@ class ParameterSharding {
   // none (the head in forward; the first layer in backward, since the
   // embedding is not gathered for its backward).
   std::optional<ModelUnit> NextUnit(const ModelUnit& unit, bool backward) const;
-  // Allocates a parameter's storage and starts its all-gather; Complete
-  // waits for it.
-  absl::Status StartGather(size_t index);
-  absl::Status Complete(size_t index);
-  // StartGather and Complete, unless the parameter is held.
+  // Starts the all-gather of group g's flat buffer; Complete waits for it
+  // and copies each parameter of the group that is not held out of it.
+  absl::Status StartGather(size_t group);
+  absl::Status Complete(size_t group);
+  // Starts the all-gathers of the groups of `unit`'s parameters that are
+  // neither held nor in flight; `prefetch`: counted as prefetched.
+  absl::Status StartUnit(const ModelUnit& unit, bool prefetch);
+  // Parameter k whole, on its own (one all-gather into its storage), unless
+  // held; waits for its group's all-gather instead when it is in flight.
   absl::Status GatherOne(size_t index);
+  // Allocates parameter k's storage (N * c elements) and returns a tensor of
+  // its own over all of it, padding included, for the copy or the
+  // all-gather to write through (so that the parameter's version counter
+  // stays).
+  absl::StatusOr<at::Tensor> Refill(size_t index);
   // Rank 0's stream index (-1: the end), broadcast from rank 0.
   absl::StatusOr<int64_t> BroadcastStreamIndex(int64_t index);
   void FreeOne(size_t index);
@@ -174,14 +199,25 @@ class ParameterSharding {
   ProcessGroup* const group_;
   LlamaModel* const model_;
   const std::vector<at::Tensor> params_;
-  std::vector<at::Tensor> shards_;  // this rank's, padded: chunk elements each
-  std::vector<FlatChunk> pieces_;   // this rank's piece of each parameter
-  std::vector<int64_t> nbytes_;     // each parameter's storage bytes, gathered
-  std::vector<bool> held_;          // by every rank (the same on all)
-  // All-gathers started and not waited for, with the alias each writes to.
+  // Each group's flat buffer of shards (its parameters' padded chunks in
+  // order), its parameters, and its module.
+  std::vector<at::Tensor> flat_;
+  std::vector<std::vector<size_t>> groups_;
+  std::vector<int64_t> group_modules_;
+  // Each group's all-gather in flight, and the buffer it writes to.
   std::vector<PendingCollective> pending_;
-  std::vector<at::Tensor> aliases_;
-  std::vector<int64_t> modules_;  // each parameter's ModuleId, for tagging
+  std::vector<at::Tensor> gathered_;
+  // Per parameter: this rank's shard (a view of its group's buffer, chunk
+  // elements), its group, its offset in the group's buffer, its piece, its
+  // storage bytes gathered, its ModuleId (for tagging), and whether it is
+  // held whole (the same on every rank).
+  std::vector<at::Tensor> shards_;
+  std::vector<size_t> group_of_;
+  std::vector<int64_t> offsets_;
+  std::vector<FlatChunk> pieces_;
+  std::vector<int64_t> nbytes_;
+  std::vector<int64_t> modules_;
+  std::vector<bool> held_;
   // Each unit's parameter indices: the embedding, each layer, the head.
   std::vector<std::vector<size_t>> units_;
   std::unique_ptr<AccumulatorHooks> hooks_;  // frees each after its gradient

@@ -26,8 +26,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
-#include "core/dist/gradient_sync.h"
 #include "core/common/flat_shard.h"
+#include "core/dist/gradient_sync.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/command.h"
@@ -631,18 +631,24 @@ void ExpectFullShardingMatchesGradientSharding(int world, const std::string& com
     ASSERT_NE(at, std::string::npos) << full[r].output;
     std::sscanf(full[r].output.c_str() + at, "largest_unit_bytes %lld", &largest_unit);
     EXPECT_LE(b.peak_gathered, 3 * largest_unit) << "rank " << r;
+    // One all-gather per unit's flat buffer, before its forward and again
+    // before its backward: at most 2 x (8 layers + embedding + head), the
+    // embedding's again for the tied head and none for its backward.
     EXPECT_GT(b.gathers, 0) << "rank " << r;
+    EXPECT_LE(b.gathers, 2 * (8 + 2)) << "rank " << r;
     // The next unit's all-gathers start while a unit computes.
     EXPECT_GT(b.prefetched, 0) << "rank " << r;
     EXPECT_LT(b.prefetched, b.gathers) << "rank " << r;
-    absl::StrAppend(&figures, r == 0 ? "" : ", ", b.owned, " + ", b.peak_gathered);
+    absl::StrAppend(&figures, r == 0 ? "" : ", ", b.owned, " + ", b.peak_gathered, " (",
+                    b.gathers, " all-gathers)");
   }
   // The shards hold every element once, plus their padding: none where
   // the sizes divide by the world, at most a piece per parameter otherwise.
   EXPECT_GE(owned, model_bytes);
   EXPECT_LE(owned, model_bytes + world * rounding);
   std::cout << world << " ranks, full sharding: parameter bytes per rank, shards + most "
-            << "gathered at once: " << figures << " of " << model_bytes
+            << "gathered at once (all-gathers in the last step): " << figures << " of "
+            << model_bytes
             << " (the whole model); losses and parameters bit for bit as gradient "
                "sharding's"
             << std::endl;
