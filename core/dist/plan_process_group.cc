@@ -24,7 +24,8 @@ namespace {
 
 class PlanProcessGroup : public ProcessGroup {
  public:
-  explicit PlanProcessGroup(WorldSpec world) : ProcessGroup(std::move(world)) {}
+  PlanProcessGroup(WorldSpec world, CollectiveBackend backend)
+      : ProcessGroup(std::move(world)), backend_(backend) {}
 
   const char* backend_name() const override { return "plan"; }
 
@@ -49,7 +50,9 @@ class PlanProcessGroup : public ProcessGroup {
     RETURN_IF_ERROR(CheckChunks("all-gather into a tensor", output, input));
     at::NoGradGuard no_grad;
     output.view({world_size(), -1}).copy_(input.reshape({1, -1}));
-    return PendingCollective::DoneOnlyWhenWaited();
+    // Gloo's flat buffer of the output, alive while the collective may be.
+    return PendingCollective::DoneOnlyWhenWaited(
+        backend_ == CollectiveBackend::kGloo ? at::empty_like(output) : at::Tensor());
   }
   absl::StatusOr<PendingCollective> StartReduceScatterSum(
       const at::Tensor& output, const at::Tensor& input) override {
@@ -71,6 +74,8 @@ class PlanProcessGroup : public ProcessGroup {
   }
 
  private:
+  const CollectiveBackend backend_;
+
   absl::Status NoStore() const {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank(), ": a group for planning has no key-value store"));
@@ -79,11 +84,12 @@ class PlanProcessGroup : public ProcessGroup {
 
 }  // namespace
 
-std::unique_ptr<ProcessGroup> ProcessGroup::ForPlan(int rank, int world_size) {
+std::unique_ptr<ProcessGroup> ProcessGroup::ForPlan(int rank, int world_size,
+                                                    CollectiveBackend backend) {
   WorldSpec world;
   world.rank = rank;
   world.world_size = world_size;
-  return std::make_unique<PlanProcessGroup>(std::move(world));
+  return std::make_unique<PlanProcessGroup>(std::move(world), backend);
 }
 
 }  // namespace memprofd

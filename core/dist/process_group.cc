@@ -60,8 +60,10 @@ struct PendingCollective::State {
   // Run once the work has finished on this rank, before Wait returns OK
   // (a reduce-scatter made of an all-reduce copies its chunk out).
   std::function<void()> then;
-  // DoneOnlyWhenWaited's: no work, Done false until Wait.
+  // DoneOnlyWhenWaited's: no work, Done false until Wait, and what it holds
+  // until then.
   bool until_waited = false;
+  at::Tensor staging;
 };
 
 PendingCollective::PendingCollective() = default;
@@ -69,15 +71,19 @@ PendingCollective::~PendingCollective() = default;
 PendingCollective::PendingCollective(PendingCollective&&) noexcept = default;
 PendingCollective& PendingCollective::operator=(PendingCollective&&) noexcept = default;
 
-PendingCollective PendingCollective::DoneOnlyWhenWaited() {
+PendingCollective PendingCollective::DoneOnlyWhenWaited(at::Tensor staging) {
   PendingCollective pending;
   pending.state_ = std::make_unique<State>();
   pending.state_->until_waited = true;
+  pending.state_->staging = std::move(staging);
   return pending;
 }
 
 absl::Status PendingCollective::Wait() {
-  if (state_ != nullptr) state_->until_waited = false;
+  if (state_ != nullptr) {
+    state_->until_waited = false;
+    state_->staging.reset();
+  }
   if (state_ == nullptr || !state_->work) return absl::OkStatus();
   try {
     if (!state_->work->wait(state_->timeout)) {

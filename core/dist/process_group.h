@@ -71,7 +71,9 @@ class PendingCollective {
   // (Done false) until it is waited for: a plan's (ForPlan), which stands
   // for a real rank whose collective has not finished yet, so that what a
   // plan counts is the most a rank can hold while collectives are in flight.
-  static PendingCollective DoneOnlyWhenWaited();
+  // `staging`, when defined, is held until then (a plan's stand-in for a
+  // backend's own buffer).
+  static PendingCollective DoneOnlyWhenWaited(at::Tensor staging = at::Tensor());
 
  private:
   friend class C10dProcessGroup;
@@ -127,8 +129,14 @@ class ProcessGroup {
   // rank's chunk of its own input. On meta tensors nothing has values.
   // The store calls return FAILED_PRECONDITION. `rank` must be in
   // [0, world_size).
-  // Its collectives' PendingCollective is DoneOnlyWhenWaited.
-  static std::unique_ptr<ProcessGroup> ForPlan(int rank, int world_size);
+  // Its collectives' PendingCollective is DoneOnlyWhenWaited. With `backend`
+  // kGloo (a CPU run's) an all-gather also holds a buffer of its output's
+  // size until it is waited for: Gloo's all-gather gathers into a flat
+  // buffer of its own, on its own thread, and copies it out, so a real rank
+  // holds one for a while in each; the plan counts it for as long as it can
+  // be there.
+  static std::unique_ptr<ProcessGroup> ForPlan(
+      int rank, int world_size, CollectiveBackend backend = CollectiveBackend::kNccl);
 
   virtual ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;

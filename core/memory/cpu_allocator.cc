@@ -66,13 +66,17 @@ std::atomic<bool> g_installed{false};
 // counted against it.
 std::atomic<int64_t> g_limit{0};
 std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_total_bytes{0};
 
 // Counts `n` more bytes against the cap; false (nothing counted) when they
 // would go beyond it.
 bool Reserve(int64_t n) {
   const int64_t limit = g_limit.load(std::memory_order_relaxed);
   const int64_t after = g_live_bytes.fetch_add(n, std::memory_order_relaxed) + n;
-  if (limit <= 0 || after <= limit) return true;
+  if (limit <= 0 || after <= limit) {
+    g_total_bytes.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  }
   g_live_bytes.fetch_sub(n, std::memory_order_relaxed);
   return false;
 }
@@ -236,6 +240,8 @@ void SetCpuMemoryLimit(int64_t bytes) {
 int64_t CpuMemoryLimit() { return g_limit.load(std::memory_order_relaxed); }
 
 int64_t CpuAllocatedBytes() { return g_live_bytes.load(std::memory_order_relaxed); }
+
+int64_t CpuAllocatedBytesTotal() { return g_total_bytes.load(std::memory_order_relaxed); }
 
 std::vector<LiveBlock> LiveCpuBlocks() {
   if (g_allocator == nullptr) return {};

@@ -65,6 +65,9 @@ void SetCpuMemoryLimit(int64_t bytes);
 // among them).
 int64_t CpuMemoryLimit();
 int64_t CpuAllocatedBytes();
+// The bytes the wrapper has allocated since installation, freed or not (for
+// a probe that must see what an op allocates and frees inside itself).
+int64_t CpuAllocatedBytesTotal();
 
 // The CPU allocations made through the wrapper that are alive now (device
 // kCpuDevice, data address, requested size, attribution), in no particular

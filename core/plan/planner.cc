@@ -7,6 +7,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "core/memory/op_attribution.h"
 #include "core/model/llama.h"
 #include "core/plan/caching_allocator_model.h"
+#include "core/plan/gemm_buffers.h"
 #include "core/plan/meta_kernels.h"
 #include "core/plan/step_runner.h"
 
@@ -359,10 +361,17 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
   run.cancelled = [&spec, ledger] {
     return ledger->overflowed() || (spec.cancelled && spec.cancelled());
   };
+  // This host's bf16 matrix products' own buffers (gemm_buffers.h), probed
+  // before the dry run's scopes.
+  const std::optional<int64_t> gemm_pad = spec.target == PlanSpec::Target::kCpu
+                                              ? internal::HostBf16GemmBufferPad()
+                                              : std::nullopt;
   {
     PhaseDomainScope in_domain(&domain);
     memory::MetaAccountingScope accounting(ledger);
     memory::ThreadOpAttribution ops;
+    std::optional<internal::Bf16GemmBuffers> gemm_buffers;
+    if (gemm_pad.has_value()) gemm_buffers.emplace(*gemm_pad);
     absl::Status ran = internal::RunPlannedSteps(
         run, c10::Device(c10::DeviceType::Meta), group,
         [sdpa, &parameters, trainable](LlamaModel& model) {
@@ -460,8 +469,12 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
   const bool sharded = world > 1 && spec.sharding != Sharding::kNone;
   std::vector<int64_t> trainable;
   // Rank 0 first: its dry run also gives the parameters to share out.
+  // The backend a run on the target uses: Gloo on a CPU, NCCL on CUDA.
+  const CollectiveBackend backend = spec.target == PlanSpec::Target::kCuda
+                                        ? CollectiveBackend::kNccl
+                                        : CollectiveBackend::kGloo;
   std::unique_ptr<ProcessGroup> group =
-      world > 1 ? ProcessGroup::ForPlan(0, world) : nullptr;
+      world > 1 ? ProcessGroup::ForPlan(0, world, backend) : nullptr;
   // The SDPA kernel the target picks, asked once for every dry run below.
   const LlamaModel::MetaSdpaKernel sdpa = internal::SdpaKernelFor(spec);
   ASSIGN_OR_RETURN(MemoryPlan first, PlanRank(spec, group.get(), sdpa, &trainable));
@@ -489,7 +502,7 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     if (r == 0) {
       rank_plan = first;
     } else {
-      group = ProcessGroup::ForPlan(r, world);
+      group = ProcessGroup::ForPlan(r, world, backend);
       std::vector<int64_t> unused;
       ASSIGN_OR_RETURN(rank_plan, PlanRank(spec, group.get(), sdpa, &unused));
     }

@@ -19,8 +19,11 @@
 // allocates inside itself and frees before it returns (CPU flash attention's
 // per-thread buffers, CUDA flash backward's float32 accumulator, BLAS
 // workspaces) and memory outside the allocator (the CUDA context, cuBLAS
-// workspaces). A caching allocator's reserve is simulated beside the plan
-// (MemoryPlan::reserved_bytes).
+// workspaces). Two such buffers are counted all the same: a CPU's bf16
+// matrix products' float32 output buffer, where the host's kernels make one
+// (probed: gemm_buffers.h), and Gloo's buffer of each all-gather in a CPU
+// data-parallel plan (ProcessGroup::ForPlan). A caching allocator's reserve
+// is simulated beside the plan (MemoryPlan::reserved_bytes).
 //
 // Thread-safety: PlanTrainingStep may run on any thread, beside a training
 // on another: its phases and steps are its own (PhaseDomain), its meta

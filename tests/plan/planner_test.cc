@@ -727,8 +727,10 @@ TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
     ASSERT_TRUE(loaded.ok());
     std::cout << "  made in bf16: planned " << loaded->peak_allocated_bytes << " B\n";
     EXPECT_LE(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
-    // Checkpointed, the cast was the peak: without it the plan is lower.
-    if (checkpointing) {
+    // Checkpointed, the cast can be the peak (where bf16 matrix products
+    // allocate no float32 buffer of their own: gemm_buffers.h), and then
+    // without it the plan is lower.
+    if (checkpointing && bf16->peak_step == 1 && bf16->peak_phase == Phase::kIdle) {
       EXPECT_LT(loaded->peak_allocated_bytes, bf16->peak_allocated_bytes);
     }
   }
