@@ -11,6 +11,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/dist/model_sync.h"
 #include "core/train/adamw.h"
+#include "core/train/autocast.h"
 
 namespace memprofd {
 
@@ -90,7 +91,13 @@ absl::Status DataParallel::BeforeUnit(const ModelUnit& unit, bool backward) {
 }
 
 void DataParallel::AfterUnitForward(const ModelUnit& unit) {
-  if (params_ != nullptr && unit.kind != ModelUnit::Kind::kHead) params_->Release(unit);
+  if (params_ == nullptr || unit.kind == ModelUnit::Kind::kHead) return;
+  params_->Release(unit);
+  // Autocast's cached bf16 copies of the weights just freed would otherwise
+  // stay until the forward ends: every unit's, in a checkpointed forward,
+  // where autograd saves none of them.
+  const c10::DeviceType device = trainer_->model()->device().type();
+  if (AutocastOn(device)) ClearAutocastWeightCache(device);
 }
 
 std::optional<DataShard> DataParallel::data_shard() const {

@@ -117,7 +117,7 @@ class DataParallel : public StepListener {
   // kFull: gathers the unit's parameters (ParameterSharding::Gather).
   absl::Status BeforeUnit(const ModelUnit& unit, bool backward) override;
   // kFull: frees them after the unit's forward (not the head's, whose
-  // backward comes next).
+  // backward comes next), and drops autocast's cached casts of them.
   void AfterUnitForward(const ModelUnit& unit) override;
   absl::Status BeforeEvaluation() override { return GatherWholeModel(); }
   absl::Status AfterEvaluation() override { return ShardModel(); }

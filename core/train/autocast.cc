@@ -35,6 +35,14 @@ bool AutocastOn(c10::DeviceType device_type) {
          at::autocast::is_autocast_enabled(device_type);
 }
 
+void ClearAutocastWeightCache(c10::DeviceType device_type) {
+  if (device_type == c10::DeviceType::Meta) {
+    ClearMetaAutocastCache();
+    return;
+  }
+  at::autocast::clear_cache();
+}
+
 MixedPrecision CurrentMixedPrecision(c10::DeviceType device_type) {
   if (device_type == c10::DeviceType::Meta) {
     return MetaAutocastOn() ? MixedPrecision::kBf16 : MixedPrecision::kNo;

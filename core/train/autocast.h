@@ -50,6 +50,12 @@ class AutocastScope {
 // key for, where asking LibTorch would throw.
 bool AutocastOn(c10::DeviceType device_type);
 
+// Drops the thread's cached casts of weights now (meta: the dry run's),
+// inside a scope: for a caller that frees weights mid-forward (full
+// sharding, after each unit), whose bf16 copies would otherwise stay cached
+// until the forward ends. Tensors autograd saved keep their copies.
+void ClearAutocastWeightCache(c10::DeviceType device_type);
+
 // The thread's autocast state on `device_type`, as a MixedPrecision: kBf16
 // when autocast is on with bfloat16 (what a checkpointed layer saves to
 // replay its forward), else kNo.

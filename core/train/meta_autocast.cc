@@ -317,6 +317,8 @@ MetaAutocastScope::~MetaAutocastScope() {
   c10::impl::tls_set_dispatch_key_excluded(kKey, previous_excluded_);
 }
 
+void ClearMetaAutocastCache() { cache.clear(); }
+
 bool MetaAutocastEligible(const at::Tensor& t) {
   return t.defined() && t.is_meta() && t.is_floating_point() &&
          t.scalar_type() != at::kDouble;

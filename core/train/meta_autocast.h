@@ -72,6 +72,9 @@ class MetaAutocastScope {
   bool previous_excluded_ = true;
 };
 
+// Drops this thread's cached casts now, as the outermost scope's end does.
+void ClearMetaAutocastCache();
+
 // Whose autocast policy this thread's meta ops follow.
 enum class MetaAutocastTarget { kCpu, kCuda };
 

@@ -25,6 +25,8 @@ ABSL_FLAG(int, port, 0, "rank 0's store port on 127.0.0.1");
 ABSL_FLAG(std::string, sharding, "none", "none, optimizer, gradients or full");
 ABSL_FLAG(int64_t, batch_size, 2, "windows per rank");
 ABSL_FLAG(int64_t, seq_len, 64, "tokens per window");
+ABSL_FLAG(bool, bf16_checkpointed, false,
+          "mixed_precision bf16 with gradient checkpointing");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -53,6 +55,10 @@ int main(int argc, char** argv) {
   spec.train.seq_len = absl::GetFlag(FLAGS_seq_len);
   spec.world_size = world.world_size;
   spec.sharding = *sharding;
+  if (absl::GetFlag(FLAGS_bf16_checkpointed)) {
+    spec.train.mixed_precision = memprofd::MixedPrecision::kBf16;
+    spec.train.gradient_checkpointing = true;
+  }
   absl::StatusOr<std::vector<plan::MeasuredStep>> steps =
       plan::MeasureTrainingSteps(spec, c10::Device(c10::DeviceType::CPU),
                                  memory::MemoryRecorder::Global(), group->get());
