@@ -7,7 +7,11 @@
 // the bytes one rank holds of parameters between steps, of whole
 // parameters gathered at once in a step (full sharding's working set), of
 // gradients at their peak and of AdamW's state, each the largest over the
-// ranks, with parameters, gradients and state as a fraction of one process's.
+// ranks, with parameters, gradients and state as a fraction of one process's;
+// then every CPU byte a rank held at the load's peak (the model made, whole on
+// every rank, and cut into the rank's part) and after the run (ended as the
+// daemon ends one: full sharding gathers the model whole again), and full
+// sharding's parameter all-gathers in a step.
 // Measured, not derived: the parameters' storages (with full sharding, whose
 // parameters are freed between steps, the rank's shards) and the optimizer
 // state's tensors summed after the run, the gathered peak as
@@ -48,6 +52,8 @@
 #include "core/dist/process_group.h"
 #include "core/dist/sharding.h"
 #include "core/dist/world.h"
+#include "core/memory/install.h"
+#include "core/memory/recorder.h"
 #include "core/model/config.h"
 #include "core/model/llama.h"
 #include "core/train/adamw.h"
@@ -134,9 +140,17 @@ class GradientBytesListener : public StepListener {
 
 // One rank: prints "RESULT <rank> <seconds per step> <exposed seconds per
 // step> <parameter bytes> <gradient peak bytes> <optimizer state bytes>
-// <gathered parameter peak bytes>".
+// <gathered parameter peak bytes> <load peak bytes> <bytes after the run>
+// <parameter all-gathers in the last step>".
 int RunRank(const std::map<std::string, std::string>& args) {
   at::set_num_threads(static_cast<int>(IntArg(args, "threads")));
+  // Every CPU storage counted from here: the load's peak and what stays.
+  if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
+    std::fprintf(stderr, "%s\n", s.ToString().c_str());
+    return 2;
+  }
+  memory::MemoryRecorder& recorder = memory::MemoryRecorder::Global();
+  const int64_t base = recorder.CurrentBytes(memory::kCpuDevice);
   absl::StatusOr<WorldSpec> world = ReadWorldSpec(ProcessEnvironment());
   absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(args.at("preset"));
   absl::StatusOr<Sharding> sharding = ParseSharding(args.at("sharding"));
@@ -170,6 +184,9 @@ int RunRank(const std::map<std::string, std::string>& args) {
     }
     dp = std::move(*created);
   }
+  // The load: the model made (every rank makes it whole) and, sharded, cut
+  // into this rank's part.
+  const int64_t load_peak = recorder.PeakBytes(memory::kCpuDevice) - base;
   TrainOptions options;
   options.batch_size = IntArg(args, "batch");
   options.seq_len = IntArg(args, "seq");
@@ -188,6 +205,7 @@ int RunRank(const std::map<std::string, std::string>& args) {
   double seconds = 0, exposed = 0;
   int64_t grad_peak = grad_bytes.peak();
   int64_t gathered_peak = 0;
+  int64_t gathers = 0;
   for (int64_t s = 0; s < steps; ++s) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepReport> report =
@@ -204,6 +222,7 @@ int RunRank(const std::map<std::string, std::string>& args) {
       if (const ParameterShardingStats* p = dp->parameter_stats()) {
         gathered_peak = std::max(gathered_peak, p->peak_gathered_bytes);
         exposed += p->exposed_seconds;
+        gathers = p->gathers;
       }
     }
   }
@@ -216,11 +235,21 @@ int RunRank(const std::map<std::string, std::string>& args) {
   if (dp != nullptr && dp->parameter_stats() != nullptr) {
     parameter_bytes += dp->parameter_stats()->owned_bytes;
   }
-  std::printf("RESULT %d %.6f %.6f %lld %lld %lld %lld\n", world->rank, seconds / steps,
-              exposed / steps, static_cast<long long>(parameter_bytes),
+  // The end of a run, as the daemon ends one (full sharding gathers the
+  // model whole again): what the rank holds then, its data included.
+  if (dp != nullptr) {
+    if (absl::Status s = dp->Finish(); !s.ok()) {
+      std::fprintf(stderr, "%s\n", s.ToString().c_str());
+      return 2;
+    }
+  }
+  const int64_t after = recorder.CurrentBytes(memory::kCpuDevice) - base;
+  std::printf("RESULT %d %.6f %.6f %lld %lld %lld %lld %lld %lld %lld\n", world->rank,
+              seconds / steps, exposed / steps, static_cast<long long>(parameter_bytes),
               static_cast<long long>(grad_peak),
               static_cast<long long>(StorageBytes(state)),
-              static_cast<long long>(gathered_peak));
+              static_cast<long long>(gathered_peak), static_cast<long long>(load_peak),
+              static_cast<long long>(after), static_cast<long long>(gathers));
   std::fflush(stdout);
   return 0;
 }
@@ -233,6 +262,9 @@ struct Figures {
   int64_t gathered_peak_bytes = 0;
   int64_t gradient_peak_bytes = 0;
   int64_t optimizer_bytes = 0;
+  int64_t load_peak_bytes = 0;
+  int64_t after_run_bytes = 0;
+  int64_t gathers = 0;  // full sharding's all-gathers in a step
 };
 
 // Starts `world` copies of this binary as ranks of one run and gathers
@@ -259,9 +291,11 @@ Figures Launch(const std::string& self, const std::map<std::string, std::string>
   while (pipe != nullptr && fgets(line, sizeof(line), pipe) != nullptr) {
     int rank = 0;
     double step = 0, exposed = 0;
-    long long params = 0, grads = 0, state = 0, gathered = 0;
-    if (std::sscanf(line, "RESULT %d %lf %lf %lld %lld %lld %lld", &rank, &step, &exposed,
-                    &params, &grads, &state, &gathered) != 7) {
+    long long params = 0, grads = 0, state = 0, gathered = 0, load = 0, after = 0,
+              gathers = 0;
+    if (std::sscanf(line, "RESULT %d %lf %lf %lld %lld %lld %lld %lld %lld %lld", &rank,
+                    &step, &exposed, &params, &grads, &state, &gathered, &load, &after,
+                    &gathers) != 10) {
       other_output += line;
       continue;
     }
@@ -273,6 +307,9 @@ Figures Launch(const std::string& self, const std::map<std::string, std::string>
         std::max<int64_t>(figures.gathered_peak_bytes, gathered);
     figures.gradient_peak_bytes = std::max<int64_t>(figures.gradient_peak_bytes, grads);
     figures.optimizer_bytes = std::max<int64_t>(figures.optimizer_bytes, state);
+    figures.load_peak_bytes = std::max<int64_t>(figures.load_peak_bytes, load);
+    figures.after_run_bytes = std::max<int64_t>(figures.after_run_bytes, after);
+    figures.gathers = std::max<int64_t>(figures.gathers, gathers);
   }
   if (pipe != nullptr) pclose(pipe);
   figures.ok = reported == world;
@@ -314,10 +351,11 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
       args.at("batch").c_str(), args.at("seq").c_str(), args.at("steps").c_str(),
       args.at("warmup").c_str(), args.at("threads").c_str(), args.at("bucket_kb").c_str(),
       static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  std::printf("%-6s %-9s %5s %8s %9s %9s %8s %11s %8s %12s %11s %8s %11s %8s %7s\n",
-              "preset", "sharding", "ranks", "s/step", "tokens/s", "exposed", "exp/step",
-              "params MiB", "params/1", "gathered MiB", "grads MiB", "grads/1",
-              "optim MiB", "optim/1", "scaling");
+  std::printf(
+      "%-6s %-9s %5s %8s %9s %9s %8s %11s %8s %12s %11s %8s %11s %8s %7s %9s %9s %7s\n",
+      "preset", "sharding", "ranks", "s/step", "tokens/s", "exposed", "exp/step",
+      "params MiB", "params/1", "gathered MiB", "grads MiB", "grads/1", "optim MiB",
+      "optim/1", "scaling", "load MiB", "after MiB", "gathers");
   const int64_t tokens = IntArg(args, "batch") * IntArg(args, "seq");
   int port = 29600 + static_cast<int>(getpid() % 2000);
   int failures = 0;
@@ -335,7 +373,7 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
       std::printf(
           "%-6s %-9s %5d %8.4f %9.0f %9.4f %7.1f%% %11.2f %8.2f %12.2f %11.2f %8.2f "
           "%11.2f "
-          "%8.2f %7.2f\n",
+          "%8.2f %7.2f %9.2f %9.2f %7lld\n",
           preset.c_str(), level.c_str(), world, f.step_seconds, rate, f.exposed_seconds,
           f.step_seconds > 0 ? 100 * f.exposed_seconds / f.step_seconds : 0,
           MiB(f.parameter_bytes),
@@ -350,7 +388,8 @@ int RunLauncher(const std::map<std::string, std::string>& args) {
           one.optimizer_bytes > 0
               ? static_cast<double>(f.optimizer_bytes) / one.optimizer_bytes
               : 0,
-          one_rate > 0 ? rate / one_rate : 0);
+          one_rate > 0 ? rate / one_rate : 0, MiB(f.load_peak_bytes),
+          MiB(f.after_run_bytes), static_cast<long long>(f.gathers));
       std::fflush(stdout);
     };
     row("-", 1, one);

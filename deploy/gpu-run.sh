@@ -33,7 +33,7 @@
 # Without a CUDA device, or with GPU_KIT_DRY_RUN=1, it is a dry run on the CPU:
 # the tiny preset, --device=cpu, offloading to disk (host is a no-op on a CPU),
 # CUDA test cases skipping by themselves.
-# Knobs: GPU_KIT_PARTS (default tests,bench,plan,speed,daemon,hf,viz,trl,nccl; hf, viz and
+# Knobs: GPU_KIT_PARTS (default tests,bench,plan,speed,daemon,hf,viz,trl,limit,nccl; hf, viz and
 # trl need daemon), GPU_KIT_PRESET, GPU_KIT_BATCH, GPU_KIT_SEQ, GPU_KIT_STEPS,
 # GPU_KIT_SPEED_BATCH, GPU_KIT_SPEED_SEQ, GPU_KIT_SPEED_STEPS (the speed part's),
 # GPU_KIT_BUDGET_S (default 480: parts that would start past it are not run),
@@ -93,7 +93,7 @@ else
   plan_1b_args=(cuda:0 "$preset" 0 "${batch}x${seq}")
   speed_batch=${GPU_KIT_SPEED_BATCH:-8} speed_seq=${GPU_KIT_SPEED_SEQ:-2048} speed_steps=${GPU_KIT_SPEED_STEPS:-4}
 fi
-parts=",${GPU_KIT_PARTS:-tests,bench,plan,speed,daemon,hf,viz,trl,nccl},"
+parts=",${GPU_KIT_PARTS:-tests,bench,plan,speed,daemon,hf,viz,trl,limit,nccl},"
 if [ "$dry" = 1 ] && [ "${GPU_KIT_DRY_RUN:-0}" != 1 ] && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "gpu-run: nvidia-smi lists a GPU but $py's torch sees no CUDA device; not a dry run by mistake:"
   nvidia-smi -L
@@ -260,6 +260,12 @@ if [[ $parts == *,daemon,* ]]; then
         "$work/trl.json"
     fi
   fi
+fi
+
+if [[ $parts == *,limit,* ]]; then
+  # --device_memory_limit on the device: a step beyond it fails as an OOM would.
+  part limit 120 "$py" deploy/gpu-kit/drive_limit.py --memprofd "$work/memprofd" \
+    --memprofctl "$work/memprofctl" --device "$device" --work "$work/limit" --out "$work/limit.json"
 fi
 
 if [[ $parts == *,nccl,* ]]; then

@@ -192,6 +192,16 @@ void NoteAllocationFailure(int device, int64_t requested_bytes, int64_t free_byt
   }
   if (free_bytes >= 0) c.free_bytes = free_bytes;
   if (total_bytes >= 0) c.total_bytes = total_bytes;
+#ifdef MEMPROFD_WITH_CUDA
+  // The device memory limit, where the allocator's figures are the device's.
+  if (device != kCpuDevice) {
+    if (const int64_t limit = CudaMemoryLimit(device); limit > 0) {
+      const int64_t left = std::max<int64_t>(0, limit - c.allocated_bytes);
+      c.free_bytes = c.free_bytes < 0 ? left : std::min(c.free_bytes, left);
+      c.total_bytes = c.total_bytes < 0 ? limit : std::min(c.total_bytes, limit);
+    }
+  }
+#endif
   std::lock_guard<std::mutex> lock(g_capture_mu);
   *g_capture = std::move(c);
 }

@@ -4,7 +4,7 @@
 
 Reads what the parts left in WORK: parts.tsv (part, exit status, seconds, note,
 written by gpu-run.sh), the gtest XML files, daemon.json, hf.json, viz.json,
-trl.json, speed.json, speed_hf.json and nccl.json. Prints the table, writes everything to
+trl.json, speed.json, speed_hf.json, limit.json and nccl.json. Prints the table, writes everything to
 OUT.json, exits 1 if any part or check failed (a part that did not run is a failure too).
 
 The speed table (the speed parts): memprofd, transformers and transformers +
@@ -71,7 +71,7 @@ if mode == "gpu" and any(name.endswith("_test") for name in parts):
     rows.append(("CUDA test cases ran (none skipped)", not cuda_skipped,
                  "skipped: " + ", ".join(cuda_skipped) if cuda_skipped else ""))
 
-docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl", "speed", "speed_hf", "nccl")}
+docs = {k: load(k + ".json") for k in ("daemon", "hf", "viz", "trl", "speed", "speed_hf", "limit", "nccl")}
 for key, doc in docs.items():
     for c in (doc or {}).get("checks", []):
         rows.append(("%s: %s" % (key, c["name"]), c["ok"], c["detail"]))
