@@ -38,6 +38,7 @@ import urllib.request
 
 import numpy as np
 
+import kit_daemon
 from kit_checks import all_passed, check, checks
 
 p = argparse.ArgumentParser()
@@ -63,26 +64,12 @@ os.makedirs(args.work, exist_ok=True)
 
 
 # ---- start the daemon, on free ports, and wait for its model ----
-port_file = os.path.join(args.work, "ports.json")
-if os.path.exists(port_file):
-    os.remove(port_file)
-log = open(os.path.join(args.work, "memprofd.log"), "wb")
 t0 = time.time()  # it creates the preset's model (on the CPU, then moved) before serving
-daemon = subprocess.Popen(
-    [args.memprofd, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-     "--port_file=" + port_file, "--device=" + args.device, "--model=" + args.preset,
-     "--model_seed=1", "--snapshot_root=" + os.path.join(args.work, "snapshots"),
-     "--spill_dir=" + args.work, "--data_root=" + os.path.abspath(args.work)],
-    stdout=log, stderr=subprocess.STDOUT)
-deadline = time.time() + 240
-while not os.path.exists(port_file):
-    if daemon.poll() is not None or time.time() > deadline:
-        daemon.kill()
-        sys.exit("memprofd did not start (exit %s); see %s/memprofd.log" % (daemon.poll(), args.work))
-    time.sleep(0.1)
-time.sleep(0.1)  # the file is written whole, but give its writer the moment
-ports = json.load(open(port_file))
-addr = "127.0.0.1:%d" % ports["grpc_port"]
+daemon, addr, ports = kit_daemon.start(
+    args.memprofd, args.work,
+    ["--device=" + args.device, "--model=" + args.preset, "--model_seed=1",
+     "--snapshot_root=" + os.path.join(args.work, "snapshots"), "--spill_dir=" + args.work,
+     "--data_root=" + os.path.abspath(args.work)])
 
 
 def ctl(*cmd, timeout=120, check_rc=True):
@@ -375,7 +362,6 @@ finally:
     except subprocess.TimeoutExpired:
         daemon.kill()
         rc = "killed after 60 s"
-    log.close()
 check("memprofd exits 0 on SIGTERM", rc == 0, "exit %s" % rc)
 
 record = [r for r in runs.values() if "memory_dump" in r]

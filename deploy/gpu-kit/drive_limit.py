@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+import kit_daemon
 from kit_checks import all_passed, check, checks
 
 p = argparse.ArgumentParser()
@@ -35,24 +36,12 @@ args = p.parse_args()
 os.makedirs(args.work, exist_ok=True)
 limit = args.limit_mib << 20
 
-port_file = os.path.join(args.work, "ports.json")
-if os.path.exists(port_file):
-    os.remove(port_file)
-log = open(os.path.join(args.work, "memprofd.log"), "wb")
-daemon = subprocess.Popen(
-    [args.memprofd, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-     "--port_file=" + port_file, "--device=" + args.device, "--model=tiny",
-     "--device_memory_limit=%d" % limit, "--refuse_unfit_steps=false",
-     "--report_dir=" + os.path.join(args.work, "reports")],
-    stdout=log, stderr=subprocess.STDOUT)
+daemon, addr, ports = kit_daemon.start(
+    args.memprofd, args.work,
+    ["--device=" + args.device, "--model=tiny", "--device_memory_limit=%d" % limit,
+     "--refuse_unfit_steps=false", "--report_dir=" + os.path.join(args.work, "reports")],
+    timeout=120)
 deadline = time.time() + 120
-while not os.path.exists(port_file):
-    if daemon.poll() is not None or time.time() > deadline:
-        daemon.kill()
-        sys.exit("memprofd did not start (exit %s); see %s/memprofd.log" % (daemon.poll(), args.work))
-    time.sleep(0.1)
-time.sleep(0.1)
-addr = "127.0.0.1:%d" % json.load(open(port_file))["grpc_port"]
 
 
 def ctl(*cmd):
