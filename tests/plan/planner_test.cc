@@ -708,6 +708,9 @@ TEST_F(PlannerTest, ABf16BasePlansAsItsStepsMeasureAndHalvesTheBase) {
   for (bool checkpointing : {false, true}) {
     PlanSpec spec = TinyLoraSpec(*config, checkpointing);
     spec.train.mixed_precision = MixedPrecision::kBf16;
+    // The float32 base under bf16 autocast, planned as measured too (its
+    // checkpointed forward's bf16 products included).
+    ExpectPlanMatchesCpu(spec, 0.005);
     absl::StatusOr<MemoryPlan> float32 = PlanTrainingStep(spec);
     spec.train.base_dtype = BaseDtype::kBf16;
     ExpectPlanMatchesCpu(spec, 0.005);
