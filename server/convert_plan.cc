@@ -49,7 +49,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_model(result.model);
   p.set_target(std::string(plan::TargetName(result.target)));
   p.set_peak_allocated_bytes(m.peak_allocated_bytes);
-  p.set_peak_phase(std::string(PhaseName(m.peak_phase)));
+  p.set_peak_phase(std::string(plan::PeakPhaseName(m.peak_phase, m.peak_at_setup)));
   p.set_peak_step(m.peak_step);
   AddCategories(m.categories_at_peak, &p);
   p.set_model_state_bytes(m.model_state_bytes);
@@ -79,7 +79,8 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
     v1::RankPlan* pr = p.add_ranks();
     pr->set_rank(rank.rank);
     pr->set_peak_allocated_bytes(rank.peak_allocated_bytes);
-    pr->set_peak_phase(std::string(PhaseName(rank.peak_phase)));
+    pr->set_peak_phase(
+        std::string(plan::PeakPhaseName(rank.peak_phase, rank.peak_at_setup)));
     AddCategories(rank.categories_at_peak, pr);
     pr->set_owned_parameter_count(rank.owned_parameter_count);
   }

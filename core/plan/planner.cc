@@ -46,6 +46,7 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
     int64_t step = 0;
     int64_t peak = 0;
     Phase peak_phase = Phase::kIdle;
+    bool at_setup = false;  // the peak was taken while the run was set up
     std::array<int64_t, kNumCategories> categories_at_peak{};
     std::vector<int64_t> modules_at_peak;  // index = ModuleId
     std::vector<int64_t> ops_at_peak;      // index = OpId
@@ -187,6 +188,7 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   void TakePeak(StepPeaks* peaks) {
     peaks->peak = live_;
     peaks->peak_phase = phase_;
+    peaks->at_setup = in_setup_;
     peaks->categories_at_peak = categories_;
     peaks->modules_at_peak = modules_;
     peaks->ops_at_peak = ops_;
@@ -242,6 +244,7 @@ MemoryPlan PlanOf(const Ledger::StepPeaks& s) {
   MemoryPlan plan;
   plan.peak_allocated_bytes = s.peak;
   plan.peak_phase = s.peak_phase;
+  plan.peak_at_setup = s.at_setup;
   plan.peak_step = s.step;
   plan.categories_at_peak = s.categories_at_peak;
   plan.model_state_bytes =
@@ -328,6 +331,10 @@ LlamaModel::MetaSdpaKernel SdpaKernelFor(const PlanSpec& spec) {
 }
 
 }  // namespace internal
+
+absl::string_view PeakPhaseName(Phase phase, bool at_setup) {
+  return at_setup ? "setup" : PhaseName(phase);
+}
 
 absl::string_view TargetName(PlanSpec::Target target) {
   return target == PlanSpec::Target::kCuda ? "cuda" : "cpu";
@@ -508,7 +515,8 @@ absl::StatusOr<MemoryPlan> PlanTrainingStep(const PlanSpec& spec) {
     }
     allocations += rank_plan.allocations;
     ranks.push_back({r, rank_plan.peak_allocated_bytes, rank_plan.peak_phase,
-                     rank_plan.categories_at_peak, shares[static_cast<size_t>(r)]});
+                     rank_plan.categories_at_peak, shares[static_cast<size_t>(r)],
+                     rank_plan.peak_at_setup});
     if (ranks.size() == 1 || rank_plan.peak_allocated_bytes > plan.peak_allocated_bytes) {
       plan = std::move(rank_plan);
     }

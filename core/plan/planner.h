@@ -156,6 +156,11 @@ struct NamedBytes {
   int64_t bytes = 0;
 };
 
+// Where a plan's peak was reached, as plans name it: "setup" when it was
+// while the run was set up (MemoryPlan::peak_at_setup), else the phase's
+// name (PhaseName).
+absl::string_view PeakPhaseName(Phase phase, bool at_setup);
+
 // One rank's part of a data-parallel plan (the one rank of a single
 // process's).
 struct RankPlan {
@@ -167,6 +172,8 @@ struct RankPlan {
   // The trainable parameters (numel) whose update and AdamW state this rank
   // owns: all of them unless sharded.
   int64_t owned_parameter_count = 0;
+  // As MemoryPlan::peak_at_setup.
+  bool peak_at_setup = false;
 };
 
 struct MemoryPlan {
@@ -185,6 +192,11 @@ struct MemoryPlan {
   int64_t peak_allocated_bytes = 0;
   Phase peak_phase = Phase::kIdle;
   int64_t peak_step = 0;  // 1 or 2: which of the two steps peaked higher
+  // The peak was reached while the run was set up, before its first step
+  // began (peak_phase idle, peak_step 1): adapters added, a base cast to
+  // bf16, data parallel set up (with full sharding every rank still holds
+  // the whole model beside its shards then).
+  bool peak_at_setup = false;
   // The live bytes by category at that moment (index = Category); they sum
   // to peak_allocated_bytes.
   std::array<int64_t, kNumCategories> categories_at_peak{};

@@ -190,9 +190,10 @@ void Session::RunPlan(const std::shared_ptr<Operation>& op, const PlanMemorySpec
         absl::CancelledError("cancelled as its plan was finished; the plan was dropped"));
     return;
   }
-  op->SetProgress(1, 1, "plans",
-                  absl::StrFormat("peak %d bytes in %s", plan->peak_allocated_bytes,
-                                  PhaseName(plan->peak_phase)));
+  op->SetProgress(
+      1, 1, "plans",
+      absl::StrFormat("peak %d bytes in %s", plan->peak_allocated_bytes,
+                      plan::PeakPhaseName(plan->peak_phase, plan->peak_at_setup)));
   finish(absl::OkStatus(), PlanResult{model_name, planned->target, *std::move(plan)});
 }
 
