@@ -29,7 +29,6 @@ standard library and numpy (no grpcio: memprofctl is the client).
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -356,12 +355,7 @@ except Exception as e:  # a failed command: recorded, and the daemon still stopp
     check("daemon part ran through", False, repr(e))
 finally:
     # ---- SIGTERM: drain, exit 0 ----
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        rc = daemon.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        rc = "killed after 60 s"
+    rc = kit_daemon.stop(daemon)
 check("memprofd exits 0 on SIGTERM", rc == 0, "exit %s" % rc)
 
 record = [r for r in runs.values() if "memory_dump" in r]

@@ -17,7 +17,6 @@ Writes the checks to --out (JSON). Standard library only.
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -84,12 +83,7 @@ try:
           r.returncode == 0 and peaks and 0 < max(peaks) <= limit,
           "exit %d, peak %s B %s" % (r.returncode, peaks, r.stderr.strip()[-200:]))
 finally:
-    daemon.send_signal(signal.SIGTERM)
-    try:
-        rc = daemon.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        daemon.kill()
-        rc = daemon.wait()
+    rc = kit_daemon.stop(daemon)
 check("limit: the daemon stops cleanly on SIGTERM", rc == 0, "exit %s" % rc)
 json.dump({"limit_bytes": limit, "checks": checks}, open(args.out, "w"), indent=1)
 sys.exit(0 if all_passed() else 1)

@@ -2,6 +2,7 @@
 --port_file), its output in WORK/memprofd.log. Standard library only."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -28,3 +29,15 @@ def start(memprofd, work, flags, timeout=240):
     time.sleep(0.1)  # the file is written whole, but give its writer the moment
     ports = json.load(open(port_file))
     return daemon, "127.0.0.1:%d" % ports["grpc_port"], ports
+
+
+def stop(daemon, timeout=60):
+    """SIGTERM, then the exit status within `timeout` seconds (the daemon
+    drains first), or "killed after N s" when it had to be killed."""
+    daemon.send_signal(signal.SIGTERM)
+    try:
+        return daemon.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        daemon.kill()
+        daemon.wait()
+        return "killed after %d s" % timeout
