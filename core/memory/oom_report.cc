@@ -68,6 +68,17 @@ int64_t AddressSpaceBytes() {
   return std::strtoll(buf, nullptr, 10) * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
 }
 
+// Narrows a device's free and total bytes (-1: unknown) to what a cap of
+// `cap` bytes leaves when `used` of them are in use (used < 0: unknown,
+// only the total is capped).
+void CapRoom(int64_t cap, int64_t used, int64_t* free_bytes, int64_t* total_bytes) {
+  if (used >= 0) {
+    const int64_t left = std::max<int64_t>(0, cap - used);
+    *free_bytes = *free_bytes < 0 ? left : std::min(*free_bytes, left);
+  }
+  *total_bytes = *total_bytes < 0 ? cap : std::min(*total_bytes, cap);
+}
+
 void FillCpuFigures(OomCapture* c) {
   c->allocated_bytes = MemoryRecorder::Global().CurrentBytes(kCpuDevice);
   c->reserved_bytes = c->allocated_bytes;
@@ -75,19 +86,12 @@ void FillCpuFigures(OomCapture* c) {
   c->total_bytes = MeminfoBytes("MemTotal:");
   rlimit limit{};
   if (::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY) {
-    const auto cap = static_cast<int64_t>(limit.rlim_cur);
-    const int64_t used = AddressSpaceBytes();
-    if (used >= 0) {
-      const int64_t left = std::max<int64_t>(0, cap - used);
-      c->free_bytes = c->free_bytes < 0 ? left : std::min(c->free_bytes, left);
-    }
-    c->total_bytes = c->total_bytes < 0 ? cap : std::min(c->total_bytes, cap);
+    CapRoom(static_cast<int64_t>(limit.rlim_cur), AddressSpaceBytes(), &c->free_bytes,
+            &c->total_bytes);
   }
   // The device memory limit: what it leaves is all there is.
-  if (const int64_t limit = CpuMemoryLimit(); limit > 0) {
-    const int64_t left = std::max<int64_t>(0, limit - CpuAllocatedBytes());
-    c->free_bytes = c->free_bytes < 0 ? left : std::min(c->free_bytes, left);
-    c->total_bytes = c->total_bytes < 0 ? limit : std::min(c->total_bytes, limit);
+  if (const int64_t cap = CpuMemoryLimit(); cap > 0) {
+    CapRoom(cap, CpuAllocatedBytes(), &c->free_bytes, &c->total_bytes);
   }
 }
 
@@ -157,9 +161,8 @@ DeviceRoom QueryDeviceRoom(int device) {
     allocated = s.allocated_bytes;
   }
   // The device memory limit: the allocator reserves no more than it.
-  if (const int64_t limit = CudaMemoryLimit(device); limit > 0) {
-    room.free_bytes = std::min(room.free_bytes, std::max<int64_t>(0, limit - allocated));
-    room.total_bytes = std::min(room.total_bytes, limit);
+  if (const int64_t cap = CudaMemoryLimit(device); cap > 0) {
+    CapRoom(cap, allocated, &room.free_bytes, &room.total_bytes);
   }
   return room;
 #else
@@ -195,10 +198,8 @@ void NoteAllocationFailure(int device, int64_t requested_bytes, int64_t free_byt
 #ifdef MEMPROFD_WITH_CUDA
   // The device memory limit, where the allocator's figures are the device's.
   if (device != kCpuDevice) {
-    if (const int64_t limit = CudaMemoryLimit(device); limit > 0) {
-      const int64_t left = std::max<int64_t>(0, limit - c.allocated_bytes);
-      c.free_bytes = c.free_bytes < 0 ? left : std::min(c.free_bytes, left);
-      c.total_bytes = c.total_bytes < 0 ? limit : std::min(c.total_bytes, limit);
+    if (const int64_t cap = CudaMemoryLimit(device); cap > 0) {
+      CapRoom(cap, c.allocated_bytes, &c.free_bytes, &c.total_bytes);
     }
   }
 #endif
