@@ -29,6 +29,7 @@
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
 #include "core/session/optimizer_shards.h"
+#include "core/session/runtime.h"
 #include "core/snapshot/carried_files.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
@@ -142,8 +143,7 @@ ModelHost::ModelHost(const SessionOptions& options, std::string device,
     : options_(options),
       device_(std::move(device)),
       recorder_(recorder),
-      recorder_device_(c10::Device(device_).is_cpu() ? memory::kCpuDevice
-                                                     : c10::Device(device_).index()),
+      recorder_device_(RecorderDeviceOf(device_)),
       model_roots_(std::move(model_roots)) {}
 
 ModelHost::~ModelHost() {

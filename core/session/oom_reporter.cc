@@ -14,6 +14,7 @@
 #include "core/memory/recorder.h"
 #include "core/model/llama.h"
 #include "core/offload/offloader.h"
+#include "core/session/runtime.h"
 #include "core/train/trainer.h"
 
 namespace memprofd {
@@ -34,11 +35,6 @@ void AddAddress(const at::Tensor& t, int device, const char* category,
   const int index = d.is_cpu() ? memory::kCpuDevice : d.index();
   if (index != device) return;
   out->emplace(reinterpret_cast<uint64_t>(t.storage().data()), category);
-}
-
-int RecorderDeviceOf(const std::string& device) {
-  const c10::Device d(device);
-  return d.is_cpu() ? memory::kCpuDevice : d.index();
 }
 
 }  // namespace

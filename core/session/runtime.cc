@@ -1,7 +1,8 @@
 #include "core/session/runtime.h"
 
+#include <c10/core/Device.h>
+
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "core/common/log.h"
 #include "core/memory/cpu_allocator.h"
@@ -13,6 +14,11 @@
 #endif
 
 namespace memprofd {
+
+int RecorderDeviceOf(const std::string& device) {
+  const c10::Device d(device);
+  return d.is_cpu() ? memory::kCpuDevice : d.index();
+}
 
 absl::StatusOr<Runtime*> Runtime::Install() {
   // Made once, by the first caller; never destroyed (tensors may be freed
@@ -41,11 +47,7 @@ absl::Status Runtime::UseDevice(const std::string& device, int64_t memory_limit_
   if (absl::Status s = memory::AttachCudaAccounting(); !s.ok()) {
     LogWarning(absl::StrCat("CUDA memory attribution unavailable: ", s.message()));
   }
-  int index = 0;
-  const size_t colon = device.find(':');
-  if (colon != std::string::npos && !absl::SimpleAtoi(device.substr(colon + 1), &index)) {
-    return absl::InvalidArgumentError(absl::StrCat("device '", device, "' has no index"));
-  }
+  const int index = RecorderDeviceOf(device);
   if (memory_limit_bytes > 0 || memory::CudaMemoryLimit(index) > 0) {
     return memory::SetCudaMemoryLimit(index, memory_limit_bytes);
   }

@@ -26,6 +26,10 @@ namespace memory {
 class MemoryRecorder;
 }
 
+// The recorder's device index of a resolved device ("cpu": kCpuDevice,
+// "cuda:N": N).
+int RecorderDeviceOf(const std::string& device);
+
 class Runtime {
  public:
   // Installs the counting CPU allocator, registers the process's recorder as
