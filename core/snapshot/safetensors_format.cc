@@ -146,9 +146,11 @@ absl::StatusOr<SafetensorsLayout> LayoutSafetensors(
     std::vector<TensorSpec> specs, const std::map<std::string, std::string>& metadata) {
   std::set<std::string> names;
   for (const TensorSpec& s : specs) {
-    if (s.name.empty() || s.name == "__metadata__") {
-      return absl::InvalidArgumentError(absl::StrCat("tensor name ", JsonQuote(s.name),
-                                                     " is not allowed in safetensors"));
+    // The empty name is a valid key, written and read by the reference
+    // implementation; only the metadata's key is reserved.
+    if (s.name == "__metadata__") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor name ", JsonQuote(s.name), " is reserved in safetensors"));
     }
     if (!IsValidUtf8(s.name)) {
       return absl::InvalidArgumentError(

@@ -101,6 +101,21 @@ TEST_F(CorruptFileTest, AcceptsAWellFormedFile) {
                   .ok());
 }
 
+// The reference implementation writes and reads a tensor named "" (bytes from
+// `safetensors.torch.save_file({"": torch.zeros(2)}, ...)`), so the reader
+// accepts it and the writer lays it out to the same bytes.
+TEST(LayoutTest, TheEmptyNameIsAValidTensorNameBothWays) {
+  const std::string reference =
+      RawFile(R"({"":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", 8);
+  auto header = ParseSafetensors(reference, "empty.safetensors");
+  ASSERT_TRUE(header.ok()) << header.status();
+  ASSERT_EQ(header->tensors.size(), 1u);
+  EXPECT_EQ(header->tensors[0].name, "");
+  auto layout = LayoutSafetensors({{"", "F32", {2}}}, {});
+  ASSERT_TRUE(layout.ok()) << layout.status();
+  EXPECT_EQ(layout->header_bytes, reference.substr(0, header->data_start()));
+}
+
 TEST_F(CorruptFileTest, RejectsTruncatedFile) {
   ExpectDataLoss(RawFile(kGood, 11), "truncated");
 }
