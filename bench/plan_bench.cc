@@ -11,7 +11,12 @@
 // what the plan cannot see. With offloading, "+in flight" is what the
 // offloader's copies still in flight may add (MemoryPlan::
 // offload_in_flight_bytes): a measured peak above the plan by up to that
-// much is a slow disk or link, not an error of the plan. On CUDA, SDPA is planned as the
+// much is a slow disk or link, not an error of the plan. On the CPU each cell
+// also shows the process's RSS growth while its steps run beside the plan's
+// host_rss_bytes, and how many times the allocator's peak it is, with the
+// heap kept near its live bytes as the daemon keeps it (or glibc's
+// defaults, to compare); "run s" is the measured steps' wall time, model
+// creation included. On CUDA, SDPA is planned as the
 // kernel the GPU picks for the model's heads and dtype (flash, memory-efficient or math);
 // each cell there also shows the simulated caching allocator's reserve beside
 // torch.cuda.max_memory_reserved of the same steps (its cache emptied first).
@@ -20,11 +25,16 @@
 // seconds and the process's RSS growth.
 //
 // Usage: plan_bench [device=cpu|cuda] [presets=tiny,small] [shapes=1] [BxT]
-//                   [dtypes=fp32,bf16]
+//                   [dtypes=fp32,bf16] [heap=near|glibc] [repeats=1]
+//                   [offload=off,on]
 //   BxT (e.g. 4x512): that batch and sequence only, instead of the grid's
 //   {1, 8} x {128, 512} ("grid": the grid; the GPU kit plans the 1B preset at
 //   its own 4 x 512, and its dry run at 1 x 128). dtypes: the precisions of
-//   the grid.
+//   the grid. heap: near (the daemon's default, --return_host_memory) or
+//   glibc's defaults. repeats: each cell measured that many times (the
+//   offloaded cells' peaks depend on when the copies finish: run them
+//   repeatedly, with the cores busy, to see how far). offload: the grid's
+//   offloading settings.
 //   On CUDA (the GPU check) the plan targets CUDA (blocks rounded as the
 //   caching allocator rounds them) and is compared with
 //   torch.cuda.max_memory_allocated's count, read by the recorder.
@@ -32,14 +42,15 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_split.h"
+#include "core/common/host_heap.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
 #include "core/model/config.h"
@@ -53,21 +64,6 @@ namespace memprofd::plan {
 namespace {
 
 double MiB(int64_t bytes) { return static_cast<double>(bytes) / (1 << 20); }
-
-// This process's resident set (VmRSS), in bytes.
-int64_t RssBytes() {
-  std::ifstream status("/proc/self/status");
-  std::string key;
-  while (status >> key) {
-    if (key == "VmRSS:") {
-      int64_t kib = 0;
-      status >> kib;
-      return kib * 1024;
-    }
-    status.ignore(1 << 10, '\n');
-  }
-  return 0;
-}
 
 // A Llama-3 shape: vocab 128256, 8 key-value heads, head_dim 128.
 LlamaConfig Llama3Shape(int64_t hidden, int64_t intermediate, int64_t layers,
@@ -96,14 +92,15 @@ struct Cell {
 std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
                        c10::Device device, const std::vector<int64_t>& batches,
                        const std::vector<int64_t>& seqs,
-                       const std::vector<MixedPrecision>& precisions) {
+                       const std::vector<MixedPrecision>& precisions,
+                       const std::vector<bool>& offloads) {
   std::vector<Cell> cells;
   for (int64_t batch : batches) {
     for (int64_t seq : seqs) {
       for (bool ckpt : {false, true}) {
         for (AttentionImplementation attention :
              {AttentionImplementation::kSdpa, AttentionImplementation::kEager}) {
-          for (bool offloaded : {false, true}) {
+          for (bool offloaded : offloads) {
             for (MixedPrecision precision : precisions) {
               Cell cell;
               cell.spec.train.mixed_precision = precision;
@@ -143,12 +140,13 @@ std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
 
 int Accuracy(const std::vector<std::string>& presets, c10::Device device,
              const std::vector<int64_t>& batches, const std::vector<int64_t>& seqs,
-             const std::vector<MixedPrecision>& precisions) {
-  std::printf(
-      "%-8s %5s %5s %5s %-6s %-7s %-5s %14s %14s %9s %10s %8s%s\n", "preset", "batch",
-      "seq", "ckpt", "attn", "offload", "dtype", "planned MiB", "measured MiB", "error",
-      "+in flight", "plan s",
-      device.is_cuda() ? "   reserved: planned MiB   measured MiB     error" : "");
+             const std::vector<MixedPrecision>& precisions,
+             const std::vector<bool>& offloads, int repeats) {
+  std::printf("%-8s %5s %5s %5s %-6s %-7s %-5s %14s %14s %9s %10s %8s %7s%s\n", "preset",
+              "batch", "seq", "ckpt", "attn", "offload", "dtype", "planned MiB",
+              "measured MiB", "error", "+in flight", "plan s", "run s",
+              device.is_cuda() ? "   reserved: planned MiB   measured MiB     error"
+                               : "   RSS: planned MiB  growth MiB    error  x peak");
   double worst = 0;
   double worst_eager = 0;
   double worst_bf16 = 0;
@@ -159,6 +157,11 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
   // allocate inside themselves, the token window), and the largest excess.
   int above_bound = 0;
   double largest_excess = 0;
+  // CPU: the worst error of the planned RSS growth, and the most RSS grew
+  // per byte of the allocator's peak.
+  double worst_rss = 0;
+  double worst_rss_ratio = 0;
+  bool warmed_up = false;
   for (const std::string& name : presets) {
     absl::StatusOr<LlamaConfig> config = LlamaConfig::Preset(name);
     if (!config.ok()) {
@@ -166,51 +169,81 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
                    std::string(config.status().message()).c_str());
       return 2;
     }
-    for (const Cell& cell : Grid(*config, name, device, batches, seqs, precisions)) {
-      absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
-      absl::StatusOr<std::vector<MeasuredStep>> measured =
-          MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
-      if (!plan.ok() || !measured.ok()) {
-        std::fprintf(
-            stderr, "plan_bench: %s: %s\n", cell.label.c_str(),
-            std::string((plan.ok() ? measured.status() : plan.status()).message())
-                .c_str());
-        return 1;
-      }
-      int64_t real = 0, real_reserved = 0;
-      for (const MeasuredStep& s : *measured) {
-        real = std::max(real, s.peak_allocated_bytes);
-        real_reserved = std::max(real_reserved, s.peak_reserved_bytes);
-      }
-      const double error = static_cast<double>(plan->peak_allocated_bytes - real) /
-                           static_cast<double>(real);
-      std::printf("%s %14.2f %14.2f %8.3f%% %10.2f %8.3f", cell.label.c_str(),
-                  MiB(plan->peak_allocated_bytes), MiB(real), error * 100,
-                  MiB(plan->offload_in_flight_bytes), plan->seconds);
-      const double excess = static_cast<double>(real - plan->peak_allocated_bytes -
-                                                plan->offload_in_flight_bytes) /
-                            static_cast<double>(real);
-      if (excess > 0.001) ++above_bound;
-      largest_excess = std::max(largest_excess, excess);
-      if (device.is_cuda() && real_reserved > 0) {
-        // The simulated caching allocator's reserve beside the real one's.
-        const double reserved_error =
-            static_cast<double>(plan->reserved_bytes - real_reserved) /
-            static_cast<double>(real_reserved);
-        std::printf(" %14.2f %14.2f %8.3f%%", MiB(plan->reserved_bytes),
-                    MiB(real_reserved), reserved_error * 100);
-        if (std::abs(reserved_error) > std::abs(worst_reserved)) {
-          worst_reserved = reserved_error;
+    for (const Cell& cell :
+         Grid(*config, name, device, batches, seqs, precisions, offloads)) {
+      for (int repeat = 0; repeat < repeats; ++repeat) {
+        if (!warmed_up) {
+          // The first run faults in the kernels' code pages, which RSS counts
+          // and later runs share.
+          (void)MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
+          warmed_up = true;
         }
+        absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
+        // The resident set's growth while the steps run (VmHWM restarted
+        // from the RSS before them, the heap's free pages given back first).
+        ReturnFreedHostMemory();
+        const bool rss_measured = ResetHostPeakResident();
+        const int64_t rss_before = ReadHostResident().rss_bytes;
+        const auto run_start = std::chrono::steady_clock::now();
+        absl::StatusOr<std::vector<MeasuredStep>> measured =
+            MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
+        const int64_t rss_growth = ReadHostResident().peak_rss_bytes - rss_before;
+        const double run_seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start)
+                .count();
+        if (!plan.ok() || !measured.ok()) {
+          std::fprintf(
+              stderr, "plan_bench: %s: %s\n", cell.label.c_str(),
+              std::string((plan.ok() ? measured.status() : plan.status()).message())
+                  .c_str());
+          return 1;
+        }
+        int64_t real = 0, real_reserved = 0;
+        for (const MeasuredStep& s : *measured) {
+          real = std::max(real, s.peak_allocated_bytes);
+          real_reserved = std::max(real_reserved, s.peak_reserved_bytes);
+        }
+        const double error = static_cast<double>(plan->peak_allocated_bytes - real) /
+                             static_cast<double>(real);
+        std::printf("%s %14.2f %14.2f %8.3f%% %10.2f %8.3f %7.2f", cell.label.c_str(),
+                    MiB(plan->peak_allocated_bytes), MiB(real), error * 100,
+                    MiB(plan->offload_in_flight_bytes), plan->seconds, run_seconds);
+        if (device.is_cpu() && rss_measured) {
+          const double rss_error =
+              static_cast<double>(plan->host_rss_bytes - rss_growth) /
+              static_cast<double>(rss_growth);
+          const double ratio =
+              static_cast<double>(rss_growth) / static_cast<double>(real);
+          std::printf("   %14.2f %11.2f %7.2f%% %7.2f", MiB(plan->host_rss_bytes),
+                      MiB(rss_growth), rss_error * 100, ratio);
+          if (std::abs(rss_error) > std::abs(worst_rss)) worst_rss = rss_error;
+          worst_rss_ratio = std::max(worst_rss_ratio, ratio);
+        }
+        const double excess = static_cast<double>(real - plan->peak_allocated_bytes -
+                                                  plan->offload_in_flight_bytes) /
+                              static_cast<double>(real);
+        if (excess > 0.001) ++above_bound;
+        largest_excess = std::max(largest_excess, excess);
+        if (device.is_cuda() && real_reserved > 0) {
+          // The simulated caching allocator's reserve beside the real one's.
+          const double reserved_error =
+              static_cast<double>(plan->reserved_bytes - real_reserved) /
+              static_cast<double>(real_reserved);
+          std::printf(" %14.2f %14.2f %8.3f%%", MiB(plan->reserved_bytes),
+                      MiB(real_reserved), reserved_error * 100);
+          if (std::abs(reserved_error) > std::abs(worst_reserved)) {
+            worst_reserved = reserved_error;
+          }
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+        if (std::abs(error) > std::abs(worst)) {
+          worst = error;
+          worst_cell = cell.label;
+        }
+        if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
+        if (cell.bf16 && std::abs(error) > std::abs(worst_bf16)) worst_bf16 = error;
       }
-      std::printf("\n");
-      std::fflush(stdout);
-      if (std::abs(error) > std::abs(worst)) {
-        worst = error;
-        worst_cell = cell.label;
-      }
-      if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
-      if (cell.bf16 && std::abs(error) > std::abs(worst_bf16)) worst_bf16 = error;
     }
   }
   std::printf(
@@ -221,6 +254,12 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
       "measured above planned + in flight by more than 0.1%%: %d cells (largest excess "
       "%+.3f%%)\n",
       above_bound, largest_excess * 100);
+  if (device.is_cpu()) {
+    std::printf(
+        "worst planned RSS growth: %+.3f%%; RSS grew at most %.2fx the allocator's "
+        "peak\n",
+        worst_rss * 100, worst_rss_ratio);
+  }
   if (device.is_cuda()) {
     std::printf("worst reserved (simulated caching allocator): %+.3f%%\n",
                 worst_reserved * 100);
@@ -247,9 +286,9 @@ int Speed() {
     spec.train.gradient_checkpointing = true;
     spec.train.attn_implementation = AttentionImplementation::kEager;
     spec.target = PlanSpec::Target::kCuda;
-    const int64_t rss_before = RssBytes();
+    const int64_t rss_before = ReadHostResident().rss_bytes;
     absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
-    const int64_t rss_after = RssBytes();
+    const int64_t rss_after = ReadHostResident().rss_bytes;
     if (!plan.ok()) {
       std::fprintf(stderr, "plan_bench: %s: %s\n", shape.name,
                    std::string(plan.status().message()).c_str());
@@ -298,13 +337,41 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "plan_bench: %s\n", std::string(s.message()).c_str());
     return 2;
   }
+  const std::string heap = argc > 6 ? argv[6] : "near";
+  if (heap != "near" && heap != "glibc") {
+    std::fprintf(stderr, "plan_bench: heap is near or glibc, not \"%s\"\n", heap.c_str());
+    return 2;
+  }
+  // As the daemon keeps it by default (--return_host_memory), or glibc's
+  // defaults.
+  if (heap == "near" && !KeepHostHeapNearLiveBytes()) {
+    std::fprintf(stderr, "plan_bench: glibc refused the heap's thresholds\n");
+    return 2;
+  }
   const c10::Device device(device_name);
 #ifdef MEMPROFD_WITH_CUDA
   if (device.is_cuda()) (void)memory::AttachCudaAccounting();
 #endif
-  std::printf("plan_bench on %s, LibTorch %s, %d threads\n", device.str().c_str(),
-              TORCH_VERSION, at::get_num_threads());
-  if (int rc = plan::Accuracy(presets, device, batches, seqs, precisions); rc != 0)
+  std::printf("plan_bench on %s, LibTorch %s, %d threads, heap %s\n",
+              device.str().c_str(), TORCH_VERSION, at::get_num_threads(), heap.c_str());
+  const int repeats = argc > 7 ? std::atoi(argv[7]) : 1;
+  if (repeats < 1) {
+    std::fprintf(stderr, "plan_bench: repeats must be >= 1\n");
+    return 2;
+  }
+  std::vector<bool> offloads;
+  for (absl::string_view offload :
+       absl::StrSplit(argc > 8 ? argv[8] : "off,on", ',', absl::SkipEmpty())) {
+    if (offload != "off" && offload != "on") {
+      std::fprintf(stderr, "plan_bench: offload is off and on, not \"%s\"\n",
+                   std::string(offload).c_str());
+      return 2;
+    }
+    offloads.push_back(offload == "on");
+  }
+  if (int rc =
+          plan::Accuracy(presets, device, batches, seqs, precisions, offloads, repeats);
+      rc != 0)
     return rc;
   return shapes ? plan::Speed() : 0;
 }

@@ -70,6 +70,10 @@ void PrintPlan(const std::string& id, const v1::MemoryPlan& p) {
     std::printf("the caching allocator reserves %s (simulated)\n",
                 Bytes(p.reserved_bytes()).c_str());
   }
+  if (p.host_rss_bytes() > 0) {
+    std::printf("the daemon's resident set grows by %s on this host (RSS)\n",
+                Bytes(p.host_rss_bytes()).c_str());
+  }
   std::printf("categories at the peak\n");
   for (const v1::CategoryBytes& c : p.categories_at_peak()) {
     if (c.bytes() == 0) continue;

@@ -72,6 +72,7 @@ v1::MemoryPlan ToProto(const PlanResult& result) {
   p.set_offload_in_flight_bytes(m.offload_in_flight_bytes);
   p.set_allocations(m.allocations);
   p.set_reserved_bytes(m.reserved_bytes);
+  p.set_host_rss_bytes(m.host_rss_bytes);
   p.set_seconds(m.seconds);
   p.set_world_size(m.world_size);
   p.set_sharding(std::string(ShardingName(m.sharding)));

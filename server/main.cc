@@ -194,6 +194,11 @@ ABSL_FLAG(double, collective_timeout_seconds,
 ABSL_FLAG(std::string, sharding,
           std::string(memprofd::ShardingName(memprofd::SessionOptions().sharding)),
           ShardingHelp());
+ABSL_FLAG(bool, return_host_memory, memprofd::SessionOptions().return_host_memory,
+          "keep the process's resident set near its tensors' bytes: heap blocks of "
+          "128 KiB or more mapped on their own and given back when freed, free heap "
+          "pages returned after each piece of work (false: glibc's defaults, faster CPU "
+          "steps, RSS up to several times the allocator's bytes)");
 ABSL_FLAG(int32_t, bulk_nice, memprofd::SessionOptions().bulk_nice,
           "nice increment (0..19, over the process's) of the daemon's bulk work: the "
           "training's threads (the "
@@ -323,6 +328,7 @@ int main(int argc, char** argv) {
   }
   session.sharding = *sharding;
   session.bulk_nice = absl::GetFlag(FLAGS_bulk_nice);
+  session.return_host_memory = absl::GetFlag(FLAGS_return_host_memory);
   session.refuse_unfit_steps = absl::GetFlag(FLAGS_refuse_unfit_steps);
   options.snapshot_on_shutdown = absl::GetFlag(FLAGS_snapshot_on_shutdown);
   absl::StatusOr<memprofd::snapshot::SnapshotKind> auto_kind =

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/common/flat_shard.h"
+#include "core/common/host_heap.h"
 #include "core/common/status_macros.h"
 #include "core/dist/process_group.h"
 #include "core/memory/meta_accounting.h"
@@ -66,10 +67,16 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
       return;
     }
     Add(std::max<int64_t>(bytes, 0), block);
+    host_live_ += HostHeapFootprint(bytes);
+    host_peak_ = std::max(host_peak_, host_live_);
   }
   void OnFree(int64_t bytes, const Attribution& block, uint64_t id) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cuda_ != nullptr) cuda_->Free(id);
+    if (cuda_ != nullptr) {
+      cuda_->Free(id);
+    } else {
+      host_live_ -= HostHeapFootprint(bytes);
+    }
     Add(-Counted(bytes, id, /*forget=*/true), block);
   }
   void OnRetag(int64_t bytes, const Attribution& from, const Attribution& to,
@@ -133,6 +140,13 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   int64_t allocations() const {
     std::lock_guard<std::mutex> lock(mu_);
     return allocations_;
+  }
+  // For a CPU target, the most bytes the host heap held resident at once
+  // (HostHeapFootprint of each live block), model creation included; 0 for
+  // CUDA.
+  int64_t host_resident_peak() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return host_peak_;
   }
   // The modelled caching allocator's reserved bytes (0 without the model).
   int64_t reserved() const {
@@ -206,6 +220,9 @@ class Ledger final : public memory::MetaAllocationSink, public PhaseListener {
   // With the model: each live allocation's block bytes, by id.
   std::unordered_map<uint64_t, int64_t> blocks_;
   int64_t live_ = 0;
+  // CPU target: the host heap's resident bytes now and at their most.
+  int64_t host_live_ = 0;
+  int64_t host_peak_ = 0;
   int64_t allocations_ = 0;
   std::array<int64_t, kNumCategories> categories_{};
   std::vector<int64_t> modules_;
@@ -421,6 +438,7 @@ absl::StatusOr<MemoryPlan> DryRun(const PlanSpec& spec, ProcessGroup* group,
                                              internal::kPlannedMicroBatches));
   plan.allocations = ledger->allocations();
   plan.reserved_bytes = ledger->reserved();
+  plan.host_rss_bytes = ledger->host_resident_peak();
   return plan;
 }
 
@@ -439,6 +457,7 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
                      DryRun(spec, group, sdpa, &unused, offload::MetaCopies::kInFlight));
     plan.offload_in_flight_bytes =
         std::max<int64_t>(0, held.peak_allocated_bytes - plan.peak_allocated_bytes);
+    plan.host_rss_bytes = std::max(plan.host_rss_bytes, held.host_rss_bytes);
     plan.allocations += held.allocations;
   }
   // After the two dry runs are compared: neither holds the data.
@@ -448,6 +467,7 @@ absl::StatusOr<MemoryPlan> PlanRank(const PlanSpec& spec, ProcessGroup* group,
     plan.peak_allocated_bytes += spec.data_bytes;
     plan.activation_bytes += spec.data_bytes;  // the rest, beside the model state
     plan.categories_at_peak[static_cast<size_t>(Category::kOther)] += spec.data_bytes;
+    plan.host_rss_bytes += HostHeapFootprint(spec.data_bytes);
   }
   return plan;
 }

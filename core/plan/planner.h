@@ -238,6 +238,16 @@ struct MemoryPlan {
   // rules (caching_allocator_model.h); 0 for the cpu target, which caches
   // nothing.
   int64_t reserved_bytes = 0;
+  // For a cpu target, how much the process's resident set (RSS) grows
+  // while the run's tensors are made and used, the model's creation
+  // included: each block's HostHeapFootprint (core/common/host_heap.h: whole
+  // pages for a large block) at their most, with the copies in flight of
+  // offload_in_flight_bytes and the run's in-memory tokens. It holds for a
+  // process that keeps its heap near its live bytes, as the daemon does
+  // unless --return_host_memory=false (glibc's defaults keep freed blocks
+  // and grow the resident set up to several times this). 0 for a cuda
+  // target, whose tensors are not on the host.
+  int64_t host_rss_bytes = 0;
   // Storages the dry run allocated, and its wall time.
   int64_t allocations = 0;
   double seconds = 0;

@@ -2,12 +2,15 @@
 
 #include <utility>
 
+#include "core/common/host_heap.h"
 #include "core/common/threads.h"
 
 namespace memprofd {
 
-OwnerThread::OwnerThread(std::string name, int nice_increment)
-    : name_(std::move(name)), nice_increment_(nice_increment) {}
+OwnerThread::OwnerThread(std::string name, int nice_increment, bool return_host_memory)
+    : name_(std::move(name)),
+      nice_increment_(nice_increment),
+      return_host_memory_(return_host_memory) {}
 
 void OwnerThread::Start(BoundaryWork* boundary_work) {
   absl::MutexLock join_lock(&join_mu_);
@@ -75,6 +78,7 @@ void OwnerThread::Loop(BoundaryWork* boundary_work) {
     }
     work();
     run_boundary_work();
+    if (return_host_memory_) ReturnFreedHostMemory();
   }
   run_boundary_work();
 }

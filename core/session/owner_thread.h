@@ -45,9 +45,11 @@ namespace memprofd {
 class OwnerThread {
  public:
   // A thread to be named `name` (as top -H shows it), its nice value raised
-  // by `nice_increment` (0..kMaxNice; 0 leaves it). Post queues work from
-  // now on; nothing runs before Start.
-  OwnerThread(std::string name, int nice_increment);
+  // by `nice_increment` (0..kMaxNice; 0 leaves it). With
+  // `return_host_memory`, after each item (and its boundary work) it gives
+  // the heap's free pages back to the kernel (ReturnFreedHostMemory). Post
+  // queues work from now on; nothing runs before Start.
+  OwnerThread(std::string name, int nice_increment, bool return_host_memory = false);
   // Starts the thread. `boundary_work` (null: none; otherwise it outlives
   // the thread) runs on it after each item and once when it stops. Once.
   void Start(BoundaryWork* boundary_work);
@@ -80,6 +82,7 @@ class OwnerThread {
 
   const std::string name_;
   const int nice_increment_;
+  const bool return_host_memory_;
 
   mutable absl::Mutex mu_;
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);

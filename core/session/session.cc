@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "core/common/host_heap.h"
 #include "core/common/log.h"
 #include "core/common/option_status.h"
 #include "core/common/status_macros.h"
@@ -96,6 +97,11 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Create(const SessionOptions& o
   if (absl::Status s = runtime.UseDevice(*device, options.device_memory_limit_bytes);
       !s.ok()) {
     return AboutOption(s, "device_memory_limit");
+  }
+  if (options.return_host_memory && !KeepHostHeapNearLiveBytes()) {
+    LogWarning(
+        "return_host_memory: glibc refused the heap's thresholds; the resident "
+        "set may grow past the plan's host_rss_bytes");
   }
   if (!options.snapshot_root.empty()) {
     if (absl::Status s = snapshot::CheckSnapshotRoot(options.snapshot_root); !s.ok()) {
@@ -241,8 +247,10 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
   // (docs/design.md draws it). The owner thread starts last, with the
   // snapshot scheduler's boundary work: the one loop, closed once both
   // exist.
-  owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice);
-  plans_ = std::make_unique<OwnerThread>("mpd-plan", options_.bulk_nice);
+  owner_ = std::make_unique<OwnerThread>("mpd-owner", options_.bulk_nice,
+                                         options_.return_host_memory);
+  plans_ = std::make_unique<OwnerThread>("mpd-plan", options_.bulk_nice,
+                                         options_.return_host_memory);
   host_ = std::make_unique<ModelHost>(options_, device_, runtime_.recorder(),
                                       std::move(model_roots));
   ranks_ = std::make_unique<RankCoordinator>(

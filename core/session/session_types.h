@@ -105,6 +105,16 @@ struct SessionOptions {
   // leave, and also yields to any other nice-0 process on the host. 0
   // leaves every thread at the process's priority.
   int bulk_nice = 0;
+  // Keep the process's resident set near the bytes its tensors hold
+  // (core/common/host_heap.h): every heap block of 128 KiB or more is a
+  // mapping of its own, given back when freed, and the heap's free pages go
+  // back after each piece of the owner thread's work. A plan's
+  // host_rss_bytes holds only so. glibc's defaults (false) keep what a step
+  // frees, so RSS grows to several times the allocator's bytes, but a CPU
+  // step runs faster with them (no page faults for its big blocks:
+  // docs/operating.md#host-memory has both figures). Process-wide, set at
+  // start.
+  bool return_host_memory = true;
   // Refuse a single-process Train whose step, planned just before the run
   // (its calibration plan), would peak above what the compute device has
   // free, or is beyond the plan's size admission, before it allocates

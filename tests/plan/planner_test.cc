@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/host_heap.h"
 #include "core/common/phase.h"
 #include "core/memory/install.h"
 #include "core/memory/recorder.h"
@@ -243,6 +244,49 @@ TEST_F(PlannerTest, DiskOffloadedPlanMatchesTheCpuStep) {
   ExpectPlanMatchesCpu(DiskOffloaded(Spec(testing::PresetConfig("tiny"), 2, 64, false,
                                           AttentionImplementation::kEager)),
                        0.01);
+}
+
+// With the heap kept near its live bytes (as the daemon keeps it), the
+// process's resident set grows during the steps by about what the plan's
+// host_rss_bytes says, and by little more than the allocator's peak: the
+// checkpointed, offloaded and bf16 cells included. Each cell runs once
+// before it is measured, so that the kernels' code pages are resident
+// already (RSS counts them; they are the same for every run).
+TEST_F(PlannerTest, HostRssFollowsThePlanWithTheHeapKeptNearLiveBytes) {
+  ASSERT_TRUE(KeepHostHeapNearLiveBytes());
+  const LlamaConfig tiny = testing::PresetConfig("tiny");
+  PlanSpec bf16 = Spec(tiny, 4, 256, true, AttentionImplementation::kSdpa);
+  bf16.train.mixed_precision = MixedPrecision::kBf16;
+  const std::vector<PlanSpec> cells = {
+      Spec(tiny, 4, 256, false, AttentionImplementation::kSdpa),
+      Spec(tiny, 4, 256, true, AttentionImplementation::kEager),
+      DiskOffloaded(Spec(tiny, 4, 256, false, AttentionImplementation::kEager)),
+      bf16,
+  };
+  for (const PlanSpec& spec : cells) {
+    SCOPED_TRACE(::testing::Message()
+                 << "ckpt=" << spec.train.gradient_checkpointing << " attention="
+                 << AttentionImplementationName(spec.train.attn_implementation)
+                 << " offload=" << spec.offload.enabled
+                 << " bf16=" << (spec.train.mixed_precision == MixedPrecision::kBf16));
+    absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(spec);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    ASSERT_GT(MeasuredCpuPeak(spec), 0);  // the warm-up
+    ReturnFreedHostMemory();
+    if (!ResetHostPeakResident()) GTEST_SKIP() << "this kernel refuses clear_refs";
+    const int64_t before = ReadHostResident().rss_bytes;
+    const int64_t real = MeasuredCpuPeak(spec);
+    const int64_t growth = ReadHostResident().peak_rss_bytes - before;
+    ASSERT_GT(real, 0);
+    ASSERT_GT(before, 0);
+    const double error =
+        static_cast<double>(plan->host_rss_bytes - growth) / static_cast<double>(growth);
+    std::cout << "RSS growth " << growth << " B, planned " << plan->host_rss_bytes
+              << " B (error " << error * 100 << "%), allocator peak " << real << " B ("
+              << static_cast<double>(growth) / static_cast<double>(real) << "x)\n";
+    EXPECT_LE(growth, real * 5 / 4);
+    EXPECT_LE(std::abs(error), 0.10);
+  }
 }
 
 TEST_F(PlannerTest, OffloadingLowersThePlannedPeakAndHostOnACpuMovesNothing) {

@@ -78,6 +78,7 @@ TEST(ConvertPlanTest, PlanOperationCarriesTheWholePlan) {
   m.headroom_bytes = -100;
   m.offloaded_bytes = 64;
   m.offload_in_flight_bytes = 32;
+  m.host_rss_bytes = 40960;
   m.reserved_bytes = 6 << 20;
   m.allocations = 42;
   m.seconds = 0.25;
@@ -120,6 +121,7 @@ TEST(ConvertPlanTest, PlanOperationCarriesTheWholePlan) {
   EXPECT_EQ(p.offloaded_bytes(), 64);
   EXPECT_EQ(p.offload_in_flight_bytes(), 32);
   EXPECT_EQ(p.reserved_bytes(), 6 << 20);
+  EXPECT_EQ(p.host_rss_bytes(), 40960);
   EXPECT_EQ(p.allocations(), 42);
   EXPECT_EQ(p.seconds(), 0.25);
 }
