@@ -303,6 +303,21 @@ int Speed() {
   return 0;
 }
 
+// A comma list of `a` and `b` as bools (true: `b`); false, saying why, for
+// anything else.
+bool SplitChoices(const std::string& list, const char* what, const char* a, const char* b,
+                  std::vector<bool>* out) {
+  for (absl::string_view item : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+    if (item != a && item != b) {
+      std::fprintf(stderr, "plan_bench: %s are %s and %s, not \"%s\"\n", what, a, b,
+                   std::string(item).c_str());
+      return false;
+    }
+    out->push_back(item == b);
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace memprofd::plan
 
@@ -323,15 +338,14 @@ int main(int argc, char** argv) {
     batches = {b};
     seqs = {t};
   }
+  std::vector<bool> bf16s;
+  if (!plan::SplitChoices(argc > 5 ? argv[5] : "fp32,bf16", "dtypes", "fp32", "bf16",
+                          &bf16s)) {
+    return 2;
+  }
   std::vector<MixedPrecision> precisions;
-  for (absl::string_view dtype :
-       absl::StrSplit(argc > 5 ? argv[5] : "fp32,bf16", ',', absl::SkipEmpty())) {
-    if (dtype != "fp32" && dtype != "bf16") {
-      std::fprintf(stderr, "plan_bench: dtypes are fp32 and bf16, not \"%s\"\n",
-                   std::string(dtype).c_str());
-      return 2;
-    }
-    precisions.push_back(dtype == "bf16" ? MixedPrecision::kBf16 : MixedPrecision::kNo);
+  for (bool bf16 : bf16s) {
+    precisions.push_back(bf16 ? MixedPrecision::kBf16 : MixedPrecision::kNo);
   }
   if (absl::Status s = memory::InstallMemoryAccounting(); !s.ok()) {
     std::fprintf(stderr, "plan_bench: %s\n", std::string(s.message()).c_str());
@@ -360,14 +374,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::vector<bool> offloads;
-  for (absl::string_view offload :
-       absl::StrSplit(argc > 8 ? argv[8] : "off,on", ',', absl::SkipEmpty())) {
-    if (offload != "off" && offload != "on") {
-      std::fprintf(stderr, "plan_bench: offload is off and on, not \"%s\"\n",
-                   std::string(offload).c_str());
-      return 2;
-    }
-    offloads.push_back(offload == "on");
+  if (!plan::SplitChoices(argc > 8 ? argv[8] : "off,on", "offload", "off", "on",
+                          &offloads)) {
+    return 2;
   }
   if (int rc =
           plan::Accuracy(presets, device, batches, seqs, precisions, offloads, repeats);
