@@ -89,11 +89,12 @@ struct Cell {
   bool bf16 = false;
 };
 
+// The grid's cells, each `repeats` times in a row.
 std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
                        c10::Device device, const std::vector<int64_t>& batches,
                        const std::vector<int64_t>& seqs,
                        const std::vector<MixedPrecision>& precisions,
-                       const std::vector<bool>& offloads) {
+                       const std::vector<bool>& offloads, int repeats) {
   std::vector<Cell> cells;
   for (int64_t batch : batches) {
     for (int64_t seq : seqs) {
@@ -128,7 +129,7 @@ std::vector<Cell> Grid(const LlamaConfig& config, const std::string& name,
                                                : "disk",
                             precision == MixedPrecision::kBf16 ? "bf16" : "fp32");
               cell.label = label;
-              cells.push_back(std::move(cell));
+              cells.insert(cells.end(), repeats, cell);
             }
           }
         }
@@ -170,80 +171,76 @@ int Accuracy(const std::vector<std::string>& presets, c10::Device device,
       return 2;
     }
     for (const Cell& cell :
-         Grid(*config, name, device, batches, seqs, precisions, offloads)) {
-      for (int repeat = 0; repeat < repeats; ++repeat) {
-        if (!warmed_up) {
-          // The first run faults in the kernels' code pages, which RSS counts
-          // and later runs share.
-          (void)MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
-          warmed_up = true;
-        }
-        absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
-        // The resident set's growth while the steps run (VmHWM restarted
-        // from the RSS before them, the heap's free pages given back first).
-        ReturnFreedHostMemory();
-        const bool rss_measured = ResetHostPeakResident();
-        const int64_t rss_before = ReadHostResident().rss_bytes;
-        const auto run_start = std::chrono::steady_clock::now();
-        absl::StatusOr<std::vector<MeasuredStep>> measured =
-            MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
-        const int64_t rss_growth = ReadHostResident().peak_rss_bytes - rss_before;
-        const double run_seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start)
-                .count();
-        if (!plan.ok() || !measured.ok()) {
-          std::fprintf(
-              stderr, "plan_bench: %s: %s\n", cell.label.c_str(),
-              std::string((plan.ok() ? measured.status() : plan.status()).message())
-                  .c_str());
-          return 1;
-        }
-        int64_t real = 0, real_reserved = 0;
-        for (const MeasuredStep& s : *measured) {
-          real = std::max(real, s.peak_allocated_bytes);
-          real_reserved = std::max(real_reserved, s.peak_reserved_bytes);
-        }
-        const double error = static_cast<double>(plan->peak_allocated_bytes - real) /
-                             static_cast<double>(real);
-        std::printf("%s %14.2f %14.2f %8.3f%% %10.2f %8.3f %7.2f", cell.label.c_str(),
-                    MiB(plan->peak_allocated_bytes), MiB(real), error * 100,
-                    MiB(plan->offload_in_flight_bytes), plan->seconds, run_seconds);
-        if (device.is_cpu() && rss_measured) {
-          const double rss_error =
-              static_cast<double>(plan->host_rss_bytes - rss_growth) /
-              static_cast<double>(rss_growth);
-          const double ratio =
-              static_cast<double>(rss_growth) / static_cast<double>(real);
-          std::printf("   %14.2f %11.2f %7.2f%% %7.2f", MiB(plan->host_rss_bytes),
-                      MiB(rss_growth), rss_error * 100, ratio);
-          if (std::abs(rss_error) > std::abs(worst_rss)) worst_rss = rss_error;
-          worst_rss_ratio = std::max(worst_rss_ratio, ratio);
-        }
-        const double excess = static_cast<double>(real - plan->peak_allocated_bytes -
-                                                  plan->offload_in_flight_bytes) /
-                              static_cast<double>(real);
-        if (excess > 0.001) ++above_bound;
-        largest_excess = std::max(largest_excess, excess);
-        if (device.is_cuda() && real_reserved > 0) {
-          // The simulated caching allocator's reserve beside the real one's.
-          const double reserved_error =
-              static_cast<double>(plan->reserved_bytes - real_reserved) /
-              static_cast<double>(real_reserved);
-          std::printf(" %14.2f %14.2f %8.3f%%", MiB(plan->reserved_bytes),
-                      MiB(real_reserved), reserved_error * 100);
-          if (std::abs(reserved_error) > std::abs(worst_reserved)) {
-            worst_reserved = reserved_error;
-          }
-        }
-        std::printf("\n");
-        std::fflush(stdout);
-        if (std::abs(error) > std::abs(worst)) {
-          worst = error;
-          worst_cell = cell.label;
-        }
-        if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
-        if (cell.bf16 && std::abs(error) > std::abs(worst_bf16)) worst_bf16 = error;
+         Grid(*config, name, device, batches, seqs, precisions, offloads, repeats)) {
+      if (!warmed_up) {
+        // The first run faults in the kernels' code pages, which RSS counts
+        // and later runs share.
+        (void)MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
+        warmed_up = true;
       }
+      absl::StatusOr<MemoryPlan> plan = PlanTrainingStep(cell.spec);
+      // The resident set's growth while the steps run (VmHWM restarted
+      // from the RSS before them, the heap's free pages given back first).
+      ReturnFreedHostMemory();
+      const bool rss_measured = ResetHostPeakResident();
+      const int64_t rss_before = ReadHostResident().rss_bytes;
+      const auto run_start = std::chrono::steady_clock::now();
+      absl::StatusOr<std::vector<MeasuredStep>> measured =
+          MeasureTrainingSteps(cell.spec, device, memory::MemoryRecorder::Global());
+      const int64_t rss_growth = ReadHostResident().peak_rss_bytes - rss_before;
+      const double run_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start)
+              .count();
+      if (!plan.ok() || !measured.ok()) {
+        std::fprintf(
+            stderr, "plan_bench: %s: %s\n", cell.label.c_str(),
+            std::string((plan.ok() ? measured.status() : plan.status()).message())
+                .c_str());
+        return 1;
+      }
+      int64_t real = 0, real_reserved = 0;
+      for (const MeasuredStep& s : *measured) {
+        real = std::max(real, s.peak_allocated_bytes);
+        real_reserved = std::max(real_reserved, s.peak_reserved_bytes);
+      }
+      const double error = static_cast<double>(plan->peak_allocated_bytes - real) /
+                           static_cast<double>(real);
+      std::printf("%s %14.2f %14.2f %8.3f%% %10.2f %8.3f %7.2f", cell.label.c_str(),
+                  MiB(plan->peak_allocated_bytes), MiB(real), error * 100,
+                  MiB(plan->offload_in_flight_bytes), plan->seconds, run_seconds);
+      if (device.is_cpu() && rss_measured) {
+        const double rss_error = static_cast<double>(plan->host_rss_bytes - rss_growth) /
+                                 static_cast<double>(rss_growth);
+        const double ratio = static_cast<double>(rss_growth) / static_cast<double>(real);
+        std::printf("   %14.2f %11.2f %7.2f%% %7.2f", MiB(plan->host_rss_bytes),
+                    MiB(rss_growth), rss_error * 100, ratio);
+        if (std::abs(rss_error) > std::abs(worst_rss)) worst_rss = rss_error;
+        worst_rss_ratio = std::max(worst_rss_ratio, ratio);
+      }
+      const double excess = static_cast<double>(real - plan->peak_allocated_bytes -
+                                                plan->offload_in_flight_bytes) /
+                            static_cast<double>(real);
+      if (excess > 0.001) ++above_bound;
+      largest_excess = std::max(largest_excess, excess);
+      if (device.is_cuda() && real_reserved > 0) {
+        // The simulated caching allocator's reserve beside the real one's.
+        const double reserved_error =
+            static_cast<double>(plan->reserved_bytes - real_reserved) /
+            static_cast<double>(real_reserved);
+        std::printf(" %14.2f %14.2f %8.3f%%", MiB(plan->reserved_bytes),
+                    MiB(real_reserved), reserved_error * 100);
+        if (std::abs(reserved_error) > std::abs(worst_reserved)) {
+          worst_reserved = reserved_error;
+        }
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+      if (std::abs(error) > std::abs(worst)) {
+        worst = error;
+        worst_cell = cell.label;
+      }
+      if (cell.eager && std::abs(error) > std::abs(worst_eager)) worst_eager = error;
+      if (cell.bf16 && std::abs(error) > std::abs(worst_bf16)) worst_bf16 = error;
     }
   }
   std::printf(

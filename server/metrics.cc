@@ -3,10 +3,8 @@
 #include <prometheus/gauge.h>
 #include <prometheus/metric_family.h>
 #include <prometheus/text_serializer.h>
-#include <unistd.h>
 
 #include <exception>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/common/host_heap.h"
 #include "core/common/log.h"
 #include "server/grpc_status.h"
 
@@ -43,14 +42,10 @@ class ProcessCollectable : public prometheus::Collectable {
     out.push_back(GaugeFamily(
         "process_start_time_seconds",
         "Start time of the process since the Unix epoch, in seconds.", start_seconds_));
-    long pages_resident = 0;
-    std::ifstream statm("/proc/self/statm");
-    long pages_total = 0;
-    if (statm >> pages_total >> pages_resident) {
+    if (const int64_t rss = ReadHostResident().rss_bytes; rss >= 0) {
       out.push_back(GaugeFamily("process_resident_memory_bytes",
                                 "Resident memory size in bytes.",
-                                static_cast<double>(pages_resident) *
-                                    static_cast<double>(sysconf(_SC_PAGESIZE))));
+                                static_cast<double>(rss)));
     }
     return out;
   }

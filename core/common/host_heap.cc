@@ -28,8 +28,10 @@ int64_t HostHeapFootprint(int64_t bytes) {
   if (bytes <= 0) return 0;
   const int64_t chunk = bytes + kMallocOverhead;
   if (chunk < kHostMmapThreshold) return (bytes + 16 + 15) / 16 * 16;
-  static const int64_t page =
-      ::sysconf(_SC_PAGESIZE) > 0 ? ::sysconf(_SC_PAGESIZE) : 4096;
+  static const int64_t page = [] {
+    const long size = ::sysconf(_SC_PAGESIZE);
+    return size > 0 ? static_cast<int64_t>(size) : int64_t{4096};
+  }();
   return (chunk + page - 1) / page * page;
 }
 

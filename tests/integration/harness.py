@@ -229,6 +229,15 @@ class Daemon:
         self.tmp.cleanup()
 
 
+def proc_status_bytes(pid, key):
+    """Field `key` of /proc/PID/status (VmRSS, VmHWM, VmPeak...), in bytes."""
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no %s for %d" % (key, pid))
+
+
 def wait_done(d, op_id, timeout=300):
     """Waits for operation `op_id` of daemon `d` to be done (WaitOperation, 10 s
     at a time) and returns it; fails the test after `timeout` seconds."""

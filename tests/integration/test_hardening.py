@@ -19,14 +19,6 @@ import harness
 from harness import Daemon, pb, wait_done
 
 
-def rss_bytes(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS for %d" % pid)
-
-
 def global_step(d):
     return d.call("GetStatus", pb.GetStatusRequest()).last_step.global_step
 
@@ -132,11 +124,11 @@ class SlowConsumerTest(harness.DaemonTestCase):
                 self.assertEqual(e.exception.code(), grpc.StatusCode.RESOURCE_EXHAUSTED)
                 self.assertIn("retry when one is done", e.exception.details())
 
-            rss_start = rss_bytes(d.proc.pid)
+            rss_start = harness.proc_status_bytes(d.proc.pid, "VmRSS")
             during = steps_per_second(d, 10)
-            rss_mid = rss_bytes(d.proc.pid)
+            rss_mid = harness.proc_status_bytes(d.proc.pid, "VmRSS")
             during2 = steps_per_second(d, 10)
-            rss_end = rss_bytes(d.proc.pid)
+            rss_end = harness.proc_status_bytes(d.proc.pid, "VmRSS")
             print("\nslow consumers: %d unread streams; steps/s %.2f before, %.2f and %.2f with them; "
                   "RSS %.1f -> %.1f -> %.1f MiB"
                   % (len(calls), before, during, during2, rss_start / 2**20, rss_mid / 2**20,

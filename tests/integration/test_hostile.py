@@ -204,8 +204,7 @@ class HostileInputTest(harness.DaemonTestCase):
         # Before, the first grew the daemon to 12.7 GB before an allocation
         # failed.
         def rss():
-            with open("/proc/%d/status" % self.d.proc.pid) as f:
-                return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS"))
+            return harness.proc_status_bytes(self.d.proc.pid, "VmRSS")
         for batch, needle in ((2 ** 20, "real host memory"), (2 ** 16, "planned to peak")):
             before = rss()
             start = time.time()

@@ -23,14 +23,6 @@ BIG = dict(steps=1, batch_size=64, seq_len=512)
 HEADROOM = 768 << 20
 
 
-def vm_peak(pid):
-    with open("/proc/%d/status" % pid) as f:
-        for line in f:
-            if line.startswith("VmPeak:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmPeak for %d" % pid)
-
-
 class OomReportTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -40,7 +32,7 @@ class OomReportTest(unittest.TestCase):
         probe = Daemon("--device=cpu")
         try:
             wait_done(probe, probe.call("Train", pb.TrainRequest(**SMALL)).id)
-            limit = vm_peak(probe.proc.pid) + HEADROOM
+            limit = harness.proc_status_bytes(probe.proc.pid, "VmPeak") + HEADROOM
         finally:
             probe.close()
         cls.limit = limit

@@ -411,11 +411,7 @@ class PlanTest(harness.DaemonTestCase):
             self.assertEqual(final.state, pb.OPERATION_STATE_SUCCEEDED, final.error.message)
 
         def status(key):
-            with open("/proc/%d/status" % self.d.proc.pid) as f:
-                for line in f:
-                    if line.startswith(key + ":"):
-                        return int(line.split()[1]) * 1024
-            self.fail("no %s in the daemon's /proc status" % key)
+            return harness.proc_status_bytes(self.d.proc.pid, key)
 
         start = status("VmRSS")
         run()
