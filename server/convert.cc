@@ -184,6 +184,7 @@ v1::EvaluateResult ToProto(const EvalResult& r) {
   p.set_batches(r.batches);
   p.set_seconds(r.seconds);
   p.set_global_step(r.global_step);
+  p.set_peak_gathered_parameter_bytes(r.peak_gathered_parameter_bytes);
   return p;
 }
 

@@ -11,7 +11,6 @@
 #include "core/common/torch_boundary.h"
 #include "core/dist/model_sync.h"
 #include "core/train/adamw.h"
-#include "core/train/autocast.h"
 
 namespace memprofd {
 
@@ -77,13 +76,8 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(
                        std::move(sharding), std::move(params)));
 }
 
-absl::Status DataParallel::GatherWholeModel() {
+absl::Status DataParallel::Finish() {
   return params_ != nullptr ? params_->GatherAll() : absl::OkStatus();
-}
-
-absl::Status DataParallel::ShardModel() {
-  if (params_ != nullptr) params_->ReleaseAll();
-  return absl::OkStatus();
 }
 
 absl::Status DataParallel::BeforeUnit(const ModelUnit& unit, bool backward) {
@@ -93,11 +87,17 @@ absl::Status DataParallel::BeforeUnit(const ModelUnit& unit, bool backward) {
 void DataParallel::AfterUnitForward(const ModelUnit& unit) {
   if (params_ == nullptr || unit.kind == ModelUnit::Kind::kHead) return;
   params_->Release(unit);
-  // Autocast's cached bf16 copies of the weights just freed would otherwise
-  // stay until the forward ends: every unit's, in a checkpointed forward,
-  // where autograd saves none of them.
-  const c10::DeviceType device = trainer_->model()->device().type();
-  if (AutocastOn(device)) ClearAutocastWeightCache(device);
+}
+
+absl::Status DataParallel::BeforeEvaluation() {
+  if (params_ != nullptr)
+    evaluation_ = std::make_unique<ShardedEvaluation>(params_.get(), /*lead=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::AfterEvaluation() {
+  evaluation_.reset();
+  return absl::OkStatus();
 }
 
 std::optional<DataShard> DataParallel::data_shard() const {

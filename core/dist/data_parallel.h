@@ -33,10 +33,11 @@
 // its forward and again before its backward (BeforeUnit), frees them after
 // its forward and, in backward, each one as its gradient is accumulated. The
 // optimizer updates the shards in place, the only copy: nothing to share.
-// Evaluations inside the run see the whole model (GatherWholeModel around
-// them), snapshots and checkpoints at its step boundaries read the
-// parameters one at a time (parameter_sharding()'s stream, which
-// RankCoordinator leads), and Finish makes it whole again at the run's end,
+// Evaluations inside the run gather unit by unit as forward does
+// (ShardedEvaluation), evaluations, snapshots and checkpoints at its step
+// boundaries follow rank 0's streams of units and parameters
+// (parameter_sharding(), which RankCoordinator leads), and Finish makes the
+// model whole again at the run's end,
 // so the daemon outside a run holds the model as before. Its results equal
 // kGradients' bit for bit: the same arithmetic on the same values.
 //   At every sharded level the trainer's optimizer state holds this rank's
@@ -89,15 +90,11 @@ class DataParallel : public StepListener {
   absl::StatusOr<double> Drift();
   bool replicated() const { return params_ == nullptr; }
 
-  // kFull: every parameter whole on every rank (GatherAll, a collective), and
-  // sharded again. Every rank calls them at the same points. OK at once at
-  // the other levels.
-  absl::Status GatherWholeModel();
-  absl::Status ShardModel();
-  // At the end of a run, on every rank: the model whole again (kFull). The
+  // At the end of a run, on every rank: the model whole again (kFull:
+  // GatherAll, a collective; OK at once at the other levels). The
   // collective's status on failure (the run is broken; the parameters other
   // ranks own stay freed on this rank).
-  absl::Status Finish() { return GatherWholeModel(); }
+  absl::Status Finish();
   // kFull: the run's parameters, sharded (for what reads them at a step
   // boundary: ParameterSharding's stream); null at the other levels.
   ParameterSharding* parameter_sharding() const { return params_.get(); }
@@ -119,8 +116,12 @@ class DataParallel : public StepListener {
   // kFull: frees them after the unit's forward (not the head's, whose
   // backward comes next), and drops autocast's cached casts of them.
   void AfterUnitForward(const ModelUnit& unit) override;
-  absl::Status BeforeEvaluation() override { return GatherWholeModel(); }
-  absl::Status AfterEvaluation() override { return ShardModel(); }
+  // kFull: an evaluation in the run gathers unit by unit (a ShardedEvaluation
+  // from BeforeEvaluation to AfterEvaluation, which frees what it holds);
+  // null at the other levels, where every rank holds the whole model.
+  absl::Status BeforeEvaluation() override;
+  absl::Status AfterEvaluation() override;
+  EvalUnits* evaluation_units() override { return evaluation_.get(); }
   void BeforeBackward(bool last) override;
   absl::Status AfterBackward() override;
   // Sharded: the norm over every rank's pieces, sqrt of the sum of the
@@ -153,8 +154,9 @@ class DataParallel : public StepListener {
   Trainer* const trainer_;
   const Sharding level_;
   std::unique_ptr<GradientSync> sync_;
-  std::unique_ptr<OptimizerSharding> sharding_;  // null with kNone
-  std::unique_ptr<ParameterSharding> params_;    // kFull only
+  std::unique_ptr<OptimizerSharding> sharding_;    // null with kNone
+  std::unique_ptr<ParameterSharding> params_;      // kFull only
+  std::unique_ptr<ShardedEvaluation> evaluation_;  // kFull, in an evaluation
 };
 
 }  // namespace memprofd

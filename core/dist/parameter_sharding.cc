@@ -18,6 +18,7 @@
 #include "core/common/torch_boundary.h"
 #include "core/memory/tagging.h"
 #include "core/model/llama.h"
+#include "core/train/autocast.h"
 
 namespace memprofd {
 namespace {
@@ -193,6 +194,38 @@ void ParameterSharding::ResetPeak() {
   stats_.exposed_seconds = 0;
 }
 
+ParameterShardingStats ParameterSharding::BeginSeparateFigures() {
+  const ParameterShardingStats before = stats_;
+  ResetPeak();
+  return before;
+}
+
+void ParameterSharding::EndSeparateFigures(const ParameterShardingStats& before) {
+  const int64_t held = stats_.gathered_bytes;
+  stats_ = before;
+  stats_.gathered_bytes = held;
+}
+
+int64_t ParameterSharding::UnitIndex(const ModelUnit& unit) const {
+  switch (unit.kind) {
+    case ModelUnit::Kind::kEmbedding:
+      return 0;
+    case ModelUnit::Kind::kLayer:
+      return unit.layer + 1;
+    case ModelUnit::Kind::kHead:
+      break;
+  }
+  return static_cast<int64_t>(units_.size()) - 1;
+}
+
+std::optional<ModelUnit> ParameterSharding::UnitAt(int64_t index) const {
+  const int64_t last = static_cast<int64_t>(units_.size()) - 1;
+  if (index < 0 || index > last) return std::nullopt;
+  if (index == 0) return ModelUnit::Embedding();
+  if (index == last) return ModelUnit::Head();
+  return ModelUnit::Layer(index - 1);
+}
+
 const std::vector<size_t>& ParameterSharding::UnitParameters(
     const ModelUnit& unit) const {
   switch (unit.kind) {
@@ -355,6 +388,8 @@ absl::Status ParameterSharding::Gather(const ModelUnit& unit, bool backward) {
 
 void ParameterSharding::Release(const ModelUnit& unit) {
   for (size_t k : UnitParameters(unit)) FreeOne(k);
+  const c10::DeviceType device = model_->device().type();
+  if (AutocastOn(device)) ClearAutocastWeightCache(device);
 }
 
 absl::Status ParameterSharding::GatherAll() {
@@ -426,6 +461,59 @@ absl::Status ParameterSharding::FollowStream() {
     RETURN_IF_ERROR(GatherOne(static_cast<size_t>(k)));
     FreeOne(static_cast<size_t>(k));
   }
+}
+
+absl::Status ParameterSharding::StreamUnit(const ModelUnit& unit) {
+  RETURN_IF_ERROR(BroadcastStreamIndex(UnitIndex(unit)).status());
+  return Gather(unit, /*backward=*/false);
+}
+
+absl::Status ParameterSharding::FollowUnitStream() {
+  ShardedEvaluation evaluation(this, /*lead=*/false);
+  std::optional<ModelUnit> previous;
+  for (;;) {
+    ASSIGN_OR_RETURN(const int64_t index, BroadcastStreamIndex(-1));
+    if (index < 0) return absl::OkStatus();
+    const std::optional<ModelUnit> unit = UnitAt(index);
+    if (!unit) {
+      return absl::InternalError(absl::StrCat("rank 0 streams unit ", index, " of ",
+                                              units_.size(),
+                                              ": do all ranks hold the same model?"));
+    }
+    if (previous) evaluation.Leave(*previous);
+    RETURN_IF_ERROR(evaluation.Enter(*unit));
+    previous = unit;
+  }
+}
+
+ShardedEvaluation::ShardedEvaluation(ParameterSharding* sharded, bool lead)
+    : sharded_(sharded), lead_(lead), before_(sharded->BeginSeparateFigures()) {}
+
+ShardedEvaluation::~ShardedEvaluation() {
+  Finish().IgnoreError();
+  sharded_->ReleaseAll();
+  sharded_->EndSeparateFigures(before_);
+}
+
+absl::Status ShardedEvaluation::Enter(const ModelUnit& unit) {
+  if (ended_) return absl::FailedPreconditionError("the evaluation's unit stream ended");
+  absl::Status status =
+      lead_ ? sharded_->StreamUnit(unit) : sharded_->Gather(unit, /*backward=*/false);
+  // A failed collective breaks the run: nothing more goes on the wire.
+  if (!status.ok()) ended_ = true;
+  return status;
+}
+
+void ShardedEvaluation::Leave(const ModelUnit& unit) { sharded_->Release(unit); }
+
+int64_t ShardedEvaluation::peak_gathered_bytes() const {
+  return sharded_->stats().peak_gathered_bytes;
+}
+
+absl::Status ShardedEvaluation::Finish() {
+  if (!lead_ || ended_) return absl::OkStatus();
+  ended_ = true;
+  return sharded_->EndStream();
 }
 
 std::optional<size_t> ParameterSharding::IndexOf(const at::Tensor& p) const {

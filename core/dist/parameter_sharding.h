@@ -28,7 +28,10 @@
 //                  then freed. Before the unit's forward, and before its
 //                  backward (the hook on its output), so that a checkpointed
 //                  layer's recomputation finds its weights.
-//   Release(unit)  frees the unit's parameters' storages (no collective).
+//   Release(unit)  frees the unit's parameters' storages (no collective),
+//                  and autocast's cached casts of them (which would otherwise
+//                  stay until the forward ends: every unit's, in a
+//                  checkpointed forward, where autograd saves none of them).
 //                  After the unit's forward; in backward, each parameter is
 //                  freed as soon as its gradient is accumulated (a post-hook
 //                  on its gradient accumulator, which runs after every node
@@ -70,6 +73,21 @@
 // collectives match on every rank, and each rank holds at most one whole
 // parameter at a time.
 //
+// An evaluation gathers unit by unit as training's forward does
+// (ShardedEvaluation, an EvalUnits). Inside a run every rank evaluates the
+// same data, so the units come in the same order everywhere. At a step
+// boundary only rank 0 evaluates, and the others follow a stream of units
+// the way they follow the parameter stream:
+//
+//   StreamUnit(unit)    rank 0 broadcasts the unit's index, then every rank
+//                       Gathers it (the next unit's all-gathers start early
+//                       on every rank alike).
+//   FollowUnitStream()  every other rank: frees the unit before and Gathers
+//                       each one rank 0 broadcasts, until the -1 (EndStream).
+//
+// So an evaluation holds at most the unit running and the next one in
+// flight, never the whole model.
+//
 // Every rank calls Gather with the same units in the same order (the same
 // model and step): which groups a call all-gathers, and in what order,
 // depends only on that order, so the ranks' collectives match. The
@@ -91,6 +109,7 @@
 #include "core/common/flat_shard.h"
 #include "core/dist/accumulator_hooks.h"
 #include "core/dist/process_group.h"
+#include "core/train/evaluate.h"
 #include "core/train/step_listener.h"
 
 namespace memprofd {
@@ -161,12 +180,22 @@ class ParameterSharding {
   void ReleaseParameter(size_t k) { FreeOne(k); }
   absl::Status EndStream();
   absl::Status FollowStream();
+  // The unit stream (above), likewise: StreamUnit on rank 0, ended by
+  // EndStream; FollowUnitStream on the others (INTERNAL for an index out of
+  // range), which frees what it gathered before it returns.
+  absl::Status StreamUnit(const ModelUnit& unit);
+  absl::Status FollowUnitStream();
   // The index of parameter `p` (the same tensor) in model->Parameters();
   // nullopt for a tensor that is not one of them.
   std::optional<size_t> IndexOf(const at::Tensor& p) const;
 
   const ParameterShardingStats& stats() const { return stats_; }
   void ResetPeak();
+  // Figures of their own for what runs between the two (an evaluation):
+  // Begin returns the figures so far and starts afresh (ResetPeak); End puts
+  // them back, so that the step's stay the step's.
+  ParameterShardingStats BeginSeparateFigures();
+  void EndSeparateFigures(const ParameterShardingStats& before);
 
  private:
   ParameterSharding(ProcessGroup* group, LlamaModel* model,
@@ -194,6 +223,10 @@ class ParameterSharding {
   absl::StatusOr<at::Tensor> Refill(size_t index);
   // Rank 0's stream index (-1: the end), broadcast from rank 0.
   absl::StatusOr<int64_t> BroadcastStreamIndex(int64_t index);
+  // A unit's index in units_ (the embedding 0, layer i i + 1, the head
+  // last), and back (nullopt out of range).
+  int64_t UnitIndex(const ModelUnit& unit) const;
+  std::optional<ModelUnit> UnitAt(int64_t index) const;
   void FreeOne(size_t index);
 
   ProcessGroup* const group_;
@@ -222,6 +255,35 @@ class ParameterSharding {
   std::vector<std::vector<size_t>> units_;
   std::unique_ptr<AccumulatorHooks> hooks_;  // frees each after its gradient
   ParameterShardingStats stats_;
+};
+
+// An evaluation's forward over the sharded model: each unit gathered before
+// its forward (Gather, or StreamUnit when `lead`) and freed after it. Its
+// figures are its own (peak_gathered_bytes); destroying it frees whatever is
+// still gathered and puts the step's figures back. `lead`: rank 0 at a step
+// boundary, whose evaluation the other ranks follow (FollowUnitStream);
+// Finish, or else the destructor, ends the stream. Every rank must create
+// it at the same point. Thread-safety: ParameterSharding's.
+class ShardedEvaluation : public EvalUnits {
+ public:
+  ShardedEvaluation(ParameterSharding* sharded, bool lead);
+  ~ShardedEvaluation() override;
+  ShardedEvaluation(const ShardedEvaluation&) = delete;
+  ShardedEvaluation& operator=(const ShardedEvaluation&) = delete;
+
+  absl::Status Enter(const ModelUnit& unit) override;
+  void Leave(const ModelUnit& unit) override;
+  int64_t peak_gathered_bytes() const override;
+  // `lead`: EndStream's status, once; OK at once when not leading, already
+  // ended, or after a unit's collective failed (the run is then broken and
+  // nothing more is sent).
+  absl::Status Finish();
+
+ private:
+  ParameterSharding* const sharded_;
+  const bool lead_;
+  bool ended_ = false;
+  const ParameterShardingStats before_;
 };
 
 }  // namespace memprofd

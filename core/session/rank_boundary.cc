@@ -1,7 +1,7 @@
 // RankCoordinator's step boundaries (rank_coordinator.h): every rank meets at
 // each one in one small all-reduce; when rank 0 has work there (a snapshot,
 // an evaluation, a checkpoint) the followers follow its events: write their
-// optimizer shards, stream or gather their parameter shards.
+// optimizer shards, stream their parameters or the units of an evaluation.
 
 #include <ATen/ATen.h>
 
@@ -127,19 +127,29 @@ absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> RankCoordinator::StreamP
   return std::make_unique<BoundaryParameterStream>(this, sharded_, std::move(index_of));
 }
 
-absl::Status RankCoordinator::GatherModelForBoundary() {
-  if (!AtShardedBoundary()) return absl::OkStatus();
-  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "gather_model"}})));
-  absl::Status gathered = sharded_->GatherAll();
-  FailBoundary(gathered);
-  return gathered;
-}
+// Rank 0's side of the unit stream, for an evaluation at a step boundary:
+// each unit is announced to the followers (FollowBoundary) and gathered with
+// them; a failed collective, and the stream's end, fail the boundary.
+class BoundaryEvaluation : public ShardedEvaluation {
+ public:
+  BoundaryEvaluation(RankCoordinator* ranks, ParameterSharding* sharded)
+      : ShardedEvaluation(sharded, /*lead=*/true), ranks_(ranks) {}
+  ~BoundaryEvaluation() override { ranks_->FailBoundary(Finish()); }
 
-void RankCoordinator::ShardModelAfterBoundary() {
-  if (!AtShardedBoundary()) return;
-  if (PublishBoundaryEvent(DumpJson(Json{{"kind", "shard_model"}})).ok()) {
-    sharded_->ReleaseAll();
+  absl::Status Enter(const ModelUnit& unit) override {
+    absl::Status entered = ShardedEvaluation::Enter(unit);
+    ranks_->FailBoundary(entered);
+    return entered;
   }
+
+ private:
+  RankCoordinator* const ranks_;
+};
+
+absl::StatusOr<std::unique_ptr<EvalUnits>> RankCoordinator::EvaluationUnits() {
+  if (!AtShardedBoundary()) return nullptr;
+  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "units"}})));
+  return std::make_unique<BoundaryEvaluation>(this, sharded_);
 }
 
 absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
@@ -168,8 +178,7 @@ absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
     }
     // The events of a fully sharded run: rank 0 publishes them only when its
     // SyncStepBoundary was given the sharded parameters, as every rank's was.
-    const bool model_event =
-        kind == "parameters" || kind == "gather_model" || kind == "shard_model";
+    const bool model_event = kind == "parameters" || kind == "units";
     if (!model_event) {
       return BadCommand(absl::StrCat("unknown step-boundary event '", kind, "'"));
     }
@@ -178,13 +187,8 @@ absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
           "rank 0 sent the step-boundary event '", kind,
           "' of a fully sharded run, but this rank's parameters are not sharded"));
     }
-    if (kind == "parameters") {
-      RETURN_IF_ERROR(sharded_->FollowStream());
-    } else if (kind == "gather_model") {
-      RETURN_IF_ERROR(sharded_->GatherAll());
-    } else {
-      sharded_->ReleaseAll();
-    }
+    RETURN_IF_ERROR(kind == "parameters" ? sharded_->FollowStream()
+                                         : sharded_->FollowUnitStream());
   }
 }
 

@@ -20,8 +20,8 @@
 //                       shard into dir); and in a fully sharded run
 //                       {"kind": "parameters"} (follow rank 0's parameter
 //                       stream: ParameterSharding::FollowStream), {"kind":
-//                       "gather_model"} and {"kind": "shard_model"} (make
-//                       the model whole, and shard it again); then one
+//                       "units"} (follow the units of rank 0's evaluation:
+//                       ParameterSharding::FollowUnitStream); then one
 //                       {"kind": "done"} or {"kind": "failed", "code",
 //                       "error"} ending it
 //   "shard/<id>/<rank>" a follower's answer to gather `id`, JSON {"code",
@@ -88,6 +88,7 @@ namespace memprofd {
 
 class CounterBoard;
 class OwnerThread;
+class EvalUnits;
 class ParameterSharding;
 class ProcessGroup;
 class StoreChannel;
@@ -185,7 +186,7 @@ class RankCoordinator : public ShardedState {
   // the wait's, naming what was waited for. `sharded`: the run's parameters
   // when they are sharded (fully sharded data parallel; null otherwise),
   // for the boundary work that reads them (StreamParameters,
-  // GatherModelForBoundary) and the followers' part in it.
+  // EvaluationUnits) and the followers' part in it.
   absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested,
                                         ParameterSharding* sharded = nullptr);
 
@@ -200,11 +201,14 @@ class RankCoordinator : public ShardedState {
   // boundary (SyncStepBoundary returns it on every rank).
   absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> StreamParameters(
       const std::vector<std::pair<std::string, at::Tensor>>& weights) override;
-  // Rank 0, owner thread, in boundary work (an evaluation): the model whole
-  // on every rank, and sharded again after. OK at once where the parameters
-  // are not sharded or not at a step boundary. Failures fail the boundary.
-  absl::Status GatherModelForBoundary();
-  void ShardModelAfterBoundary();
+  // Rank 0, owner thread, in boundary work (an evaluation) where the
+  // parameters are sharded: has every rank gather the units of the
+  // evaluation's forward with this one, one unit at a time, through the
+  // returned EvalUnits (ParameterSharding's unit stream); destroying it ends
+  // the stream on every rank and frees what is gathered. Null (and nothing
+  // happens) elsewhere. The store's error when the followers cannot be told;
+  // a failed collective fails the boundary.
+  absl::StatusOr<std::unique_ptr<EvalUnits>> EvaluationUnits();
 
   // Rank 0, owner thread, while it writes a checkpoint of a run whose
   // optimizer state is sharded: has every follower write its optimizer
@@ -256,9 +260,10 @@ class RankCoordinator : public ShardedState {
   // Rank 0: records the boundary's first failure.
   void FailBoundary(const absl::Status& status);
   // Rank 0, owner thread: boundary work runs now, in a run whose parameters
-  // are sharded (what StreamParameters and GatherModelForBoundary need).
+  // are sharded (what StreamParameters and EvaluationUnits need).
   bool AtShardedBoundary() const { return sharded_ != nullptr && current_boundary_ >= 0; }
   friend class BoundaryParameterStream;
+  friend class BoundaryEvaluation;
 
   const WorldSpec world_;
   const std::string device_;

@@ -82,15 +82,15 @@ void Session::RunEvaluation(const std::shared_ptr<Operation>& op,
   // The trainer sets the attention implementation of every step; restore
   // what it was so that an evaluation between two steps changes nothing.
   const AttentionImplementation attention = model->attention_implementation();
-  // At a step boundary of a fully sharded run, every rank makes the model
-  // whole for it, and shards it again after.
+  // At a step boundary of a fully sharded run, every rank gathers the
+  // model's units with this one, one at a time.
   absl::StatusOr<EvalResult> result = absl::UnknownError("not evaluated");
-  if (absl::Status whole = ranks_->GatherModelForBoundary(); !whole.ok()) {
-    result = whole;
+  if (absl::StatusOr<std::unique_ptr<EvalUnits>> units = ranks_->EvaluationUnits();
+      !units.ok()) {
+    result = units.status();
   } else {
-    result =
-        EvaluateModel(*model, data, options, [&op] { return op->cancel_requested(); });
-    ranks_->ShardModelAfterBoundary();
+    result = EvaluateModel(
+        *model, data, options, [&op] { return op->cancel_requested(); }, units->get());
   }
   model->set_attention_implementation(attention);
   if (!result.ok()) {

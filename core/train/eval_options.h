@@ -121,6 +121,9 @@ struct EvalResult {
   double seconds = 0.0;
   // The model's trained steps when it was evaluated.
   int64_t global_step = 0;
+  // Fully sharded: the most bytes of parameters gathered from the ranks held
+  // at once (EvalUnits); 0 where the model is whole.
+  int64_t peak_gathered_parameter_bytes = 0;
 };
 
 // OK, or INVALID_ARGUMENT naming the field: batch_size and seq_len >= 1,

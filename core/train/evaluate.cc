@@ -26,9 +26,43 @@ int64_t EvalBatches(const TokenDataset& data, const EvalOptions& o) {
   return o.batch_size > 0 ? (EvalWindows(data, o) + o.batch_size - 1) / o.batch_size : 0;
 }
 
+namespace {
+
+// One batch's summed loss: the model's forward unit by unit, `units` (if
+// any) around each, as the trainer's forward is. The head under autocast, as
+// in training; the loss is float32 (as transformers' ForCausalLMLoss upcasts
+// the logits) either way.
+absl::StatusOr<at::Tensor> ForwardLoss(const LlamaModel& model, const at::Tensor& inputs,
+                                       const at::Tensor& targets, const EvalOptions& o,
+                                       EvalUnits* units) {
+  AutocastScope autocast(o.mixed_precision, model.device().type());
+  auto enter = [units](const ModelUnit& unit) {
+    return units != nullptr ? units->Enter(unit) : absl::OkStatus();
+  };
+  auto leave = [units](const ModelUnit& unit) {
+    if (units != nullptr) units->Leave(unit);
+  };
+  RETURN_IF_ERROR(enter(ModelUnit::Embedding()));
+  at::Tensor hidden = model.Embed(inputs);
+  leave(ModelUnit::Embedding());
+  for (int64_t i = 0; i < model.num_layers(); ++i) {
+    RETURN_IF_ERROR(enter(ModelUnit::Layer(i)));
+    hidden = model.Layer(i, hidden);
+    leave(ModelUnit::Layer(i));
+  }
+  RETURN_IF_ERROR(enter(ModelUnit::Head()));
+  at::Tensor loss = LanguageModelLoss(model, model.FinalNorm(hidden), targets,
+                                      o.loss_chunk_tokens, LossReduction::kSum);
+  leave(ModelUnit::Head());
+  return loss;
+}
+
+}  // namespace
+
 absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& data,
                                          const EvalOptions& o,
-                                         const std::function<bool()>& cancelled) {
+                                         const std::function<bool()>& cancelled,
+                                         EvalUnits* units) {
   RETURN_IF_ERROR(ValidateEvalOptions(o, model.config().max_position_embeddings));
   RETURN_IF_ERROR(data.Validate(o.seq_len));
   if (model.base_dtype() != at::kFloat && o.mixed_precision != MixedPrecision::kBf16) {
@@ -44,7 +78,7 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
   EvalResult result;
   double loss_sum = 0.0;
   bool stopped = false;
-  absl::Status read;
+  absl::Status failure;  // reading a window, or a unit's Enter
   RETURN_IF_ERROR(TorchBoundary("evaluation", [&] {
     torch::NoGradGuard no_grad;
     for (int64_t first = 0; first < windows; first += o.batch_size) {
@@ -58,7 +92,7 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
       absl::StatusOr<at::Tensor> window =
           data.Window(first * o.seq_len, n * o.seq_len + 1);
       if (!window.ok()) {
-        read = window.status();
+        failure = window.status();
         return;
       }
       at::Tensor rows = window->unfold(0, o.seq_len + 1, o.seq_len)
@@ -66,20 +100,19 @@ absl::StatusOr<EvalResult> EvaluateModel(LlamaModel& model, const TokenDataset& 
                             .contiguous();
       at::Tensor inputs = rows.narrow(1, 0, o.seq_len);
       at::Tensor targets = rows.narrow(1, 1, o.seq_len);
-      at::Tensor loss;
-      {
-        // The head under autocast, as in training; the loss is float32 (as
-        // transformers' ForCausalLMLoss upcasts the logits) either way.
-        AutocastScope autocast(o.mixed_precision, device.type());
-        loss = LanguageModelLoss(model, model.ForwardHidden(inputs), targets,
-                                 o.loss_chunk_tokens, LossReduction::kSum);
+      absl::StatusOr<at::Tensor> loss = ForwardLoss(model, inputs, targets, o, units);
+      if (!loss.ok()) {
+        failure = loss.status();
+        return;
       }
-      loss_sum += loss.item<double>();
+      loss_sum += loss->item<double>();
       result.tokens += n * o.seq_len;
       result.batches += 1;
     }
   }));
-  RETURN_IF_ERROR(read);
+  RETURN_IF_ERROR(failure);
+  if (units != nullptr)
+    result.peak_gathered_parameter_bytes = units->peak_gathered_bytes();
   if (stopped) {
     return absl::CancelledError(absl::StrCat("evaluation cancelled after ",
                                              result.batches, " of ", EvalBatches(data, o),

@@ -49,6 +49,8 @@
 
 namespace memprofd {
 
+class EvalUnits;  // evaluate.h
+
 // The part of every batch this process trains on, in a data-parallel run:
 // the global batch of batch_size x shards windows is drawn the same way on
 // every rank (same generator, same order), and shard `index` takes rows
@@ -160,10 +162,13 @@ class StepListener {
   virtual void OnStepReported(const StepReport& /*report*/) {}
 
   // Around an evaluation inside a run (eval_every_steps), after the step's
-  // update: the model's parameters must be readable from BeforeEvaluation
-  // until AfterEvaluation. An error from either fails the run with it.
+  // update. An error from either fails the run with it.
   virtual absl::Status BeforeEvaluation() { return absl::OkStatus(); }
   virtual absl::Status AfterEvaluation() { return absl::OkStatus(); }
+  // Between them: what runs around each unit of the evaluation's forward
+  // (evaluate.h; full sharding gathers each unit there), or null for
+  // nothing. At most one listener of a run returns one.
+  virtual EvalUnits* evaluation_units() { return nullptr; }
 };
 
 // The listeners of one run, in calling order (null entries are not allowed).

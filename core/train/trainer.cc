@@ -539,8 +539,12 @@ absl::StatusOr<TrainResult> Trainer::RunSteps(const TrainOptions& options,
     if (options.eval_every_steps > 0 &&
         run_->steps_completed % options.eval_every_steps == 0) {
       for (StepListener* l : listeners) RETURN_IF_ERROR(l->BeforeEvaluation());
+      EvalUnits* units = nullptr;
+      for (StepListener* l : listeners) {
+        if (units == nullptr) units = l->evaluation_units();
+      }
       absl::StatusOr<EvalResult> eval =
-          EvaluateModel(*model_, *eval_data, EvalOptionsOf(options));
+          EvaluateModel(*model_, *eval_data, EvalOptionsOf(options), {}, units);
       for (StepListener* l : listeners) RETURN_IF_ERROR(l->AfterEvaluation());
       ASSIGN_OR_RETURN(report.eval, std::move(eval));
       report.eval->global_step = global_step_;

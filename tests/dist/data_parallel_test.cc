@@ -694,6 +694,82 @@ TEST(DataParallelTest, FullShardingGoesOnInANewRunBitForBit) {
   }
 }
 
+// The evaluations a rank printed ("eval step S loss L peak_gathered G"):
+// step -> (the loss as printed, G).
+std::map<int, std::pair<std::string, long long>> Evaluations(const std::string& output) {
+  std::map<int, std::pair<std::string, long long>> evals;
+  std::istringstream in(output);
+  std::string line;
+  while (std::getline(in, line)) {
+    int step = 0;
+    char loss[64] = {0};
+    long long peak = -1;
+    if (std::sscanf(line.c_str(), "eval step %d loss %63s peak_gathered %lld", &step,
+                    loss, &peak) == 3) {
+      evals[step] = {loss, peak};
+    }
+  }
+  return evals;
+}
+
+// An evaluation inside a fully sharded run (eval_every_steps) gathers the
+// model unit by unit, as forward does, instead of whole:
+// - its losses equal gradient sharding's bit for bit (the same arithmetic on
+//   the same values), on every rank;
+// - what it held gathered at once is at most two units (the one running and
+//   the next one's all-gathers in flight), padded: well below the whole
+//   model;
+// - it leaves the step's figures alone: the last step's gathers and peak
+//   equal those of the same run without evaluations, and so do its weights.
+TEST(DataParallelTest, FullShardingEvaluatesUnitByUnit) {
+  const std::string options = "--steps=3 --num_layers=8 --bucket_bytes=4096 ";
+  testing::TempDir grads_dir, full_dir, plain_dir;
+  std::vector<RankRun> grads = RunRanks(
+      grads_dir.path(), 2, options + "--eval_every_steps=1 --sharding=gradients");
+  std::vector<RankRun> full =
+      RunRanks(full_dir.path(), 2, options + "--eval_every_steps=1 --sharding=full");
+  std::vector<RankRun> plain = RunRanks(plain_dir.path(), 2, options + "--sharding=full");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(grads[r].exit_code, 0) << grads[r].output;
+    ASSERT_EQ(full[r].exit_code, 0) << full[r].output;
+    ASSERT_EQ(plain[r].exit_code, 0) << plain[r].output;
+  }
+  const long long model_bytes = static_cast<long long>(
+      Floats(grads_dir.path() + "/params0.bin").size() * sizeof(float));
+  const long long rounding =
+      2 * StateBytes(grads[0].output).parameters * kFlatShardAlignment * sizeof(float);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(absl::StrCat("rank ", r));
+    const auto want = Evaluations(grads[r].output);
+    const auto got = Evaluations(full[r].output);
+    ASSERT_EQ(want.size(), 3u) << grads[r].output;
+    ASSERT_EQ(got.size(), 3u) << full[r].output;
+    long long largest_unit = -1;
+    const size_t at = full[r].output.find("largest_unit_bytes ");
+    ASSERT_NE(at, std::string::npos) << full[r].output;
+    std::sscanf(full[r].output.c_str() + at, "largest_unit_bytes %lld", &largest_unit);
+    for (const auto& [step, eval] : got) {
+      EXPECT_EQ(eval.first, want.at(step).first) << "the loss at step " << step;
+      EXPECT_EQ(want.at(step).second, 0) << "gradient sharding gathers nothing";
+      EXPECT_GT(eval.second, 0) << "step " << step;
+      EXPECT_LE(eval.second, 2 * largest_unit + rounding) << "step " << step;
+      EXPECT_LT(eval.second, model_bytes / 2) << "step " << step;
+    }
+    const ParameterBytes with = ParameterBytesOf(full[r].output);
+    const ParameterBytes without = ParameterBytesOf(plain[r].output);
+    EXPECT_EQ(with.peak_gathered, without.peak_gathered);
+    EXPECT_EQ(with.gathers, without.gathers);
+    EXPECT_EQ(ReadFile(absl::StrCat(full_dir.path(), "/params", r, ".bin")),
+              ReadFile(absl::StrCat(plain_dir.path(), "/params", r, ".bin")));
+    if (r == 0) {
+      std::cout << "2 ranks, full sharding: an evaluation held at most "
+                << got.begin()->second.second << " bytes of gathered parameters (largest "
+                << "unit " << largest_unit << ", whole model " << model_bytes << ")"
+                << std::endl;
+    }
+  }
+}
+
 // Full sharding with the offloader on: the gathered parameters that autograd
 // saves are the parameters' own storages (refilled in place), so the
 // offloader keeps them as parameters and never copies them: the same bytes

@@ -25,6 +25,10 @@
 //                           working set, its all-gathers and those started
 //                           ahead of their unit) and makes the model
 //                           whole again before writing --out.
+//                           --eval_every_steps=N evaluates on the training
+//                           data every N steps (2 batches) and prints "eval
+//                           step S loss L peak_gathered G" (G: the
+//                           evaluation's gathered parameters at most).
 //                           --offload=disk offloads saved activations to a
 //                           spill file in --spill_dir and prints "offload
 //                           bytes_out B parameter_skips S" over the run.
@@ -70,6 +74,7 @@ ABSL_FLAG(bool, gradient_checkpointing, false, "recompute layers in backward");
 ABSL_FLAG(int64_t, bucket_bytes, memprofd::GradientSync::kDefaultBucketBytes,
           "gradient bucket cap");
 ABSL_FLAG(std::string, sharding, "none", "none, optimizer, gradients or full");
+ABSL_FLAG(int64_t, eval_every_steps, 0, "evaluate every this many steps (0: never)");
 ABSL_FLAG(std::string, offload, "none", "none or disk: offload saved activations");
 ABSL_FLAG(std::string, spill_dir, "/tmp", "--offload=disk's spill directory");
 ABSL_FLAG(int64_t, continue_steps, 0,
@@ -329,19 +334,31 @@ int Train(ProcessGroup* group, const WorldSpec& world) {
   options.gradient_checkpointing = absl::GetFlag(FLAGS_gradient_checkpointing);
   options.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   options.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  options.eval_every_steps = absl::GetFlag(FLAGS_eval_every_steps);
+  if (options.eval_every_steps > 0) {
+    options.eval_data = options.data;
+    options.eval_max_batches = 2;
+  }
   absl::StatusOr<std::unique_ptr<TokenDataset>> data =
       TokenDataset::Create(options.data, config.vocab_size);
   if (!data.ok()) return Fail(data.status());
+  const TokenDataset* eval_data = options.eval_every_steps > 0 ? data->get() : nullptr;
   auto print_step = [](const StepReport& report) {
     std::cout << absl::StrFormat("step %d loss %.17g", report.global_step, report.loss);
     if (report.rank_loss) {
       std::cout << absl::StrFormat(" rank_loss %.17g", *report.rank_loss);
     }
     std::cout << std::endl;
+    if (report.eval) {
+      std::cout << absl::StrFormat("eval step %d loss %.17g peak_gathered %d",
+                                   report.global_step, report.eval->loss,
+                                   report.eval->peak_gathered_parameter_bytes)
+                << std::endl;
+    }
   };
   if (options.steps > 0) {
-    absl::StatusOr<TrainResult> result =
-        CheckAndRun(trainer, options, Request(print_step, {}, listeners, &**data));
+    absl::StatusOr<TrainResult> result = CheckAndRun(
+        trainer, options, Request(print_step, {}, listeners, &**data, eval_data));
     if (!result.ok()) return Fail(result.status());
   }
   if (absl::GetFlag(FLAGS_continue_steps) > 0) {

@@ -584,8 +584,8 @@ class ShardingTest(unittest.TestCase):
     parameters, gradients and AdamW state only) train as 2 unsharded ones;
     the checkpoints taken at their step boundaries, written by rank 0 from
     parameters gathered one at a time, hold the unsharded run's weights and
-    load in transformers with its loss; an evaluation asked for mid-run sees
-    the whole model; the model is whole again after the run. Ranks started
+    load in transformers with its loss; an evaluation asked for mid-run
+    gathers the model unit by unit; the model is whole again after the run. Ranks started
     with different levels, or with an unknown level, do not start."""
     # Long enough that an evaluation asked for after step 1 runs inside the
     # run, and that two checkpoints (steps 4 and 8) fall at its boundaries.
@@ -695,10 +695,30 @@ class ShardingTest(unittest.TestCase):
                   "gathered at most %d bytes at once while writing (largest tensor %d)"
                   % (name, losses["full"], losses["none"], full.peak_gathered_bytes, largest))
 
-        # The evaluation ran between two steps of the run, on the whole model.
+        # The evaluation ran between two steps of the run. Fully sharded,
+        # every rank gathered the model's units with rank 0 one at a time:
+        # at most two of them at once, never the whole model.
         for level, result in evals.items():
             self.assertGreater(result.tokens, 0, level)
             self.assertTrue(0 < result.loss < 100, (level, result.loss))
+        units = {}
+        for name, t in weights_after["none"].items():
+            parts = name.split(".")
+            unit = ".".join(parts[:3]) if parts[1] == "layers" else parts[1]
+            units[unit] = units.get(unit, 0) + t.numel() * t.element_size()
+        # The head is the final norm and the (tied) embedding.
+        units["norm"] += units["embed_tokens"]
+        two_largest = sum(sorted(units.values())[-2:])
+        # Each parameter of a unit padded to 2 chunks of a multiple of 16.
+        padding = len(weights_after["none"]) * 2 * 16 * 4
+        peak = evals["full"].peak_gathered_parameter_bytes
+        self.assertEqual(evals["none"].peak_gathered_parameter_bytes, 0)
+        self.assertGreater(peak, 0)
+        self.assertLessEqual(peak, two_largest + padding)
+        self.assertLess(peak, model_bytes)
+        print("the evaluation in the fully sharded run held at most %d bytes of gathered "
+              "parameters (two largest units %d, the whole model %d)"
+              % (peak, two_largest, model_bytes))
         self.assertLess(evals["full"].global_step, self.STEPS)
         if evals["full"].global_step == evals["none"].global_step:
             self.assertAlmostEqual(evals["full"].loss, evals["none"].loss, delta=1e-6)
