@@ -36,10 +36,10 @@
 // Evaluations inside the run gather unit by unit as forward does
 // (ShardedEvaluation), evaluations, snapshots and checkpoints at its step
 // boundaries follow rank 0's streams of units and parameters
-// (parameter_sharding(), which RankCoordinator leads), and Finish makes the
-// model whole again at the run's end,
-// so the daemon outside a run holds the model as before. Its results equal
-// kGradients' bit for bit: the same arithmetic on the same values.
+// (parameter_sharding(), which RankCoordinator leads). After the run the
+// session may keep this object, and the model sharded, for the work between
+// runs (the same streams); Finish makes the model whole again. Its results
+// equal kGradients' bit for bit: the same arithmetic on the same values.
 //   At every sharded level the trainer's optimizer state holds this rank's
 // pieces only (a checkpoint of the run needs every rank's part;
 // Trainer::Restore with a FlatShardSpec narrows a whole state back to them).
@@ -90,7 +90,7 @@ class DataParallel : public StepListener {
   absl::StatusOr<double> Drift();
   bool replicated() const { return params_ == nullptr; }
 
-  // At the end of a run, on every rank: the model whole again (kFull:
+  // After a run, on every rank alike: the model whole again (kFull:
   // GatherAll, a collective; OK at once at the other levels). The
   // collective's status on failure (the run is broken; the parameters other
   // ranks own stay freed on this rank).

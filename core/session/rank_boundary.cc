@@ -89,7 +89,7 @@ class BoundaryParameterStream : public snapshot::TensorAccess {
                           std::vector<std::optional<size_t>> index_of)
       : ranks_(ranks), sharded_(sharded), index_of_(std::move(index_of)) {}
   ~BoundaryParameterStream() override {
-    if (!broken_) ranks_->FailBoundary(sharded_->EndStream());
+    if (!broken_) ranks_->FailStream(sharded_->EndStream());
   }
 
   absl::StatusOr<int64_t> Acquire(size_t index) override {
@@ -100,7 +100,7 @@ class BoundaryParameterStream : public snapshot::TensorAccess {
     absl::StatusOr<int64_t> bytes = sharded_->StreamParameter(*index_of_[index]);
     if (!bytes.ok()) {
       broken_ = true;
-      ranks_->FailBoundary(bytes.status());
+      ranks_->FailStream(bytes.status());
     }
     return bytes;
   }
@@ -119,12 +119,33 @@ class BoundaryParameterStream : public snapshot::TensorAccess {
 
 absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> RankCoordinator::StreamParameters(
     const std::vector<std::pair<std::string, at::Tensor>>& weights) {
-  if (!AtShardedBoundary()) return nullptr;
+  ParameterSharding* const sharded = ShardedNow();
+  if (sharded == nullptr) return nullptr;
   std::vector<std::optional<size_t>> index_of;
-  for (const auto& [name, tensor] : weights)
-    index_of.push_back(sharded_->IndexOf(tensor));
-  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "parameters"}})));
-  return std::make_unique<BoundaryParameterStream>(this, sharded_, std::move(index_of));
+  for (const auto& [name, tensor] : weights) index_of.push_back(sharded->IndexOf(tensor));
+  RETURN_IF_ERROR(PublishStream("parameters"));
+  return std::make_unique<BoundaryParameterStream>(this, sharded, std::move(index_of));
+}
+
+absl::Status RankCoordinator::PublishStream(const std::string& kind) {
+  const std::string event = DumpJson(Json{{"kind", kind}});
+  return current_boundary_ >= 0 ? PublishBoundaryEvent(event) : PublishCommand(event);
+}
+
+void RankCoordinator::FailStream(const absl::Status& status) {
+  if (status.ok()) return;
+  if (current_boundary_ >= 0) {
+    FailBoundary(status);
+  } else {
+    // Between runs the other ranks are left in a collective that will not
+    // complete, as after a failed step.
+    FailRun(status);
+  }
+}
+
+absl::Status RankCoordinator::FollowStream(ParameterSharding* sharded,
+                                           const std::string& kind) {
+  return kind == "parameters" ? sharded->FollowStream() : sharded->FollowUnitStream();
 }
 
 // Rank 0's side of the unit stream, for an evaluation at a step boundary:
@@ -134,11 +155,11 @@ class BoundaryEvaluation : public ShardedEvaluation {
  public:
   BoundaryEvaluation(RankCoordinator* ranks, ParameterSharding* sharded)
       : ShardedEvaluation(sharded, /*lead=*/true), ranks_(ranks) {}
-  ~BoundaryEvaluation() override { ranks_->FailBoundary(Finish()); }
+  ~BoundaryEvaluation() override { ranks_->FailStream(Finish()); }
 
   absl::Status Enter(const ModelUnit& unit) override {
     absl::Status entered = ShardedEvaluation::Enter(unit);
-    ranks_->FailBoundary(entered);
+    ranks_->FailStream(entered);
     return entered;
   }
 
@@ -147,9 +168,10 @@ class BoundaryEvaluation : public ShardedEvaluation {
 };
 
 absl::StatusOr<std::unique_ptr<EvalUnits>> RankCoordinator::EvaluationUnits() {
-  if (!AtShardedBoundary()) return nullptr;
-  RETURN_IF_ERROR(PublishBoundaryEvent(DumpJson(Json{{"kind", "units"}})));
-  return std::make_unique<BoundaryEvaluation>(this, sharded_);
+  ParameterSharding* const sharded = ShardedNow();
+  if (sharded == nullptr) return nullptr;
+  RETURN_IF_ERROR(PublishStream("units"));
+  return std::make_unique<BoundaryEvaluation>(this, sharded);
 }
 
 absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
@@ -187,8 +209,7 @@ absl::Status RankCoordinator::FollowBoundary(int64_t boundary) {
           "rank 0 sent the step-boundary event '", kind,
           "' of a fully sharded run, but this rank's parameters are not sharded"));
     }
-    RETURN_IF_ERROR(kind == "parameters" ? sharded_->FollowStream()
-                                         : sharded_->FollowUnitStream());
+    RETURN_IF_ERROR(FollowStream(sharded_, kind));
   }
 }
 

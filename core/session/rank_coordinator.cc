@@ -261,6 +261,20 @@ absl::Status RankCoordinator::FollowCommand(const std::string& text) {
       if (absl::Status s = AnswerOptimizerShard(dir, id); !s.ok()) FailRun(s);
     });
   }
+  if (kind == "parameters" || kind == "units") {
+    // Rank 0 reads the model kept sharded after a fully sharded run (a
+    // snapshot, an evaluation): join its stream on the owner thread, which
+    // holds the parameters.
+    return owner_.Post([this, kind] {
+      absl::Status followed =
+          idle_sharded_ != nullptr
+              ? FollowStream(idle_sharded_, kind)
+              : absl::InternalError(absl::StrCat(
+                    "rank 0 streams the sharded model ('", kind,
+                    "'), but this rank's model is whole: did it miss the last run?"));
+      if (!followed.ok()) FailRun(followed);
+    });
+  }
   if (kind != "train") return BadCommand(absl::StrCat("unknown kind '", kind, "'"));
   ASSIGN_OR_RETURN(rank_messages::TrainCommand train, DecodeTrainCommand(command));
   return followed_.FollowTrain(train.train, train.offload, train.resume);

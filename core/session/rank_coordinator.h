@@ -13,7 +13,9 @@
 //   "start/resume"      rank 0's choice of checkpoint directory (JoinRun)
 //   "cmd/<n>"           rank 0's n-th command, JSON: {"kind": "load"|"train"|
 //                       "optimizer_shard"|"shutdown", ...}, published in the
-//                       order its owner thread runs them
+//                       order its owner thread runs them; between runs, with
+//                       the model kept sharded, also "parameters" and "units"
+//                       (the streams below, outside a step boundary)
 //   "mem/<rank>"        a follower's memory, about once a second
 //   "boundary/<n>/<k>"  rank 0's k-th event of step boundary n, JSON: {"kind":
 //                       "optimizer_shard", "dir", "id"} (write your optimizer
@@ -190,24 +192,33 @@ class RankCoordinator : public ShardedState {
   absl::StatusOr<bool> SyncStepBoundary(bool cancel_requested,
                                         ParameterSharding* sharded = nullptr);
 
-  // Rank 0, owner thread, in boundary work at a step boundary of a run whose
-  // parameters are sharded: has every rank stream the parameters with this
-  // one (ParameterSharding's stream), for a writer reading `weights` (the
-  // model's named parameters) through the returned access, one gathered
-  // at a time. Destroying the access ends the stream on every rank,
-  // whatever the writer did. Null (and nothing happens) elsewhere: not at
-  // such a boundary, or on a single process. The store's error when the
-  // followers cannot be told. A failed collective of the stream fails the
-  // boundary (SyncStepBoundary returns it on every rank).
+  // Every rank, owner thread: the parameters of the last fully sharded run,
+  // which stay sharded after it (null: the model is whole). Rank 0's work
+  // outside a run reads them through the streams below; the followers
+  // follow those as commands.
+  void KeepShardedModel(ParameterSharding* sharded) { idle_sharded_ = sharded; }
+
+  // Rank 0, owner thread, in boundary work where the parameters are
+  // sharded (at a step boundary of a fully sharded run, or between runs
+  // after one, KeepShardedModel): has every rank stream the parameters with
+  // this one (ParameterSharding's stream), for a writer reading `weights`
+  // (the model's named parameters) through the returned access, one
+  // gathered at a time. Destroying the access ends the stream on every
+  // rank, whatever the writer did. Null (and nothing happens) elsewhere: the
+  // model whole, or a single process. The store's error when the followers
+  // cannot be told. A failed collective of the stream fails the boundary
+  // (SyncStepBoundary returns it on every rank), or between runs breaks the
+  // run (FailRun).
   absl::StatusOr<std::unique_ptr<snapshot::TensorAccess>> StreamParameters(
       const std::vector<std::pair<std::string, at::Tensor>>& weights) override;
   // Rank 0, owner thread, in boundary work (an evaluation) where the
-  // parameters are sharded: has every rank gather the units of the
-  // evaluation's forward with this one, one unit at a time, through the
-  // returned EvalUnits (ParameterSharding's unit stream); destroying it ends
-  // the stream on every rank and frees what is gathered. Null (and nothing
-  // happens) elsewhere. The store's error when the followers cannot be told;
-  // a failed collective fails the boundary.
+  // parameters are sharded (as StreamParameters): has every rank gather the
+  // units of the evaluation's forward with this one, one unit at a time,
+  // through the returned EvalUnits (ParameterSharding's unit stream);
+  // destroying it ends the stream on every rank and frees what is gathered.
+  // Null (and nothing happens) elsewhere. The store's error when the
+  // followers cannot be told; a failed collective fails the boundary, or
+  // between runs the run.
   absl::StatusOr<std::unique_ptr<EvalUnits>> EvaluationUnits();
 
   // Rank 0, owner thread, while it writes a checkpoint of a run whose
@@ -259,9 +270,20 @@ class RankCoordinator : public ShardedState {
   absl::Status PublishBoundaryEvent(const std::string& event);
   // Rank 0: records the boundary's first failure.
   void FailBoundary(const absl::Status& status);
-  // Rank 0, owner thread: boundary work runs now, in a run whose parameters
-  // are sharded (what StreamParameters and EvaluationUnits need).
-  bool AtShardedBoundary() const { return sharded_ != nullptr && current_boundary_ >= 0; }
+  // Rank 0, owner thread: the sharded parameters the boundary work running
+  // now reads (a step boundary's of a fully sharded run, or between runs
+  // the kept ones); null where the model is whole.
+  ParameterSharding* ShardedNow() const {
+    return current_boundary_ >= 0 ? sharded_ : idle_sharded_;
+  }
+  // Rank 0, owner thread: tells the followers to follow a stream of the
+  // sharded parameters (`kind`: "parameters" or "units"), as a boundary
+  // event at a step boundary, as a command between runs; and a failure of
+  // that stream, which fails the boundary or, between runs, the run.
+  absl::Status PublishStream(const std::string& kind);
+  void FailStream(const absl::Status& status);
+  // A follower, owner thread: follows the stream `kind` of `sharded`.
+  static absl::Status FollowStream(ParameterSharding* sharded, const std::string& kind);
   friend class BoundaryParameterStream;
   friend class BoundaryEvaluation;
 
@@ -294,6 +316,8 @@ class RankCoordinator : public ShardedState {
   // Every rank, owner thread: the run's sharded parameters during a step
   // boundary (SyncStepBoundary's `sharded`); null otherwise.
   ParameterSharding* sharded_ = nullptr;
+  // Every rank, owner thread: KeepShardedModel's.
+  ParameterSharding* idle_sharded_ = nullptr;
   int64_t gathers_ = 0;
 
   mutable absl::Mutex mu_;

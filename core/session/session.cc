@@ -271,7 +271,9 @@ Session::Session(const SessionOptions& options, Runtime& runtime, std::string de
 Session::~Session() {
   Shutdown();
   snapshots_->Join();
-  // The model, its trainer and offloader go once nothing can reach them.
+  // The model, its trainer and offloader go once nothing can reach them,
+  // and after what a fully sharded run kept of them.
+  if (training_ != nullptr) training_->DropShardedModel();
   host_.reset();
 }
 

@@ -63,6 +63,12 @@ absl::Status Session::FollowLoad(const LoadModelSpec& spec) {
   std::shared_ptr<Operation> op = operations_.Create(OperationKind::kLoadModel);
   return Post([this, op, spec] {
     op->MarkRunning();
+    // Whole first, with rank 0 (Session::LoadModel).
+    if (absl::Status whole = training_->MakeModelWhole(); !whole.ok()) {
+      op->Finish(whole);
+      ranks_->FailRun(whole);
+      return;
+    }
     absl::Status status = host_->Load(spec);
     // A follower that could not load as rank 0 did holds another model:
     // the next Train's check names it.

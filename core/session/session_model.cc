@@ -18,6 +18,7 @@
 #include "core/session/rank_coordinator.h"
 #include "core/session/session.h"
 #include "core/session/snapshot_scheduler.h"
+#include "core/session/training.h"
 
 namespace memprofd {
 namespace {
@@ -130,7 +131,13 @@ absl::StatusOr<std::shared_ptr<Operation>> Session::LoadModel(const LoadModelSpe
       }
     }
     // Data parallel: once the followers were told to load, rank 0 loads
-    // too, so that every rank holds the same model.
+    // too, so that every rank holds the same model (whole first, as each
+    // follower makes it, should the load fail and keep it).
+    if (absl::Status whole = training_->MakeModelWhole(); !whole.ok()) {
+      op->Finish(whole);
+      ranks_->FailRun(whole);
+      return;
+    }
     std::function<bool()> cancelled;
     if (command.empty()) cancelled = [&op] { return op->cancel_requested(); };
     absl::Status status = host_->Load(spec, cancelled);

@@ -112,6 +112,20 @@ absl::Status Training::Follow(std::shared_ptr<Operation> op,
   return posted;
 }
 
+absl::Status Training::MakeModelWhole() {
+  if (sharded_model_ == nullptr) return absl::OkStatus();
+  parts_.ranks.KeepShardedModel(nullptr);
+  absl::Status whole = sharded_model_->Finish();
+  sharded_model_.reset();  // removes the gradient hooks
+  parts_.host.PublishCategories();
+  return whole;
+}
+
+void Training::DropShardedModel() {
+  parts_.ranks.KeepShardedModel(nullptr);
+  sharded_model_.reset();
+}
+
 // Stage 2: the start.
 
 absl::Status Training::Start(const std::shared_ptr<const Admitted>& admitted,
@@ -303,6 +317,13 @@ void Training::Run(const std::shared_ptr<Operation>& op,
     return;
   }
   op->MarkRunning();
+  // The last fully sharded run's model, whole again on every rank before
+  // this run touches it (adapters, rank 0's weights).
+  if (absl::Status whole = MakeModelWhole(); !whole.ok()) {
+    finish(whole);
+    ranks.FailRun(whole);
+    return;
+  }
   ModelHost& host = parts_.host;
   absl::StatusOr<offload::Offloader*> offloader = host.OffloaderFor(offload_options);
   if (!offloader.ok()) {
@@ -377,14 +398,19 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   memory::OpAttribution op_attribution;
   const int64_t nonfinite_before = trainer->nonfinite_steps();
   absl::StatusOr<TrainResult> result = trainer->Run(train, request);
-  // Fully sharded: the model whole again on every rank, as outside a run,
-  // when the ranks are still in step: the run succeeded or was cancelled,
-  // or its options were refused alike on every rank before any collective.
+  // Fully sharded, when the ranks are still in step (the run succeeded or
+  // was cancelled, or its options were refused alike on every rank before
+  // any collective): the model stays sharded, kept until MakeModelWhole.
   // Otherwise the run is broken and the daemon stops (below).
-  absl::Status whole = data_parallel != nullptr && reporter.failure().ok() &&
-                               (result.ok() || absl::IsInvalidArgument(result.status()))
-                           ? data_parallel->Finish()
-                           : absl::OkStatus();
+  const bool in_step = reporter.failure().ok() &&
+                       (result.ok() || absl::IsInvalidArgument(result.status()));
+  absl::Status whole;
+  if (data_parallel != nullptr && in_step && !data_parallel->replicated()) {
+    sharded_model_ = std::move(data_parallel);
+    ranks.KeepShardedModel(sharded_model_->parameter_sharding());
+  } else if (data_parallel != nullptr && in_step) {
+    whole = data_parallel->Finish();
+  }
   data_parallel.reset();  // removes the gradient hooks
   if (const int64_t n = trainer->nonfinite_steps() - nonfinite_before; n > 0) {
     parts_.counters.Update([n](SessionCounters& c) { c.nonfinite_steps_total += n; });

@@ -44,6 +44,7 @@
 namespace memprofd {
 
 class CounterBoard;
+class DataParallel;
 class ModelHost;
 class ObserverList;
 class OomReporter;
@@ -124,6 +125,18 @@ class Training {
                       const offload::OffloadOptions& offload, TrainingData data,
                       bool resume);
 
+  // A fully sharded run leaves the model sharded (each rank its shards
+  // only), with its data parallel state kept here and the parameters handed
+  // to RankCoordinator::KeepShardedModel for what reads them between runs.
+  // MakeModelWhole gathers it whole again (one collective per parameter
+  // group) before anything else changes the model: the next run, a load.
+  // Every rank, owner thread, at the same point; OK at once when the model
+  // is whole. Its error breaks the run (the caller calls FailRun).
+  absl::Status MakeModelWhole();
+  // At shutdown, before the model goes: drops what MakeModelWhole would
+  // gather (no collective; the model is unusable after).
+  void DropShardedModel();
+
  private:
   class StepReporter;
   // What a training run was planned at: a budgeted run's choice (set by the
@@ -163,6 +176,9 @@ class Training {
            const TrainingData& data, bool resume, std::shared_ptr<const Plan> plan);
 
   const Parts parts_;
+  // Owner thread: the last fully sharded run's data parallel state, while
+  // the model stays sharded (above); null when it is whole.
+  std::unique_ptr<DataParallel> sharded_model_;
 };
 
 }  // namespace memprofd

@@ -129,6 +129,19 @@ def train(d, **kwargs):
     return d.call("Train", pb.TrainRequest(**request))
 
 
+def model_state_bytes(d, timeout=30):
+    """d's bytes by category once no parameters are gathered there (a
+    follower frees them a moment after rank 0's operation is done), or at the
+    timeout."""
+    deadline = time.time() + timeout
+    while True:
+        stats = d.call("GetMemoryStats", pb.GetMemoryStatsRequest())
+        categories = {c.category: c.bytes for c in stats.categories}
+        if categories.get("gathered_parameters", 0) == 0 or time.time() > deadline:
+            return categories
+        time.sleep(0.2)
+
+
 def status_at_steps(d, steps, timeout=30):
     """d's status once its model has trained `steps` steps, or at the timeout.
     A follower ends its copy of a training a moment after rank 0 ends its own
@@ -601,6 +614,7 @@ class ShardingTest(unittest.TestCase):
                 for level in ("none", "full")}
         try:
             reports, statuses, weights_after, evals, periodic = {}, {}, {}, {}, {}
+            held, held_after_eval, idle_evals, next_runs = {}, {}, {}, {}
             for level, ranks in runs.items():
                 leader = ranks[0]
                 train_op = train(leader, steps=self.STEPS, batch_size=2)
@@ -621,11 +635,24 @@ class ShardingTest(unittest.TestCase):
                 evals[level] = evaluated.evaluate
                 reports[level] = [step_reports(d) for d in ranks]
                 statuses[level] = [status_at_steps(d, self.STEPS) for d in ranks]
+                # Between runs: each rank's parameter and optimizer bytes, then
+                # an evaluation there, and the bytes again after it.
+                held[level] = [model_state_bytes(d) for d in ranks]
+                evaluated = wait_done(leader, leader.call("Evaluate", pb.EvaluateRequest(
+                    batch_size=2, seq_len=32, max_batches=2)).id)
+                self.assertEqual(evaluated.state, pb.OPERATION_STATE_SUCCEEDED,
+                                 evaluated.error.message)
+                idle_evals[level] = evaluated.evaluate
+                held_after_eval[level] = [model_state_bytes(d) for d in ranks]
                 listed = leader.call("ListSnapshots", pb.ListSnapshotsRequest()).snapshots
                 periodic[level] = {m.name: m for m in listed}
                 # Written by rank 0 after the run: the whole model, every
                 # parameter back from the rank that owns it.
                 weights_after[level] = weights(snapshot(leader, "after-" + level).directory)
+                # A run after it starts from the model it kept, sharded or not.
+                op = wait_done(leader, train(leader, steps=2, batch_size=2).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+                next_runs[level] = op.train
             sharded = runs["full"]
             metrics = [d.metrics_text() for d in sharded]
             ctl = sharded[1].ctl("status")
@@ -663,6 +690,28 @@ class ShardingTest(unittest.TestCase):
               "%.3g, largest weight difference after the run %.3g" % (self.STEPS, max(gaps), gap))
         self.assertLess(max(gaps), 1e-6)
         self.assertLess(gap, 1e-6)
+
+        # The model stays sharded after the run, and after an evaluation
+        # there: each rank's parameters (gathered ones included) and
+        # optimizer state are about half of one whole model's.
+        whole = held["none"][0]["parameters"] + held["none"][0]["optimizer_state"]
+        for when, figures in (("after the run", held), ("after an evaluation", held_after_eval)):
+            for rank, h in enumerate(figures["full"]):
+                self.assertEqual(h["gathered_parameters"], 0, (when, rank))
+                mine = h["parameters"] + h["gathered_parameters"] + h["optimizer_state"]
+                self.assertLessEqual(mine, 0.55 * whole, (when, rank, h))
+                print("rank %d %s: parameters and optimizer state %d bytes, %.3f of one "
+                      "process's %d" % (rank, when, mine, mine / whole, whole))
+        # The evaluation between runs gathered unit by unit, and saw the
+        # unsharded run's model.
+        self.assertEqual(idle_evals["none"].peak_gathered_parameter_bytes, 0)
+        self.assertGreater(idle_evals["full"].peak_gathered_parameter_bytes, 0)
+        self.assertLess(idle_evals["full"].peak_gathered_parameter_bytes, model_bytes)
+        self.assertAlmostEqual(idle_evals["full"].loss, idle_evals["none"].loss, delta=1e-6)
+        # The next run went on from the kept shards as from the whole model.
+        for field in ("first_loss", "last_loss"):
+            self.assertAlmostEqual(getattr(next_runs["full"], field),
+                                   getattr(next_runs["none"], field), delta=1e-5)
 
         # The checkpoints at the step boundaries: the unsharded run's weights,
         # and in transformers its loss.
