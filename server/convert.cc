@@ -532,6 +532,8 @@ v1::DataParallelStatus ToProto(const WorldSpec& world,
   p.set_peak_gathered_parameter_bytes(counters.peak_gathered_parameter_bytes);
   p.set_parameter_gathers(counters.parameter_gathers);
   p.set_gather_exposed_seconds(counters.gather_exposed_seconds);
+  p.set_model_sharded(counters.model_sharded);
+  p.set_whole_model_gathers(counters.whole_model_gathers_total);
   return p;
 }
 

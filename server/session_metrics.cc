@@ -349,6 +349,17 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
                                "compute, over all steps (full sharding).",
                                MetricType::Counter),
                        dp.gather_exposed_seconds_total);
+      Families::Sample(out.Add("memprofd_dp_model_sharded",
+                               "1 while the model is kept sharded between runs (full "
+                               "sharding), else 0.",
+                               MetricType::Gauge),
+                       dp.model_sharded ? 1.0 : 0.0);
+      Families::Sample(
+          out.Add("memprofd_dp_whole_model_gathers_total",
+                  "Times the sharded model was gathered whole again on every "
+                  "rank (before a LoadModel, or a run that adds adapters).",
+                  MetricType::Counter),
+          static_cast<double>(dp.whole_model_gathers_total));
     }
   }
   std::vector<MetricFamily> families = out.Take();

@@ -334,6 +334,11 @@ struct DataParallelCounters {
   int64_t parameter_gathers = 0;
   double gather_exposed_seconds = 0;
   double gather_exposed_seconds_total = 0;
+  // Full sharding: the model is kept sharded now, between runs (it stays so
+  // after a run); and the times it was gathered whole again since start (a
+  // LoadModel, or a run that changes the model, needs it whole).
+  bool model_sharded = false;
+  int64_t whole_model_gathers_total = 0;
 };
 
 // One rank's memory, as MemoryOfAllRanks gathers it.

@@ -114,16 +114,27 @@ absl::Status Training::Follow(std::shared_ptr<Operation> op,
 
 absl::Status Training::MakeModelWhole() {
   if (sharded_model_ == nullptr) return absl::OkStatus();
-  parts_.ranks.KeepShardedModel(nullptr);
-  absl::Status whole = sharded_model_->Finish();
-  sharded_model_.reset();  // removes the gradient hooks
+  absl::Status whole = TakeShardedModel()->Finish();  // removes the gradient hooks after
+  parts_.counters.Update(
+      [](SessionCounters& c) { c.data_parallel.whole_model_gathers_total += 1; });
   parts_.host.PublishCategories();
   return whole;
 }
 
-void Training::DropShardedModel() {
+void Training::DropShardedModel() { TakeShardedModel().reset(); }
+
+void Training::KeepShardedModel(std::unique_ptr<DataParallel> data_parallel) {
+  sharded_model_ = std::move(data_parallel);
+  parts_.ranks.KeepShardedModel(sharded_model_->parameter_sharding());
+  parts_.counters.Update(
+      [](SessionCounters& c) { c.data_parallel.model_sharded = true; });
+}
+
+std::unique_ptr<DataParallel> Training::TakeShardedModel() {
   parts_.ranks.KeepShardedModel(nullptr);
-  sharded_model_.reset();
+  parts_.counters.Update(
+      [](SessionCounters& c) { c.data_parallel.model_sharded = false; });
+  return std::move(sharded_model_);
 }
 
 // Stage 2: the start.
@@ -317,9 +328,15 @@ void Training::Run(const std::shared_ptr<Operation>& op,
     return;
   }
   op->MarkRunning();
-  // The last fully sharded run's model, whole again on every rank before
-  // this run touches it (adapters, rank 0's weights).
-  if (absl::Status whole = MakeModelWhole(); !whole.ok()) {
+  // The last fully sharded run's model: a run that trains it as it is goes
+  // on from its shards and their optimizer state, with the same data
+  // parallel state. One that would change the model (adapters, a bf16 base:
+  // refused for a trained model, but checked on the whole model) has it
+  // whole again first, on every rank alike: the options are the same.
+  const bool from_shards = sharded_model_ != nullptr && train->lora.r == 0 &&
+                           train->base_dtype == BaseDtype::kFloat32;
+  if (absl::Status whole = from_shards ? absl::OkStatus() : MakeModelWhole();
+      !whole.ok()) {
     finish(whole);
     ranks.FailRun(whole);
     return;
@@ -362,7 +379,9 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   // Data parallel: every rank takes rank 0's weights and optimizer state and
   // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;
-  if (ranks.group() != nullptr) {
+  if (from_shards) {
+    data_parallel = TakeShardedModel();
+  } else if (ranks.group() != nullptr) {
     DataParallelOptions dp_options;
     dp_options.sharding = parts_.options.sharding;
     absl::StatusOr<std::unique_ptr<DataParallel>> created =
@@ -406,8 +425,7 @@ void Training::Run(const std::shared_ptr<Operation>& op,
                        (result.ok() || absl::IsInvalidArgument(result.status()));
   absl::Status whole;
   if (data_parallel != nullptr && in_step && !data_parallel->replicated()) {
-    sharded_model_ = std::move(data_parallel);
-    ranks.KeepShardedModel(sharded_model_->parameter_sharding());
+    KeepShardedModel(std::move(data_parallel));
   } else if (data_parallel != nullptr && in_step) {
     whole = data_parallel->Finish();
   }

@@ -128,8 +128,10 @@ class Training {
   // A fully sharded run leaves the model sharded (each rank its shards
   // only), with its data parallel state kept here and the parameters handed
   // to RankCoordinator::KeepShardedModel for what reads them between runs.
+  // The next run that trains the model as it is goes on from them (Run).
   // MakeModelWhole gathers it whole again (one collective per parameter
-  // group) before anything else changes the model: the next run, a load.
+  // group) before anything else changes the model: a load, a run that adds
+  // adapters.
   // Every rank, owner thread, at the same point; OK at once when the model
   // is whole. Its error breaks the run (the caller calls FailRun).
   absl::Status MakeModelWhole();
@@ -174,6 +176,12 @@ class Training {
            const std::shared_ptr<TrainingSlot::Ticket>& ticket,
            const ValidTrainOptions& train, const offload::OffloadOptions& offload,
            const TrainingData& data, bool resume, std::shared_ptr<const Plan> plan);
+
+  // Keeps a fully sharded run's data parallel state after it, and takes it
+  // back (for the next run, or to gather the model whole): the
+  // coordinator's parameters and the counters follow.
+  void KeepShardedModel(std::unique_ptr<DataParallel> data_parallel);
+  std::unique_ptr<DataParallel> TakeShardedModel();
 
   const Parts parts_;
   // Owner thread: the last fully sharded run's data parallel state, while

@@ -142,6 +142,16 @@ def model_state_bytes(d, timeout=30):
         time.sleep(0.2)
 
 
+def data_parallel_when(d, ready, timeout=30):
+    """d's GetStatus.data_parallel once ready(it) holds, or at the timeout."""
+    deadline = time.time() + timeout
+    while True:
+        dp = d.call("GetStatus", pb.GetStatusRequest()).data_parallel
+        if ready(dp) or time.time() > deadline:
+            return dp
+        time.sleep(0.05)
+
+
 def status_at_steps(d, steps, timeout=30):
     """d's status once its model has trained `steps` steps, or at the timeout.
     A follower ends its copy of a training a moment after rank 0 ends its own
@@ -615,6 +625,7 @@ class ShardingTest(unittest.TestCase):
         try:
             reports, statuses, weights_after, evals, periodic = {}, {}, {}, {}, {}
             held, held_after_eval, idle_evals, next_runs = {}, {}, {}, {}
+            kept, after_lora = {}, {}
             for level, ranks in runs.items():
                 leader = ranks[0]
                 train_op = train(leader, steps=self.STEPS, batch_size=2)
@@ -649,10 +660,22 @@ class ShardingTest(unittest.TestCase):
                 # Written by rank 0 after the run: the whole model, every
                 # parameter back from the rank that owns it.
                 weights_after[level] = weights(snapshot(leader, "after-" + level).directory)
-                # A run after it starts from the model it kept, sharded or not.
+                # A run after it goes on from the model it kept, sharded or
+                # not: fully sharded, from the shards, never gathered whole.
                 op = wait_done(leader, train(leader, steps=2, batch_size=2).id)
                 self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
                 next_runs[level] = op.train
+                # (A follower keeps its shards a moment after rank 0.)
+                kept[level] = [data_parallel_when(
+                    d, lambda dp: dp.model_sharded == (level == "full")) for d in ranks]
+                # A run that would add adapters sees the model whole first
+                # (and is refused: this model trained every parameter).
+                op = wait_done(leader, train(leader, steps=1, batch_size=2, lora_r=4).id)
+                self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+                self.assertIn("trained every parameter", op.error.message)
+                after_lora[level] = [data_parallel_when(
+                    d, lambda dp: dp.whole_model_gathers == int(level == "full"))
+                    for d in ranks]
             sharded = runs["full"]
             metrics = [d.metrics_text() for d in sharded]
             ctl = sharded[1].ctl("status")
@@ -708,10 +731,19 @@ class ShardingTest(unittest.TestCase):
         self.assertGreater(idle_evals["full"].peak_gathered_parameter_bytes, 0)
         self.assertLess(idle_evals["full"].peak_gathered_parameter_bytes, model_bytes)
         self.assertAlmostEqual(idle_evals["full"].loss, idle_evals["none"].loss, delta=1e-6)
-        # The next run went on from the kept shards as from the whole model.
+        # The next run went on from the kept shards as from the whole model;
+        # only the refused LoRA run needed the model whole again.
         for field in ("first_loss", "last_loss"):
             self.assertAlmostEqual(getattr(next_runs["full"], field),
                                    getattr(next_runs["none"], field), delta=1e-5)
+        for level in runs:
+            for rank in (0, 1):
+                before, after = kept[level][rank], after_lora[level][rank]
+                self.assertEqual(before.model_sharded, level == "full", (level, rank))
+                self.assertEqual(before.whole_model_gathers, 0, (level, rank))
+                self.assertFalse(after.model_sharded, (level, rank))
+                self.assertEqual(after.whole_model_gathers, int(level == "full"),
+                                 (level, rank))
 
         # The checkpoints at the step boundaries: the unsharded run's weights,
         # and in transformers its loss.
@@ -778,6 +810,9 @@ class ShardingTest(unittest.TestCase):
             self.assertGreater(metric(text, "memprofd_dp_parameter_gathers"), 0)
             self.assertGreaterEqual(metric(text, "memprofd_dp_gather_exposed_seconds_total"), 0)
             self.assertEqual(metric(text, "memprofd_dp_sharding_info"), 1.0)
+            # Whole again since the refused LoRA run, once.
+            self.assertEqual(metric(text, "memprofd_dp_model_sharded"), 0.0)
+            self.assertEqual(metric(text, "memprofd_dp_whole_model_gathers_total"), 1.0)
             self.assertRegex(text, r'memprofd_dp_sharding_info\{[^}]*level="full"')
         self.assertEqual(ctl.returncode, 0, ctl.stderr)
         self.assertIn("sharding full", ctl.stdout)
