@@ -10,7 +10,7 @@
 // ranks, with parameters, gradients and state as a fraction of one process's;
 // then every CPU byte a rank held at the load's peak (the model made, whole on
 // every rank, and cut into the rank's part) and after the run (ended as the
-// daemon ends one: full sharding gathers the model whole again), and full
+// daemon ends one: full sharding keeps the model sharded), and full
 // sharding's parameter all-gathers in a step.
 // Measured, not derived: the parameters' storages (with full sharding, whose
 // parameters are freed between steps, the rank's shards) and the optimizer
@@ -235,14 +235,9 @@ int RunRank(const std::map<std::string, std::string>& args) {
   if (dp != nullptr && dp->parameter_stats() != nullptr) {
     parameter_bytes += dp->parameter_stats()->owned_bytes;
   }
-  // The end of a run, as the daemon ends one (full sharding gathers the
-  // model whole again): what the rank holds then, its data included.
-  if (dp != nullptr) {
-    if (absl::Status s = dp->Finish(); !s.ok()) {
-      std::fprintf(stderr, "%s\n", s.ToString().c_str());
-      return 2;
-    }
-  }
+  // The end of a run, as the daemon ends one (full sharding keeps the model
+  // sharded; the other levels hold it whole all along): what the rank holds
+  // then, its data included.
   const int64_t after = recorder.CurrentBytes(memory::kCpuDevice) - base;
   std::printf("RESULT %d %.6f %.6f %lld %lld %lld %lld %lld %lld %lld\n", world->rank,
               seconds / steps, exposed / steps, static_cast<long long>(parameter_bytes),
