@@ -203,9 +203,13 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   // the old one is replaced: any failure leaves the daemon as it was.
   std::optional<snapshot::LoadedCheckpoint> checkpoint;
   std::optional<TrainerState> state;
+  // A rank of a run with its optimizer state sharded keeps the state of its
+  // pieces: a sharded checkpoint is read into them alone.
+  const std::optional<FlatShardSpec> shard = OptimizerShard(options_);
   auto read_checkpoint = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(checkpoint,
-                     snapshot::LoadCheckpointFiles(checkpoint_dir, file_roots));
+                     snapshot::LoadCheckpointFiles(checkpoint_dir, file_roots,
+                                                   shard ? &*shard : nullptr));
     ASSIGN_OR_RETURN(state, TrainerStateFromJson(checkpoint->trainer_state_json,
                                                  (std::filesystem::path(checkpoint_dir) /
                                                   snapshot::kTrainerStateFile)
@@ -295,11 +299,8 @@ absl::Status ModelHost::Load(const LoadModelSpec& spec,
   auto trainer = std::make_unique<Trainer>(model.get());
   if (spec.resume) {
     if (!state) RETURN_IF_ERROR(read_checkpoint());
-    // A rank of a run with its optimizer state sharded keeps the state of
-    // its pieces now, wherever the checkpoint held it: the files of a
-    // sharded checkpoint are assembled whole, so any world size re-shards,
-    // and an unsharded checkpoint shards alike.
-    const std::optional<FlatShardSpec> shard = OptimizerShard(options_);
+    // Sharded, the state of this rank's pieces: read as such from a sharded
+    // checkpoint of any world size, narrowed here from an unsharded one's.
     RETURN_IF_ERROR(trainer->Restore(*state, checkpoint->optimizer_tensors,
                                      shard ? &*shard : nullptr));
     RETURN_IF_ERROR(stop_if_cancelled("after reading the checkpoint"));

@@ -80,15 +80,39 @@ std::string ParameterOf(const std::string& tensor) {
   return dot == std::string::npos ? tensor : tensor.substr(0, dot);
 }
 
+// The flat piece `want` of a tensor of `numel` elements whose pieces of
+// world size `world` are `parts` (rank order, empty pieces left out): the
+// overlapping range of each old piece copied in, reading only those bytes of
+// the mapped files.
+at::Tensor PieceFromParts(const std::vector<at::Tensor>& parts, int64_t numel, int world,
+                          const FlatShardSpec& want) {
+  const FlatChunk target = ChunkOf(numel, want.rank, want.world_size);
+  at::Tensor out = at::empty({target.length}, parts.front().options());
+  size_t next = 0;
+  for (int r = 0; r < world && next < parts.size(); ++r) {
+    const FlatChunk old = ChunkOf(numel, r, world);
+    if (old.length == 0) continue;
+    const at::Tensor& part = parts[next++];
+    const int64_t begin = std::max(old.begin, target.begin);
+    const int64_t end = std::min(old.begin + old.length, target.begin + target.length);
+    if (begin >= end) continue;
+    out.narrow(0, begin - target.begin, end - begin)
+        .copy_(part.narrow(0, begin - old.begin, end - begin));
+  }
+  return out;
+}
+
 // Appends every rank file the description names to `out`, each parameter's
-// state assembled whole: its moments are the ranks' flat pieces end to end
-// (core/common/flat_shard.h), reshaped to the parameter's shape, its step
-// the first rank's. DATA_LOSS for a file that is missing, a tensor the
-// description does not name or that appears twice, a piece of the wrong
-// size, or a parameter with state on some ranks and not on others.
+// state assembled: its moments are the ranks' flat pieces end to end
+// (core/common/flat_shard.h), reshaped to the parameter's shape, or with
+// `pieces_for` that piece of them alone; its step the first rank's.
+// DATA_LOSS for a file that is missing, a tensor the description does not
+// name or that appears twice, a piece of the wrong size, or a parameter with
+// state on some ranks and not on others.
 absl::Status AppendRankFiles(const fs::path& root,
                              const OptimizerShardingDescription& sharding,
-                             const PathRoots* roots, LoadedCheckpoint* out) {
+                             const PathRoots* roots, const FlatShardSpec* pieces_for,
+                             LoadedCheckpoint* out) {
   std::map<std::string, const std::vector<int64_t>*> shapes;
   for (const auto& [param, shape] : sharding.parameters) shapes[param] = &shape;
   // Each tensor's piece on each rank that holds one.
@@ -147,11 +171,15 @@ absl::Status AppendRankFiles(const fs::path& root,
       }
       parts.push_back(it->second);
     }
-    at::Tensor whole;
-    RETURN_IF_ERROR(TorchBoundary("assembling the sharded optimizer state",
-                                  [&] { whole = at::cat(parts).view(shape); }));
-    out->optimizer_tensors.emplace_back(name, std::move(whole));
+    at::Tensor assembled;
+    RETURN_IF_ERROR(TorchBoundary("assembling the sharded optimizer state", [&] {
+      assembled = pieces_for != nullptr
+                      ? PieceFromParts(parts, numel, sharding.world_size, *pieces_for)
+                      : at::cat(parts).view(shape);
+    }));
+    out->optimizer_tensors.emplace_back(name, std::move(assembled));
   }
+  if (pieces_for != nullptr) out->pieces_of = *pieces_for;
   return absl::OkStatus();
 }
 
@@ -274,7 +302,8 @@ absl::StatusOr<int64_t> WriteRankOptimizerFile(
 }
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
-                                                     const PathRoots* roots) {
+                                                     const PathRoots* roots,
+                                                     const FlatShardSpec* pieces_for) {
   const fs::path root(dir);
   std::error_code ec;
   // A link counts as present: where it leads is for the open to judge.
@@ -308,7 +337,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
     ASSIGN_OR_RETURN(const std::string text,
                      snapshot::internal::ReadSmallFile(path, roots));
     ASSIGN_OR_RETURN(out.sharding, OptimizerShardingFromJson(text, path));
-    RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, roots, &out));
+    RETURN_IF_ERROR(AppendRankFiles(root, *out.sharding, roots, pieces_for, &out));
     return out;
   }
   if (has_single) {

@@ -30,6 +30,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/common/flat_shard.h"
 #include "core/snapshot/safetensors.h"
 
 namespace memprofd {
@@ -96,8 +97,11 @@ struct LoadedCheckpoint {
   std::map<std::string, std::string> optimizer_metadata;
   std::string trainer_state_json;
   // Set when the checkpoint's optimizer state was written sharded; the
-  // tensors above are then every rank's, assembled.
+  // tensors above are then every rank's, assembled: each moment whole, or
+  // with `pieces_of` only the flat piece (1-D) of that rank of that world
+  // size (the step counts stay whole, one number each).
   std::optional<OptimizerShardingDescription> sharding;
+  std::optional<FlatShardSpec> pieces_of;
 };
 
 // Reads the checkpoint files of `dir`. FAILED_PRECONDITION naming what is
@@ -110,8 +114,17 @@ struct LoadedCheckpoint {
 // INVALID_ARGUMENT for dtypes memprofd does not handle; with `roots`,
 // PERMISSION_DENIED for a file that leads outside them (as
 // LoadSafetensorsDirectory). Thread-safe.
-absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(const std::string& dir,
-                                                     const PathRoots* roots = nullptr);
+//
+// `pieces_for` (optional): the reader keeps the optimizer state of that
+// flat piece only (a rank of a run with its optimizer state sharded), at
+// whatever world size the checkpoint was written. A sharded checkpoint's
+// moments are then assembled into this piece alone, from the byte ranges of
+// the old ranks' files that overlap it, so no rank holds any moment whole
+// (LoadedCheckpoint::pieces_of says so); an unsharded checkpoint's stay
+// whole, mapped from the file, for Trainer::Restore to narrow.
+absl::StatusOr<LoadedCheckpoint> LoadCheckpointFiles(
+    const std::string& dir, const PathRoots* roots = nullptr,
+    const FlatShardSpec* pieces_for = nullptr);
 
 }  // namespace snapshot
 }  // namespace memprofd

@@ -166,7 +166,8 @@ class Trainer {
   // `shard` (optional): this rank's place in a run with its optimizer state
   // sharded (ShardOptimizer, before the state is set): each parameter keeps
   // the state of its flat piece only, narrowed from the checkpoint's whole
-  // state, so any world size resumes any checkpoint.
+  // state or given as that piece (a 1-D moment of its length), so any world
+  // size resumes any checkpoint.
   absl::Status Restore(const TrainerState& state,
                        const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
                        const FlatShardSpec* shard = nullptr);

@@ -189,7 +189,12 @@ absl::Status Trainer::Restore(
                        ", which is frozen in this load (placed on disk); load the "
                        "checkpoint with the placement it was trained with"));
     }
-    if (is_step ? t->numel() != 1 : !t->sizes().equals(it->second.sizes())) {
+    // Sharded, a moment may come as this rank's flat piece already (a
+    // sharded checkpoint read for it: LoadCheckpointFiles' pieces_for).
+    const bool piece =
+        shard != nullptr && !is_step && t->dim() == 1 &&
+        t->numel() == ChunkOf(it->second.numel(), shard->rank, shard->world_size).length;
+    if (is_step ? t->numel() != 1 : !(piece || t->sizes().equals(it->second.sizes()))) {
       return absl::FailedPreconditionError(absl::StrCat(
           "the checkpoint's optimizer state ", name, " has shape ", ShapeText(t->sizes()),
           " but parameter ", param, " has shape ", ShapeText(it->second.sizes()),

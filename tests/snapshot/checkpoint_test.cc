@@ -8,12 +8,13 @@
 #include <map>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "core/common/flat_shard.h"
 #include "core/snapshot/checkpoint_files.h"
 #include "core/snapshot/loader.h"
 #include "core/snapshot/shard_plan.h"
 #include "core/snapshot/snapshot_store.h"
 #include "core/snapshot/writer.h"
-#include "core/common/flat_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/snapshot/test_util.h"
@@ -203,30 +204,39 @@ OptimizerShardingDescription Describe(const TensorList& model, int world) {
 // 1 and 2 write their files beside the checkpoint, rank 0's writer moves
 // them in with its own and the description, and the reader assembles the
 // whole state from the three, each tensor bit for bit.
+// The checkpoint "ck" in `root` of a run of `world` ranks with its
+// optimizer state sharded: ranks 1.. write their files beside it
+// (`root`/.tmp-ck-ranks), rank 0's writer moves them in with its own.
+absl::StatusOr<SnapshotManifest> WriteShardedCheckpoint(const std::string& root,
+                                                        const TensorList& model,
+                                                        const CheckpointPayload& whole,
+                                                        int world) {
+  const std::vector<TensorList> pieces = Pieces(whole.optimizer_tensors, world);
+  CheckpointPayload rank0 = whole;
+  rank0.optimizer_tensors = pieces[0];
+  const std::string side = root + "/.tmp-ck-ranks";
+  std::filesystem::create_directories(side);
+  for (int r = 1; r < world; ++r) {
+    absl::StatusOr<int64_t> written = WriteRankOptimizerFile(
+        side, r, world, pieces[r], whole.optimizer_metadata, 1 << 20);
+    if (!written.ok()) return written.status();
+  }
+  rank0.sharding = Describe(model, world);
+  rank0.other_ranks_dir = side;
+  return SnapshotWriter(root).WriteCheckpoint("ck", model, kConfig, rank0, {});
+}
+
 TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) {
   TempDir root;
   const TensorList model = testing::MakeModel(1, 2, 16, 64);
   const CheckpointPayload whole = MakePayload(model);
   const OptimizerShardingDescription sharding = Describe(model, 3);
-  const std::vector<TensorList> pieces = Pieces(whole.optimizer_tensors, 3);
-  CheckpointPayload rank0 = whole;
-  rank0.optimizer_tensors = pieces[0];
-  const std::string side = root.path() + "/.tmp-ck-ranks";
-  std::filesystem::create_directories(side);
-  for (int r = 1; r < 3; ++r) {
-    ASSERT_FALSE(pieces[r].empty());
-    absl::StatusOr<int64_t> written =
-        WriteRankOptimizerFile(side, r, 3, pieces[r], whole.optimizer_metadata, 1 << 20);
-    ASSERT_TRUE(written.ok()) << written.status();
-  }
-  EXPECT_TRUE(
-      std::filesystem::exists(side + "/optimizer-rank-00001-of-00003.safetensors"));
-  rank0.sharding = sharding;
-  rank0.other_ranks_dir = side;
-
+  for (const TensorList& piece : Pieces(whole.optimizer_tensors, 3))
+    ASSERT_FALSE(piece.empty());
   absl::StatusOr<SnapshotManifest> m =
-      SnapshotWriter(root.path()).WriteCheckpoint("ck", model, kConfig, rank0, {});
+      WriteShardedCheckpoint(root.path(), model, whole, 3);
   ASSERT_TRUE(m.ok()) << m.status();
+  const std::string side = root.path() + "/.tmp-ck-ranks";
   std::vector<std::string> files;
   for (const SnapshotFile& f : m->files) files.push_back(f.name);
   EXPECT_THAT(files, ElementsAre("model.safetensors", "config.json",
@@ -260,6 +270,46 @@ TEST(CheckpointFilesTest, ShardedOptimizerStateIsOneFilePerRankAssembledOnRead) 
   absl::StatusOr<LoadedCheckpoint> partial = LoadCheckpointFiles(m->directory);
   EXPECT_EQ(partial.status().code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(partial.status().message(), HasSubstr("rank 1's optimizer file"));
+}
+
+// A rank of a run at another world size reads a sharded checkpoint into its
+// own flat piece alone: each moment 1-D, the piece's length, equal to the
+// whole state's elements there, cut from the old ranks' pieces that overlap
+// it (3 ranks written; read at 1 to 5 ranks, pieces that straddle the old
+// ones' bounds included); the step counts stay whole.
+TEST(CheckpointFilesTest, ShardedOptimizerStateIsReadIntoAnyRanksPieceAlone) {
+  TempDir root;
+  const TensorList model = testing::MakeModel(1, 2, 16, 64);
+  const CheckpointPayload whole = MakePayload(model);
+  absl::StatusOr<SnapshotManifest> m =
+      WriteShardedCheckpoint(root.path(), model, whole, 3);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (int world = 1; world <= 5; ++world) {
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE(absl::StrCat("rank ", rank, " of ", world));
+      const FlatShardSpec spec{rank, world};
+      absl::StatusOr<LoadedCheckpoint> back =
+          LoadCheckpointFiles(m->directory, nullptr, &spec);
+      ASSERT_TRUE(back.ok()) << back.status();
+      ASSERT_TRUE(back->pieces_of.has_value());
+      EXPECT_EQ(back->pieces_of->rank, rank);
+      EXPECT_EQ(back->pieces_of->world_size, world);
+      std::map<std::string, at::Tensor> read(back->optimizer_tensors.begin(),
+                                             back->optimizer_tensors.end());
+      ASSERT_EQ(read.size(), whole.optimizer_tensors.size());
+      for (const auto& [name, t] : whole.optimizer_tensors) {
+        ASSERT_EQ(read.count(name), 1u) << name;
+        if (absl::EndsWith(name, ".step")) {
+          EXPECT_TRUE(BitEqual(t, read.at(name))) << name;
+          continue;
+        }
+        const FlatChunk piece = ChunkOf(t.numel(), rank, world);
+        EXPECT_TRUE(
+            BitEqual(t.reshape({-1}).narrow(0, piece.begin, piece.length), read.at(name)))
+            << name;
+      }
+    }
+  }
 }
 
 // Rank 0 never publishes a checkpoint without every rank's file; pieces that
