@@ -354,6 +354,18 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   if (!c10::Device(parts_.device).is_cpu()) memory::InstallCudaOomObserver();
   memory::TakeOomCapture();
 
+  // LoRA adapters are the trainable parameters: sharding their optimizer
+  // state and gradients is as for any model. Full sharding would also have
+  // to shard the frozen base, which it does not yet: refused before the
+  // model changes.
+  if (ranks.group() != nullptr && parts_.options.sharding == Sharding::kFull &&
+      (train->lora.r != 0 || model->lora())) {
+    finish(absl::UnimplementedError(
+        "LoRA adapters with --sharding=full are not supported yet (the frozen base "
+        "would have to be sharded too): run the ranks with --sharding=gradients, "
+        "optimizer or none"));
+    return;
+  }
   // The run's LoRA adapters, before data parallel takes the parameters. The
   // options are the same on every rank, so a refusal is too.
   const bool had_adapters = model->lora().has_value();
@@ -368,14 +380,7 @@ void Training::Run(const std::shared_ptr<Operation>& op,
     finish(added);
     return;
   }
-  if (ranks.group() != nullptr && model->lora() &&
-      parts_.options.sharding != Sharding::kNone) {
-    finish(absl::UnimplementedError(absl::StrCat(
-        "LoRA adapters with --sharding=", ShardingName(parts_.options.sharding),
-        " are not supported yet: the adapters are small, so run the ranks with "
-        "--sharding=none")));
-    return;
-  }
+
   // Data parallel: every rank takes rank 0's weights and optimizer state and
   // averages gradients in buckets during backward (DataParallel).
   std::unique_ptr<DataParallel> data_parallel;

@@ -533,12 +533,13 @@ class LoraEquivalenceTest(unittest.TestCase):
 
     STEPS = 4
 
-    def run_both(self, **fields):
-        """Trains the adapters on 2 ranks at batch 2 and in one process at
-        batch 4: (step reports of each rank, of the process, rank 0's and the
-        process's adapters)."""
+    def run_both(self, sharding="none", **fields):
+        """Trains the adapters on 2 ranks at batch 2 (with `sharding`) and in
+        one process at batch 4: (step reports of each rank, of the process,
+        rank 0's and the process's adapters)."""
         root = tempfile.TemporaryDirectory(prefix="memprofd-dist-lora-")
-        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"))
+        ranks = start_ranks(2, "--snapshot_root=" + os.path.join(root.name, "two"),
+                            "--sharding=" + sharding)
         single = Daemon("--model=" + MICRO_DIR, "--model_seed=0",
                         "--snapshot_root=" + os.path.join(root.name, "one"))
         lora = dict(lora_r=4, lora_alpha=8, lora_targets="all-linear", **fields)
@@ -575,6 +576,76 @@ class LoraEquivalenceTest(unittest.TestCase):
         self.assertLess(gap, 1e-6)
         self.assertGreater(moved, 1e-3)
         self.assertLess(difference, 2e-3 * moved)
+
+    def test_sharded_adapter_state_trains_as_in_one_process(self):
+        # The adapters are the trainable parameters: each rank keeps AdamW's
+        # state of its pieces of them (and with gradients, their gradients'
+        # pieces), the frozen base whole.
+        for level in ("optimizer", "gradients"):
+            rank_reports, one_reports, two, one = self.run_both(sharding=level)
+            gaps = [abs(rank_reports[0][s].loss - one_reports[s].loss) / one_reports[s].loss
+                    for s in sorted(one_reports)]
+            difference = max_difference(two, one)
+            moved = max(float(t.abs().max()) for k, t in one.items() if "lora_B" in k)
+            print("\nLoRA r 4, --sharding=%s, 2 ranks x batch 2 vs 1 x batch 4: loss gaps "
+                  "%s, adapters max |d| %.3g, B moved %.3g"
+                  % (level, ", ".join("%.2g" % g for g in gaps), difference, moved))
+            for step in one_reports:
+                self.assertEqual(rank_reports[0][step].loss, rank_reports[1][step].loss)
+            self.assertLess(max(gaps), 1e-6, level)
+            self.assertGreater(moved, 1e-3, level)
+            self.assertLess(difference, 2e-3 * moved, level)
+
+    def test_a_sharded_adapter_checkpoint_resumes_in_one_process(self):
+        # Each rank writes its pieces of the adapters' optimizer state; one
+        # process assembles them and goes on from the checkpoint's step.
+        root = tempfile.TemporaryDirectory(prefix="memprofd-dist-lora-ck-")
+        self.addCleanup(root.cleanup)
+        ranks = start_ranks(2, "--snapshot_root=" + root.name, "--sharding=gradients")
+        try:
+            op = wait_done(ranks[0], train(ranks[0], steps=2, batch_size=2, lora_r=4,
+                                           lora_alpha=8).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            ck = snapshot(ranks[0], "ck", kind=pb.SNAPSHOT_KIND_CHECKPOINT).directory
+        finally:
+            close_all(ranks)
+        files = set(os.listdir(ck))
+        for f in ("adapter_model.safetensors", "optimizer_sharding.json",
+                  "optimizer-rank-00000-of-00002.safetensors",
+                  "optimizer-rank-00001-of-00002.safetensors"):
+            self.assertIn(f, files)
+        with open(os.path.join(ck, "optimizer_sharding.json")) as f:
+            described = [p["parameter"] for p in json.load(f)["parameters"]]
+        self.assertTrue(described)
+        self.assertTrue(all("lora_" in name for name in described), described)
+        # Rank 0's base (seed 0) under the adapters, as the ranks trained it.
+        single = Daemon("--model=" + MICRO_DIR, "--snapshot_root=" + root.name)
+        try:
+            op = wait_done(single, single.call("LoadModel", pb.LoadModelRequest(
+                hf_directory=MICRO_DIR, init_weights=True, seed=0, lora_adapter=ck,
+                resume=True)).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            self.assertEqual(op.model.steps_trained, 2)
+            op = wait_done(single, single.call("Train", pb.TrainRequest(resume=True,
+                                                                        steps=3)).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+            self.assertEqual((op.train.steps_completed, op.train.global_step), (3, 5))
+        finally:
+            single.close()
+
+    def test_full_sharding_refuses_adapters_naming_what_works(self):
+        ranks = start_ranks(2, "--sharding=full")
+        try:
+            op = wait_done(ranks[0], train(ranks[0], steps=1, batch_size=2, lora_r=4).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_FAILED)
+            self.assertEqual(op.error.code, grpc.StatusCode.UNIMPLEMENTED.value[0])
+            self.assertIn("--sharding=gradients", op.error.message)
+            # Refused alike on both ranks, before any collective: the ranks
+            # stay in step and train without adapters.
+            op = wait_done(ranks[0], train(ranks[0], steps=1, batch_size=2).id)
+            self.assertEqual(op.state, pb.OPERATION_STATE_SUCCEEDED, op.error.message)
+        finally:
+            close_all(ranks)
 
     def test_a_bf16_base_trains_across_ranks_as_in_one_process(self):
         # Each rank casts its base as the run starts, and rank 0's weights are
