@@ -357,7 +357,7 @@ std::vector<MetricFamily> SessionMetrics::Collect() const {
       Families::Sample(
           out.Add("memprofd_dp_whole_model_gathers_total",
                   "Times the sharded model was gathered whole again on every "
-                  "rank (before a LoadModel, or a run that adds adapters).",
+                  "rank (before a LoadModel).",
                   MetricType::Counter),
           static_cast<double>(dp.whole_model_gathers_total));
     }

@@ -328,32 +328,9 @@ void Training::Run(const std::shared_ptr<Operation>& op,
     return;
   }
   op->MarkRunning();
-  // The last fully sharded run's model: a run that trains it as it is goes
-  // on from its shards and their optimizer state, with the same data
-  // parallel state. One that would change the model (adapters, a bf16 base:
-  // refused for a trained model, but checked on the whole model) has it
-  // whole again first, on every rank alike: the options are the same.
-  const bool from_shards = sharded_model_ != nullptr && train->lora.r == 0 &&
-                           train->base_dtype == BaseDtype::kFloat32;
-  if (absl::Status whole = from_shards ? absl::OkStatus() : MakeModelWhole();
-      !whole.ok()) {
-    finish(whole);
-    ranks.FailRun(whole);
-    return;
-  }
   ModelHost& host = parts_.host;
-  absl::StatusOr<offload::Offloader*> offloader = host.OffloaderFor(offload_options);
-  if (!offloader.ok()) {
-    finish(offloader.status());
-    return;
-  }
   LlamaModel* const model = host.model();
   Trainer* const trainer = host.trainer();
-  // The model is on its device by now, so the CUDA allocator is set up and
-  // takes the observer; an allocation failure before this run is stale.
-  if (!c10::Device(parts_.device).is_cpu()) memory::InstallCudaOomObserver();
-  memory::TakeOomCapture();
-
   // LoRA adapters are the trainable parameters: sharding their optimizer
   // state and gradients is as for any model. Full sharding would also have
   // to shard the frozen base, which it does not yet: refused before the
@@ -366,6 +343,21 @@ void Training::Run(const std::shared_ptr<Operation>& op,
         "optimizer or none"));
     return;
   }
+  // The last fully sharded run's model: this run goes on from its shards,
+  // their optimizer state and the same data parallel state. (Nothing below
+  // changes a fully sharded model: adapters are refused above, and a bf16
+  // base without them is refused before the model changes.)
+  const bool from_shards = sharded_model_ != nullptr;
+  absl::StatusOr<offload::Offloader*> offloader = host.OffloaderFor(offload_options);
+  if (!offloader.ok()) {
+    finish(offloader.status());
+    return;
+  }
+  // The model is on its device by now, so the CUDA allocator is set up and
+  // takes the observer; an allocation failure before this run is stale.
+  if (!c10::Device(parts_.device).is_cpu()) memory::InstallCudaOomObserver();
+  memory::TakeOomCapture();
+
   // The run's LoRA adapters, before data parallel takes the parameters. The
   // options are the same on every rank, so a refusal is too.
   const bool had_adapters = model->lora().has_value();

@@ -128,10 +128,10 @@ class Training {
   // A fully sharded run leaves the model sharded (each rank its shards
   // only), with its data parallel state kept here and the parameters handed
   // to RankCoordinator::KeepShardedModel for what reads them between runs.
-  // The next run that trains the model as it is goes on from them (Run).
-  // MakeModelWhole gathers it whole again (one collective per parameter
-  // group) before anything else changes the model: a load, a run that adds
-  // adapters.
+  // The next run goes on from them (Run; full sharding refuses adapters,
+  // the one thing a run would change the model by). MakeModelWhole gathers
+  // it whole again (one collective per parameter group) before a load
+  // replaces the model.
   // Every rank, owner thread, at the same point; OK at once when the model
   // is whole. Its error breaks the run (the caller calls FailRun).
   absl::Status MakeModelWhole();
