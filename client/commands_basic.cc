@@ -32,6 +32,7 @@ int StatusCommand(const Context& c, const Args&) {
                 dp.rank(), dp.world_size(), dp.role().c_str(), dp.launcher().c_str(),
                 dp.node_rank(), dp.store().c_str(), dp.sharding().c_str());
     if (dp.has_parameter_drift()) std::printf(", drift %g", dp.parameter_drift());
+    if (dp.model_sharded()) std::printf(", model kept sharded");
     std::printf("\n");
   }
   if (status.has_model()) {

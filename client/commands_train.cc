@@ -158,6 +158,11 @@ int EvaluateCommand(const Context& c, const Args& args) {
         op.id().c_str(), e.loss(), e.perplexity(), static_cast<long long>(e.tokens()),
         static_cast<long long>(e.batches()), e.seconds(),
         static_cast<long long>(e.global_step()));
+    if (e.peak_gathered_parameter_bytes() > 0) {
+      std::printf(
+          "  fully sharded: at most %s of parameters gathered at once\n",
+          HumanBytes(static_cast<double>(e.peak_gathered_parameter_bytes())).c_str());
+    }
   }
   if (op.has_error()) {
     std::fprintf(stderr, "memprofctl: evaluate: %s\n", op.error().message().c_str());

@@ -685,7 +685,7 @@ class ShardingTest(unittest.TestCase):
         try:
             reports, statuses, weights_after, evals, periodic = {}, {}, {}, {}, {}
             held, held_after_eval, idle_evals, next_runs = {}, {}, {}, {}
-            kept, after_lora, after_load = {}, {}, {}
+            kept, after_lora, after_load, kept_ctl = {}, {}, {}, {}
             for level, ranks in runs.items():
                 leader = ranks[0]
                 train_op = train(leader, steps=self.STEPS, batch_size=2)
@@ -728,6 +728,8 @@ class ShardingTest(unittest.TestCase):
                 # (A follower keeps its shards a moment after rank 0.)
                 kept[level] = [data_parallel_when(
                     d, lambda dp: dp.model_sharded == (level == "full")) for d in ranks]
+                kept_ctl[level] = (leader.ctl("status"), leader.ctl(
+                    "evaluate", "--batch_size", "2", "--seq_len", "32", "--max_batches", "1"))
                 # A run that would add adapters is refused (fully sharded:
                 # before anything changes), and the model stays as it was.
                 op = wait_done(leader, train(leader, steps=1, batch_size=2, lora_r=4).id)
@@ -805,6 +807,13 @@ class ShardingTest(unittest.TestCase):
             self.assertAlmostEqual(getattr(next_runs["full"], field),
                                    getattr(next_runs["none"], field), delta=1e-5)
         for level in runs:
+            # memprofctl says so, and what an evaluation gathered.
+            status_ctl, eval_ctl = kept_ctl[level]
+            for ctl_run in (status_ctl, eval_ctl):
+                self.assertEqual(ctl_run.returncode, 0, ctl_run.stderr)
+            self.assertEqual("model kept sharded" in status_ctl.stdout, level == "full")
+            self.assertEqual("fully sharded: at most" in eval_ctl.stdout, level == "full",
+                             eval_ctl.stdout)
             for rank in (0, 1):
                 for dp in (kept[level][rank], after_lora[level][rank]):
                     self.assertEqual(dp.model_sharded, level == "full", (level, rank))
