@@ -335,8 +335,8 @@ struct DataParallelCounters {
   double gather_exposed_seconds = 0;
   double gather_exposed_seconds_total = 0;
   // Full sharding: the model is kept sharded now, between runs (it stays so
-  // after a run); and the times it was gathered whole again since start (a
-  // LoadModel, or a run that changes the model, needs it whole).
+  // after a run); and the times it was gathered whole again since start
+  // (before a LoadModel replaces it).
   bool model_sharded = false;
   int64_t whole_model_gathers_total = 0;
 };

@@ -209,7 +209,7 @@ class Training::StepReporter : public StepListener {
     }
     RETURN_IF_ERROR(failure_);
     // Fully sharded: snapshots at this boundary stream the parameters, and
-    // evaluations gather the whole model, every rank taking part.
+    // evaluations the model's units, every rank taking part.
     return parts_.ranks.SyncStepBoundary(op_->cancel_requested(),
                                          data_parallel_->parameter_sharding());
   }
@@ -417,14 +417,12 @@ void Training::Run(const std::shared_ptr<Operation>& op,
   // Fully sharded, when the ranks are still in step (the run succeeded or
   // was cancelled, or its options were refused alike on every rank before
   // any collective): the model stays sharded, kept until MakeModelWhole.
-  // Otherwise the run is broken and the daemon stops (below).
+  // Otherwise the run is broken and the daemon stops (below). At the other
+  // levels every rank holds the whole model all along.
   const bool in_step = reporter.failure().ok() &&
                        (result.ok() || absl::IsInvalidArgument(result.status()));
-  absl::Status whole;
   if (data_parallel != nullptr && in_step && !data_parallel->replicated()) {
     KeepShardedModel(std::move(data_parallel));
-  } else if (data_parallel != nullptr && in_step) {
-    whole = data_parallel->Finish();
   }
   data_parallel.reset();  // removes the gradient hooks
   if (const int64_t n = trainer->nonfinite_steps() - nonfinite_before; n > 0) {
@@ -436,9 +434,8 @@ void Training::Run(const std::shared_ptr<Operation>& op,
     // A step that failed on one rank leaves the others in a collective that
     // will not complete: the run cannot go on. (Bad options fail alike on
     // every rank before any collective, and do not break it.)
-    absl::Status failure = !reporter.failure().ok() ? reporter.failure()
-                           : !whole.ok()            ? whole
-                                                    : result.status();
+    absl::Status failure =
+        !reporter.failure().ok() ? reporter.failure() : result.status();
     if (!failure.ok() && !absl::IsInvalidArgument(failure)) {
       finish(failure);
       ranks.FailRun(failure);
